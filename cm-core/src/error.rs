@@ -1,0 +1,437 @@
+//! The one error enum every backend returns.
+//!
+//! Each variant knows the errno librdmacm would give ([`CmError::errno`]). Where librdmacm would
+//! not give one at all — it blocks forever (destroying an id with unacked events), dereferences
+//! NULL (destroying a QP that is not there, accepting without a QP) or silently leaks (destroying
+//! an id that still has a QP) — the backends refuse the call with a variant of its own, change
+//! nothing, and report the errno named in the variant's docs.
+
+use std::fmt;
+
+use crate::handle::HandleKind;
+use crate::state::{IdState, QpState};
+
+/// Raw errno values used by this crate (Linux numbering, as librdmacm reports them).
+pub mod errno {
+    /// No such file or directory: unknown id.
+    pub const ENOENT: i32 = 2;
+    /// Bad file descriptor: unknown event channel.
+    pub const EBADF: i32 = 9;
+    /// Out of memory / queue full.
+    pub const ENOMEM: i32 = 12;
+    /// Resource busy.
+    pub const EBUSY: i32 = 16;
+    /// No such device.
+    pub const ENODEV: i32 = 19;
+    /// Invalid argument.
+    pub const EINVAL: i32 = 22;
+    /// Function not implemented.
+    pub const ENOSYS: i32 = 38;
+    /// No data available (librdmacm's short write).
+    pub const ENODATA: i32 = 61;
+    /// Operation not supported.
+    pub const EOPNOTSUPP: i32 = 95;
+    /// Address already in use.
+    pub const EADDRINUSE: i32 = 98;
+    /// Cannot assign requested address.
+    pub const EADDRNOTAVAIL: i32 = 99;
+    /// Network is unreachable.
+    pub const ENETUNREACH: i32 = 101;
+    /// Connection timed out.
+    pub const ETIMEDOUT: i32 = 110;
+    /// Connection refused.
+    pub const ECONNREFUSED: i32 = 111;
+    /// No route to host.
+    pub const EHOSTUNREACH: i32 = 113;
+}
+
+/// The librdmacm call (or verbs call of the data path) an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)] // one variant per call, named after it
+pub enum Call {
+    CreateEventChannel,
+    DestroyEventChannel,
+    CreateId,
+    DestroyId,
+    BindAddr,
+    ResolveAddr,
+    ResolveRoute,
+    CreateQp,
+    DestroyQp,
+    Listen,
+    Connect,
+    Accept,
+    Reject,
+    Disconnect,
+    GetCmEvent,
+    AckCmEvent,
+    GetLocalAddr,
+    GetPeerAddr,
+    PostSend,
+    PostRecv,
+    PollCq,
+}
+
+impl Call {
+    /// The C function's name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Call::CreateEventChannel => "rdma_create_event_channel",
+            Call::DestroyEventChannel => "rdma_destroy_event_channel",
+            Call::CreateId => "rdma_create_id",
+            Call::DestroyId => "rdma_destroy_id",
+            Call::BindAddr => "rdma_bind_addr",
+            Call::ResolveAddr => "rdma_resolve_addr",
+            Call::ResolveRoute => "rdma_resolve_route",
+            Call::CreateQp => "rdma_create_qp",
+            Call::DestroyQp => "rdma_destroy_qp",
+            Call::Listen => "rdma_listen",
+            Call::Connect => "rdma_connect",
+            Call::Accept => "rdma_accept",
+            Call::Reject => "rdma_reject",
+            Call::Disconnect => "rdma_disconnect",
+            Call::GetCmEvent => "rdma_get_cm_event",
+            Call::AckCmEvent => "rdma_ack_cm_event",
+            Call::GetLocalAddr => "rdma_get_local_addr",
+            Call::GetPeerAddr => "rdma_get_peer_addr",
+            Call::PostSend => "ibv_post_send",
+            Call::PostRecv => "ibv_post_recv",
+            Call::PollCq => "ibv_poll_cq",
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Every error a [`CmBackend`](crate::CmBackend) returns.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CmError {
+    /// The handle was never issued by this backend, belongs to another backend instance, or its
+    /// object was destroyed. librdmacm: `ENOENT` for ids (a use after free in user space),
+    /// `EBADF` for channels.
+    #[error("{call}: unknown {kind} (never created here, destroyed, or from another backend)")]
+    UnknownHandle {
+        /// The call.
+        call: Call,
+        /// Channel or id.
+        kind: HandleKind,
+    },
+
+    /// The id is not in a state where the call is legal. librdmacm: `EINVAL` from the kernel,
+    /// or a crash where librdmacm dereferences state the id does not have yet.
+    #[error("{call} on an id in state {state} (needs {expected})")]
+    WrongState {
+        /// The call.
+        call: Call,
+        /// The id's state when the call was made.
+        state: IdState,
+        /// What the call needs.
+        expected: &'static str,
+    },
+
+    /// `rdma_destroy_id` on an id that still has a QP. librdmacm would free the id and leak the
+    /// QP, its CQs and possibly the PD; refused here with `EBUSY`.
+    #[error("rdma_destroy_id with a QP still attached: call rdma_destroy_qp first")]
+    QpAttached,
+
+    /// `rdma_destroy_id`, or `rdma_destroy_event_channel`, while events were retrieved and not
+    /// acked. librdmacm would block forever in `rdma_destroy_id`; refused here with `EBUSY`.
+    #[error("{call} with {count} event(s) retrieved and not acked: ack them first (librdmacm would block forever)")]
+    UnackedEvents {
+        /// The call.
+        call: Call,
+        /// How many events are outstanding.
+        count: u32,
+    },
+
+    /// `rdma_destroy_event_channel` while ids still use the channel. librdmacm closes the fd,
+    /// the kernel destroys the ids and their user-space structures leak; refused here with `EBUSY`.
+    #[error("rdma_destroy_event_channel with {ids} id(s) still on the channel: destroy them first")]
+    ChannelBusy {
+        /// How many ids still use the channel.
+        ids: u32,
+    },
+
+    /// `rdma_create_qp` on an id that already has one (librdmacm: `EINVAL`).
+    #[error("rdma_create_qp: the id already has a QP (one QP per id)")]
+    QpExists,
+
+    /// The call needs a QP on the id and there is none. librdmacm: `EINVAL` for connect;
+    /// a NULL dereference for `rdma_destroy_qp` and `rdma_accept`; refused here with `EINVAL`.
+    #[error("{call}: the id has no QP")]
+    NoQp {
+        /// The call.
+        call: Call,
+    },
+
+    /// The call needs the id to be bound to an RDMA device and it is not (librdmacm would pass
+    /// a NULL protection domain on, or dereference a NULL device); refused with `EINVAL`.
+    #[error(
+        "{call}: the id is not bound to an RDMA device yet (bind to a local address or resolve one first)"
+    )]
+    NoDevice {
+        /// The call.
+        call: Call,
+    },
+
+    /// The QP is not in a state where the work request may be posted (verbs: `EINVAL`).
+    #[error("{call} on a QP in state {state}")]
+    WrongQpState {
+        /// The call.
+        call: Call,
+        /// The QP's state.
+        state: QpState,
+    },
+
+    /// Private data longer than the port space allows for this call (librdmacm: `EINVAL`).
+    #[error("{call}: {len} bytes of private data, at most {max} allowed")]
+    PrivateDataTooLong {
+        /// The call.
+        call: Call,
+        /// The length given.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+
+    /// The address and port are already bound by another id (`EADDRINUSE`).
+    #[error("{call}: address already in use")]
+    AddrInUse {
+        /// The call.
+        call: Call,
+    },
+
+    /// The address is not local, or the port conflicts with a wildcard bind, or no ephemeral
+    /// port is free (`EADDRNOTAVAIL`).
+    #[error("{call}: address not available")]
+    AddrNotAvailable {
+        /// The call.
+        call: Call,
+    },
+
+    /// An argument is invalid (`EINVAL`).
+    #[error("{call}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// The call.
+        call: Call,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A work queue is full (verbs: `ENOMEM`).
+    #[error("{call}: work queue full ({outstanding} outstanding)")]
+    QueueFull {
+        /// The call.
+        call: Call,
+        /// Work requests outstanding.
+        outstanding: u32,
+    },
+
+    /// The event was not handed out by this backend or was already acked (librdmacm: a double
+    /// free; refused here with `EINVAL`).
+    #[error("rdma_ack_cm_event: the event is not outstanding on this backend")]
+    EventNotOutstanding,
+
+    /// There is no RDMA device on this machine (`ENODEV`).
+    #[error("no RDMA device: load a driver or add a software device, e.g. `rdma link add rxe0 type rxe netdev <interface>` (Soft-RoCE)")]
+    NoRdmaDevice,
+
+    /// librdmacm or verbs failed with this errno.
+    #[error("{call}: {}", errno_text(*.errno))]
+    Os {
+        /// The call.
+        call: Call,
+        /// The errno.
+        errno: i32,
+    },
+}
+
+impl CmError {
+    /// The errno librdmacm would give (or, where it would hang or crash, the one the variant's
+    /// docs name).
+    pub const fn errno(&self) -> i32 {
+        use errno::*;
+        match self {
+            CmError::UnknownHandle {
+                kind: HandleKind::Channel,
+                ..
+            } => EBADF,
+            CmError::UnknownHandle {
+                kind: HandleKind::Id, ..
+            } => ENOENT,
+            CmError::WrongState { .. } => EINVAL,
+            CmError::QpAttached => EBUSY,
+            CmError::UnackedEvents { .. } => EBUSY,
+            CmError::ChannelBusy { .. } => EBUSY,
+            CmError::QpExists => EINVAL,
+            CmError::NoQp { .. } => EINVAL,
+            CmError::NoDevice { .. } => EINVAL,
+            CmError::WrongQpState { .. } => EINVAL,
+            CmError::PrivateDataTooLong { .. } => EINVAL,
+            CmError::AddrInUse { .. } => EADDRINUSE,
+            CmError::AddrNotAvailable { .. } => EADDRNOTAVAIL,
+            CmError::InvalidArgument { .. } => EINVAL,
+            CmError::QueueFull { .. } => ENOMEM,
+            CmError::EventNotOutstanding => EINVAL,
+            CmError::NoRdmaDevice => ENODEV,
+            CmError::Os { errno, .. } => *errno,
+        }
+    }
+
+    /// Whether this error is a misuse that librdmacm itself would turn into a hang, a crash or
+    /// a leak rather than an errno.
+    pub const fn is_guarded_misuse(&self) -> bool {
+        matches!(
+            self,
+            CmError::QpAttached
+                | CmError::UnackedEvents { .. }
+                | CmError::ChannelBusy { .. }
+                | CmError::EventNotOutstanding
+                | CmError::NoDevice { .. }
+                | CmError::NoQp {
+                    call: Call::DestroyQp | Call::Accept
+                }
+        )
+    }
+}
+
+/// A short text for the errno values librdmacm returns (no libc needed).
+pub fn errno_text(errno: i32) -> String {
+    use errno::*;
+    let text = match errno {
+        ENOENT => "no such id (ENOENT)",
+        EBADF => "bad file descriptor (EBADF)",
+        ENOMEM => "out of memory (ENOMEM)",
+        EBUSY => "resource busy (EBUSY)",
+        ENODEV => "no such device (ENODEV)",
+        EINVAL => "invalid argument (EINVAL)",
+        ENOSYS => "function not implemented (ENOSYS)",
+        ENODATA => "no data available (ENODATA)",
+        EOPNOTSUPP => "operation not supported (EOPNOTSUPP)",
+        EADDRINUSE => "address already in use (EADDRINUSE)",
+        EADDRNOTAVAIL => "cannot assign requested address (EADDRNOTAVAIL)",
+        ENETUNREACH => "network is unreachable (ENETUNREACH)",
+        ETIMEDOUT => "connection timed out (ETIMEDOUT)",
+        ECONNREFUSED => "connection refused (ECONNREFUSED)",
+        EHOSTUNREACH => "no route to host (EHOSTUNREACH)",
+        _ => return format!("errno {errno}"),
+    };
+    text.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_knows_its_errno() {
+        use errno::*;
+        let cases = [
+            (
+                CmError::UnknownHandle {
+                    call: Call::DestroyId,
+                    kind: HandleKind::Id,
+                },
+                ENOENT,
+            ),
+            (
+                CmError::UnknownHandle {
+                    call: Call::GetCmEvent,
+                    kind: HandleKind::Channel,
+                },
+                EBADF,
+            ),
+            (
+                CmError::WrongState {
+                    call: Call::Connect,
+                    state: IdState::Idle,
+                    expected: "RDMA_CM_ROUTE_RESOLVED",
+                },
+                EINVAL,
+            ),
+            (CmError::QpAttached, EBUSY),
+            (
+                CmError::UnackedEvents {
+                    call: Call::DestroyId,
+                    count: 2,
+                },
+                EBUSY,
+            ),
+            (CmError::ChannelBusy { ids: 1 }, EBUSY),
+            (CmError::QpExists, EINVAL),
+            (CmError::NoQp { call: Call::Accept }, EINVAL),
+            (CmError::NoDevice { call: Call::CreateQp }, EINVAL),
+            (
+                CmError::WrongQpState {
+                    call: Call::PostSend,
+                    state: QpState::Init,
+                },
+                EINVAL,
+            ),
+            (
+                CmError::PrivateDataTooLong {
+                    call: Call::Connect,
+                    len: 57,
+                    max: 56,
+                },
+                EINVAL,
+            ),
+            (CmError::AddrInUse { call: Call::BindAddr }, EADDRINUSE),
+            (CmError::AddrNotAvailable { call: Call::BindAddr }, EADDRNOTAVAIL),
+            (
+                CmError::InvalidArgument {
+                    call: Call::BindAddr,
+                    reason: "x",
+                },
+                EINVAL,
+            ),
+            (
+                CmError::QueueFull {
+                    call: Call::PostSend,
+                    outstanding: 16,
+                },
+                ENOMEM,
+            ),
+            (CmError::EventNotOutstanding, EINVAL),
+            (CmError::NoRdmaDevice, ENODEV),
+            (
+                CmError::Os {
+                    call: Call::Connect,
+                    errno: ETIMEDOUT,
+                },
+                ETIMEDOUT,
+            ),
+        ];
+        for (err, want) in cases {
+            assert_eq!(err.errno(), want, "{err}");
+        }
+    }
+
+    #[test]
+    fn messages_name_the_call_state_and_count() {
+        let e = CmError::WrongState {
+            call: Call::Connect,
+            state: IdState::AddrResolved,
+            expected: "RDMA_CM_ROUTE_RESOLVED",
+        };
+        assert_eq!(
+            e.to_string(),
+            "rdma_connect on an id in state RDMA_CM_ADDR_RESOLVED (needs RDMA_CM_ROUTE_RESOLVED)"
+        );
+        let e = CmError::UnackedEvents {
+            call: Call::DestroyId,
+            count: 3,
+        };
+        assert!(e.to_string().contains("3 event(s)"));
+        assert!(CmError::NoRdmaDevice
+            .to_string()
+            .contains("rdma link add rxe0 type rxe netdev"));
+        assert!(e.is_guarded_misuse());
+        assert!(!CmError::AddrInUse { call: Call::BindAddr }.is_guarded_misuse());
+    }
+}

@@ -1,0 +1,390 @@
+//! Connection-manager events (`struct rdma_cm_event`) and connection parameters.
+
+use std::fmt;
+
+use crate::handle::IdHandle;
+
+/// The event types of `enum rdma_cm_event_type` in rdma-core v44, with the same numeric values.
+///
+/// `Display` prints the name `rdma_event_str` prints (`RDMA_CM_EVENT_ADDR_RESOLVED`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum CmEventType {
+    /// Address resolution finished; the id now has a device.
+    AddrResolved = 0,
+    /// Address resolution failed or timed out (status is a negative errno).
+    AddrError = 1,
+    /// Route resolution finished.
+    RouteResolved = 2,
+    /// Route resolution failed.
+    RouteError = 3,
+    /// A connection request arrived on a listener; the event's id is the new child id.
+    ConnectRequest = 4,
+    /// A reply arrived on an id without a QP (the application must establish by itself).
+    ConnectResponse = 5,
+    /// Establishing the connection failed locally.
+    ConnectError = 6,
+    /// The remote end did not answer (status is `-ETIMEDOUT` or a SIDR status).
+    Unreachable = 7,
+    /// The remote end rejected the connection (status is the IB CM reject reason).
+    Rejected = 8,
+    /// The connection is established.
+    Established = 9,
+    /// The connection is disconnected.
+    Disconnected = 10,
+    /// The RDMA device went away; only `rdma_destroy_id` is legal afterwards.
+    DeviceRemoval = 11,
+    /// A multicast join finished.
+    MulticastJoin = 12,
+    /// A multicast join failed or the group was lost.
+    MulticastError = 13,
+    /// The address of the bound net device changed (bonding fail-over).
+    AddrChange = 14,
+    /// The IB CM timewait period after a disconnect has ended.
+    TimewaitExit = 15,
+}
+
+impl CmEventType {
+    /// Every event type, in numeric order.
+    pub const ALL: [CmEventType; 16] = [
+        CmEventType::AddrResolved,
+        CmEventType::AddrError,
+        CmEventType::RouteResolved,
+        CmEventType::RouteError,
+        CmEventType::ConnectRequest,
+        CmEventType::ConnectResponse,
+        CmEventType::ConnectError,
+        CmEventType::Unreachable,
+        CmEventType::Rejected,
+        CmEventType::Established,
+        CmEventType::Disconnected,
+        CmEventType::DeviceRemoval,
+        CmEventType::MulticastJoin,
+        CmEventType::MulticastError,
+        CmEventType::AddrChange,
+        CmEventType::TimewaitExit,
+    ];
+
+    /// The event type with librdmacm's numeric value `value`, if there is one.
+    pub fn from_raw(value: u32) -> Option<Self> {
+        Self::ALL.get(value as usize).copied()
+    }
+
+    /// librdmacm's numeric value.
+    pub const fn raw(self) -> u32 {
+        self as u32
+    }
+
+    /// The name `rdma_event_str` gives this event.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CmEventType::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
+            CmEventType::AddrError => "RDMA_CM_EVENT_ADDR_ERROR",
+            CmEventType::RouteResolved => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+            CmEventType::RouteError => "RDMA_CM_EVENT_ROUTE_ERROR",
+            CmEventType::ConnectRequest => "RDMA_CM_EVENT_CONNECT_REQUEST",
+            CmEventType::ConnectResponse => "RDMA_CM_EVENT_CONNECT_RESPONSE",
+            CmEventType::ConnectError => "RDMA_CM_EVENT_CONNECT_ERROR",
+            CmEventType::Unreachable => "RDMA_CM_EVENT_UNREACHABLE",
+            CmEventType::Rejected => "RDMA_CM_EVENT_REJECTED",
+            CmEventType::Established => "RDMA_CM_EVENT_ESTABLISHED",
+            CmEventType::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
+            CmEventType::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+            CmEventType::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
+            CmEventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
+            CmEventType::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
+            CmEventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        }
+    }
+}
+
+impl fmt::Display for CmEventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Capacity of the private-data buffer of an event (`RDMA_MAX_PRIVATE_DATA` in the ucma ABI).
+pub const MAX_PRIVATE_DATA: usize = 256;
+
+/// Private data carried by connect, accept and reject and handed out in events.
+///
+/// Stored inline (no allocation) because every connection carries some. A value built from a
+/// slice longer than [`MAX_PRIVATE_DATA`] keeps its true length so the backend can refuse it with
+/// [`CmError::PrivateDataTooLong`](crate::CmError::PrivateDataTooLong) at the call, the way
+/// librdmacm refuses an oversized length with `EINVAL`.
+#[derive(Clone, Copy)]
+pub struct PrivateData {
+    len: usize,
+    bytes: [u8; MAX_PRIVATE_DATA],
+}
+
+impl PrivateData {
+    /// No private data.
+    pub const EMPTY: PrivateData = PrivateData {
+        len: 0,
+        bytes: [0; MAX_PRIVATE_DATA],
+    };
+
+    /// Copies `data` (or its first [`MAX_PRIVATE_DATA`] bytes, remembering the full length).
+    pub fn new(data: &[u8]) -> Self {
+        let mut pd = Self::EMPTY;
+        let kept = data.len().min(MAX_PRIVATE_DATA);
+        pd.bytes[..kept].copy_from_slice(&data[..kept]);
+        pd.len = data.len();
+        pd
+    }
+
+    /// The length the data was given with (may exceed what is stored; see the type docs).
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there is no private data.
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The stored bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len.min(MAX_PRIVATE_DATA)]
+    }
+
+    /// The same data zero-padded to `size` bytes, as the IB CM puts it on the wire.
+    ///
+    /// # Panics
+    /// If `size` exceeds [`MAX_PRIVATE_DATA`] or the data is longer than `size`; backends check
+    /// the length against the port space's limit first.
+    pub fn padded(&self, size: usize) -> Self {
+        assert!(
+            size <= MAX_PRIVATE_DATA && self.len <= size,
+            "private data longer than its slot"
+        );
+        // Bytes past `len` are zero already: `new` starts from a zeroed buffer.
+        Self {
+            len: size,
+            bytes: self.bytes,
+        }
+    }
+}
+
+impl Default for PrivateData {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+impl PartialEq for PrivateData {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for PrivateData {}
+
+impl fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let data = self.as_slice();
+        // Trailing zero padding is noise in logs: show the meaningful prefix and the length.
+        let used = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+        write!(f, "PrivateData(len={}, {:02x?})", self.len, &data[..used])
+    }
+}
+
+impl From<&[u8]> for PrivateData {
+    fn from(data: &[u8]) -> Self {
+        Self::new(data)
+    }
+}
+
+/// `struct rdma_conn_param`: what connect and accept pass, and what connection events report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnParam {
+    /// Private data (connect: up to 56 bytes on the TCP port space; accept: 196; see
+    /// [`PortSpace::private_data_limit`](crate::PortSpace::private_data_limit)).
+    pub private_data: PrivateData,
+    /// RDMA read/atomic operations this side accepts in flight; 0xFF means the device maximum.
+    pub responder_resources: u8,
+    /// RDMA read/atomic operations this side issues in flight; 0xFF means the device maximum.
+    pub initiator_depth: u8,
+    /// Whether hardware flow control is used (exchanged, not acted on).
+    pub flow_control: u8,
+    /// Transport retries (3 bits; connect only).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (3 bits; 7 means infinite).
+    pub rnr_retry_count: u8,
+    /// Whether the remote QP uses a shared receive queue (reported by events).
+    pub srq: bool,
+    /// Remote QP number (reported by events; ignored on calls when the id has a QP).
+    pub qp_num: u32,
+}
+
+impl ConnParam {
+    /// librdmacm's defaults for a NULL `conn_param`: device maximum resources, 7 retries each.
+    pub const fn new() -> Self {
+        ConnParam {
+            private_data: PrivateData::EMPTY,
+            responder_resources: 0xFF,
+            initiator_depth: 0xFF,
+            flow_control: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            qp_num: 0,
+        }
+    }
+
+    /// The same parameters with `data` as private data.
+    pub fn with_private_data(mut self, data: &[u8]) -> Self {
+        self.private_data = PrivateData::new(data);
+        self
+    }
+}
+
+impl Default for ConnParam {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One event retrieved from a channel (`struct rdma_cm_event`).
+///
+/// An event is not `Clone`: it must be given back exactly once with
+/// [`CmBackend::ack_cm_event`](crate::CmBackend::ack_cm_event), which makes a double ack impossible.
+/// Dropping it without acking leaves it counted against its id, exactly like librdmacm, and the
+/// backend then refuses to destroy that id with [`CmError::UnackedEvents`](crate::CmError::UnackedEvents).
+#[derive(Debug, PartialEq, Eq)]
+pub struct CmEvent {
+    id: IdHandle,
+    listen_id: Option<IdHandle>,
+    event: CmEventType,
+    status: i32,
+    param: ConnParam,
+    token: u64,
+}
+
+impl CmEvent {
+    /// Builds an event; only backends need this. `token` is the backend's own bookkeeping value
+    /// (it checks the token again when the event is acked).
+    pub const fn new(
+        id: IdHandle,
+        listen_id: Option<IdHandle>,
+        event: CmEventType,
+        status: i32,
+        param: ConnParam,
+        token: u64,
+    ) -> Self {
+        CmEvent {
+            id,
+            listen_id,
+            event,
+            status,
+            param,
+            token,
+        }
+    }
+
+    /// The id the event is about; for `CONNECT_REQUEST` the new child id.
+    pub const fn id(&self) -> IdHandle {
+        self.id
+    }
+
+    /// The listener, for `CONNECT_REQUEST`.
+    pub const fn listen_id(&self) -> Option<IdHandle> {
+        self.listen_id
+    }
+
+    /// The event type.
+    pub const fn event(&self) -> CmEventType {
+        self.event
+    }
+
+    /// The status: 0, a negative errno, or a positive reject reason.
+    pub const fn status(&self) -> i32 {
+        self.status
+    }
+
+    /// Connection parameters (private data, resources, remote QP number).
+    pub const fn param(&self) -> &ConnParam {
+        &self.param
+    }
+
+    /// Private data carried by the event (empty when none).
+    pub fn private_data(&self) -> &[u8] {
+        self.param.private_data.as_slice()
+    }
+
+    /// The id the event counts against until it is acked: the listener for `CONNECT_REQUEST`
+    /// (as in librdmacm), the event's own id otherwise.
+    pub fn counted_id(&self) -> IdHandle {
+        match (self.event, self.listen_id) {
+            (CmEventType::ConnectRequest, Some(listener)) => listener,
+            _ => self.id,
+        }
+    }
+
+    /// The backend's bookkeeping value.
+    pub const fn token(&self) -> u64 {
+        self.token
+    }
+}
+
+impl fmt::Display for CmEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {} (status {})", self.event, self.id, self.status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_numbers_and_names_match_rdma_core_v44() {
+        assert_eq!(CmEventType::AddrResolved.raw(), 0);
+        assert_eq!(CmEventType::ConnectRequest.raw(), 4);
+        assert_eq!(CmEventType::Rejected.raw(), 8);
+        assert_eq!(CmEventType::Established.raw(), 9);
+        assert_eq!(CmEventType::TimewaitExit.raw(), 15);
+        for (n, ty) in CmEventType::ALL.iter().enumerate() {
+            assert_eq!(ty.raw() as usize, n);
+            assert_eq!(CmEventType::from_raw(n as u32), Some(*ty));
+            assert!(ty.to_string().starts_with("RDMA_CM_EVENT_"));
+        }
+        assert_eq!(CmEventType::from_raw(16), None);
+        assert_eq!(
+            CmEventType::Disconnected.to_string(),
+            "RDMA_CM_EVENT_DISCONNECTED"
+        );
+    }
+
+    #[test]
+    fn private_data_pads_with_zeros_and_keeps_true_length() {
+        let pd = PrivateData::new(b"hello");
+        assert_eq!(pd.len(), 5);
+        let padded = pd.padded(56);
+        assert_eq!(padded.len(), 56);
+        assert_eq!(&padded.as_slice()[..5], b"hello");
+        assert!(padded.as_slice()[5..].iter().all(|&b| b == 0));
+        let long = PrivateData::new(&[1u8; 300]);
+        assert_eq!(long.len(), 300);
+        assert_eq!(long.as_slice().len(), MAX_PRIVATE_DATA);
+    }
+
+    #[test]
+    fn connect_request_counts_against_the_listener() {
+        let child = IdHandle::new(1, 2, 0);
+        let listener = IdHandle::new(1, 1, 0);
+        let ev = CmEvent::new(
+            child,
+            Some(listener),
+            CmEventType::ConnectRequest,
+            0,
+            ConnParam::new(),
+            0,
+        );
+        assert_eq!(ev.counted_id(), listener);
+        let ev = CmEvent::new(child, None, CmEventType::Established, 0, ConnParam::new(), 0);
+        assert_eq!(ev.counted_id(), child);
+    }
+}

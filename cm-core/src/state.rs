@@ -1,0 +1,927 @@
+//! The id and QP state machines, as pure code: no I/O, no clock, no allocation.
+//!
+//! [`IdMachine`] holds everything about one id that decides whether a call is legal: the kernel
+//! state of `enum rdma_cm_state`, the role (active, passive child, listener), how far the
+//! connection handshake has got, whether the id has a device and a QP (and the QP's state), and
+//! how many of its events were retrieved but not acked. Every backend keeps one per id and asks it
+//! before acting, so both backends refuse the same misuse with the same [`CmError`].
+//!
+//! Each call method returns the machine *after* the call, or the error; it never changes `self`.
+//! A backend performs the call's real work only when the check passed, and stores the returned
+//! machine only when the work succeeded:
+//!
+//! ```
+//! use cm_core::{IdMachine, IdState, PortSpace};
+//!
+//! let id = IdMachine::new(PortSpace::Tcp);
+//! let bound = id.bind_addr(false).unwrap();
+//! assert_eq!(bound.state(), IdState::AddrBound);
+//! // Connecting before the route is resolved is refused, and names the call and the state.
+//! let err = bound.connect(0).unwrap_err();
+//! assert_eq!(err.to_string(), "rdma_connect on an id in state RDMA_CM_ADDR_BOUND \
+//!     (needs RDMA_CM_ROUTE_RESOLVED (ROUTE_RESOLVED retrieved))");
+//! ```
+//!
+//! State follows what the application has *observed*: events move the machine when they are
+//! retrieved (`on_event`), not when the kernel generates them. librdmacm checks against the
+//! kernel state instead, so a `rdma_resolve_route` issued after the kernel resolved the address
+//! but before the application retrieved `ADDR_RESOLVED` may succeed or fail there depending on
+//! timing; here it always fails. This removes a race and makes both backends answer alike.
+
+use std::fmt;
+
+use crate::error::{Call, CmError};
+use crate::event::CmEventType;
+use crate::types::{PortSpace, PrivateDataSlot};
+
+/// `enum rdma_cm_state` of the kernel's `cma.c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IdState {
+    /// Created, nothing bound.
+    Idle,
+    /// Address resolution in progress.
+    AddrQuery,
+    /// Address resolved; the id has a device.
+    AddrResolved,
+    /// Route resolution in progress.
+    RouteQuery,
+    /// Route resolved; ready to connect.
+    RouteResolved,
+    /// Connecting, connected, or a connection attempt failed (the kernel keeps `CONNECT` after
+    /// `REJECTED` and `UNREACHABLE`: a new id is needed to try again).
+    Connect,
+    /// Disconnected (`DISCONNECTED` was delivered).
+    Disconnect,
+    /// Bound to a local address.
+    AddrBound,
+    /// Listening.
+    Listen,
+    /// The device went away; only destroy is legal.
+    DeviceRemoval,
+    /// Being destroyed.
+    Destroying,
+}
+
+impl IdState {
+    /// The kernel's `RDMA_CM_*` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            IdState::Idle => "RDMA_CM_IDLE",
+            IdState::AddrQuery => "RDMA_CM_ADDR_QUERY",
+            IdState::AddrResolved => "RDMA_CM_ADDR_RESOLVED",
+            IdState::RouteQuery => "RDMA_CM_ROUTE_QUERY",
+            IdState::RouteResolved => "RDMA_CM_ROUTE_RESOLVED",
+            IdState::Connect => "RDMA_CM_CONNECT",
+            IdState::Disconnect => "RDMA_CM_DISCONNECT",
+            IdState::AddrBound => "RDMA_CM_ADDR_BOUND",
+            IdState::Listen => "RDMA_CM_LISTEN",
+            IdState::DeviceRemoval => "RDMA_CM_DEVICE_REMOVAL",
+            IdState::Destroying => "RDMA_CM_DESTROYING",
+        }
+    }
+}
+
+impl fmt::Display for IdState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `enum ibv_qp_state`, the states a CM-managed QP goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QpState {
+    /// Just created by verbs; `rdma_create_qp` moves it on at once.
+    Reset,
+    /// Initialised: receives may be posted.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Error: every posted and every newly posted work request completes with `WR_FLUSH_ERR`.
+    Err,
+}
+
+impl QpState {
+    /// The `IBV_QPS_*` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QpState::Reset => "IBV_QPS_RESET",
+            QpState::Init => "IBV_QPS_INIT",
+            QpState::Rtr => "IBV_QPS_RTR",
+            QpState::Rts => "IBV_QPS_RTS",
+            QpState::Err => "IBV_QPS_ERR",
+        }
+    }
+
+    /// Whether `ibv_modify_qp` may move a QP from `self` to `to` (the IB spec's RC transitions;
+    /// any state may go to RESET or ERR, and ERR leaves only to RESET).
+    pub const fn can_modify_to(self, to: QpState) -> bool {
+        use QpState::*;
+        matches!(
+            (self, to),
+            (_, Reset) | (_, Err) | (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts)
+        )
+    }
+
+    /// Whether a send may be posted (RTS; in ERR it is accepted and completes flushed).
+    pub const fn can_post_send(self) -> bool {
+        matches!(self, QpState::Rts | QpState::Err)
+    }
+
+    /// Whether a receive may be posted (any state but RESET; in ERR it completes flushed).
+    pub const fn can_post_recv(self) -> bool {
+        !matches!(self, QpState::Reset)
+    }
+}
+
+impl fmt::Display for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What an id is used for; decided by the first call that commits it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Not committed yet.
+    Unassigned,
+    /// Makes outgoing connections (`rdma_connect`).
+    Active,
+    /// A child id made for an incoming request (`CONNECT_REQUEST`).
+    Passive,
+    /// Listens (`rdma_listen`).
+    Listener,
+}
+
+/// How far the connection handshake of an id in `RDMA_CM_CONNECT`/`DISCONNECT` has got, as
+/// the application has observed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConnPhase {
+    /// No connection attempt.
+    None,
+    /// Active: `rdma_connect` sent the request; no answer retrieved yet.
+    Connecting,
+    /// Active without a QP: `CONNECT_RESPONSE` retrieved.
+    Responded,
+    /// Passive: `CONNECT_REQUEST` retrieved; neither accepted nor rejected.
+    Requested,
+    /// Passive: accepted; `ESTABLISHED` not retrieved yet.
+    Accepted,
+    /// Passive: rejected.
+    Rejected,
+    /// `ESTABLISHED` retrieved.
+    Established,
+    /// `REJECTED`, `UNREACHABLE` or `CONNECT_ERROR` retrieved.
+    Failed,
+}
+
+/// Why an event is not legal for an id in its current state (the backend or the test that
+/// found it has a bug).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IllegalEvent {
+    /// The event.
+    pub event: CmEventType,
+    /// The id's state.
+    pub state: IdState,
+    /// The id's handshake phase.
+    pub phase: ConnPhase,
+}
+
+impl fmt::Display for IllegalEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is not legal for an id in {} ({:?})",
+            self.event, self.state, self.phase
+        )
+    }
+}
+
+impl std::error::Error for IllegalEvent {}
+
+/// The legality state of one id and its QP; see the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IdMachine {
+    state: IdState,
+    ps: PortSpace,
+    role: Role,
+    phase: ConnPhase,
+    device: bool,
+    qp: Option<QpState>,
+    unacked: u32,
+}
+
+type Step = Result<IdMachine, CmError>;
+
+impl IdMachine {
+    /// A new id (`rdma_create_id`): `RDMA_CM_IDLE`, no device, no QP.
+    pub const fn new(ps: PortSpace) -> Self {
+        IdMachine {
+            state: IdState::Idle,
+            ps,
+            role: Role::Unassigned,
+            phase: ConnPhase::None,
+            device: false,
+            qp: None,
+            unacked: 0,
+        }
+    }
+
+    /// The child id a retrieved `CONNECT_REQUEST` hands out: `RDMA_CM_CONNECT`, bound to the
+    /// listener's device, waiting for accept or reject.
+    pub const fn new_child(ps: PortSpace) -> Self {
+        IdMachine {
+            state: IdState::Connect,
+            ps,
+            role: Role::Passive,
+            phase: ConnPhase::Requested,
+            device: true,
+            qp: None,
+            unacked: 0,
+        }
+    }
+
+    /// The kernel state.
+    pub const fn state(&self) -> IdState {
+        self.state
+    }
+
+    /// The port space.
+    pub const fn port_space(&self) -> PortSpace {
+        self.ps
+    }
+
+    /// The role.
+    pub const fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The handshake phase.
+    pub const fn phase(&self) -> ConnPhase {
+        self.phase
+    }
+
+    /// Whether the id is bound to a device.
+    pub const fn has_device(&self) -> bool {
+        self.device
+    }
+
+    /// The QP's state, if the id has one.
+    pub const fn qp(&self) -> Option<QpState> {
+        self.qp
+    }
+
+    /// Events retrieved and not acked that count against this id.
+    pub const fn unacked(&self) -> u32 {
+        self.unacked
+    }
+
+    fn wrong(&self, call: Call, expected: &'static str) -> CmError {
+        CmError::WrongState {
+            call,
+            state: self.state,
+            expected,
+        }
+    }
+
+    fn alive(&self, call: Call) -> Result<(), CmError> {
+        match self.state {
+            IdState::DeviceRemoval | IdState::Destroying => {
+                Err(self.wrong(call, "a live device (after DEVICE_REMOVAL only destroy is legal)"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn check_private_data(&self, call: Call, slot: PrivateDataSlot, len: usize) -> Result<(), CmError> {
+        let max = self.ps.private_data_limit(slot);
+        if len > max {
+            return Err(CmError::PrivateDataTooLong { call, len, max });
+        }
+        Ok(())
+    }
+
+    /// `rdma_bind_addr`; `wildcard` when the address is `0.0.0.0`/`::` (no device is bound then).
+    pub fn bind_addr(&self, wildcard: bool) -> Step {
+        if self.state != IdState::Idle {
+            return Err(self.wrong(Call::BindAddr, "RDMA_CM_IDLE"));
+        }
+        Ok(IdMachine {
+            state: IdState::AddrBound,
+            device: !wildcard,
+            ..*self
+        })
+    }
+
+    /// `rdma_resolve_addr` (binds implicitly from `RDMA_CM_IDLE`).
+    pub fn resolve_addr(&self) -> Step {
+        if !matches!(self.state, IdState::Idle | IdState::AddrBound) {
+            return Err(self.wrong(Call::ResolveAddr, "RDMA_CM_IDLE or RDMA_CM_ADDR_BOUND"));
+        }
+        Ok(IdMachine {
+            state: IdState::AddrQuery,
+            role: Role::Active,
+            ..*self
+        })
+    }
+
+    /// `rdma_resolve_route`. librdmacm dereferences the id's device unconditionally here, so an
+    /// id without one would crash it; the state check refuses that first.
+    pub fn resolve_route(&self) -> Step {
+        if self.state != IdState::AddrResolved {
+            return Err(self.wrong(
+                Call::ResolveRoute,
+                "RDMA_CM_ADDR_RESOLVED (ADDR_RESOLVED retrieved)",
+            ));
+        }
+        if !self.device {
+            return Err(CmError::NoDevice {
+                call: Call::ResolveRoute,
+            });
+        }
+        Ok(IdMachine {
+            state: IdState::RouteQuery,
+            ..*self
+        })
+    }
+
+    /// `rdma_listen` (binds implicitly from `RDMA_CM_IDLE`).
+    pub fn listen(&self) -> Step {
+        if !matches!(self.state, IdState::Idle | IdState::AddrBound) {
+            return Err(self.wrong(Call::Listen, "RDMA_CM_IDLE or RDMA_CM_ADDR_BOUND"));
+        }
+        Ok(IdMachine {
+            state: IdState::Listen,
+            role: Role::Listener,
+            ..*self
+        })
+    }
+
+    /// `rdma_create_qp`: connected port spaces get a QP in INIT (it reaches RTR/RTS during the
+    /// handshake); datagram port spaces get one in RTS at once, as librdmacm does.
+    pub fn create_qp(&self) -> Step {
+        self.alive(Call::CreateQp)?;
+        if !self.device {
+            return Err(CmError::NoDevice { call: Call::CreateQp });
+        }
+        if self.qp.is_some() {
+            return Err(CmError::QpExists);
+        }
+        let qp = if self.ps.is_connected() {
+            QpState::Init
+        } else {
+            QpState::Rts
+        };
+        Ok(IdMachine {
+            qp: Some(qp),
+            ..*self
+        })
+    }
+
+    /// `rdma_destroy_qp` (librdmacm passes a NULL QP to verbs when there is none).
+    pub fn destroy_qp(&self) -> Step {
+        if self.qp.is_none() {
+            return Err(CmError::NoQp {
+                call: Call::DestroyQp,
+            });
+        }
+        Ok(IdMachine { qp: None, ..*self })
+    }
+
+    /// `rdma_connect` with `private_data_len` bytes of private data. The trait has no
+    /// `rdma_establish`, so connected port spaces need a QP on the id.
+    pub fn connect(&self, private_data_len: usize) -> Step {
+        if self.state != IdState::RouteResolved {
+            return Err(self.wrong(Call::Connect, "RDMA_CM_ROUTE_RESOLVED (ROUTE_RESOLVED retrieved)"));
+        }
+        if self.ps.is_connected() && self.qp.is_none() {
+            return Err(CmError::NoQp { call: Call::Connect });
+        }
+        self.check_private_data(Call::Connect, PrivateDataSlot::Connect, private_data_len)?;
+        Ok(IdMachine {
+            state: IdState::Connect,
+            role: Role::Active,
+            phase: ConnPhase::Connecting,
+            ..*self
+        })
+    }
+
+    fn pending_request(&self, call: Call) -> Result<(), CmError> {
+        if self.role != Role::Passive || self.state != IdState::Connect || self.phase != ConnPhase::Requested
+        {
+            return Err(self.wrong(
+                call,
+                "a child id from CONNECT_REQUEST, not yet accepted or rejected",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `rdma_accept` with `private_data_len` bytes of private data; moves the QP to RTS.
+    pub fn accept(&self, private_data_len: usize) -> Step {
+        self.pending_request(Call::Accept)?;
+        let Some(qp) = self.qp else {
+            return Err(CmError::NoQp { call: Call::Accept });
+        };
+        if self.ps.is_connected() && !qp.can_modify_to(QpState::Rtr) {
+            // librdmacm's RTR transition fails with EINVAL (e.g. the QP went to ERR through a
+            // disconnect before the accept).
+            return Err(CmError::WrongQpState {
+                call: Call::Accept,
+                state: qp,
+            });
+        }
+        self.check_private_data(Call::Accept, PrivateDataSlot::Accept, private_data_len)?;
+        Ok(IdMachine {
+            phase: ConnPhase::Accepted,
+            qp: Some(QpState::Rts),
+            ..*self
+        })
+    }
+
+    /// `rdma_reject` with `private_data_len` bytes of private data.
+    pub fn reject(&self, private_data_len: usize) -> Step {
+        self.pending_request(Call::Reject)?;
+        self.check_private_data(Call::Reject, PrivateDataSlot::Reject, private_data_len)?;
+        Ok(IdMachine {
+            phase: ConnPhase::Rejected,
+            ..*self
+        })
+    }
+
+    /// `rdma_disconnect`: legal once the id has a connection attempt (`CONNECT` or
+    /// `DISCONNECT`), any number of times; moves the QP to ERR. librdmacm also moves the QP to
+    /// ERR when it then fails with `EINVAL` on an id that never connected; here that call is
+    /// refused before anything changes.
+    pub fn disconnect(&self) -> Step {
+        if !matches!(self.state, IdState::Connect | IdState::Disconnect) {
+            return Err(self.wrong(
+                Call::Disconnect,
+                "RDMA_CM_CONNECT or RDMA_CM_DISCONNECT (a connection attempt)",
+            ));
+        }
+        Ok(IdMachine {
+            qp: self.qp.map(|_| QpState::Err),
+            ..*self
+        })
+    }
+
+    /// Whether `rdma_disconnect` on this id reaches the wire (sends a DREQ or answers one):
+    /// only once the connection has been established from the application's point of view.
+    pub const fn disconnect_reaches_wire(&self) -> bool {
+        matches!(self.phase, ConnPhase::Established)
+    }
+
+    /// `rdma_destroy_id`: refused while a QP is attached or events are unacked (librdmacm would
+    /// leak the QP, or block forever).
+    pub fn destroy(&self) -> Step {
+        if self.qp.is_some() {
+            return Err(CmError::QpAttached);
+        }
+        if self.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                call: Call::DestroyId,
+                count: self.unacked,
+            });
+        }
+        Ok(IdMachine {
+            state: IdState::Destroying,
+            ..*self
+        })
+    }
+
+    /// `ibv_post_send` on the id's QP.
+    pub fn post_send(&self) -> Result<(), CmError> {
+        match self.qp {
+            None => Err(CmError::NoQp { call: Call::PostSend }),
+            Some(qp) if !qp.can_post_send() => Err(CmError::WrongQpState {
+                call: Call::PostSend,
+                state: qp,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `ibv_post_recv` on the id's QP.
+    pub fn post_recv(&self) -> Result<(), CmError> {
+        match self.qp {
+            None => Err(CmError::NoQp { call: Call::PostRecv }),
+            Some(qp) if !qp.can_post_recv() => Err(CmError::WrongQpState {
+                call: Call::PostRecv,
+                state: qp,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The QP went to ERR on its own (a fatal completion error on the data path).
+    pub fn qp_error(&self) -> IdMachine {
+        IdMachine {
+            qp: self.qp.map(|_| QpState::Err),
+            ..*self
+        }
+    }
+
+    /// What librdmacm turns the kernel's `CONNECT_RESPONSE` into for this id when it is
+    /// retrieved: `CONNECT_RESPONSE` without a QP, `ESTABLISHED` when the QP can go to RTR and
+    /// RTS, `CONNECT_ERROR` when it cannot (say, a disconnect moved it to ERR first).
+    pub fn connect_response_outcome(&self) -> CmEventType {
+        if !self.ps.is_connected() {
+            // A SIDR reply needs no QP transition: UD QPs are ready from creation.
+            return CmEventType::Established;
+        }
+        match self.qp {
+            None => CmEventType::ConnectResponse,
+            Some(qp) if qp.can_modify_to(QpState::Rtr) => CmEventType::Established,
+            Some(_) => CmEventType::ConnectError,
+        }
+    }
+
+    /// Checks that `event` may be delivered to this id now, without changing anything.
+    pub fn check_event(&self, event: CmEventType) -> Result<(), IllegalEvent> {
+        self.on_event(event).map(|_| ())
+    }
+
+    /// The machine after `event` was retrieved for this id (the id the event counts against:
+    /// the listener for `CONNECT_REQUEST`). Counts the event as unacked.
+    pub fn on_event(&self, event: CmEventType) -> Result<IdMachine, IllegalEvent> {
+        use CmEventType::*;
+        use ConnPhase as P;
+        let illegal = IllegalEvent {
+            event,
+            state: self.state,
+            phase: self.phase,
+        };
+        let s = self.state;
+        let mut next = IdMachine {
+            unacked: self.unacked + 1,
+            ..*self
+        };
+        let active = self.role == Role::Active;
+        let passive = self.role == Role::Passive;
+        match event {
+            AddrResolved if s == IdState::AddrQuery => {
+                next.state = IdState::AddrResolved;
+                next.device = true;
+            }
+            AddrError if s == IdState::AddrQuery => next.state = IdState::AddrBound,
+            RouteResolved if s == IdState::RouteQuery => next.state = IdState::RouteResolved,
+            RouteError if s == IdState::RouteQuery => next.state = IdState::AddrResolved,
+            ConnectRequest if s == IdState::Listen => {}
+            ConnectResponse
+                if s == IdState::Connect && active && self.phase == P::Connecting && self.qp.is_none() =>
+            {
+                next.phase = P::Responded;
+            }
+            Established
+                if s == IdState::Connect
+                    && active
+                    && self.phase == P::Connecting
+                    && !self.ps.is_connected() =>
+            {
+                next.phase = P::Established;
+            }
+            Established if s == IdState::Connect && active && self.phase == P::Connecting => {
+                if !matches!(self.qp, Some(qp) if qp.can_modify_to(QpState::Rtr)) {
+                    return Err(illegal);
+                }
+                next.phase = P::Established;
+                next.qp = Some(QpState::Rts);
+            }
+            Established if s == IdState::Connect && passive && self.phase == P::Accepted => {
+                next.phase = P::Established
+            }
+            ConnectError if s == IdState::Connect && active && self.phase == P::Connecting => {
+                next.phase = P::Failed;
+                next.qp = self.qp.map(|_| QpState::Err);
+            }
+            Rejected | Unreachable
+                if s == IdState::Connect
+                    && ((active && matches!(self.phase, P::Connecting | P::Responded))
+                        || (passive && self.phase == P::Accepted)) =>
+            {
+                next.phase = P::Failed;
+                if event == Rejected {
+                    // librdmacm moves the QP to ERR when it hands out REJECTED.
+                    next.qp = self.qp.map(|_| QpState::Err);
+                }
+            }
+            Disconnected if s == IdState::Connect && matches!(self.phase, P::Established | P::Accepted) => {
+                next.state = IdState::Disconnect;
+            }
+            TimewaitExit if s == IdState::Disconnect => {}
+            DeviceRemoval if !matches!(s, IdState::DeviceRemoval | IdState::Destroying) => {
+                next.state = IdState::DeviceRemoval;
+            }
+            AddrChange if self.device && s != IdState::Destroying => {}
+            _ => return Err(illegal),
+        }
+        Ok(next)
+    }
+
+    /// The machine after one of its events was acked.
+    pub fn on_ack(&self) -> Step {
+        if self.unacked == 0 {
+            return Err(CmError::EventNotOutstanding);
+        }
+        Ok(IdMachine {
+            unacked: self.unacked - 1,
+            ..*self
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::errno::*;
+    use CmEventType::*;
+
+    fn established_active() -> IdMachine {
+        let m = IdMachine::new(PortSpace::Tcp).resolve_addr().unwrap();
+        let m = m.on_event(AddrResolved).unwrap().on_ack().unwrap();
+        let m = m
+            .resolve_route()
+            .unwrap()
+            .on_event(RouteResolved)
+            .unwrap()
+            .on_ack()
+            .unwrap();
+        let m = m.create_qp().unwrap().connect(56).unwrap();
+        assert_eq!(m.connect_response_outcome(), Established);
+        m.on_event(Established).unwrap().on_ack().unwrap()
+    }
+
+    #[test]
+    fn active_lifecycle() {
+        let m = established_active();
+        assert_eq!(
+            (m.state(), m.phase(), m.qp()),
+            (IdState::Connect, ConnPhase::Established, Some(QpState::Rts))
+        );
+        assert!(m.disconnect_reaches_wire());
+        let m = m.disconnect().unwrap();
+        assert_eq!(m.qp(), Some(QpState::Err));
+        let m = m.on_event(Disconnected).unwrap();
+        assert_eq!(m.state(), IdState::Disconnect);
+        assert_eq!(m.destroy().unwrap_err(), CmError::QpAttached);
+        let m = m.destroy_qp().unwrap();
+        assert_eq!(
+            m.destroy().unwrap_err(),
+            CmError::UnackedEvents {
+                call: Call::DestroyId,
+                count: 1
+            }
+        );
+        let m = m
+            .on_ack()
+            .unwrap()
+            .on_event(TimewaitExit)
+            .unwrap()
+            .on_ack()
+            .unwrap();
+        assert_eq!(
+            m.disconnect().unwrap().state(),
+            IdState::Disconnect,
+            "second disconnect is fine"
+        );
+        assert_eq!(m.destroy().unwrap().state(), IdState::Destroying);
+    }
+
+    #[test]
+    fn passive_lifecycle_and_reject() {
+        let child = IdMachine::new_child(PortSpace::Tcp);
+        assert_eq!(child.accept(0).unwrap_err(), CmError::NoQp { call: Call::Accept });
+        let child = child.create_qp().unwrap();
+        assert_eq!(
+            child.accept(197).unwrap_err(),
+            CmError::PrivateDataTooLong {
+                call: Call::Accept,
+                len: 197,
+                max: 196
+            }
+        );
+        let acc = child.accept(196).unwrap();
+        assert_eq!(acc.qp(), Some(QpState::Rts));
+        assert_eq!(acc.accept(0).unwrap_err().errno(), EINVAL, "second accept");
+        assert!(acc.check_event(Established).is_ok());
+        let rej = child.reject(148).unwrap();
+        assert_eq!(rej.phase(), ConnPhase::Rejected);
+        assert!(
+            rej.check_event(Established).is_err(),
+            "a rejected child gets no events"
+        );
+        assert!(child.reject(149).is_err());
+    }
+
+    #[test]
+    fn wrong_state_calls_name_call_and_state() {
+        let m = IdMachine::new(PortSpace::Tcp);
+        let e = m.connect(0).unwrap_err();
+        assert!(matches!(
+            e,
+            CmError::WrongState {
+                call: Call::Connect,
+                state: IdState::Idle,
+                ..
+            }
+        ));
+        assert!(matches!(
+            m.resolve_route(),
+            Err(CmError::WrongState {
+                call: Call::ResolveRoute,
+                ..
+            })
+        ));
+        assert!(matches!(
+            m.disconnect(),
+            Err(CmError::WrongState {
+                call: Call::Disconnect,
+                ..
+            })
+        ));
+        assert!(matches!(
+            m.accept(0),
+            Err(CmError::WrongState {
+                call: Call::Accept,
+                ..
+            })
+        ));
+        assert_eq!(
+            m.create_qp().unwrap_err(),
+            CmError::NoDevice { call: Call::CreateQp }
+        );
+        assert_eq!(
+            m.destroy_qp().unwrap_err(),
+            CmError::NoQp {
+                call: Call::DestroyQp
+            }
+        );
+        let b = m.bind_addr(false).unwrap();
+        assert!(matches!(
+            b.bind_addr(false),
+            Err(CmError::WrongState {
+                call: Call::BindAddr,
+                ..
+            })
+        ));
+        let q = b.create_qp().unwrap();
+        assert_eq!(q.create_qp().unwrap_err(), CmError::QpExists);
+        let wildcard = m.bind_addr(true).unwrap();
+        assert!(!wildcard.has_device());
+        let l = wildcard.listen().unwrap();
+        assert!(matches!(
+            l.listen(),
+            Err(CmError::WrongState {
+                call: Call::Listen,
+                ..
+            })
+        ));
+        assert!(matches!(l.resolve_addr(), Err(CmError::WrongState { .. })));
+    }
+
+    #[test]
+    fn resolution_errors_return_to_earlier_states() {
+        let m = IdMachine::new(PortSpace::Tcp).resolve_addr().unwrap();
+        assert!(
+            matches!(m.resolve_addr(), Err(CmError::WrongState { .. })),
+            "called twice"
+        );
+        let m = m.on_event(AddrError).unwrap();
+        assert_eq!(m.state(), IdState::AddrBound);
+        let m = m.resolve_addr().unwrap().on_event(AddrResolved).unwrap();
+        let m = m.resolve_route().unwrap().on_event(RouteError).unwrap();
+        assert_eq!(m.state(), IdState::AddrResolved);
+        assert_eq!(m.unacked(), 3);
+    }
+
+    #[test]
+    fn rejected_connection_stays_in_connect_and_needs_a_new_id() {
+        let m = IdMachine::new(PortSpace::Tcp)
+            .resolve_addr()
+            .unwrap()
+            .on_event(AddrResolved)
+            .unwrap();
+        let m = m
+            .resolve_route()
+            .unwrap()
+            .on_event(RouteResolved)
+            .unwrap()
+            .create_qp()
+            .unwrap();
+        let m = m.connect(0).unwrap().on_event(Rejected).unwrap();
+        assert_eq!(
+            (m.state(), m.phase(), m.qp()),
+            (IdState::Connect, ConnPhase::Failed, Some(QpState::Err))
+        );
+        assert!(m.connect(0).is_err());
+        assert!(
+            m.disconnect().is_ok(),
+            "disconnect after REJECTED returns 0 on IB/RoCE"
+        );
+        assert!(!m.disconnect_reaches_wire());
+        assert!(m.check_event(Disconnected).is_err());
+    }
+
+    #[test]
+    fn connect_response_becomes_connect_error_when_the_qp_is_in_err() {
+        let m = IdMachine::new(PortSpace::Tcp)
+            .resolve_addr()
+            .unwrap()
+            .on_event(AddrResolved)
+            .unwrap();
+        let m = m
+            .resolve_route()
+            .unwrap()
+            .on_event(RouteResolved)
+            .unwrap()
+            .create_qp()
+            .unwrap();
+        let m = m.connect(0).unwrap().disconnect().unwrap();
+        assert_eq!(m.connect_response_outcome(), ConnectError);
+        assert!(m.check_event(Established).is_err());
+        let m = m.on_event(ConnectError).unwrap();
+        assert_eq!(m.phase(), ConnPhase::Failed);
+        let ud = IdMachine::new(PortSpace::Udp)
+            .resolve_addr()
+            .unwrap()
+            .on_event(AddrResolved)
+            .unwrap();
+        let ud = ud
+            .resolve_route()
+            .unwrap()
+            .on_event(RouteResolved)
+            .unwrap()
+            .connect(180)
+            .unwrap();
+        assert_eq!(ud.connect_response_outcome(), Established, "SIDR needs no QP");
+        assert!(ud.check_event(Established).is_ok());
+    }
+
+    #[test]
+    fn device_removal_leaves_only_destroy() {
+        let m = established_active()
+            .on_event(DeviceRemoval)
+            .unwrap()
+            .on_ack()
+            .unwrap();
+        assert!(m.create_qp().is_err());
+        assert!(m.disconnect().is_err());
+        assert!(m.check_event(DeviceRemoval).is_err());
+        let m = m.destroy_qp().unwrap();
+        assert!(m.destroy().is_ok());
+    }
+
+    #[test]
+    fn qp_transitions_follow_the_ib_spec() {
+        use QpState::*;
+        assert!(Reset.can_modify_to(Init));
+        assert!(Init.can_modify_to(Rtr) && Rtr.can_modify_to(Rts));
+        assert!(!Init.can_modify_to(Rts));
+        assert!(!Err.can_modify_to(Rtr) && Err.can_modify_to(Reset));
+        assert!(Rts.can_post_send() && Err.can_post_send() && !Init.can_post_send() && !Rtr.can_post_send());
+        assert!(Init.can_post_recv() && !Reset.can_post_recv());
+        let m = IdMachine::new(PortSpace::Tcp)
+            .bind_addr(false)
+            .unwrap()
+            .create_qp()
+            .unwrap();
+        assert_eq!(
+            m.post_send().unwrap_err(),
+            CmError::WrongQpState {
+                call: Call::PostSend,
+                state: Init
+            }
+        );
+        assert!(m.post_recv().is_ok());
+        let ud = IdMachine::new(PortSpace::Udp)
+            .bind_addr(false)
+            .unwrap()
+            .create_qp()
+            .unwrap();
+        assert_eq!(ud.qp(), Some(Rts));
+    }
+
+    #[test]
+    fn acks_are_counted() {
+        let m = IdMachine::new(PortSpace::Tcp);
+        assert_eq!(m.on_ack().unwrap_err(), CmError::EventNotOutstanding);
+        let l = m
+            .listen()
+            .unwrap()
+            .on_event(ConnectRequest)
+            .unwrap()
+            .on_event(ConnectRequest)
+            .unwrap();
+        assert_eq!(l.unacked(), 2);
+        assert_eq!(
+            l.destroy().unwrap_err(),
+            CmError::UnackedEvents {
+                call: Call::DestroyId,
+                count: 2
+            }
+        );
+        assert!(l.on_ack().unwrap().on_ack().unwrap().destroy().is_ok());
+    }
+}

@@ -1,0 +1,313 @@
+//! Port spaces, QP capabilities, work completions and the live-resource report.
+
+use std::fmt;
+
+/// `enum rdma_port_space`, with librdmacm's numeric values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum PortSpace {
+    /// `RDMA_PS_IPOIB`: unreliable datagram, IB links only.
+    IpoIb = 0x0002,
+    /// `RDMA_PS_TCP`: reliable connected (RC) QPs, IB CM REQ/REP/RTU connections.
+    Tcp = 0x0106,
+    /// `RDMA_PS_UDP`: unreliable datagram (UD) QPs, SIDR lookups.
+    Udp = 0x0111,
+    /// `RDMA_PS_IB`: any IB service; `rdma_create_id` gives it an RC QP type.
+    Ib = 0x013F,
+}
+
+/// Which wire message private data travels in; its size limit depends on it and the port space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PrivateDataSlot {
+    /// `rdma_connect`: REQ (connected) or SIDR REQ (datagram).
+    Connect,
+    /// `rdma_accept`: REP or SIDR REP.
+    Accept,
+    /// `rdma_reject`: REJ or SIDR REP.
+    Reject,
+}
+
+impl PortSpace {
+    /// Every port space.
+    pub const ALL: [PortSpace; 4] = [PortSpace::IpoIb, PortSpace::Tcp, PortSpace::Udp, PortSpace::Ib];
+
+    /// The port space with librdmacm's numeric value `value`, if there is one.
+    pub fn from_raw(value: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|ps| ps.raw() == value)
+    }
+
+    /// librdmacm's numeric value.
+    pub const fn raw(self) -> u32 {
+        self as u32
+    }
+
+    /// Whether ids of this port space make reliable connections (RC QPs, REQ/REP/RTU, DREQ/DREP).
+    pub const fn is_connected(self) -> bool {
+        matches!(self, PortSpace::Tcp | PortSpace::Ib)
+    }
+
+    /// The most private data a caller may pass in `slot` with IP addressing, which is also the
+    /// size the receiver sees (the IB CM pads to it): connect 56 (connected) / 180 (datagram),
+    /// accept 196 / 136, reject 148 / 136.
+    pub const fn private_data_limit(self, slot: PrivateDataSlot) -> usize {
+        match (self.is_connected(), slot) {
+            (true, PrivateDataSlot::Connect) => 56,
+            (true, PrivateDataSlot::Accept) => 196,
+            (true, PrivateDataSlot::Reject) => 148,
+            (false, PrivateDataSlot::Connect) => 180,
+            (false, PrivateDataSlot::Accept | PrivateDataSlot::Reject) => 136,
+        }
+    }
+
+    /// The `RDMA_PS_*` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PortSpace::IpoIb => "RDMA_PS_IPOIB",
+            PortSpace::Tcp => "RDMA_PS_TCP",
+            PortSpace::Udp => "RDMA_PS_UDP",
+            PortSpace::Ib => "RDMA_PS_IB",
+        }
+    }
+}
+
+impl fmt::Display for PortSpace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Capabilities asked of, and granted to, the QP that [`create_qp`](crate::CmBackend::create_qp)
+/// attaches to an id (`struct ibv_qp_cap`, plus the size of the backend-owned message buffers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QpCaps {
+    /// Most send work requests outstanding at once.
+    pub max_send_wr: u32,
+    /// Most receive work requests outstanding at once.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send work request.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive work request.
+    pub max_recv_sge: u32,
+    /// Bytes a send may carry inline.
+    pub max_inline_data: u32,
+    /// Size of each message buffer the backend registers for the QP: the longest send and the
+    /// longest receive buffer a work request may use.
+    pub max_message_size: u32,
+}
+
+impl QpCaps {
+    /// Small defaults fit for connection-management work: 16 WRs each way, one SGE, 4 KiB messages.
+    pub const fn new() -> Self {
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+            max_message_size: 4096,
+        }
+    }
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `enum ibv_wc_status` with verbs' numeric values; `Display` prints `ibv_wc_status_str`'s text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+#[allow(missing_docs)] // one-to-one with ibv_wc_status; the strings below document them
+pub enum WcStatus {
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    LocRddViolErr = 14,
+    RemInvRdReqErr = 15,
+    RemAbortErr = 16,
+    InvEecnErr = 17,
+    InvEecStateErr = 18,
+    FatalErr = 19,
+    RespTimeoutErr = 20,
+    GeneralErr = 21,
+    TmErr = 22,
+    TmRndvIncomplete = 23,
+}
+
+impl WcStatus {
+    /// Every status, in numeric order.
+    pub const ALL: [WcStatus; 24] = [
+        WcStatus::Success,
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocEecOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
+        WcStatus::BadRespErr,
+        WcStatus::LocAccessErr,
+        WcStatus::RemInvReqErr,
+        WcStatus::RemAccessErr,
+        WcStatus::RemOpErr,
+        WcStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr,
+        WcStatus::LocRddViolErr,
+        WcStatus::RemInvRdReqErr,
+        WcStatus::RemAbortErr,
+        WcStatus::InvEecnErr,
+        WcStatus::InvEecStateErr,
+        WcStatus::FatalErr,
+        WcStatus::RespTimeoutErr,
+        WcStatus::GeneralErr,
+        WcStatus::TmErr,
+        WcStatus::TmRndvIncomplete,
+    ];
+
+    /// The status with verbs' numeric value `value`, if there is one.
+    pub fn from_raw(value: u32) -> Option<Self> {
+        Self::ALL.get(value as usize).copied()
+    }
+
+    /// Verbs' numeric value.
+    pub const fn raw(self) -> u32 {
+        self as u32
+    }
+
+    /// The text `ibv_wc_status_str` gives.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "aborted error",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+            WcStatus::TmErr => "TM error",
+            WcStatus::TmRndvIncomplete => "TM software rendezvous",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a completed work request was (`enum ibv_wc_opcode`, the two the data path uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// `IBV_WC_SEND`.
+    Send = 0,
+    /// `IBV_WC_RECV`.
+    Recv = 128,
+}
+
+/// One work completion (`struct ibv_wc`, reduced to what the CM data path needs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The `wr_id` the work request was posted with.
+    pub wr_id: u64,
+    /// Success, or why the request failed (`WR_FLUSH_ERR` after a disconnect).
+    pub status: WcStatus,
+    /// Send or receive.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives that succeeded); 0 otherwise, as flushed completions leave it
+    /// undefined in verbs.
+    pub byte_len: u32,
+    /// The received bytes (successful receives only).
+    pub data: Vec<u8>,
+}
+
+/// Resources a backend still holds: what tests check is zero after teardown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LiveResources {
+    /// Event channels not destroyed.
+    pub channels: usize,
+    /// Ids not destroyed (including child ids whose request was not retrieved yet).
+    pub ids: usize,
+    /// QPs not destroyed.
+    pub qps: usize,
+    /// Events retrieved and not acked.
+    pub unacked_events: usize,
+    /// Events queued on channels and not retrieved.
+    pub queued_events: usize,
+}
+
+impl LiveResources {
+    /// Whether nothing the application must release is left (queued events die with their ids).
+    pub const fn is_clean(&self) -> bool {
+        self.channels == 0 && self.ids == 0 && self.qps == 0 && self.unacked_events == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_space_values_match_librdmacm() {
+        assert_eq!(PortSpace::IpoIb.raw(), 0x0002);
+        assert_eq!(PortSpace::Tcp.raw(), 0x0106);
+        assert_eq!(PortSpace::Udp.raw(), 0x0111);
+        assert_eq!(PortSpace::Ib.raw(), 0x013F);
+        for ps in PortSpace::ALL {
+            assert_eq!(PortSpace::from_raw(ps.raw()), Some(ps));
+        }
+        assert_eq!(PortSpace::from_raw(7), None);
+    }
+
+    #[test]
+    fn private_data_limits_follow_the_ib_cm_sizes() {
+        use PrivateDataSlot::*;
+        assert_eq!(PortSpace::Tcp.private_data_limit(Connect), 56);
+        assert_eq!(PortSpace::Tcp.private_data_limit(Accept), 196);
+        assert_eq!(PortSpace::Tcp.private_data_limit(Reject), 148);
+        assert_eq!(PortSpace::Udp.private_data_limit(Connect), 180);
+        assert_eq!(PortSpace::Udp.private_data_limit(Accept), 136);
+    }
+
+    #[test]
+    fn wc_status_values_match_ibv_wc_status() {
+        assert_eq!(WcStatus::Success.raw(), 0);
+        assert_eq!(WcStatus::LocLenErr.raw(), 1);
+        assert_eq!(WcStatus::WrFlushErr.raw(), 5);
+        assert_eq!(WcStatus::RemInvReqErr.raw(), 9);
+        assert_eq!(WcStatus::RnrRetryExcErr.raw(), 13);
+        assert_eq!(WcStatus::GeneralErr.raw(), 21);
+        for (n, st) in WcStatus::ALL.iter().enumerate() {
+            assert_eq!(st.raw() as usize, n);
+            assert_eq!(WcStatus::from_raw(n as u32), Some(*st));
+        }
+        assert_eq!(WcStatus::WrFlushErr.to_string(), "Work Request Flushed Error");
+    }
+}
