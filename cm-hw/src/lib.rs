@@ -1,0 +1,1 @@
+//! Hardware backend (being written).
