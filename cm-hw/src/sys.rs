@@ -1,0 +1,867 @@
+//! The only module with `unsafe`: thin, checked wrappers over librdmacm and verbs (rdma-sys) and
+//! the two libc calls the event loop needs.
+//!
+//! Every wrapper owns one C object and is created only here, so a value of the type proves the C
+//! object is alive. None of them implements `Drop`: C objects are released explicitly, in
+//! librdmacm's order, by methods that consume the wrapper. Dropping a wrapper without releasing it
+//! leaks the C object, which is safe; releasing in the wrong order is refused, because the order
+//! is encoded in reference counts rather than left to the caller:
+//!
+//! * every [`Id`] holds a counted reference to its [`Channel`]; [`Channel::destroy`] refuses while
+//!   any exists (librdmacm would free the channel under them);
+//! * every bound [`Event`] and every [`Qp`] holds a counted reference to the [`Id`] it counts
+//!   against or is attached to; [`Id::destroy`] refuses while any exists (librdmacm would block
+//!   forever on the unacked event, or leak the QP and later touch a freed id);
+//! * every [`Qp`] holds a counted reference to its [`Pd`]; [`Pd::dealloc`] refuses while any
+//!   exists, and takes a live [`Id`] on the same device as a witness that the device context the
+//!   PD belongs to is still open;
+//! * a [`Qp`]'s buffer is freed only after its memory region was deregistered and its QP and CQ
+//!   destroyed, so the device can never write into freed memory.
+//!
+//! Functions return the errno as `Err(i32)`; the backend maps errnos to `CmError`.
+
+use std::alloc::Layout;
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::ptr::{self, NonNull};
+use std::rc::Rc;
+
+use cm_core::{ConnParam, QpCaps};
+use libc::c_void;
+use rdma_sys as ffi;
+
+use crate::convert::{self, RawSockAddr};
+
+/// An errno value.
+pub(crate) type Errno = i32;
+
+/// The errno of the C call that just failed (read before anything else can overwrite it).
+fn last_errno() -> Errno {
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(0) | None => libc::EIO,
+        Some(e) => e,
+    }
+}
+
+/// Maps librdmacm's `0` / `-1 + errno` convention.
+fn check(ret: i32) -> Result<(), Errno> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Event channel
+
+struct ChannelInner {
+    ptr: NonNull<ffi::rdma_event_channel>,
+}
+
+/// An `rdma_event_channel`.
+pub(crate) struct Channel {
+    inner: Rc<ChannelInner>,
+}
+
+impl Channel {
+    /// `rdma_create_event_channel`, with its fd switched to non-blocking mode so that retrieving
+    /// an event never blocks (waiting is done with `poll(2)`, bounded).
+    pub(crate) fn create() -> Result<Channel, Errno> {
+        // SAFETY: no preconditions; returns NULL with errno set on failure.
+        let ptr = unsafe { ffi::rdma_create_event_channel() };
+        let ptr = NonNull::new(ptr).ok_or_else(last_errno)?;
+        let channel = Channel {
+            inner: Rc::new(ChannelInner { ptr }),
+        };
+        let fd = channel.fd();
+        // SAFETY: fcntl on an fd we own; F_GETFL takes no further argument.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above; F_SETFL takes an int.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            let err = last_errno();
+            // No id exists on the new channel, so it can go at once.
+            let _ = channel.destroy();
+            return Err(err);
+        }
+        Ok(channel)
+    }
+
+    /// The channel's file descriptor.
+    pub(crate) fn fd(&self) -> i32 {
+        // SAFETY: the channel is alive while `self` exists (type invariant).
+        unsafe { (*self.inner.ptr.as_ptr()).fd }
+    }
+
+    /// How many ids still hold the channel.
+    pub(crate) fn ids(&self) -> usize {
+        Rc::strong_count(&self.inner) - 1
+    }
+
+    /// `poll(2)` for `POLLIN` for at most `timeout_ms`; `Ok(true)` when readable (or in error,
+    /// which the next retrieval reports). `Err(EINTR)` when a signal interrupted the wait.
+    pub(crate) fn wait_readable(&self, timeout_ms: i32) -> Result<bool, Errno> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        Ok(n > 0)
+    }
+
+    /// `rdma_get_cm_event` on the non-blocking fd: `Err(EAGAIN)` when nothing is queued.
+    pub(crate) fn get_event(&self) -> Result<Event, Errno> {
+        let mut ev: *mut ffi::rdma_cm_event = ptr::null_mut();
+        // SAFETY: the channel is alive; `ev` is a valid out-pointer.
+        check(unsafe { ffi::rdma_get_cm_event(self.inner.ptr.as_ptr(), &mut ev) })?;
+        let ptr = NonNull::new(ev).ok_or(libc::EIO)?;
+        Ok(Event {
+            ptr,
+            counted: None,
+            child_taken: false,
+        })
+    }
+
+    /// `rdma_destroy_event_channel`. Refused (the channel is handed back) while ids hold it.
+    pub(crate) fn destroy(self) -> Result<(), Channel> {
+        if self.ids() > 0 {
+            return Err(self);
+        }
+        // SAFETY: the channel is alive, and no id created on it is alive (every Id holds a
+        // reference, and there is none), so librdmacm frees nothing still in use.
+        unsafe { ffi::rdma_destroy_event_channel(self.inner.ptr.as_ptr()) };
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// cm id
+
+/// An `rdma_cm_id` in asynchronous mode.
+pub(crate) struct Id {
+    ptr: NonNull<ffi::rdma_cm_id>,
+    /// Counted by every bound event and every QP of this id.
+    anchor: Rc<()>,
+    _channel: Rc<ChannelInner>,
+}
+
+impl Id {
+    /// `rdma_create_id(channel, &id, NULL, ps)`.
+    pub(crate) fn create(channel: &Channel, ps: u32) -> Result<Id, Errno> {
+        let mut id: *mut ffi::rdma_cm_id = ptr::null_mut();
+        // SAFETY: the channel is alive; `id` is a valid out-pointer; a NULL context is allowed.
+        check(unsafe { ffi::rdma_create_id(channel.inner.ptr.as_ptr(), &mut id, ptr::null_mut(), ps) })?;
+        let ptr = NonNull::new(id).ok_or(libc::EIO)?;
+        Ok(Id {
+            ptr,
+            anchor: Rc::new(()),
+            _channel: Rc::clone(&channel.inner),
+        })
+    }
+
+    fn raw(&self) -> *mut ffi::rdma_cm_id {
+        self.ptr.as_ptr()
+    }
+
+    /// The id's address, which librdmacm's events carry.
+    pub(crate) fn addr(&self) -> usize {
+        self.raw() as usize
+    }
+
+    /// `id->verbs` as an address; 0 when the id has no device.
+    pub(crate) fn verbs(&self) -> usize {
+        // SAFETY: the id is alive (type invariant); reading a pointer field.
+        unsafe { (*self.raw()).verbs as usize }
+    }
+
+    /// Whether librdmacm has a QP on the id (`id->qp`).
+    pub(crate) fn has_qp(&self) -> bool {
+        // SAFETY: the id is alive; reading a pointer field.
+        unsafe { !(*self.raw()).qp.is_null() }
+    }
+
+    /// How many bound events and QPs refer to the id.
+    pub(crate) fn holders(&self) -> usize {
+        Rc::strong_count(&self.anchor) - 1
+    }
+
+    /// `rdma_bind_addr`.
+    pub(crate) fn bind_addr(&self, addr: &SocketAddr) -> Result<(), Errno> {
+        let mut sa = RawSockAddr::from(*addr);
+        // SAFETY: the id is alive; `sa` is a properly sized sockaddr_in/sockaddr_in6 whose
+        // family tells librdmacm its size; librdmacm copies it.
+        check(unsafe { ffi::rdma_bind_addr(self.raw(), sa.as_mut_ptr()) })
+    }
+
+    /// `rdma_resolve_addr`; `src` None passes NULL.
+    pub(crate) fn resolve_addr(
+        &self,
+        src: Option<&SocketAddr>,
+        dst: &SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<(), Errno> {
+        let mut src = src.map(|s| RawSockAddr::from(*s));
+        let src_ptr = src.as_mut().map_or(ptr::null_mut(), RawSockAddr::as_mut_ptr);
+        let mut dst = RawSockAddr::from(*dst);
+        // SAFETY: the id is alive; both addresses are valid sockaddrs (or NULL for src) that
+        // live across the call; librdmacm copies them.
+        check(unsafe { ffi::rdma_resolve_addr(self.raw(), src_ptr, dst.as_mut_ptr(), timeout_ms) })
+    }
+
+    /// `rdma_resolve_route`. Refused with `EINVAL` without a device: librdmacm would
+    /// dereference the NULL `id->verbs`.
+    pub(crate) fn resolve_route(&self, timeout_ms: i32) -> Result<(), Errno> {
+        if self.verbs() == 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the id is alive and has a device.
+        check(unsafe { ffi::rdma_resolve_route(self.raw(), timeout_ms) })
+    }
+
+    /// `rdma_listen`.
+    pub(crate) fn listen(&self, backlog: i32) -> Result<(), Errno> {
+        // SAFETY: the id is alive.
+        check(unsafe { ffi::rdma_listen(self.raw(), backlog) })
+    }
+
+    /// `rdma_connect` with `param`. Refused with `EINVAL` without a device (librdmacm's
+    /// parameter check dereferences the device) or with private data over 255 bytes (the C
+    /// length is a `u8`).
+    pub(crate) fn connect(&self, param: &ConnParam) -> Result<(), Errno> {
+        if self.verbs() == 0 {
+            return Err(libc::EINVAL);
+        }
+        let mut raw = raw_conn_param(param).ok_or(libc::EINVAL)?;
+        // SAFETY: the id is alive and has a device; `raw.private_data` points into `param`,
+        // which outlives the call, for `private_data_len` bytes; librdmacm copies it.
+        check(unsafe { ffi::rdma_connect(self.raw(), &mut raw) })
+    }
+
+    /// `rdma_accept` with `param` (never NULL: librdmacm dereferences `id->qp` for a NULL
+    /// param). Refused with `EINVAL` without a device.
+    pub(crate) fn accept(&self, param: &ConnParam) -> Result<(), Errno> {
+        if self.verbs() == 0 {
+            return Err(libc::EINVAL);
+        }
+        let mut raw = raw_conn_param(param).ok_or(libc::EINVAL)?;
+        // SAFETY: as for connect.
+        check(unsafe { ffi::rdma_accept(self.raw(), &mut raw) })
+    }
+
+    /// `rdma_reject` with `data` (NULL when empty).
+    pub(crate) fn reject(&self, data: &[u8]) -> Result<(), Errno> {
+        let len = u8::try_from(data.len()).map_err(|_| libc::EINVAL)?;
+        let p = if data.is_empty() {
+            ptr::null()
+        } else {
+            data.as_ptr().cast::<c_void>()
+        };
+        // SAFETY: the id is alive; `p` is NULL or valid for `len` bytes across the call.
+        check(unsafe { ffi::rdma_reject(self.raw(), p, len) })
+    }
+
+    /// `rdma_disconnect`.
+    pub(crate) fn disconnect(&self) -> Result<(), Errno> {
+        // SAFETY: the id is alive; librdmacm checks `verbs` itself and fails with EINVAL.
+        check(unsafe { ffi::rdma_disconnect(self.raw()) })
+    }
+
+    /// `rdma_get_local_addr`: the source address in `id->route.addr`.
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is alive; the union is a sockaddr_storage, large enough for any of
+        // its members, and `read_sockaddr` looks at the family before reading a member.
+        unsafe { read_sockaddr(ptr::addr_of!((*self.raw()).route.addr.src_addr_union).cast()) }
+    }
+
+    /// `rdma_get_peer_addr`: the destination address in `id->route.addr`.
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: as for local_addr.
+        unsafe { read_sockaddr(ptr::addr_of!((*self.raw()).route.addr.dst_addr_union).cast()) }
+    }
+
+    /// `rdma_destroy_id`. Refused with `EBUSY` while an event or a QP refers to the id (the
+    /// first would make librdmacm block forever, the second leak the QP); the id is handed back
+    /// with the errno when refused or when librdmacm fails.
+    pub(crate) fn destroy(self) -> Result<(), (Id, Errno)> {
+        if self.holders() > 0 || self.has_qp() {
+            return Err((self, libc::EBUSY));
+        }
+        // SAFETY: the id is alive, has no QP and no event retrieved through this module is
+        // unacked for it (each would hold `anchor`), so librdmacm neither blocks nor leaks.
+        match check(unsafe { ffi::rdma_destroy_id(self.raw()) }) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
+/// Reads an IPv4 or IPv6 socket address; None for any other family (unset, AF_IB).
+///
+/// # Safety
+/// `sa` must point to readable memory of at least `sizeof(struct sockaddr_storage)` bytes.
+unsafe fn read_sockaddr(sa: *const libc::sockaddr_storage) -> Option<SocketAddr> {
+    // SAFETY: the caller guarantees `sa` is readable storage; the family is at offset 0 in
+    // every sockaddr, and each member is read only after its family was seen.
+    unsafe {
+        match i32::from((*sa).ss_family) {
+            libc::AF_INET => Some(convert::sockaddr_in_to_std(&*sa.cast::<libc::sockaddr_in>())),
+            libc::AF_INET6 => Some(convert::sockaddr_in6_to_std(&*sa.cast::<libc::sockaddr_in6>())),
+            _ => None,
+        }
+    }
+}
+
+/// `struct rdma_conn_param` for `param`, pointing into its private data; None if the private
+/// data does not fit the C `u8` length.
+fn raw_conn_param(param: &ConnParam) -> Option<ffi::rdma_conn_param> {
+    let data = param.private_data.as_slice();
+    if param.private_data.len() != data.len() {
+        return None;
+    }
+    let len = u8::try_from(data.len()).ok()?;
+    Some(ffi::rdma_conn_param {
+        private_data: if data.is_empty() {
+            ptr::null()
+        } else {
+            data.as_ptr().cast()
+        },
+        private_data_len: len,
+        responder_resources: param.responder_resources,
+        initiator_depth: param.initiator_depth,
+        flow_control: param.flow_control,
+        retry_count: param.retry_count,
+        rnr_retry_count: param.rnr_retry_count,
+        srq: u8::from(param.srq),
+        qp_num: param.qp_num,
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Events
+
+/// The plain fields of a retrieved event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EventData {
+    /// `event->id` as an address.
+    pub(crate) id: usize,
+    /// `event->listen_id` as an address (0 when NULL).
+    pub(crate) listen_id: usize,
+    /// `event->event`.
+    pub(crate) event: u32,
+    /// `event->status`.
+    pub(crate) status: i32,
+    /// `event->param.conn` (or the common fields of `param.ud`).
+    pub(crate) param: ConnParam,
+}
+
+/// A retrieved `rdma_cm_event`, not yet acked.
+pub(crate) struct Event {
+    ptr: NonNull<ffi::rdma_cm_event>,
+    /// The anchor of the id the event counts against, once bound.
+    counted: Option<Rc<()>>,
+    child_taken: bool,
+}
+
+impl Event {
+    fn raw(&self) -> *mut ffi::rdma_cm_event {
+        self.ptr.as_ptr()
+    }
+
+    /// The event type's raw value.
+    pub(crate) fn event_type(&self) -> u32 {
+        // SAFETY: the event is alive until acked (type invariant).
+        unsafe { (*self.raw()).event }
+    }
+
+    /// The event's fields. `ud` selects `param.ud` (datagram port spaces) over `param.conn`,
+    /// as librdmacm fills one or the other by the id's QP type.
+    pub(crate) fn data(&self, ud: bool) -> EventData {
+        let ev = self.raw();
+        // SAFETY: the event is alive; only its own fields are read (pointer values, not their
+        // targets). The private-data pointer, when not NULL, points into the event's own
+        // allocation for `private_data_len` bytes (librdmacm copies the data there); u8 lengths
+        // cannot exceed that 256-byte buffer.
+        unsafe {
+            let (pd_ptr, pd_len) = if ud {
+                let u = &(*ev).param.ud;
+                (u.private_data, u.private_data_len)
+            } else {
+                let c = &(*ev).param.conn;
+                (c.private_data, c.private_data_len)
+            };
+            let private: &[u8] = if pd_ptr.is_null() || pd_len == 0 {
+                &[]
+            } else {
+                std::slice::from_raw_parts(pd_ptr.cast::<u8>(), usize::from(pd_len))
+            };
+            let param = if ud {
+                convert::conn_param_from_ud(private, (*ev).param.ud.qp_num)
+            } else {
+                let c = &(*ev).param.conn;
+                convert::conn_param_from_conn(
+                    private,
+                    [
+                        c.responder_resources,
+                        c.initiator_depth,
+                        c.flow_control,
+                        c.retry_count,
+                        c.rnr_retry_count,
+                        c.srq,
+                    ],
+                    c.qp_num,
+                )
+            };
+            EventData {
+                id: (*ev).id as usize,
+                listen_id: (*ev).listen_id as usize,
+                event: (*ev).event,
+                status: (*ev).status,
+                param,
+            }
+        }
+    }
+
+    /// The address of the id the event counts against: the listener for `CONNECT_REQUEST`
+    /// (librdmacm's `evt->id_priv`), the event's id otherwise.
+    pub(crate) fn counted_addr(&self) -> usize {
+        let ev = self.raw();
+        // SAFETY: the event is alive; reading its own fields.
+        unsafe {
+            if (*ev).event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+                && !(*ev).listen_id.is_null()
+            {
+                (*ev).listen_id as usize
+            } else {
+                (*ev).id as usize
+            }
+        }
+    }
+
+    /// Binds the event to the id it counts against; false (nothing bound) if `id` is not that
+    /// id. A bound event keeps [`Id::destroy`] from running until it is acked.
+    pub(crate) fn bind(&mut self, id: &Id) -> bool {
+        if self.counted_addr() != id.addr() || self.counted.is_some() {
+            return false;
+        }
+        self.counted = Some(Rc::clone(&id.anchor));
+        true
+    }
+
+    /// Takes ownership of the child id a `CONNECT_REQUEST` created (librdmacm puts it on the
+    /// listener's channel, the one the event came from). At most once per event; None for
+    /// other events, or when `channel` is not the child's channel.
+    pub(crate) fn take_child(&mut self, channel: &Channel) -> Option<Id> {
+        if self.child_taken
+            || self.event_type() != ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+        {
+            return None;
+        }
+        // SAFETY: the event is alive; for CONNECT_REQUEST `event->id` is the child librdmacm
+        // just created, alive until rdma_destroy_id, which only the Id taken here can call.
+        let child = unsafe { (*self.raw()).id };
+        let ptr = NonNull::new(child)?;
+        // SAFETY: the child is alive (above); reading its channel pointer.
+        let child_channel = unsafe { (*ptr.as_ptr()).channel };
+        if child_channel != channel.inner.ptr.as_ptr() {
+            return None;
+        }
+        self.child_taken = true;
+        Some(Id {
+            ptr,
+            anchor: Rc::new(()),
+            _channel: Rc::clone(&channel.inner),
+        })
+    }
+
+    /// `rdma_ack_cm_event`: frees the event and releases the id it counted against.
+    pub(crate) fn ack(self) -> Result<(), Errno> {
+        // SAFETY: the event is alive and acked once (consumed here). The id it counts against is
+        // alive: if bound, `counted` keeps Id::destroy from running; if not bound, the id is one
+        // librdmacm still knows (it hands out no events for destroyed ids) and that this module
+        // cannot destroy without binding.
+        let ret = unsafe { ffi::rdma_ack_cm_event(self.raw()) };
+        check(ret)
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Protection domain
+
+struct PdInner {
+    ptr: NonNull<ffi::ibv_pd>,
+    context: usize,
+}
+
+/// A protection domain on one device context.
+pub(crate) struct Pd {
+    inner: Rc<PdInner>,
+}
+
+impl Pd {
+    /// `ibv_alloc_pd(id->verbs)`; `EINVAL` when the id has no device.
+    pub(crate) fn alloc(id: &Id) -> Result<Pd, Errno> {
+        let ctx = id.verbs();
+        if ctx == 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: `ctx` is the live id's device context, opened by librdmacm and kept open at
+        // least as long as the id exists.
+        let pd = unsafe { ffi::ibv_alloc_pd(ctx as *mut ffi::ibv_context) };
+        let ptr = NonNull::new(pd).ok_or_else(last_errno)?;
+        Ok(Pd {
+            inner: Rc::new(PdInner { ptr, context: ctx }),
+        })
+    }
+
+    /// The device context (`ibv_context` address) the PD belongs to.
+    pub(crate) fn context(&self) -> usize {
+        self.inner.context
+    }
+
+    /// How many QPs use the PD.
+    pub(crate) fn users(&self) -> usize {
+        Rc::strong_count(&self.inner) - 1
+    }
+
+    /// `ibv_dealloc_pd`. Refused with `EBUSY` while QPs use it, and with `EINVAL` unless
+    /// `witness` is a live id on the PD's device (which proves the device context is open).
+    pub(crate) fn dealloc(self, witness: &Id) -> Result<(), (Pd, Errno)> {
+        if self.users() > 0 {
+            return Err((self, libc::EBUSY));
+        }
+        if witness.verbs() != self.inner.context {
+            return Err((self, libc::EINVAL));
+        }
+        // SAFETY: the PD is alive, unused by any QP or MR of ours, and its context is open
+        // (the witness id is alive on it).
+        let ret = unsafe { ffi::ibv_dealloc_pd(self.inner.ptr.as_ptr()) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            // verbs returns the errno itself.
+            Err((self, ret))
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// QP with its completion queue and registered buffers
+
+/// Zeroed, page-aligned memory that is freed only explicitly.
+struct Buffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Buffer {
+    fn new(len: usize) -> Result<Buffer, Errno> {
+        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|_| libc::ENOMEM)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or(libc::ENOMEM)?;
+        Ok(Buffer { ptr, layout })
+    }
+
+    /// Frees the memory. Only once nothing (no MR) lets the device reach it.
+    fn free(self) {
+        // SAFETY: allocated in `new` with this layout, freed once (consumed).
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// One completion as polled: the internal wr_id (slot), status and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RawCompletion {
+    /// The wr_id the request was posted with (the slot index).
+    pub(crate) wr_id: u64,
+    /// `ibv_wc_status` value.
+    pub(crate) status: u32,
+    /// `byte_len`.
+    pub(crate) byte_len: u32,
+}
+
+/// The capabilities librdmacm wrote back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GrantedCaps {
+    pub(crate) max_send_wr: u32,
+    pub(crate) max_recv_wr: u32,
+    pub(crate) max_send_sge: u32,
+    pub(crate) max_recv_sge: u32,
+    pub(crate) max_inline_data: u32,
+}
+
+/// A QP made by `rdma_create_qp` on an id, with its own completion queue (shared by sends and
+/// receives) and a registered buffer of `slots` slots of `slot_size` bytes.
+pub(crate) struct Qp {
+    qp: NonNull<ffi::ibv_qp>,
+    cq: NonNull<ffi::ibv_cq>,
+    mr: NonNull<ffi::ibv_mr>,
+    buf: Buffer,
+    slot_size: usize,
+    slots: u32,
+    id_anchor: Rc<()>,
+    pd: Pd,
+}
+
+/// Undo for a failed creation: releases what exists, in reverse order, leaking (never freeing
+/// memory a device may reach) where a release fails.
+fn undo_create(buf: Buffer, mr: Option<NonNull<ffi::ibv_mr>>, cq: Option<NonNull<ffi::ibv_cq>>) {
+    if let Some(cq) = cq {
+        // SAFETY: the CQ was created here and no QP uses it (creation failed).
+        if unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) } != 0 {
+            return;
+        }
+    }
+    if let Some(mr) = mr {
+        // SAFETY: the MR was registered here and nothing was posted with it.
+        if unsafe { ffi::ibv_dereg_mr(mr.as_ptr()) } != 0 {
+            return;
+        }
+    }
+    buf.free();
+}
+
+impl Qp {
+    /// Registers `slots * slot_size` bytes (local write), creates a CQ of `cqe` entries, then
+    /// `rdma_create_qp(id, pd, attr)` with that CQ for both queues and `caps`' counts; returns
+    /// the QP and the caps librdmacm wrote back. `EINVAL` when the id has no device, already has
+    /// a QP, or `pd` belongs to another device.
+    pub(crate) fn create(id: &Id, pd: &Pd, caps: &QpCaps, slots: u32, cqe: i32) -> Result<(Qp, GrantedCaps), Errno> {
+        if id.verbs() == 0 || id.verbs() != pd.context() || id.has_qp() {
+            return Err(libc::EINVAL);
+        }
+        let slot_size = caps.max_message_size as usize;
+        let len = slot_size.checked_mul(slots as usize).ok_or(libc::ENOMEM)?;
+        let buf = Buffer::new(len)?;
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        // SAFETY: the PD is alive; the buffer is valid for `layout.size()` bytes and stays
+        // allocated until the MR is deregistered (see `destroy`).
+        let mr = unsafe {
+            ffi::ibv_reg_mr(pd.inner.ptr.as_ptr(), buf.ptr.as_ptr().cast(), buf.layout.size(), access)
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            let err = last_errno();
+            buf.free();
+            return Err(err);
+        };
+        // SAFETY: the context is the live id's device context; no completion channel.
+        let cq = unsafe { ffi::ibv_create_cq(pd.context() as *mut ffi::ibv_context, cqe, ptr::null_mut(), ptr::null_mut(), 0) };
+        let Some(cq) = NonNull::new(cq) else {
+            let err = last_errno();
+            undo_create(buf, Some(mr), None);
+            return Err(err);
+        };
+        // SAFETY: the id is alive; reading its QP type.
+        let qp_type = unsafe { (*id.raw()).qp_type };
+        let mut attr = ffi::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: cq.as_ptr(),
+            recv_cq: cq.as_ptr(),
+            srq: ptr::null_mut(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: caps.max_inline_data,
+            },
+            qp_type,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the id is alive with a device and no QP; the PD belongs to its device; the
+        // attr is valid and names our CQ, so librdmacm creates no CQs of its own.
+        if let Err(err) = check(unsafe { ffi::rdma_create_qp(id.raw(), pd.inner.ptr.as_ptr(), &mut attr) }) {
+            undo_create(buf, Some(mr), Some(cq));
+            return Err(err);
+        }
+        // SAFETY: rdma_create_qp succeeded, so `id->qp` is the new QP.
+        let Some(qp) = NonNull::new(unsafe { (*id.raw()).qp }) else {
+            return Err(libc::EIO);
+        };
+        let granted = GrantedCaps {
+            max_send_wr: attr.cap.max_send_wr,
+            max_recv_wr: attr.cap.max_recv_wr,
+            max_send_sge: attr.cap.max_send_sge,
+            max_recv_sge: attr.cap.max_recv_sge,
+            max_inline_data: attr.cap.max_inline_data,
+        };
+        Ok((
+            Qp {
+                qp,
+                cq,
+                mr,
+                buf,
+                slot_size,
+                slots,
+                id_anchor: Rc::clone(&id.anchor),
+                pd: Pd {
+                    inner: Rc::clone(&pd.inner),
+                },
+            },
+            granted,
+        ))
+    }
+
+    /// The device context of the QP's PD.
+    pub(crate) fn context(&self) -> usize {
+        self.pd.context()
+    }
+
+    fn slot_ptr(&self, slot: u32, len: usize) -> Result<*mut u8, Errno> {
+        if slot >= self.slots || len > self.slot_size {
+            return Err(libc::EINVAL);
+        }
+        // In bounds: slot * slot_size + len <= slots * slot_size = the allocation's length.
+        Ok(self.buf.ptr.as_ptr().wrapping_add(slot as usize * self.slot_size))
+    }
+
+    /// Copies `data` into send slot `slot` and posts a signalled SEND of it (one SGE; none for
+    /// an empty message), with `slot` as the work request id.
+    pub(crate) fn post_send(&self, slot: u32, data: &[u8]) -> Result<(), Errno> {
+        let dst = self.slot_ptr(slot, data.len())?;
+        // SAFETY: `dst` is valid for `data.len()` bytes inside our buffer (checked above); the
+        // slot is not posted (the caller owns it), so the device does not touch it now.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        let mut sge = ffi::ibv_sge {
+            addr: dst as u64,
+            length: data.len() as u32,
+            // SAFETY: the MR is alive; reading its lkey.
+            lkey: unsafe { (*self.mr.as_ptr()).lkey },
+        };
+        // SAFETY: all-zero is a valid ibv_send_wr (integers, NULL pointers, plain unions).
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = u64::from(slot);
+        wr.next = ptr::null_mut();
+        wr.sg_list = &mut sge;
+        wr.num_sge = i32::from(!data.is_empty());
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is alive (destroyed only by consuming `self`); the WR and its SGE live
+        // across the call (the provider copies them); the SGE lies in our registered MR.
+        let ret = unsafe { ffi::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(ret)
+        }
+    }
+
+    /// Posts receive slot `slot` for `len` bytes (no SGE for 0), with `slot` as the wr id.
+    pub(crate) fn post_recv(&self, slot: u32, len: u32) -> Result<(), Errno> {
+        let dst = self.slot_ptr(slot, len as usize)?;
+        let mut sge = ffi::ibv_sge {
+            addr: dst as u64,
+            length: len,
+            // SAFETY: the MR is alive; reading its lkey.
+            lkey: unsafe { (*self.mr.as_ptr()).lkey },
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: u64::from(slot),
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: i32::from(len > 0),
+        };
+        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: as for post_send; the device writes at most `len` bytes into the slot, which
+        // stays allocated until the MR is deregistered.
+        let ret = unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(ret)
+        }
+    }
+
+    /// `ibv_poll_cq` for at most `max` (at most 16 per call) completions, appended to `out`.
+    pub(crate) fn poll(&self, max: usize, out: &mut Vec<RawCompletion>) -> Result<usize, Errno> {
+        const BATCH: usize = 16;
+        let n = max.min(BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut wcs: [MaybeUninit<ffi::ibv_wc>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
+        // SAFETY: the CQ is alive; `wcs` has room for `n` entries.
+        let got = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), n as i32, wcs.as_mut_ptr().cast()) };
+        if got < 0 {
+            return Err(libc::EIO);
+        }
+        let got = (got as usize).min(n);
+        for wc in &wcs[..got] {
+            // SAFETY: ibv_poll_cq initialised the first `got` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            out.push(RawCompletion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                byte_len: wc.byte_len,
+            });
+        }
+        Ok(got)
+    }
+
+    /// Copies the first `len` bytes of slot `slot` (a receive whose completion was polled).
+    pub(crate) fn read_slot(&self, slot: u32, len: usize) -> Vec<u8> {
+        let len = len.min(self.slot_size);
+        match self.slot_ptr(slot, len) {
+            Ok(src) => {
+                let mut v = vec![0u8; len];
+                // SAFETY: `src` is valid for `len` bytes of our buffer; the receive completed,
+                // so the device no longer writes to the slot.
+                unsafe { ptr::copy_nonoverlapping(src, v.as_mut_ptr(), len) };
+                v
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// `rdma_destroy_qp(id)`, then destroys the CQ, deregisters the MR and frees the buffer;
+    /// returns the PD (to release it when unused). `EINVAL` (nothing done, the QP handed back)
+    /// when `id` is not the id the QP is attached to. A later failure (CQ or MR still busy)
+    /// leaks what remains, never freeing memory the device can reach, and is reported as the
+    /// errno with the PD.
+    pub(crate) fn destroy(self, id: &Id) -> Result<Pd, (Option<Qp>, Errno)> {
+        // SAFETY: the id is alive; reading its QP pointer.
+        let attached = unsafe { (*id.raw()).qp };
+        if !Rc::ptr_eq(&self.id_anchor, &id.anchor) || attached != self.qp.as_ptr() {
+            return Err((Some(self), libc::EINVAL));
+        }
+        let Qp { cq, mr, buf, pd, .. } = self;
+        // SAFETY: the id is alive and `id->qp` is our QP; librdmacm destroys it and only the
+        // CQs it created itself (none: we passed ours).
+        unsafe { ffi::rdma_destroy_qp(id.raw()) };
+        // SAFETY: the QP using the CQ is gone.
+        let ret = unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
+        if ret != 0 {
+            // The MR and buffer leak with it (never free what the device may reach), and the
+            // MR keeps the PD busy.
+            std::mem::forget(pd);
+            return Err((None, ret));
+        }
+        // SAFETY: no QP can use the MR any more.
+        let ret = unsafe { ffi::ibv_dereg_mr(mr.as_ptr()) };
+        if ret != 0 {
+            // The MR (and so the buffer) leaks and keeps the PD busy: keep counting it as used
+            // so that it is never deallocated under the MR.
+            std::mem::forget(pd);
+            return Err((None, ret));
+        }
+        buf.free();
+        Ok(pd)
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+
+impl RawSockAddr {
+    fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
+        match self {
+            RawSockAddr::V4(sin) => ptr::from_mut(sin).cast(),
+            RawSockAddr::V6(sin6) => ptr::from_mut(sin6).cast(),
+        }
+    }
+}

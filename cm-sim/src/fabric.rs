@@ -1,0 +1,1595 @@
+//! The fabric: hosts, ids, channels, the discrete-event queue and the IB CM protocol.
+//!
+//! Two layers of state per id, as in the real stack:
+//! * the [`IdMachine`] is what the application has observed (it moves when calls succeed and
+//!   when events are *retrieved*) and is what calls are checked against;
+//! * [`Wire`] is the IB CM's view (it moves when messages arrive and timers fire) and decides
+//!   which messages are sent and which events are generated.
+//!
+//! Events are queued on the channel when generated, in virtual-time order, and transformed on
+//! retrieval where librdmacm transforms them (the kernel's `CONNECT_RESPONSE` becomes
+//! `ESTABLISHED` after the QP reaches RTS and the RTU is sent, or `CONNECT_ERROR`). Events of
+//! a destroyed id are skipped lazily when they reach the head of the queue, so destroy never
+//! scans a queue.
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use cm_core::{
+    errno, next_backend_tag, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
+    IdHandle, IdMachine, LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
+use crate::host::SimHost;
+use crate::ports::{BindError, Ports};
+use crate::qp::{Landing, Qp};
+use crate::slab::{Pool, Slab, SlotRef};
+use crate::time::{nanos, SimTime};
+use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
+
+/// IB CM reject reasons the simulator sends.
+mod reason {
+    /// `IB_CM_REJ_TIMEOUT`: the active side gave up (or was destroyed) while its REQ was out.
+    pub(super) const TIMEOUT: i32 = 1;
+    /// `IB_CM_REJ_INVALID_SERVICE_ID`: no listener on that port.
+    pub(super) const INVALID_SERVICE_ID: i32 = 8;
+    /// `IB_CM_REJ_CONSUMER_DEFINED`: `rdma_reject`, a destroyed peer, or a full backlog.
+    pub(super) const CONSUMER_DEFINED: i32 = 28;
+    /// SIDR REP status `IB_SIDR_UNSUPPORTED`: no listener (datagram port spaces).
+    pub(super) const SIDR_UNSUPPORTED: i32 = 1;
+    /// SIDR REP status `IB_SIDR_REJECT`: `rdma_reject` (datagram port spaces).
+    pub(super) const SIDR_REJECT: i32 = 2;
+}
+
+/// Parameters of events that carry none (the kernel zeroes them).
+const NO_PARAM: ConnParam = ConnParam {
+    private_data: PrivateData::EMPTY,
+    responder_resources: 0,
+    initiator_depth: 0,
+    flow_control: 0,
+    retry_count: 0,
+    rnr_retry_count: 0,
+    srq: false,
+    qp_num: 0,
+};
+
+const NO_PAYLOAD: u32 = u32::MAX;
+
+/// The IB CM's view of an id's connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wire {
+    /// No exchange.
+    Idle,
+    /// Active: REQ sent, waiting for REP or REJ.
+    ReqSent,
+    /// Active: REP arrived; the RTU goes out when the application retrieves the event.
+    RepRcvd,
+    /// Passive: REQ arrived, not accepted.
+    ReqRcvd,
+    /// Passive: REP sent, waiting for the RTU.
+    RepSent,
+    /// Connected.
+    Established,
+    /// DREQ sent, waiting for the DREP.
+    DreqSent,
+    /// DREQ received, not answered yet.
+    DreqRcvd,
+    /// Disconnect complete; `TIMEWAIT_EXIT` pending.
+    TimeWait,
+    /// Nothing more will happen on the wire.
+    Closed,
+}
+
+struct Listener {
+    backlog: u32,
+    /// Children whose `CONNECT_REQUEST` is queued and not retrieved, in queue order.
+    pending: VecDeque<SlotRef>,
+}
+
+struct IdSlot {
+    host: u16,
+    channel: SlotRef,
+    m: IdMachine,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    port_bound: bool,
+    wire: Wire,
+    remote: SlotRef,
+    /// Bumped whenever pending timers of the id must stop counting.
+    epoch: u32,
+    /// Events queued on the channel and not retrieved.
+    queued: u32,
+    /// When the last message to this id arrives: messages to one id are delivered in order.
+    last_arrival: u64,
+    disconnected: bool,
+    connect_error: bool,
+    /// Whether the application knows the id (false for a child until its request is retrieved).
+    visible: bool,
+    parent: SlotRef,
+    qp: Option<Box<Qp>>,
+    listener: Option<Box<Listener>>,
+}
+
+struct Channel {
+    host: u16,
+    queue: VecDeque<Queued>,
+    ids: u32,
+}
+
+#[derive(Clone, Copy)]
+struct Queued {
+    id: SlotRef,
+    listen: SlotRef,
+    event: CmEventType,
+    status: i32,
+    payload: u32,
+}
+
+struct Payload {
+    param: ConnParam,
+    dst: Option<SocketAddr>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TimerKind {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    ReqTimeout,
+    RepTimeout,
+    DreqTimeout,
+    TimewaitExit,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Req {
+        host: u16,
+        from: SlotRef,
+        payload: u32,
+    },
+    Msg {
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        status: i32,
+        payload: u32,
+    },
+    Timer {
+        id: SlotRef,
+        epoch: u32,
+        kind: TimerKind,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Scheduled {
+    time: u64,
+    seq: u64,
+    action: Action,
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.time, self.seq).cmp(&(other.time, other.seq))
+    }
+}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct HostCounts {
+    channels: usize,
+    ids: usize,
+    qps: usize,
+    unacked: usize,
+    queued: usize,
+}
+
+struct Host {
+    addrs: Vec<IpAddr>,
+    tag: u32,
+    counts: HostCounts,
+}
+
+pub(crate) struct Fabric {
+    seed: Seed,
+    cfg: SimConfig,
+    now: u64,
+    rng: ChaCha8Rng,
+    hosts: Vec<Host>,
+    ids: Slab<IdSlot>,
+    channels: Slab<Channel>,
+    sched: BinaryHeap<Reverse<Scheduled>>,
+    seq: u64,
+    payloads: Pool<Payload>,
+    ports: Ports,
+    trace: Trace,
+    next_qpn: u32,
+    next_token: u64,
+}
+
+type R<T> = Result<T, CmError>;
+
+impl Fabric {
+    fn new(seed: Seed, hosts: Vec<Vec<IpAddr>>, cfg: SimConfig) -> Self {
+        let ports = Ports::new(hosts.len(), cfg.ephemeral_ports.clone());
+        let trace = Trace::new(cfg.trace);
+        Fabric {
+            seed,
+            now: 0,
+            rng: ChaCha8Rng::seed_from_u64(seed.value),
+            hosts: hosts
+                .into_iter()
+                .map(|addrs| Host {
+                    addrs,
+                    tag: next_backend_tag(),
+                    counts: HostCounts::default(),
+                })
+                .collect(),
+            ids: Slab::new(),
+            channels: Slab::new(),
+            sched: BinaryHeap::new(),
+            seq: 0,
+            payloads: Pool::new(),
+            ports,
+            trace,
+            next_qpn: 0x11,
+            next_token: 0,
+            cfg,
+        }
+    }
+
+    // ---- handles -------------------------------------------------------------------------
+
+    pub(crate) fn tag(&self, host: u16) -> u32 {
+        self.hosts[host as usize].tag
+    }
+
+    fn id_ref(&self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {
+        let r = SlotRef {
+            index: id.index(),
+            generation: id.generation(),
+        };
+        match self.ids.get(r) {
+            Some(slot) if id.owner() == self.tag(host) && slot.host == host && slot.visible => Ok(r),
+            _ => Err(CmError::UnknownHandle {
+                call,
+                kind: HandleKind::Id,
+            }),
+        }
+    }
+
+    fn channel_ref(&self, host: u16, ch: ChannelHandle, call: Call) -> R<SlotRef> {
+        let r = SlotRef {
+            index: ch.index(),
+            generation: ch.generation(),
+        };
+        match self.channels.get(r) {
+            Some(c) if ch.owner() == self.tag(host) && c.host == host => Ok(r),
+            _ => Err(CmError::UnknownHandle {
+                call,
+                kind: HandleKind::Channel,
+            }),
+        }
+    }
+
+    fn id_handle(&self, r: SlotRef) -> IdHandle {
+        let host = self.ids.get(r).map_or(0, |s| s.host);
+        IdHandle::new(self.tag(host), r.index, r.generation)
+    }
+
+    fn slot(&mut self, r: SlotRef) -> &mut IdSlot {
+        self.ids.get_mut(r).expect("cm-sim: live id expected")
+    }
+
+    // ---- time, randomness, scheduling -----------------------------------------------------
+
+    fn latency(&mut self) -> u64 {
+        let lo = nanos(*self.cfg.latency.start());
+        let hi = nanos(*self.cfg.latency.end());
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.rng.next_u64() % (hi - lo + 1)
+    }
+
+    fn schedule(&mut self, time: u64, action: Action) {
+        self.seq += 1;
+        self.sched.push(Reverse(Scheduled {
+            time,
+            seq: self.seq,
+            action,
+        }));
+    }
+
+    fn timer(&mut self, id: SlotRef, after: u64, kind: TimerKind) {
+        let epoch = self.slot(id).epoch;
+        self.schedule(self.now.saturating_add(after), Action::Timer { id, epoch, kind });
+    }
+
+    /// Cancels the id's pending timers.
+    fn cancel_timers(&mut self, id: SlotRef) {
+        let s = self.slot(id);
+        s.epoch = s.epoch.wrapping_add(1);
+    }
+
+    /// Runs scheduled actions up to `deadline` (virtual nanoseconds), stopping early as soon as
+    /// `done` holds. Returns whether `done` held.
+    fn run_until(&mut self, deadline: u64, done: &dyn Fn(&Fabric) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            match self.sched.peek() {
+                Some(Reverse(s)) if s.time <= deadline => {
+                    let Reverse(s) = self.sched.pop().expect("peeked");
+                    self.now = self.now.max(s.time);
+                    self.dispatch(s.action);
+                }
+                _ => {
+                    if deadline != u64::MAX {
+                        self.now = self.now.max(deadline);
+                    }
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn deadline(&self, timeout: Duration) -> u64 {
+        self.now.saturating_add(nanos(timeout))
+    }
+
+    // ---- trace and events -----------------------------------------------------------------
+
+    fn trace_event(&mut self, id: SlotRef, event: CmEventType, status: i32) {
+        let host = self.ids.get(id).map_or(u16::MAX, |s| s.host);
+        self.trace.record(TraceRecord {
+            time: SimTime::from_nanos(self.now),
+            host,
+            id: id.index,
+            what: TraceWhat::Event(event),
+            status,
+        });
+    }
+
+    /// Queues an event for `id` on its channel. `CONNECT_REQUEST`s carry the listener too.
+    fn queue_event(&mut self, id: SlotRef, listen: SlotRef, event: CmEventType, status: i32, payload: u32) {
+        // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
+        // application sees (on retrieval).
+        if event != CmEventType::ConnectResponse {
+            self.trace_event(id, event, status);
+        }
+        let slot = self.slot(id);
+        slot.queued += 1;
+        let (host, channel) = (slot.host, slot.channel);
+        self.hosts[host as usize].counts.queued += 1;
+        let ch = self
+            .channels
+            .get_mut(channel)
+            .expect("cm-sim: an id's channel outlives it");
+        ch.queue.push_back(Queued {
+            id,
+            listen,
+            event,
+            status,
+            payload,
+        });
+    }
+
+    fn new_payload(&mut self, param: ConnParam, dst: Option<SocketAddr>) -> u32 {
+        self.payloads.insert(Payload { param, dst })
+    }
+
+    /// A REJ's payload: its private data, zero-padded to the 148 bytes the receiver sees.
+    fn rej_payload(&mut self, data: &[u8]) -> u32 {
+        let pd = PrivateData::new(data).padded(PortSpace::Tcp.private_data_limit(PrivateDataSlot::Reject));
+        self.new_payload(
+            ConnParam {
+                private_data: pd,
+                ..NO_PARAM
+            },
+            None,
+        )
+    }
+
+    fn take_payload(&mut self, payload: u32) -> Option<Payload> {
+        if payload == NO_PAYLOAD {
+            return None;
+        }
+        self.payloads.take(payload)
+    }
+
+    // ---- wire -----------------------------------------------------------------------------
+
+    fn trace_send(&mut self, from_host: u16, from: SlotRef, msg: MsgKind, to_host: u16, status: i32) {
+        self.trace.record(TraceRecord {
+            time: SimTime::from_nanos(self.now),
+            host: from_host,
+            id: from.index,
+            what: TraceWhat::Sent { msg, to: to_host },
+            status,
+        });
+    }
+
+    /// Sends an IB CM message from `from` to the id `to` (which may be gone: then it is lost).
+    fn send(&mut self, from: SlotRef, to: SlotRef, kind: MsgKind, status: i32, payload: u32) {
+        let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+        let lat = self.latency();
+        let Some(dest) = self.ids.get_mut(to) else {
+            if let Some(p) = self.take_payload(payload) {
+                drop(p);
+            }
+            return;
+        };
+        let arrival = (self.now + lat).max(dest.last_arrival);
+        dest.last_arrival = arrival;
+        let to_host = dest.host;
+        self.trace_send(from_host, from, kind, to_host, status);
+        self.schedule(
+            arrival,
+            Action::Msg {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+            },
+        );
+    }
+
+    fn host_of_ip(&self, ip: IpAddr) -> Option<u16> {
+        self.hosts
+            .iter()
+            .position(|h| h.addrs.contains(&ip))
+            .map(|i| i as u16)
+    }
+
+    // ---- dispatch -------------------------------------------------------------------------
+
+    fn dispatch(&mut self, action: Action) {
+        match action {
+            Action::Req { host, from, payload } => self.on_req(host, from, payload),
+            Action::Msg {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+            } => {
+                if self.ids.contains(to) {
+                    self.on_msg(kind, to, from, status, payload);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Timer { id, epoch, kind } => {
+                if self.ids.get(id).is_some_and(|s| s.epoch == epoch) {
+                    self.on_timer(id, kind);
+                }
+            }
+        }
+    }
+
+    fn on_timer(&mut self, id: SlotRef, kind: TimerKind) {
+        match kind {
+            TimerKind::AddrResolved => {
+                // A wildcard-bound id takes the host's address of the destination's family.
+                let slot = self.slot(id);
+                let host = slot.host as usize;
+                if let Some(local) = slot.local.filter(|l| l.ip().is_unspecified()) {
+                    let ip = self.hosts[host]
+                        .addrs
+                        .iter()
+                        .copied()
+                        .find(|a| a.is_ipv4() == local.is_ipv4());
+                    if let Some(ip) = ip {
+                        self.slot(id).local = Some(SocketAddr::new(ip, local.port()));
+                    }
+                }
+                self.queue_event(id, SlotRef::NONE, CmEventType::AddrResolved, 0, NO_PAYLOAD);
+            }
+            TimerKind::AddrError => self.queue_event(
+                id,
+                SlotRef::NONE,
+                CmEventType::AddrError,
+                -errno::ETIMEDOUT,
+                NO_PAYLOAD,
+            ),
+            TimerKind::RouteResolved => {
+                self.queue_event(id, SlotRef::NONE, CmEventType::RouteResolved, 0, NO_PAYLOAD)
+            }
+            TimerKind::ReqTimeout => {
+                if self.slot(id).wire == Wire::ReqSent {
+                    self.slot(id).wire = Wire::Closed;
+                    let remote = self.slot(id).remote;
+                    if !remote.is_none() {
+                        let pd = self.rej_payload(&[]);
+                        self.send(id, remote, MsgKind::Rej, reason::TIMEOUT, pd);
+                    }
+                    self.queue_event(
+                        id,
+                        SlotRef::NONE,
+                        CmEventType::Unreachable,
+                        -errno::ETIMEDOUT,
+                        NO_PAYLOAD,
+                    );
+                }
+            }
+            TimerKind::RepTimeout => {
+                if self.slot(id).wire == Wire::RepSent {
+                    self.slot(id).wire = Wire::Closed;
+                    self.queue_event(
+                        id,
+                        SlotRef::NONE,
+                        CmEventType::Unreachable,
+                        -errno::ETIMEDOUT,
+                        NO_PAYLOAD,
+                    );
+                }
+            }
+            TimerKind::DreqTimeout => {
+                if self.slot(id).wire == Wire::DreqSent {
+                    self.enter_timewait(id);
+                    self.deliver_disconnected(id, -errno::ETIMEDOUT);
+                }
+            }
+            TimerKind::TimewaitExit => {
+                if self.slot(id).wire == Wire::TimeWait {
+                    self.slot(id).wire = Wire::Closed;
+                    if self.slot(id).disconnected {
+                        self.queue_event(id, SlotRef::NONE, CmEventType::TimewaitExit, 0, NO_PAYLOAD);
+                    }
+                }
+            }
+        }
+    }
+
+    fn enter_timewait(&mut self, id: SlotRef) {
+        self.cancel_timers(id);
+        self.slot(id).wire = Wire::TimeWait;
+        let tw = nanos(self.cfg.timewait);
+        self.timer(id, tw, TimerKind::TimewaitExit);
+    }
+
+    /// `DISCONNECTED`, at most once per id (the kernel's CONNECT -> DISCONNECT exchange).
+    fn deliver_disconnected(&mut self, id: SlotRef, status: i32) {
+        if !self.slot(id).disconnected {
+            self.slot(id).disconnected = true;
+            self.queue_event(id, SlotRef::NONE, CmEventType::Disconnected, status, NO_PAYLOAD);
+        }
+    }
+
+    fn on_req(&mut self, host: u16, from: SlotRef, payload: u32) {
+        let Some(active) = self.ids.get(from) else {
+            self.take_payload(payload);
+            return;
+        };
+        if active.wire != Wire::ReqSent {
+            self.take_payload(payload);
+            return;
+        }
+        let ps = active.m.port_space();
+        let src = active.local;
+        let dst = self
+            .payloads
+            .get(payload)
+            .and_then(|p| p.dst)
+            .expect("REQ carries its destination");
+        let listener = self.ports.listener(host, ps, dst.ip(), dst.port());
+        let refuse = |no_listener: bool| match (ps.is_connected(), no_listener) {
+            (true, true) => reason::INVALID_SERVICE_ID,
+            (true, false) => reason::CONSUMER_DEFINED,
+            (false, true) => reason::SIDR_UNSUPPORTED,
+            (false, false) => reason::SIDR_REJECT,
+        };
+        let Some(listener) = listener else {
+            self.take_payload(payload);
+            self.reply_without_id(host, from, refuse(true));
+            return;
+        };
+        let l = self.ids.get(listener).expect("listening ids are bound and alive");
+        let channel = l.channel;
+        let full = l
+            .listener
+            .as_ref()
+            .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog);
+        if full {
+            self.take_payload(payload);
+            self.reply_without_id(host, from, refuse(false));
+            return;
+        }
+        let child = self.ids.insert(IdSlot {
+            host,
+            channel,
+            m: IdMachine::new_child(ps),
+            local: Some(dst),
+            peer: src,
+            port_bound: false,
+            wire: Wire::ReqRcvd,
+            remote: from,
+            epoch: 0,
+            queued: 0,
+            last_arrival: 0,
+            disconnected: false,
+            connect_error: false,
+            visible: false,
+            parent: listener,
+            qp: None,
+            listener: None,
+        });
+        self.hosts[host as usize].counts.ids += 1;
+        self.channels.get_mut(channel).expect("listener's channel").ids += 1;
+        self.slot(listener)
+            .listener
+            .as_mut()
+            .expect("listener state")
+            .pending
+            .push_back(child);
+        // The MRA/REP tells the active side who answers; the simulator links them at once.
+        self.slot(from).remote = child;
+        self.queue_event(child, listener, CmEventType::ConnectRequest, 0, payload);
+    }
+
+    /// A REJ (or SIDR REP with an error status) from a host with no id to answer for.
+    fn reply_without_id(&mut self, host: u16, to: SlotRef, status: i32) {
+        let lat = self.latency();
+        let Some(dest) = self.ids.get_mut(to) else { return };
+        let arrival = (self.now + lat).max(dest.last_arrival);
+        dest.last_arrival = arrival;
+        let to_host = dest.host;
+        self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
+        let pd = self.rej_payload(&[]);
+        self.schedule(
+            arrival,
+            Action::Msg {
+                kind: MsgKind::Rej,
+                to,
+                from: SlotRef::NONE,
+                status,
+                payload: pd,
+            },
+        );
+    }
+
+    fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+        let wire = self.slot(to).wire;
+        let connected = self.slot(to).m.port_space().is_connected();
+        match (kind, wire) {
+            (MsgKind::Rep, Wire::ReqSent) => {
+                self.cancel_timers(to);
+                let s = self.slot(to);
+                s.wire = if connected { Wire::RepRcvd } else { Wire::Closed };
+                s.remote = from;
+                self.queue_event(to, SlotRef::NONE, CmEventType::ConnectResponse, 0, payload);
+                return;
+            }
+            (MsgKind::Rtu, Wire::RepSent) => {
+                self.cancel_timers(to);
+                self.slot(to).wire = Wire::Established;
+                self.queue_event(to, SlotRef::NONE, CmEventType::Established, 0, NO_PAYLOAD);
+            }
+            (MsgKind::Rej, Wire::ReqSent | Wire::RepRcvd | Wire::RepSent | Wire::ReqRcvd) => {
+                self.cancel_timers(to);
+                self.slot(to).wire = Wire::Closed;
+                // A child that was not accepted gets no events (the kernel drops them).
+                if wire != Wire::ReqRcvd {
+                    let event = if connected {
+                        CmEventType::Rejected
+                    } else {
+                        CmEventType::Unreachable
+                    };
+                    let payload = if connected { payload } else { NO_PAYLOAD };
+                    if !connected {
+                        self.take_payload(payload);
+                    }
+                    self.queue_event(to, SlotRef::NONE, event, status, payload);
+                    return;
+                }
+            }
+            (MsgKind::Dreq, Wire::Established | Wire::RepSent) => {
+                self.cancel_timers(to);
+                self.slot(to).wire = Wire::DreqRcvd;
+                self.deliver_disconnected(to, 0);
+            }
+            (MsgKind::Dreq, Wire::DreqSent) => {
+                // Both sides disconnected at once: each answers the other's DREQ.
+                self.enter_timewait(to);
+                self.deliver_disconnected(to, 0);
+                self.send(to, from, MsgKind::Drep, 0, NO_PAYLOAD);
+            }
+            (MsgKind::Drep, Wire::DreqSent) => {
+                self.enter_timewait(to);
+                self.deliver_disconnected(to, 0);
+            }
+            _ => {}
+        }
+        self.take_payload(payload);
+    }
+
+    // ---- retrieval ------------------------------------------------------------------------
+
+    fn pop_event(&mut self, ch: SlotRef) -> Option<CmEvent> {
+        loop {
+            let q = self.channels.get_mut(ch)?.queue.pop_front()?;
+            let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
+            if !alive {
+                // Its id was destroyed: the kernel discarded the event then.
+                self.take_payload(q.payload);
+                continue;
+            }
+            let host = self.slot(q.id).host;
+            self.slot(q.id).queued -= 1;
+            self.hosts[host as usize].counts.queued -= 1;
+            let param = self.take_payload(q.payload).map_or(NO_PARAM, |p| p.param);
+            if let Some(ev) = self.retrieve(q, param) {
+                self.hosts[host as usize].counts.unacked += 1;
+                return Some(ev);
+            }
+        }
+    }
+
+    /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it.
+    fn retrieve(&mut self, q: Queued, param: ConnParam) -> Option<CmEvent> {
+        let mut event = q.event;
+        let mut status = q.status;
+        let mut listen_id = None;
+        let counted = match event {
+            CmEventType::ConnectRequest => {
+                let listener = q.listen;
+                let child = self.slot(q.id);
+                child.visible = true;
+                child.parent = SlotRef::NONE;
+                let popped = self
+                    .slot(listener)
+                    .listener
+                    .as_mut()
+                    .and_then(|l| l.pending.pop_front());
+                debug_assert_eq!(popped, Some(q.id), "requests are retrieved in queue order");
+                listen_id = Some(self.id_handle(listener));
+                listener
+            }
+            CmEventType::ConnectResponse => {
+                let slot = self.slot(q.id);
+                event = slot.m.connect_response_outcome();
+                // A REJ that arrived meanwhile makes librdmacm's RTU fail.
+                if event == CmEventType::Established
+                    && slot.wire == Wire::Closed
+                    && slot.m.port_space().is_connected()
+                {
+                    event = CmEventType::ConnectError;
+                }
+                match event {
+                    CmEventType::Established if slot.m.port_space().is_connected() => {
+                        slot.wire = Wire::Established;
+                        let remote = slot.remote;
+                        self.send(q.id, remote, MsgKind::Rtu, 0, NO_PAYLOAD);
+                    }
+                    CmEventType::ConnectError => {
+                        status = -1;
+                        slot.connect_error = true;
+                    }
+                    _ => {}
+                }
+                self.trace_event(q.id, event, status);
+                q.id
+            }
+            CmEventType::Rejected | CmEventType::Disconnected if self.slot(q.id).connect_error => {
+                return None
+            }
+            _ => q.id,
+        };
+        let slot = self.slot(counted);
+        let next = slot.m.on_event(event).unwrap_or_else(|illegal| {
+            panic!(
+                "cm-sim bug: generated an illegal event: {illegal}; reproduce with {SEED_ENV}={}",
+                self.seed.value
+            )
+        });
+        self.set_machine(counted, next);
+        self.next_token += 1;
+        Some(CmEvent::new(
+            self.id_handle(q.id),
+            listen_id,
+            event,
+            status,
+            param,
+            self.next_token,
+        ))
+    }
+
+    /// Stores a new machine for `id`, flushing the QP if it just went to ERR.
+    fn set_machine(&mut self, id: SlotRef, next: IdMachine) {
+        let slot = self.slot(id);
+        let before = slot.m.qp();
+        slot.m = next;
+        if before != Some(QpState::Err) && next.qp() == Some(QpState::Err) {
+            if let Some(qp) = slot.qp.as_mut() {
+                qp.flush();
+            }
+        }
+        if before != Some(QpState::Rts) && next.qp() == Some(QpState::Rts) {
+            // Sends that waited for this QP (or were posted on it before it was ready) can go.
+            let remote = slot.remote;
+            self.deliver_sends(id);
+            self.deliver_sends(remote);
+        }
+    }
+
+    // ---- data path ------------------------------------------------------------------------
+
+    /// Lands `sender`'s pending sends in its peer's posted receives while both allow it.
+    /// Sends wait (as under receiver-not-ready retries, which are infinite by default) while
+    /// the peer has no receive posted or its QP is not ready to receive.
+    fn deliver_sends(&mut self, sender: SlotRef) {
+        loop {
+            let Some(s) = self.ids.get(sender) else { return };
+            let remote = s.remote;
+            let sender_ready =
+                s.m.qp() == Some(QpState::Rts) && s.qp.as_ref().is_some_and(|q| q.has_pending_send());
+            let receiver_ready = self.ids.get(remote).is_some_and(|r| {
+                matches!(r.m.qp(), Some(QpState::Rtr | QpState::Rts))
+                    && r.qp.as_ref().is_some_and(|q| q.has_recv())
+            });
+            if !sender_ready || !receiver_ready {
+                return;
+            }
+            let send = self
+                .slot(sender)
+                .qp
+                .as_mut()
+                .and_then(|q| q.pop_send())
+                .expect("checked");
+            let landing = self
+                .slot(remote)
+                .qp
+                .as_mut()
+                .and_then(|q| q.land(&send))
+                .expect("checked");
+            match landing {
+                Landing::Delivered => {
+                    self.slot(sender)
+                        .qp
+                        .as_mut()
+                        .expect("checked")
+                        .complete_send(send, WcStatus::Success);
+                }
+                Landing::TooLong => {
+                    self.slot(sender)
+                        .qp
+                        .as_mut()
+                        .expect("checked")
+                        .complete_send(send, WcStatus::RemInvReqErr);
+                    for id in [remote, sender] {
+                        let next = self.slot(id).m.qp_error();
+                        self.set_machine(id, next);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    // ---- calls ----------------------------------------------------------------------------
+
+    pub(crate) fn create_event_channel(&mut self, host: u16) -> R<ChannelHandle> {
+        let r = self.channels.insert(Channel {
+            host,
+            queue: VecDeque::new(),
+            ids: 0,
+        });
+        self.hosts[host as usize].counts.channels += 1;
+        Ok(ChannelHandle::new(self.tag(host), r.index, r.generation))
+    }
+
+    pub(crate) fn destroy_event_channel(&mut self, host: u16, ch: ChannelHandle) -> R<()> {
+        let r = self.channel_ref(host, ch, Call::DestroyEventChannel)?;
+        let c = self.channels.get(r).expect("checked");
+        if c.ids > 0 {
+            return Err(CmError::ChannelBusy { ids: c.ids });
+        }
+        let c = self.channels.remove(r).expect("checked");
+        for q in c.queue {
+            self.take_payload(q.payload);
+        }
+        self.hosts[host as usize].counts.channels -= 1;
+        Ok(())
+    }
+
+    pub(crate) fn create_id(&mut self, host: u16, ch: ChannelHandle, ps: PortSpace) -> R<IdHandle> {
+        let channel = self.channel_ref(host, ch, Call::CreateId)?;
+        let r = self.ids.insert(IdSlot {
+            host,
+            channel,
+            m: IdMachine::new(ps),
+            local: None,
+            peer: None,
+            port_bound: false,
+            wire: Wire::Idle,
+            remote: SlotRef::NONE,
+            epoch: 0,
+            queued: 0,
+            last_arrival: 0,
+            disconnected: false,
+            connect_error: false,
+            visible: true,
+            parent: SlotRef::NONE,
+            qp: None,
+            listener: None,
+        });
+        self.channels.get_mut(channel).expect("checked").ids += 1;
+        self.hosts[host as usize].counts.ids += 1;
+        Ok(IdHandle::new(self.tag(host), r.index, r.generation))
+    }
+
+    pub(crate) fn destroy_id(&mut self, host: u16, id: IdHandle) -> R<()> {
+        let r = self.id_ref(host, id, Call::DestroyId)?;
+        self.slot(r).m.destroy()?;
+        let children = self
+            .slot(r)
+            .listener
+            .take()
+            .map(|l| l.pending)
+            .unwrap_or_default();
+        for child in children {
+            self.release(child);
+        }
+        self.release(r);
+        Ok(())
+    }
+
+    /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
+    /// and (lazily) its queued events.
+    fn release(&mut self, r: SlotRef) {
+        let remote = self.slot(r).remote;
+        let connected = self.slot(r).m.port_space().is_connected();
+        let rej = if connected {
+            reason::CONSUMER_DEFINED
+        } else {
+            reason::SIDR_REJECT
+        };
+        match self.slot(r).wire {
+            Wire::ReqSent if !remote.is_none() => {
+                let pd = self.rej_payload(&[]);
+                self.send(r, remote, MsgKind::Rej, reason::TIMEOUT, pd);
+            }
+            Wire::ReqRcvd | Wire::RepRcvd | Wire::RepSent => {
+                let pd = self.rej_payload(&[]);
+                self.send(r, remote, MsgKind::Rej, rej, pd);
+            }
+            Wire::Established => self.send(r, remote, MsgKind::Dreq, 0, NO_PAYLOAD),
+            Wire::DreqRcvd => self.send(r, remote, MsgKind::Drep, 0, NO_PAYLOAD),
+            _ => {}
+        }
+        let slot = self.ids.remove(r).expect("live id");
+        if slot.port_bound {
+            if let Some(local) = slot.local {
+                self.ports.unbind(slot.host, slot.m.port_space(), local.port(), r);
+            }
+        }
+        let counts = &mut self.hosts[slot.host as usize].counts;
+        counts.ids -= 1;
+        counts.queued -= slot.queued as usize;
+        if let Some(c) = self.channels.get_mut(slot.channel) {
+            c.ids -= 1;
+        }
+    }
+
+    fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {
+        let ip = addr.ip();
+        let wildcard = ip.is_unspecified();
+        if !wildcard && !self.hosts[host as usize].addrs.contains(&ip) {
+            return Err(CmError::AddrNotAvailable { call });
+        }
+        let ps = self.slot(r).m.port_space();
+        let port = self
+            .ports
+            .bind(host, ps, (!wildcard).then_some(ip), addr.port(), r)
+            .map_err(|e| match e {
+                BindError::InUse => CmError::AddrInUse { call },
+                BindError::NotAvailable => CmError::AddrNotAvailable { call },
+            })?;
+        let slot = self.slot(r);
+        slot.local = Some(SocketAddr::new(ip, port));
+        slot.port_bound = true;
+        Ok(())
+    }
+
+    pub(crate) fn bind_addr(&mut self, host: u16, id: IdHandle, addr: SocketAddr) -> R<()> {
+        let r = self.id_ref(host, id, Call::BindAddr)?;
+        let next = self.slot(r).m.bind_addr(addr.ip().is_unspecified())?;
+        self.bind_port(host, r, addr, Call::BindAddr)?;
+        self.slot(r).m = next;
+        Ok(())
+    }
+
+    pub(crate) fn resolve_addr(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> R<()> {
+        let call = Call::ResolveAddr;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.resolve_addr()?;
+        let v4 = dst.is_ipv4();
+        let family_mismatch =
+            src.is_some_and(|s| s.is_ipv4() != v4) || self.slot(r).local.is_some_and(|l| l.is_ipv4() != v4);
+        if family_mismatch {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "source and destination address families differ",
+            });
+        }
+        let own = self.hosts[host as usize]
+            .addrs
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == v4);
+        // Loopback and wildcard destinations resolve to this host, as the kernel resolves them
+        // to the first local device.
+        let target = if dst.ip().is_unspecified() || dst.ip().is_loopback() {
+            own.ok_or(CmError::AddrNotAvailable { call })?
+        } else {
+            dst.ip()
+        };
+        if self.slot(r).m.state() == cm_core::IdState::Idle {
+            let src = match src {
+                Some(s) => s,
+                None => SocketAddr::new(own.ok_or(CmError::AddrNotAvailable { call })?, 0),
+            };
+            self.bind_port(host, r, src, call)?;
+        }
+        let reachable = self.host_of_ip(target).is_some();
+        let slot = self.slot(r);
+        slot.peer = Some(SocketAddr::new(target, dst.port()));
+        slot.m = next;
+        self.cancel_timers(r);
+        if reachable {
+            let lat = self.latency();
+            self.timer(r, lat, TimerKind::AddrResolved);
+        } else {
+            self.timer(r, nanos(timeout), TimerKind::AddrError);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn resolve_route(&mut self, host: u16, id: IdHandle, _timeout: Duration) -> R<()> {
+        // RoCE (what rxe is) resolves routes from a work item without a path query, so the
+        // timeout, which bounds only the IB SA query, never applies.
+        let r = self.id_ref(host, id, Call::ResolveRoute)?;
+        let next = self.slot(r).m.resolve_route()?;
+        self.slot(r).m = next;
+        let lat = self.latency();
+        self.timer(r, lat, TimerKind::RouteResolved);
+        Ok(())
+    }
+
+    pub(crate) fn create_qp(&mut self, host: u16, id: IdHandle, caps: QpCaps) -> R<QpCaps> {
+        let call = Call::CreateQp;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.create_qp()?;
+        let max_wr = self.cfg.max_qp_wr;
+        if !(1..=max_wr).contains(&caps.max_send_wr) || !(1..=max_wr).contains(&caps.max_recv_wr) {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_send_wr and max_recv_wr must be 1..=max_qp_wr",
+            });
+        }
+        if caps.max_send_sge == 0 || caps.max_recv_sge == 0 {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_send_sge and max_recv_sge must be at least 1",
+            });
+        }
+        if !(1..=self.cfg.max_message_size).contains(&caps.max_message_size) {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_message_size out of range",
+            });
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
+        let slot = self.slot(r);
+        slot.qp = Some(Box::new(Qp::new(qpn, caps)));
+        slot.m = next;
+        self.hosts[host as usize].counts.qps += 1;
+        Ok(caps)
+    }
+
+    pub(crate) fn destroy_qp(&mut self, host: u16, id: IdHandle) -> R<()> {
+        let r = self.id_ref(host, id, Call::DestroyQp)?;
+        let next = self.slot(r).m.destroy_qp()?;
+        let slot = self.slot(r);
+        slot.qp = None;
+        slot.m = next;
+        self.hosts[host as usize].counts.qps -= 1;
+        Ok(())
+    }
+
+    pub(crate) fn listen(&mut self, host: u16, id: IdHandle, backlog: i32) -> R<()> {
+        let r = self.id_ref(host, id, Call::Listen)?;
+        let next = self.slot(r).m.listen()?;
+        if !self.slot(r).port_bound {
+            self.bind_port(host, r, SocketAddr::from(([0, 0, 0, 0], 0)), Call::Listen)?;
+        }
+        let max = self.cfg.max_backlog;
+        let backlog = if backlog <= 0 || backlog as u32 > max {
+            max
+        } else {
+            backlog as u32
+        };
+        let slot = self.slot(r);
+        let (ps, port) = (slot.m.port_space(), slot.local.expect("bound").port());
+        slot.listener = Some(Box::new(Listener {
+            backlog,
+            pending: VecDeque::new(),
+        }));
+        slot.m = next;
+        self.ports.set_listening(host, ps, port, r);
+        Ok(())
+    }
+
+    fn check_resources(&self, call: Call, param: &ConnParam) -> R<(u8, u8)> {
+        let max = self.cfg.max_rd_atomic;
+        let resolve = |v: u8| {
+            if v == 0xFF {
+                Ok(max)
+            } else if v > max {
+                Err(())
+            } else {
+                Ok(v)
+            }
+        };
+        match (resolve(param.responder_resources), resolve(param.initiator_depth)) {
+            (Ok(rr), Ok(id)) => Ok((rr, id)),
+            _ => Err(CmError::InvalidArgument {
+                call,
+                reason: "responder_resources / initiator_depth above the device maximum",
+            }),
+        }
+    }
+
+    pub(crate) fn connect(&mut self, host: u16, id: IdHandle, param: &ConnParam) -> R<()> {
+        let call = Call::Connect;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.connect(param.private_data.len())?;
+        let (rr, depth) = self.check_resources(call, param)?;
+        let slot = self.slot(r);
+        let ps = slot.m.port_space();
+        let dst = slot.peer.expect("a resolved id has a destination");
+        let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
+        // The receiver sees the request from its own point of view: our initiator depth is
+        // its responder resources and the other way round.
+        let wire_param = ConnParam {
+            private_data: param
+                .private_data
+                .padded(ps.private_data_limit(PrivateDataSlot::Connect)),
+            responder_resources: depth,
+            initiator_depth: rr,
+            flow_control: param.flow_control,
+            retry_count: param.retry_count.min(7),
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            srq: false,
+            qp_num,
+        };
+        slot.m = next;
+        slot.wire = Wire::ReqSent;
+        slot.remote = SlotRef::NONE;
+        self.cancel_timers(r);
+        let timeout = nanos(self.cfg.cm_timeout);
+        self.timer(r, timeout, TimerKind::ReqTimeout);
+        let payload = self.new_payload(wire_param, Some(dst));
+        let lat = self.latency();
+        match self.host_of_ip(dst.ip()) {
+            Some(to_host) => {
+                self.trace_send(host, r, MsgKind::Req, to_host, 0);
+                self.schedule(
+                    self.now + lat,
+                    Action::Req {
+                        host: to_host,
+                        from: r,
+                        payload,
+                    },
+                );
+            }
+            None => {
+                self.take_payload(payload);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn accept(&mut self, host: u16, id: IdHandle, param: &ConnParam) -> R<()> {
+        let call = Call::Accept;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.accept(param.private_data.len())?;
+        let (rr, depth) = self.check_resources(call, param)?;
+        if self.slot(r).wire != Wire::ReqRcvd {
+            // The request is gone (the active side gave up or was destroyed): the kernel
+            // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
+            let failed = self.slot(r).m.qp_error();
+            self.set_machine(r, failed);
+            return Err(CmError::Os {
+                call,
+                errno: errno::EINVAL,
+            });
+        }
+        let slot = self.slot(r);
+        let ps = slot.m.port_space();
+        let remote = slot.remote;
+        let qp_num = slot.qp.as_ref().map_or(0, |q| q.qpn);
+        let wire_param = ConnParam {
+            private_data: param
+                .private_data
+                .padded(ps.private_data_limit(PrivateDataSlot::Accept)),
+            responder_resources: depth,
+            initiator_depth: rr,
+            flow_control: param.flow_control,
+            retry_count: 0,
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            srq: false,
+            qp_num,
+        };
+        self.set_machine(r, next);
+        self.cancel_timers(r);
+        if ps.is_connected() {
+            self.slot(r).wire = Wire::RepSent;
+            let timeout = nanos(self.cfg.cm_timeout);
+            self.timer(r, timeout, TimerKind::RepTimeout);
+        } else {
+            self.slot(r).wire = Wire::Closed;
+        }
+        let payload = self.new_payload(wire_param, None);
+        self.send(r, remote, MsgKind::Rep, 0, payload);
+        Ok(())
+    }
+
+    pub(crate) fn reject(&mut self, host: u16, id: IdHandle, private_data: &[u8]) -> R<()> {
+        let call = Call::Reject;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.reject(private_data.len())?;
+        if self.slot(r).wire != Wire::ReqRcvd {
+            return Err(CmError::Os {
+                call,
+                errno: errno::EINVAL,
+            });
+        }
+        let slot = self.slot(r);
+        let ps = slot.m.port_space();
+        let remote = slot.remote;
+        slot.m = next;
+        slot.wire = Wire::Closed;
+        let (status, payload) = if ps.is_connected() {
+            (reason::CONSUMER_DEFINED, self.rej_payload(private_data))
+        } else {
+            (reason::SIDR_REJECT, NO_PAYLOAD)
+        };
+        self.send(r, remote, MsgKind::Rej, status, payload);
+        Ok(())
+    }
+
+    pub(crate) fn disconnect(&mut self, host: u16, id: IdHandle) -> R<()> {
+        let r = self.id_ref(host, id, Call::Disconnect)?;
+        let next = self.slot(r).m.disconnect()?;
+        self.set_machine(r, next);
+        let remote = self.slot(r).remote;
+        match self.slot(r).wire {
+            Wire::Established => {
+                self.slot(r).wire = Wire::DreqSent;
+                self.cancel_timers(r);
+                let timeout = nanos(self.cfg.cm_timeout);
+                self.timer(r, timeout, TimerKind::DreqTimeout);
+                self.send(r, remote, MsgKind::Dreq, 0, NO_PAYLOAD);
+            }
+            Wire::DreqRcvd => {
+                self.enter_timewait(r);
+                self.send(r, remote, MsgKind::Drep, 0, NO_PAYLOAD);
+            }
+            // Not established on the wire: the IB CM has neither a DREQ nor a DREP to send,
+            // and the kernel still returns 0.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) fn get_cm_event(
+        &mut self,
+        host: u16,
+        ch: ChannelHandle,
+        timeout: Duration,
+    ) -> R<Option<CmEvent>> {
+        let r = self.channel_ref(host, ch, Call::GetCmEvent)?;
+        let deadline = self.deadline(timeout);
+        loop {
+            if let Some(ev) = self.pop_event(r) {
+                return Ok(Some(ev));
+            }
+            let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
+            if !self.run_until(deadline, &has_event) {
+                return Ok(None);
+            }
+        }
+    }
+
+    pub(crate) fn ack_cm_event(&mut self, host: u16, event: CmEvent) -> R<()> {
+        let counted = event.counted_id();
+        let r = self
+            .id_ref(host, counted, Call::AckCmEvent)
+            .map_err(|_| CmError::EventNotOutstanding)?;
+        let next = self.slot(r).m.on_ack()?;
+        self.slot(r).m = next;
+        self.hosts[host as usize].counts.unacked -= 1;
+        Ok(())
+    }
+
+    pub(crate) fn get_local_addr(&mut self, host: u16, id: IdHandle) -> R<Option<SocketAddr>> {
+        let r = self.id_ref(host, id, Call::GetLocalAddr)?;
+        Ok(self.slot(r).local)
+    }
+
+    pub(crate) fn get_peer_addr(&mut self, host: u16, id: IdHandle) -> R<Option<SocketAddr>> {
+        let r = self.id_ref(host, id, Call::GetPeerAddr)?;
+        Ok(self.slot(r).peer)
+    }
+
+    fn qp_for(&mut self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {
+        let r = self.id_ref(host, id, call)?;
+        if self.slot(r).qp.is_none() {
+            return Err(CmError::NoQp { call });
+        }
+        Ok(r)
+    }
+
+    pub(crate) fn post_send(&mut self, host: u16, id: IdHandle, wr_id: u64, data: &[u8]) -> R<()> {
+        let call = Call::PostSend;
+        let r = self.qp_for(host, id, call)?;
+        self.slot(r).m.post_send()?;
+        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
+        let qp = self.slot(r).qp.as_mut().expect("checked");
+        if data.len() > qp.caps.max_message_size as usize {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "message longer than max_message_size",
+            });
+        }
+        if qp.send_slots() >= qp.caps.max_send_wr {
+            return Err(CmError::QueueFull {
+                call,
+                outstanding: qp.send_slots(),
+            });
+        }
+        if in_err {
+            qp.push_flushed(wr_id, WcOpcode::Send);
+        } else {
+            qp.push_send(wr_id, data);
+            self.deliver_sends(r);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_recv(&mut self, host: u16, id: IdHandle, wr_id: u64, len: u32) -> R<()> {
+        let call = Call::PostRecv;
+        let r = self.qp_for(host, id, call)?;
+        self.slot(r).m.post_recv()?;
+        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
+        let qp = self.slot(r).qp.as_mut().expect("checked");
+        if len > qp.caps.max_message_size {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "receive buffer longer than max_message_size",
+            });
+        }
+        if qp.recv_slots() >= qp.caps.max_recv_wr {
+            return Err(CmError::QueueFull {
+                call,
+                outstanding: qp.recv_slots(),
+            });
+        }
+        if in_err {
+            qp.push_flushed(wr_id, WcOpcode::Recv);
+        } else {
+            qp.push_recv(wr_id, len);
+            let remote = self.slot(r).remote;
+            self.deliver_sends(remote);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn poll_cq(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+        timeout: Duration,
+    ) -> R<usize> {
+        let r = self.qp_for(host, id, Call::PollCq)?;
+        let deadline = self.deadline(timeout);
+        let ready = |f: &Fabric| {
+            f.ids
+                .get(r)
+                .and_then(|s| s.qp.as_ref())
+                .is_none_or(|q| !q.cq_is_empty())
+        };
+        self.run_until(deadline, &ready);
+        Ok(self
+            .ids
+            .get_mut(r)
+            .and_then(|s| s.qp.as_mut())
+            .map_or(0, |q| q.poll(out, max)))
+    }
+
+    pub(crate) fn id_machine(&self, host: u16, id: IdHandle) -> R<IdMachine> {
+        let r = SlotRef {
+            index: id.index(),
+            generation: id.generation(),
+        };
+        self.id_ref(host, id, Call::GetLocalAddr)?;
+        Ok(self.ids.get(r).expect("checked").m)
+    }
+
+    pub(crate) fn live_resources(&self, host: Option<u16>) -> LiveResources {
+        let mut total = LiveResources::default();
+        for (i, h) in self.hosts.iter().enumerate() {
+            if host.is_none_or(|only| only as usize == i) {
+                total.channels += h.counts.channels;
+                total.ids += h.counts.ids;
+                total.qps += h.counts.qps;
+                total.unacked_events += h.counts.unacked;
+                total.queued_events += h.counts.queued;
+            }
+        }
+        total
+    }
+}
+
+/// A simulated fabric: hosts with addresses, joined by a network with seeded latencies,
+/// running in virtual time. Cloning gives another handle to the same fabric.
+///
+/// Get a [`SimHost`] per host with [`host`](SimFabric::host); each implements
+/// [`CmBackend`](cm_core::CmBackend) for the ids and channels of that host. Virtual time moves
+/// only when a call waits ([`get_cm_event`](cm_core::CmBackend::get_cm_event) and
+/// [`poll_cq`](cm_core::CmBackend::poll_cq) with a timeout) or when the fabric is driven
+/// ([`advance`](SimFabric::advance), [`run_until_idle`](SimFabric::run_until_idle)). A run is
+/// a pure function of the seed and the calls made.
+#[derive(Clone)]
+pub struct SimFabric {
+    inner: Rc<RefCell<Fabric>>,
+}
+
+impl fmt::Debug for SimFabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fab = self.inner.borrow();
+        f.debug_struct("SimFabric")
+            .field("seed", &fab.seed.value)
+            .field("now", &SimTime::from_nanos(fab.now))
+            .field("hosts", &fab.hosts.iter().map(|h| &h.addrs).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl SimFabric {
+    /// A builder.
+    pub fn builder() -> SimBuilder {
+        SimBuilder::new()
+    }
+
+    pub(crate) fn new(seed: Seed, hosts: Vec<Vec<IpAddr>>, cfg: SimConfig) -> Self {
+        SimFabric {
+            inner: Rc::new(RefCell::new(Fabric::new(seed, hosts, cfg))),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Rc<RefCell<Fabric>> {
+        &self.inner
+    }
+
+    /// The backend for host number `index` (in the order the builder added them).
+    ///
+    /// # Panics
+    /// If there is no such host.
+    pub fn host(&self, index: usize) -> SimHost {
+        let hosts = self.inner.borrow().hosts.len();
+        assert!(index < hosts, "no host {index}: the fabric has {hosts}");
+        SimHost::new(self.clone(), index as u16)
+    }
+
+    /// The backend for the host that owns `addr`.
+    pub fn host_by_addr(&self, addr: IpAddr) -> Option<SimHost> {
+        let index = self.inner.borrow().host_of_ip(addr)?;
+        Some(SimHost::new(self.clone(), index))
+    }
+
+    /// The addresses of host number `index`.
+    pub fn host_addrs(&self, index: usize) -> Vec<IpAddr> {
+        self.inner.borrow().hosts[index].addrs.clone()
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.inner.borrow().seed.value
+    }
+
+    /// The seed and where it came from.
+    pub fn seed_info(&self) -> Seed {
+        self.inner.borrow().seed
+    }
+
+    /// `reproduce with CM_SIM_SEED=<seed>`: what to print when a run fails.
+    pub fn repro_line(&self) -> String {
+        format!("reproduce with {SEED_ENV}={}", self.seed())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> SimConfig {
+        self.inner.borrow().cfg.clone()
+    }
+
+    /// Current virtual time.
+    pub fn now(&self) -> SimTime {
+        SimTime::from_nanos(self.inner.borrow().now)
+    }
+
+    /// Runs everything due within `duration` of virtual time and moves the clock on by it.
+    pub fn advance(&self, duration: Duration) {
+        let mut fab = self.inner.borrow_mut();
+        let deadline = fab.deadline(duration);
+        fab.run_until(deadline, &|_| false);
+    }
+
+    /// Runs until nothing is scheduled (pending timers included: timewaits, DREQ timeouts);
+    /// returns the time reached.
+    pub fn run_until_idle(&self) -> SimTime {
+        let mut fab = self.inner.borrow_mut();
+        fab.run_until(u64::MAX, &|_| false);
+        SimTime::from_nanos(fab.now)
+    }
+
+    /// Resources alive on the whole fabric.
+    pub fn live_resources(&self) -> LiveResources {
+        self.inner.borrow().live_resources(None)
+    }
+
+    /// The trace's stable hash.
+    pub fn trace_hash(&self) -> u64 {
+        self.inner.borrow().trace.hash()
+    }
+
+    /// How many records the trace has (kept or not).
+    pub fn trace_len(&self) -> u64 {
+        self.inner.borrow().trace.count()
+    }
+
+    /// The kept trace records (empty with [`TraceMode::HashOnly`](crate::TraceMode::HashOnly)).
+    pub fn trace_records(&self) -> Vec<TraceRecord> {
+        self.inner.borrow().trace.records().to_vec()
+    }
+
+    /// The kept trace as text, one line per record.
+    pub fn trace_lines(&self) -> Vec<String> {
+        let fab = self.inner.borrow();
+        let hosts: Vec<IpAddr> = fab.hosts.iter().map(|h| h.addrs[0]).collect();
+        fab.trace
+            .records()
+            .iter()
+            .map(|r| Trace::line(r, &hosts).to_string())
+            .collect()
+    }
+}

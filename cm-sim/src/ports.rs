@@ -1,0 +1,237 @@
+//! Port bindings per host and port space, with the kernel's conflict rules.
+//!
+//! A bind conflicts with an existing one on the same host, port space and port when either is
+//! a wildcard (`EADDRNOTAVAIL`) or both name the same address (`EADDRINUSE`). Ephemeral ports
+//! come from a per-host cursor walking the configured range, so a free port is usually found at
+//! the first try and the choice is deterministic.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
+
+use cm_core::PortSpace;
+
+use crate::slab::SlotRef;
+
+/// A small multiply-rotate hasher: the keys are trusted (our own), and SipHash would dominate
+/// the cost of a bind.
+#[derive(Default)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PortKey {
+    host: u16,
+    ps: PortSpace,
+    port: u16,
+}
+
+#[derive(Clone, Copy)]
+struct Binding {
+    ip: Option<IpAddr>,
+    id: SlotRef,
+    listening: bool,
+}
+
+/// Why a bind failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BindError {
+    InUse,
+    NotAvailable,
+}
+
+pub(crate) struct Ports {
+    map: HashMap<PortKey, Vec<Binding>, FxBuild>,
+    cursors: Vec<u16>,
+    range: RangeInclusive<u16>,
+}
+
+impl Ports {
+    pub(crate) fn new(hosts: usize, range: RangeInclusive<u16>) -> Self {
+        Ports {
+            map: HashMap::default(),
+            cursors: vec![*range.start(); hosts],
+            range,
+        }
+    }
+
+    fn conflict(bindings: &[Binding], ip: Option<IpAddr>) -> Option<BindError> {
+        bindings.iter().find_map(|b| match (b.ip, ip) {
+            (None, _) | (_, None) => Some(BindError::NotAvailable),
+            (Some(a), Some(c)) if a == c => Some(BindError::InUse),
+            _ => None,
+        })
+    }
+
+    /// Binds `id` to `ip` (None = wildcard) and `port` (0 = pick one); returns the port.
+    pub(crate) fn bind(
+        &mut self,
+        host: u16,
+        ps: PortSpace,
+        ip: Option<IpAddr>,
+        port: u16,
+        id: SlotRef,
+    ) -> Result<u16, BindError> {
+        let port = if port == 0 { self.pick(host, ps, ip)? } else { port };
+        let key = PortKey { host, ps, port };
+        let bindings = self.map.entry(key).or_default();
+        if let Some(err) = Self::conflict(bindings, ip) {
+            return Err(err);
+        }
+        bindings.push(Binding {
+            ip,
+            id,
+            listening: false,
+        });
+        Ok(port)
+    }
+
+    fn pick(&mut self, host: u16, ps: PortSpace, ip: Option<IpAddr>) -> Result<u16, BindError> {
+        let (lo, hi) = (*self.range.start(), *self.range.end());
+        let span = u32::from(hi - lo) + 1;
+        let cursor = &mut self.cursors[host as usize];
+        for _ in 0..span {
+            let port = *cursor;
+            *cursor = if port == hi { lo } else { port + 1 };
+            let key = PortKey { host, ps, port };
+            match self.map.get(&key) {
+                Some(b) if Self::conflict(b, ip).is_some() => continue,
+                _ => return Ok(port),
+            }
+        }
+        Err(BindError::NotAvailable)
+    }
+
+    pub(crate) fn unbind(&mut self, host: u16, ps: PortSpace, port: u16, id: SlotRef) {
+        let key = PortKey { host, ps, port };
+        if let Some(bindings) = self.map.get_mut(&key) {
+            bindings.retain(|b| b.id != id);
+            if bindings.is_empty() {
+                self.map.remove(&key);
+            }
+        }
+    }
+
+    pub(crate) fn set_listening(&mut self, host: u16, ps: PortSpace, port: u16, id: SlotRef) {
+        if let Some(b) = self
+            .map
+            .get_mut(&PortKey { host, ps, port })
+            .and_then(|v| v.iter_mut().find(|b| b.id == id))
+        {
+            b.listening = true;
+        }
+    }
+
+    /// The listener a request for `ip:port` reaches: one bound to that address, else a wildcard one.
+    pub(crate) fn listener(&self, host: u16, ps: PortSpace, ip: IpAddr, port: u16) -> Option<SlotRef> {
+        let bindings = self.map.get(&PortKey { host, ps, port })?;
+        let listening = || bindings.iter().filter(|b| b.listening);
+        listening()
+            .find(|b| b.ip == Some(ip))
+            .or_else(|| listening().find(|b| b.ip.is_none()))
+            .map(|b| b.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u32) -> SlotRef {
+        SlotRef {
+            index: n,
+            generation: 0,
+        }
+    }
+
+    #[test]
+    fn kernel_conflict_rules() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40002);
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 7471, id(1)), Ok(7471));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 7471, id(2)),
+            Err(BindError::InUse)
+        );
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, None, 7471, id(2)),
+            Err(BindError::NotAvailable)
+        );
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(b), 7471, id(2)), Ok(7471));
+        assert_eq!(
+            p.bind(0, PortSpace::Udp, None, 7471, id(3)),
+            Ok(7471),
+            "port spaces are separate"
+        );
+        p.unbind(0, PortSpace::Tcp, 7471, id(1));
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 7471, id(4)), Ok(7471));
+    }
+
+    #[test]
+    fn ephemeral_ports_run_out() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 0, id(1)), Ok(40000));
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 0, id(2)), Ok(40001));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 0, id(3)),
+            Err(BindError::NotAvailable)
+        );
+        p.unbind(0, PortSpace::Tcp, 40000, id(1));
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 0, id(3)), Ok(40000));
+    }
+
+    #[test]
+    fn listener_lookup_prefers_the_specific_address() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        p.bind(0, PortSpace::Tcp, Some(a), 1, id(1)).unwrap();
+        assert_eq!(
+            p.listener(0, PortSpace::Tcp, a, 1),
+            None,
+            "bound but not listening"
+        );
+        p.set_listening(0, PortSpace::Tcp, 1, id(1));
+        assert_eq!(p.listener(0, PortSpace::Tcp, a, 1), Some(id(1)));
+        assert_eq!(p.listener(0, PortSpace::Tcp, b, 1), None);
+        p.bind(0, PortSpace::Tcp, None, 2, id(2)).unwrap();
+        p.set_listening(0, PortSpace::Tcp, 2, id(2));
+        assert_eq!(p.listener(0, PortSpace::Tcp, b, 2), Some(id(2)));
+    }
+}

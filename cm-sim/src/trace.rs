@@ -1,0 +1,243 @@
+//! The run's trace: one record per CM event generated and per CM message sent, and a stable
+//! hash of it.
+//!
+//! The hash is FNV-1a over a fixed binary encoding of each record, so it depends on nothing but
+//! the run (not on formatting, platform or crate versions). Keeping the records themselves is
+//! optional ([`TraceMode`]); the hash is always kept, so large runs can still be compared.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use cm_core::CmEventType;
+
+use crate::time::SimTime;
+
+/// How much of the trace the fabric keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TraceMode {
+    /// Every record and the hash (the default: what a failing test wants to print).
+    #[default]
+    Full,
+    /// Only the hash (for runs with millions of events).
+    HashOnly,
+}
+
+/// IB CM wire messages the simulator exchanges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MsgKind {
+    /// Connection request.
+    Req,
+    /// Connection reply.
+    Rep,
+    /// Ready to use.
+    Rtu,
+    /// Reject.
+    Rej,
+    /// Disconnect request.
+    Dreq,
+    /// Disconnect reply.
+    Drep,
+}
+
+impl MsgKind {
+    /// The IB CM name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MsgKind::Req => "REQ",
+            MsgKind::Rep => "REP",
+            MsgKind::Rtu => "RTU",
+            MsgKind::Rej => "REJ",
+            MsgKind::Dreq => "DREQ",
+            MsgKind::Drep => "DREP",
+        }
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// What a record is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TraceWhat {
+    /// A CM event was queued on the id's channel.
+    Event(CmEventType),
+    /// The id sent an IB CM message to the host at `to`.
+    Sent {
+        /// The message.
+        msg: MsgKind,
+        /// Index of the receiving host.
+        to: u16,
+    },
+}
+
+/// One line of the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TraceRecord {
+    /// Virtual time.
+    pub time: SimTime,
+    /// Index of the host the id lives on.
+    pub host: u16,
+    /// The id's slot index (the number after `id#` in handles).
+    pub id: u32,
+    /// Event or message.
+    pub what: TraceWhat,
+    /// Event status, or the reject reason of a REJ.
+    pub status: i32,
+}
+
+impl TraceRecord {
+    fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&self.time.as_nanos().to_le_bytes());
+        b[8..10].copy_from_slice(&self.host.to_le_bytes());
+        b[10..14].copy_from_slice(&self.id.to_le_bytes());
+        match self.what {
+            TraceWhat::Event(ev) => {
+                b[14] = 0;
+                b[15] = ev.raw() as u8;
+            }
+            TraceWhat::Sent { msg, to } => {
+                b[14] = 1;
+                b[15] = msg.code();
+                b[16..18].copy_from_slice(&to.to_le_bytes());
+            }
+        }
+        b[18..22].copy_from_slice(&self.status.to_le_bytes());
+        b
+    }
+}
+
+/// A record with the host addresses needed to print it.
+pub(crate) struct TraceLine<'a> {
+    record: &'a TraceRecord,
+    hosts: &'a [IpAddr],
+}
+
+impl fmt::Display for TraceLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.record;
+        let host = self
+            .hosts
+            .get(r.host as usize)
+            .map_or_else(|| format!("host{}", r.host), |ip| ip.to_string());
+        match r.what {
+            TraceWhat::Event(ev) => write!(f, "{} {} id#{} {} status={}", r.time, host, r.id, ev, r.status),
+            TraceWhat::Sent { msg, to } => {
+                let to = self
+                    .hosts
+                    .get(to as usize)
+                    .map_or_else(|| format!("host{to}"), |ip| ip.to_string());
+                write!(f, "{} {} id#{} sent {} to {}", r.time, host, r.id, msg.name(), to)?;
+                if msg == MsgKind::Rej {
+                    write!(f, " reason={}", r.status)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+pub(crate) struct Trace {
+    mode: TraceMode,
+    records: Vec<TraceRecord>,
+    hash: u64,
+    count: u64,
+}
+
+impl Trace {
+    pub(crate) fn new(mode: TraceMode) -> Self {
+        Trace {
+            mode,
+            records: Vec::new(),
+            hash: FNV_OFFSET,
+            count: 0,
+        }
+    }
+
+    pub(crate) fn record(&mut self, record: TraceRecord) {
+        for byte in record.encode() {
+            self.hash = (self.hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME);
+        }
+        self.count += 1;
+        if self.mode == TraceMode::Full {
+            self.records.push(record);
+        }
+    }
+
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub(crate) fn records(&self) -> &[TraceRecord] {
+        &self.records
+    }
+
+    pub(crate) fn line<'a>(record: &'a TraceRecord, hosts: &'a [IpAddr]) -> TraceLine<'a> {
+        TraceLine { record, hosts }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(time: u64, ev: CmEventType) -> TraceRecord {
+        TraceRecord {
+            time: SimTime::from_nanos(time),
+            host: 1,
+            id: 3,
+            what: TraceWhat::Event(ev),
+            status: -110,
+        }
+    }
+
+    #[test]
+    fn hash_depends_on_every_field_and_not_on_mode() {
+        let mut a = Trace::new(TraceMode::Full);
+        let mut b = Trace::new(TraceMode::HashOnly);
+        for t in [&mut a, &mut b] {
+            t.record(rec(5, CmEventType::AddrError));
+        }
+        assert_eq!(a.hash(), b.hash());
+        assert_eq!(a.records().len(), 1);
+        assert!(b.records().is_empty());
+        let mut c = Trace::new(TraceMode::Full);
+        c.record(rec(6, CmEventType::AddrError));
+        assert_ne!(a.hash(), c.hash());
+        let mut d = Trace::new(TraceMode::Full);
+        d.record(rec(5, CmEventType::AddrResolved));
+        assert_ne!(a.hash(), d.hash());
+    }
+
+    #[test]
+    fn lines_are_readable() {
+        let hosts: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()];
+        let r = rec(1_500, CmEventType::AddrError);
+        assert_eq!(
+            Trace::line(&r, &hosts).to_string(),
+            "0.000001500 10.0.0.2 id#3 RDMA_CM_EVENT_ADDR_ERROR status=-110"
+        );
+        let s = TraceRecord {
+            time: SimTime::from_nanos(0),
+            host: 0,
+            id: 1,
+            what: TraceWhat::Sent {
+                msg: MsgKind::Rej,
+                to: 1,
+            },
+            status: 28,
+        };
+        assert_eq!(
+            Trace::line(&s, &hosts).to_string(),
+            "0.000000000 10.0.0.1 id#1 sent REJ to 10.0.0.2 reason=28"
+        );
+    }
+}

@@ -1,0 +1,711 @@
+#!/usr/bin/env bash
+# Soft-RoCE lab: boot a tiny Linux VM (Debian's kernel, busybox userland) under
+# QEMU/TCG, bring up rdma_rxe on a dummy netdev, run RDMA programs inside it and
+# bring their output back over the serial console.  See lab/README.md.
+#
+#   lab/lab.sh [run|shell] [options]        (lab/lab.sh --help for the options)
+#
+# Why a VM at all: the host kernel has no RDMA and there is no usable KVM, so
+# the only way to exercise real librdmacm/rdma_cm code paths is a guest kernel
+# with rxe, emulated by TCG.  Everything here is plain bash + apt packages.
+
+set -euo pipefail
+shopt -s nullglob
+
+# ------------------------------------------------------------------ settings --
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$LAB_DIR")
+CACHE=$LAB_DIR/cache            # kernel .deb + extracted vmlinux/modules (gitignored)
+WORK=$LAB_DIR/work              # initramfs tree, console log, per-suite output (gitignored)
+ROOT=$WORK/root                 # initramfs staging tree
+OUT=$WORK/out                   # console log split per suite
+CONSOLE_LOG=$WORK/console.log
+MULTIARCH=x86_64-linux-gnu
+
+MODE=run
+CONNECTIONS=1000
+PROJECT=1                       # build and run the project's hw binaries
+SANITY=1                        # rping + ucmatose before the benchmarks
+ONLY=""                         # comma list of suite names to keep (empty: all)
+EXTRA_BINS=()                   # --extra-bin 'PATH [ARGS...]'
+GUEST_ENV=()                    # --env K=V, exported in the guest before the suites
+ADDR=10.0.0.1                   # guest address on dummy0; client and server both use it
+VM_MEM=1024
+VM_SMP=2
+BOOT_TIMEOUT=120                # qemu start -> @@LAB-RXE-READY, else the VM counts as dead
+VM_TIMEOUT=""                   # whole VM; default: boot bound + sum of suite bounds (+slack)
+SHELL_TIMEOUT=7200              # `shell` mode is interactive but still bounded
+BUILD_TIMEOUT=900               # all cargo invocations together
+APT_TIMEOUT=900
+VERBOSE=0
+KERNEL_PKG=${LAB_KERNEL_PKG:-}  # default: what linux-image-amd64 depends on
+CARGO_DIR=$REPO                 # where cargo builds the project binaries
+
+# Modules we need; their load order is derived from the `depends=` field of each
+# module's .modinfo, so a different kernel ABI needs no edits here.  crc32_generic
+# is not a link-time dependency of rdma_rxe but rxe allocates the "crc32" shash at
+# run time; configfs is a dependency of rdma_cm; dummy provides dummy0.
+ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm dummy"
+
+# Project binaries, data driven.  One row per binary:
+#   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments
+# kind selects how the summary reads the output: libtest, criterion, cmtime, plain.
+# In guest arguments @ADDR and @N are replaced by the guest address and --connections.
+# hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
+# (which libtest reports as passed and would otherwise swallow) reach the console.
+PROJECT_BINS=(
+  "hw-test|libtest|300|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
+  "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 hw"
+  "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --bind @ADDR --server @ADDR --connections @N"
+)
+
+# Suites registered for this run (filled by add_suite, in run order).
+SUITE_NAMES=()
+declare -A SUITE_KIND=() SUITE_TMO=()
+
+QEMU_PID=""                     # the `timeout` wrapping qemu
+T0=""                           # $EPOCHREALTIME at qemu start
+
+# ------------------------------------------------------------------- helpers --
+log()  { printf 'lab: %s\n' "$*"; }
+die()  { printf 'lab: error: %s\n' "$*" >&2; exit 2; }
+elapsed() { awk -v a="$1" -v b="${2:-$EPOCHREALTIME}" 'BEGIN { printf "%.1f", b - a }'; }
+
+usage() {
+  cat <<'EOF'
+usage: lab/lab.sh [run|shell] [options]
+
+  run      (default) build everything, boot the VM, run the suites, print a summary
+  shell    boot the same image and give an interactive busybox shell on the
+           serial console, rxe0 already up (leave with `exit` or Ctrl-A x)
+
+options:
+  --connections N      connections for both cmtime runs (default 1000)
+  --no-project         do not build/run the project's binaries; rdma-core tools only
+  --no-sanity          skip the rping / ucmatose sanity suites
+  --only LIST          run only these suites (comma separated names, see README)
+  --extra-bin 'P [A]'  copy host binary P (with its shared libraries) into the
+                       guest and run it as suite extra-<name> with arguments A
+                       (repeatable; handy for probes and debugging)
+  --env K=V            export K=V in the guest for all suites (repeatable),
+                       e.g. --env RUST_LOG=debug --env RUST_BACKTRACE=full
+  --boot-timeout S     qemu start -> rxe ready bound (default 120)
+  --timeout S          bound for the whole VM (default: boot bound + suite bounds, max 900)
+  --build-timeout S    bound for all cargo builds together (default 900)
+  --smp N, --mem MB    guest CPUs / memory (default 2 / 1024)
+  --kernel-pkg NAME    Debian kernel package (default: dependency of linux-image-amd64)
+  --cargo-dir DIR      build the project binaries in DIR (default: the repo root)
+  -v, --verbose        also stream the guest console to stdout
+  -h, --help           this text
+EOF
+}
+
+parse_args() {
+  if [[ $# -gt 0 && $1 != -* ]]; then
+    case $1 in run|shell) MODE=$1; shift ;; *) usage >&2; die "unknown command '$1'" ;; esac
+  fi
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --connections)   CONNECTIONS=${2:?}; shift ;;
+      --no-project)    PROJECT=0 ;;
+      --no-sanity)     SANITY=0 ;;
+      --only)          ONLY=${2:?}; shift ;;
+      --extra-bin)     EXTRA_BINS+=("${2:?}"); shift ;;
+      --env)           [[ ${2:?} =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env wants K=V"
+                       GUEST_ENV+=("$2"); shift ;;
+      --boot-timeout)  BOOT_TIMEOUT=${2:?}; shift ;;
+      --timeout)       VM_TIMEOUT=${2:?}; shift ;;
+      --build-timeout) BUILD_TIMEOUT=${2:?}; shift ;;
+      --smp)           VM_SMP=${2:?}; shift ;;
+      --mem)           VM_MEM=${2:?}; shift ;;
+      --kernel-pkg)    KERNEL_PKG=${2:?}; shift ;;
+      --cargo-dir)     CARGO_DIR=$(cd "${2:?}" && pwd) || die "no directory $2"; shift ;;
+      -v|--verbose)    VERBOSE=1 ;;
+      -h|--help)       usage; exit 0 ;;
+      *) usage >&2; die "unknown option '$1'" ;;
+    esac
+    shift
+  done
+  [[ $CONNECTIONS =~ ^[1-9][0-9]*$ ]] || die "--connections wants a positive number"
+  for v in BOOT_TIMEOUT BUILD_TIMEOUT VM_SMP VM_MEM; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "bad number for ${v}: ${!v}"
+  done
+  [[ -z $VM_TIMEOUT || $VM_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "bad --timeout"
+}
+
+# Never leave qemu behind (2-core machine): kill the timeout wrapper and qemu
+# itself (by pid file) on any exit path.
+cleanup() {
+  local pid
+  if [[ -n $QEMU_PID ]] && kill -0 "$QEMU_PID" 2>/dev/null; then
+    kill -TERM "$QEMU_PID" 2>/dev/null || true
+  fi
+  if [[ -s $WORK/qemu.pid ]]; then
+    pid=$(<"$WORK/qemu.pid")
+    # Only our qemu: its command line names our pid file (pids get reused).
+    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$WORK/qemu.pid"; then
+      kill -TERM "$pid" 2>/dev/null || true; sleep 1; kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------- host setup --
+# Install what is missing (as root, non-interactively) so a fresh CI machine works.
+# Entries are "probe:package"; a probe is a command name or an absolute file path.
+ensure_host_tools() {
+  [[ $(uname -m) == x86_64 ]] || die "host must be x86_64 (its binaries are copied into the guest)"
+  local need=(
+    qemu-system-x86_64:qemu-system-x86 /usr/share/seabios/bios-256k.bin:seabios
+    busybox:busybox-static cmtime:rdmacm-utils rping:rdmacm-utils ucmatose:rdmacm-utils
+    ibv_devinfo:ibverbs-utils "/etc/libibverbs.d/rxe.driver:ibverbs-providers"
+    rdma:iproute2 ip:iproute2 xz:xz-utils ldd:libc-bin dpkg-deb:dpkg apt-get:apt
+  )
+  if ((PROJECT)); then
+    # rdma-sys (bindgen) needs libclang, pkg-config and the rdma-core headers.
+    need+=(/usr/include/rdma/rdma_cma.h:librdmacm-dev /usr/include/infiniband/verbs.h:libibverbs-dev
+           pkg-config:pkg-config "/usr/lib/llvm-*/lib/libclang*.so*:libclang-dev")
+  fi
+  local missing=() e probe pkg
+  for e in "${need[@]}"; do
+    probe=${e%%:*}; pkg=${e#*:}
+    if [[ $probe == /* ]]; then
+      compgen -G "$probe" >/dev/null && continue
+    else
+      PATH=$PATH:/usr/sbin:/sbin command -v "$probe" >/dev/null && continue
+    fi
+    [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  [[ $EUID -eq 0 ]] || die "missing packages: ${missing[*]} (run as root, or apt-get install them)"
+  log "installing ${missing[*]}"
+  timeout "$APT_TIMEOUT" apt-get update -qq || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive timeout "$APT_TIMEOUT" \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" || die "apt-get install failed"
+}
+
+# ------------------------------------------------------------------- kernel --
+# Fetch Debian's kernel package into lab/cache (never installed on the host),
+# extract the uncompressed vmlinux (boots via PVH: skips the in-guest xz
+# decompression, ~4 s under TCG) and the modules we need with their load order.
+# Sets KDIR (vmlinux, modules/*.ko, modules.load).
+fetch_kernel() {
+  log "fetching kernel"
+  mkdir -p "$CACHE/kernel"
+  if [[ -z $KERNEL_PKG ]]; then
+    KERNEL_PKG=$(resolve_kernel_pkg) || true
+    if [[ -z $KERNEL_PKG ]]; then
+      # Offline and no apt lists: fall back to whatever is cached.
+      local d=( "$CACHE"/kernel/*/.complete )
+      ((${#d[@]})) || die "cannot resolve linux-image-amd64 and nothing cached"
+      KDIR=$(dirname "${d[-1]}"); log "kernel: using cached $(basename "$KDIR") (apt unavailable)"
+      return
+    fi
+  fi
+  local ver
+  ver=$(apt-cache policy "$KERNEL_PKG" 2>/dev/null | awk '/Candidate:/ { print $2 }')
+  [[ -n $ver && $ver != "(none)" ]] || ver=$(cd "$CACHE/kernel" && ls -1 "${KERNEL_PKG}"_*.deb 2>/dev/null | tail -1 | cut -d_ -f2) || true
+  [[ -n $ver ]] || die "no version of $KERNEL_PKG available"
+  KDIR=$CACHE/kernel/${KERNEL_PKG}_${ver}
+  if [[ -f $KDIR/.complete && $(<"$KDIR/.complete") == "$ROOT_MODULES" ]]; then
+    log "kernel: $KERNEL_PKG $ver (cached)"
+    return
+  fi
+  local deb=( "$CACHE/kernel/${KERNEL_PKG}_${ver//:/%3a}_"*.deb )
+  if ((${#deb[@]} == 0)); then
+    log "kernel: downloading $KERNEL_PKG $ver"
+    # apt-get download writes to the cwd; the _apt sandbox warning is harmless.
+    (cd "$CACHE/kernel" && timeout "$APT_TIMEOUT" apt-get download -qq "$KERNEL_PKG=$ver" 2>&1 | grep -v 'unsandboxed' >&2 || true)
+    deb=( "$CACHE/kernel/${KERNEL_PKG}_"*.deb )
+    ((${#deb[@]})) || die "apt-get download $KERNEL_PKG failed"
+  fi
+  log "kernel: extracting ${deb[-1]##*/}"
+  local tmp=$CACHE/kernel/tmp.$$
+  rm -rf "$tmp" "$KDIR"; mkdir -p "$tmp" "$KDIR/modules"
+  timeout 300 dpkg-deb -x "${deb[-1]}" "$tmp" || die "dpkg-deb -x failed"
+  extract_vmlinux "$tmp"/boot/vmlinuz-* "$KDIR/vmlinux"
+  cp "$tmp"/boot/config-* "$KDIR/config"
+  local mdir=( "$tmp"/lib/modules/*/ )
+  resolve_modules "${mdir[0]}" "$KDIR"
+  rm -rf "$tmp"
+  echo "$ROOT_MODULES" > "$KDIR/.complete"
+  log "kernel: cached in ${KDIR#"$LAB_DIR"/}"
+}
+
+resolve_kernel_pkg() {
+  local p
+  p=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }')
+  if [[ -z $p && $EUID -eq 0 ]]; then
+    timeout "$APT_TIMEOUT" apt-get update -qq >&2 || return 1
+    p=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }')
+  fi
+  [[ -n $p ]] && echo "$p"
+}
+
+# bzImage = setup code + compressed payload; Debian's payload is one xz stream.
+# Cut at the xz magic and decompress just that stream (trailing bytes ignored).
+extract_vmlinux() {
+  local vmlinuz=$1 out=$2 off
+  off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$vmlinuz" | head -1 | cut -d: -f1) || true
+  [[ -n $off ]] || die "no xz stream in $vmlinuz (kernel not xz-compressed?)"
+  { tail -c +$((off + 1)) "$vmlinuz" || true; } | xz -dcq --single-stream > "$out" \
+    || die "xz -d of the kernel payload failed"
+  [[ $(head -c 4 "$out" | od -An -c | tr -d ' ') == 177ELF ]] || die "extracted vmlinux is not ELF"
+}
+
+# Copy the closure of ROOT_MODULES (via each module's `depends=`) and write the
+# load order (dependencies first) to modules.load.  Modules are uncompressed in
+# Debian 12 (CONFIG_MODULE_COMPRESS_NONE); decompress here if that ever changes,
+# busybox insmod cannot load compressed modules.
+resolve_modules() {
+  local mdir=$1 kdir=$2 m f
+  declare -A path=() seen=()
+  while IFS= read -r f; do
+    m=${f##*/}; m=${m%%.ko*}; path[$m]=$f
+  done < <(find "$mdir" -name '*.ko*')
+  local order=()
+  visit() {
+    local m=$1 f deps d
+    [[ -n ${seen[$m]:-} ]] && return
+    seen[$m]=1
+    f=${path[$m]:-}; [[ -n $f ]] || die "module $m not found in kernel package"
+    case $f in
+      *.ko.xz)  xz -dc "$f" > "$kdir/modules/$m.ko" ;;
+      *.ko.zst) zstd -qdc "$f" > "$kdir/modules/$m.ko" ;;
+      *.ko.gz)  gzip -dc "$f" > "$kdir/modules/$m.ko" ;;
+      *)        cp "$f" "$kdir/modules/$m.ko" ;;
+    esac
+    deps=$(tr '\0' '\n' < "$kdir/modules/$m.ko" | sed -n 's/^depends=//p' | head -1)
+    for d in ${deps//,/ }; do visit "${d//-/_}"; done
+    order+=("$m")
+  }
+  for m in $ROOT_MODULES; do visit "$m"; done
+  printf '%s\n' "${order[@]}" > "$kdir/modules.load"
+  log "kernel: modules $(tr '\n' ' ' < "$kdir/modules.load")"
+}
+
+# ------------------------------------------------------------------- guest fs --
+# Copy a host file into the initramfs at the same path (or at $2), following symlinks.
+put() {
+  local src=$1 dst=${2:-$1}
+  mkdir -p "$ROOT$(dirname "$dst")"
+  cp -L "$src" "$ROOT$dst"
+}
+
+# Copy an ELF binary plus the ldd closure of its shared libraries (at the paths
+# the loader will look for them).
+put_elf() {
+  local src=$1 dst=${2:-$1} lib
+  put "$src" "$dst"
+  ldd "$src" 2>/dev/null | grep -q 'not found' && die "$src: $(ldd "$src" | grep 'not found' | head -1)"
+  while IFS= read -r lib; do
+    [[ -e $ROOT$lib ]] || put "$lib"
+  done < <(ldd "$src" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }')
+}
+
+# Register a suite: its guest script comes on stdin (sh, run from /tmp with the
+# suite environment; /lab/lib.sh is sourced first).
+add_suite() {
+  local name=$1 kind=$2 tmo=$3
+  [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || die "bad suite name '$name'"
+  if [[ -n $ONLY && ",$ONLY," != *",$name,"* ]]; then cat >/dev/null; return; fi
+  SUITE_NAMES+=("$name"); SUITE_KIND[$name]=$kind; SUITE_TMO[$name]=$tmo
+  { echo '. /lab/lib.sh'; cat; } > "$ROOT/lab/suites/$name.sh"
+  echo "$name $tmo" >> "$ROOT/lab/suites.list"
+}
+
+subst() { local s=${1//@ADDR/$ADDR}; echo "${s//@N/$CONNECTIONS}"; }
+
+# rdma-core's reference tools, always present.
+add_rdmacore_suites() {
+  put_elf "$(command -v cmtime)"; put_elf "$(command -v rping)"; put_elf "$(command -v ucmatose)"
+  put_elf "$(command -v ibv_devinfo)"
+  if ((SANITY)); then
+    add_suite sanity-rping plain 60 <<EOF
+# RC send / RDMA read / RDMA write ping-pong, 10 iterations, validated
+rping -s -a $ADDR -C 10 -V > /tmp/rping-server.log 2>&1 &
+srv=\$!
+wait_listen 7174 || { cat /tmp/rping-server.log; exit 1; }
+timeout 30 rping -c -a $ADDR -I $ADDR -C 10 -V -v
+rc=\$?
+wait_pid \$srv 10 || rc=1
+echo "--- server"; cat /tmp/rping-server.log
+exit \$rc
+EOF
+    add_suite sanity-ucmatose plain 60 <<EOF
+# 10 parallel connections with 10 sends each
+ucmatose -b $ADDR -c 10 > /tmp/ucmatose-server.log 2>&1 &
+srv=\$!
+wait_listen 7471 || { cat /tmp/ucmatose-server.log; exit 1; }
+timeout 30 ucmatose -s $ADDR -b $ADDR -c 10
+rc=\$?
+wait_pid \$srv 10 || rc=1
+echo "--- server"; cat /tmp/ucmatose-server.log
+exit \$rc
+EOF
+  fi
+  add_suite rdmacore-cmtime cmtime 180 <<EOF
+# rdma-core v44 cmtime: server in the background, client in the foreground,
+# both on the guest's own address (rxe loops it back).  The client prints the
+# table; the v44 server never exits on its own, so it is stopped afterwards.
+cmtime -b $ADDR -c $CONNECTIONS > /tmp/cmtime-server.log 2>&1 &
+srv=\$!
+wait_listen 7471 || { cat /tmp/cmtime-server.log; exit 1; }
+timeout 150 cmtime -s $ADDR -b $ADDR -c $CONNECTIONS
+rc=\$?
+echo
+usleep 200000; kill \$srv 2>/dev/null; wait_pid \$srv 2
+echo "--- server (stopped by the suite)"; cat /tmp/cmtime-server.log
+exit \$rc
+EOF
+}
+
+# Stage "building project": build the project's binaries with cargo (table
+# PROJECT_BINS) and remember each executable.  Its path comes from cargo's JSON
+# (works with any CARGO_TARGET_DIR / profile).  One bound for all invocations.
+declare -A PROJECT_EXE=()
+build_project() {
+  command -v cargo >/dev/null || die "cargo not found (needed unless --no-project)"
+  log "building project binaries in $CARGO_DIR (bound ${BUILD_TIMEOUT}s)"
+  local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs json exe tkind tname
+  for row in "${PROJECT_BINS[@]}"; do
+    IFS='|' read -r suite kind tmo args sel gargs <<<"$row"
+    if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]]; then continue; fi
+    tkind=${sel%%:*}; tname=${sel#*:}
+    json=$WORK/cargo-$suite.json
+    log "  $suite: cargo $args"
+    # shellcheck disable=SC2086  # args is a word list by design
+    if ! (cd "$CARGO_DIR" && timeout "$((deadline > SECONDS ? deadline - SECONDS : 1))" \
+            cargo $args --message-format=json > "$json" 2> "$WORK/cargo-$suite.log"); then
+      tail -n 30 "$WORK/cargo-$suite.log" >&2
+      die "cargo $args failed or hit the build bound (log: ${WORK#"$REPO"/}/cargo-$suite.log; --no-project runs without the project)"
+    fi
+    exe=$(grep -F '"reason":"compiler-artifact"' "$json" | grep -F "\"kind\":[\"$tkind\"]" \
+          | grep -F "\"name\":\"$tname\"" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4) || true
+    [[ -n $exe && -x $exe ]] || die "no $tkind '$tname' executable in cargo's output (${json#"$REPO"/})"
+    log "  $suite: ${exe#"$CARGO_DIR"/}"
+    PROJECT_EXE[$suite]=$exe
+  done
+}
+
+# Copy the built project binaries into the image and register their suites.
+add_project_suites() {
+  local row suite kind tmo args sel gargs
+  for row in "${PROJECT_BINS[@]}"; do
+    IFS='|' read -r suite kind tmo args sel gargs <<<"$row"
+    [[ -n ${PROJECT_EXE[$suite]:-} ]] || continue
+    put_elf "${PROJECT_EXE[$suite]}" "/lab/bin/$suite"
+    add_suite "$suite" "$kind" "$tmo" <<EOF
+exec /lab/bin/$suite $(subst "$gargs")
+EOF
+  done
+}
+
+add_extra_suites() {
+  local spec path args name
+  for spec in "${EXTRA_BINS[@]}"; do
+    read -r path args <<<"$spec"
+    [[ -x $path ]] || die "--extra-bin: $path is not an executable"
+    name=extra-$(basename "$path" | tr -c 'A-Za-z0-9_.\n-' '_')
+    put_elf "$path" "/lab/bin/$name"
+    add_suite "$name" plain 120 <<EOF
+exec /lab/bin/$name $(subst "$args")
+EOF
+  done
+}
+
+build_initramfs() {
+  log "building initramfs"
+  rm -rf "$ROOT" "$OUT"; mkdir -p "$ROOT" "$OUT"
+  # Debian 12 is merged-/usr; mirror that so ldd's paths (/lib/..., /lib64/...) resolve.
+  local d
+  mkdir -p "$ROOT"/{usr/bin,usr/sbin,usr/lib/$MULTIARCH,usr/lib64,proc,sys,dev,tmp,root,etc,lab/suites,lab/bin,lab/modules}
+  for d in bin sbin lib lib64; do ln -s usr/$d "$ROOT/$d"; done
+  : > "$ROOT/lab/suites.list"
+
+  # iproute2's ip/rdma go to fixed guest paths and are always called by full path:
+  # busybox sh runs its own `ip` applet before searching PATH.
+  put_elf "$(PATH=$PATH:/usr/sbin:/sbin command -v ip)" /usr/sbin/ip
+  put_elf "$(command -v rdma)" /usr/sbin/rdma
+  # The rxe verbs provider is dlopen()ed by libibverbs, so ldd of the tools misses it.
+  local prov=( /usr/lib/$MULTIARCH/libibverbs/librxe-rdmav*.so )
+  ((${#prov[@]})) || die "rxe provider library not found (ibverbs-providers)"
+  put_elf "${prov[-1]}"
+  put /etc/libibverbs.d/rxe.driver
+  # glibc dlopen()s libgcc_s for pthread_exit/cancel unwinding (rping needs it);
+  # ldd does not list it for C programs.
+  local gcc_s; gcc_s=$(ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ { print $NF; exit }')
+  [[ -n $gcc_s ]] || die "libgcc_s.so.1 not found"
+  put "$gcc_s"
+
+  cp "$KDIR"/modules/*.ko "$ROOT/lab/modules/"
+  cp "$KDIR/modules.load" "$ROOT/lab/modules.load"
+
+  add_rdmacore_suites
+  ((PROJECT)) && add_project_suites
+  add_extra_suites
+  [[ $MODE == shell || ${#SUITE_NAMES[@]} -gt 0 ]] || die "no suites selected (--only '$ONLY')"
+
+  # busybox last: applet links only where no real tool was installed.
+  local bb; bb=$(command -v busybox)
+  put_elf "$bb" /usr/bin/busybox
+  local a
+  while IFS= read -r a; do
+    [[ -e $ROOT/$a || -L $ROOT/$a ]] || ln -s /usr/bin/busybox "$ROOT/$a"
+  done < <("$bb" --list-full)
+
+  write_guest_files
+  (cd "$ROOT" && find . -mindepth 1 | sed 's#^\./##' | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null) \
+    > "$WORK/initramfs.cpio" || die "cpio failed"
+  log "initramfs: $(du -h "$WORK/initramfs.cpio" | cut -f1) (uncompressed: faster than gunzip under TCG), ${#SUITE_NAMES[@]} suite(s): ${SUITE_NAMES[*]}"
+}
+
+# The guest side: /init and /lab/lib.sh (helpers for suite scripts) are the
+# static files in lab/guest/; /lab/config and /lab/env carry this run's settings.
+write_guest_files() {
+  local gid_hex
+  # rxe publishes the IPv4 address as an IPv4-mapped GID: ...:ffff:0a00:0001
+  gid_hex=$(printf '%02x%02x:%02x%02x' ${ADDR//./ })
+  cat > "$ROOT/lab/config" <<EOF
+ADDR=$ADDR
+ADDR_GID=$gid_hex
+CONNECTIONS=$CONNECTIONS
+EOF
+  local kv
+  for kv in "${GUEST_ENV[@]}"; do printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"; done > "$ROOT/lab/env"
+
+  install -m 644 "$LAB_DIR/guest/lib.sh" "$ROOT/lab/lib.sh"
+  install -m 755 "$LAB_DIR/guest/init" "$ROOT/init"
+}
+
+# ------------------------------------------------------------------------ VM --
+qemu_cmd() {
+  rm -f "$WORK/qemu.pid"
+  # TCG with one thread per vCPU; the uncompressed vmlinux boots via PVH.
+  QEMU=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m "$VM_MEM" -smp "$VM_SMP"
+        -no-reboot -nic none -pidfile "$WORK/qemu.pid"
+        -kernel "$KDIR/vmlinux" -initrd "$WORK/initramfs.cpio"
+        -append "console=ttyS0 panic=-1 quiet lab.mode=$MODE")
+}
+
+# Run mode: qemu in the background writing the console to lab/work/console.log;
+# the foreground follows the log, prints progress and enforces the boot bound.
+boot_run() {
+  qemu_cmd
+  local total=$BOOT_TIMEOUT n
+  for n in "${SUITE_NAMES[@]}"; do total=$((total + SUITE_TMO[$n] + 5)); done
+  total=$((total + 30)); ((total <= 900)) || total=900   # keep a whole run well under 30 min
+  VM_TIMEOUT=${VM_TIMEOUT:-$total}
+  log "booting (bound: ${BOOT_TIMEOUT}s to rxe ready, ${VM_TIMEOUT}s in all)"
+  : > "$CONSOLE_LOG"
+  T0=$EPOCHREALTIME
+  timeout -k 10 "$VM_TIMEOUT" "${QEMU[@]}" -display none -monitor none -serial stdio \
+    < /dev/null > "$CONSOLE_LOG" 2> "$WORK/qemu.stderr" &
+  QEMU_PID=$!
+  follow_console
+  local rc=0
+  wait "$QEMU_PID" || rc=$?
+  QEMU_PID=""
+  VM_SECS=$(elapsed "$T0")
+  if ((rc == 124 || rc == 137)); then
+    VM_TIMED_OUT=1; log "VM killed after ${VM_SECS}s (bound ${VM_TIMEOUT}s)"
+  elif ((rc != 0)); then
+    log "qemu exited with $rc: $(tail -n 3 "$WORK/qemu.stderr" | tr '\n' ' ')"
+  fi
+  log "VM finished after ${VM_SECS}s"
+}
+
+# Follow the console log while qemu runs.  `read -t 1` lets us check the boot
+# deadline; a timed-out read keeps its partial line, so glue it back together.
+follow_console() {
+  local line buf="" st deadline_hit=0
+  BOOT_INIT=""; BOOT_READY=""; BOOT_FAIL=""; VM_TIMED_OUT=0
+  while :; do
+    if IFS= read -r -t 1 line; then
+      line=$buf$line; buf=""
+      on_console_line "${line%$'\r'}"
+    else
+      st=$?
+      ((st > 128)) || break           # EOF: tail saw qemu exit
+      buf+=$line
+      if [[ -z $BOOT_READY && -z $BOOT_FAIL && $deadline_hit == 0 ]] &&
+         (( $(elapsed "$T0" | cut -d. -f1) >= BOOT_TIMEOUT )); then
+        deadline_hit=1; BOOT_FAIL="no @@LAB-RXE-READY within ${BOOT_TIMEOUT}s"
+        log "$BOOT_FAIL; stopping the VM"
+        kill -TERM "$QEMU_PID" 2>/dev/null || true
+      fi
+    fi
+  done < <(tail -n +1 -F --pid="$QEMU_PID" "$CONSOLE_LOG" 2>/dev/null)
+}
+
+on_console_line() {
+  local line=$1 m
+  ((VERBOSE)) && printf '  | %s\n' "$line"
+  [[ $line == *@@LAB-* ]] || return 0
+  m=${line#*@@LAB-}
+  set -- $m
+  case $1 in
+    INIT)      BOOT_INIT=$(elapsed "$T0"); log "guest init after ${BOOT_INIT}s (guest ${2#t=}s)" ;;
+    RXE-READY) BOOT_READY=$(elapsed "$T0"); log "rxe ready after ${BOOT_READY}s (guest ${2#t=}s)" ;;
+    RXE-FAIL)  shift; BOOT_FAIL="rxe setup failed: $*"; log "$BOOT_FAIL" ;;
+    BEGIN)     log "suite $2" ;;
+    END)       log "suite $2 finished: ${3} (${4#secs=}s)" ;;
+    DONE)      log "guest done after $(elapsed "$T0")s" ;;
+  esac
+}
+
+boot_shell() {
+  qemu_cmd
+  VM_TIMEOUT=${VM_TIMEOUT:-$SHELL_TIMEOUT}
+  log "booting (shell; leave with 'exit' or Ctrl-A x; bound ${VM_TIMEOUT}s; console copy in ${WORK#"$REPO"/}/shell.log)"
+  # Serial and monitor multiplexed on the terminal like -nographic, plus a log;
+  # signal=off so Ctrl-C goes to the guest shell, not to qemu.
+  timeout --foreground -k 10 "$VM_TIMEOUT" "${QEMU[@]}" -display none \
+    -chardev "stdio,id=con,mux=on,signal=off,logfile=$WORK/shell.log" \
+    -serial chardev:con -mon chardev=con,mode=readline || true
+}
+
+# ------------------------------------------------------------------ summary --
+# Split console.log into lab/work/out/<suite>.{log,rc,secs}.  A marker may have
+# program output glued in front of it (no trailing newline): that part belongs
+# to the suite.
+split_console() {
+  tr -d '\r' < "$CONSOLE_LOG" | awk -v dir="$OUT" '
+    {
+      line = $0; pre = ""
+      i = index(line, "@@LAB-")
+      if (i > 1) { pre = substr(line, 1, i - 1); line = substr(line, i) }
+      if (i > 0) {
+        if (pre != "" && file != "") print pre > file
+        split(line, f, " ")
+        if (f[1] == "@@LAB-BEGIN") { file = dir "/" f[2] ".log"; printf "" > file; next }
+        if (f[1] == "@@LAB-END") {
+          rc = f[3]; sub(/^rc=/, "", rc); s = f[4]; sub(/^secs=/, "", s)
+          print rc > (dir "/" f[2] ".rc"); print s > (dir "/" f[2] ".secs")
+          close(dir "/" f[2] ".rc"); close(dir "/" f[2] ".secs"); close(file); file = ""
+        }
+        next
+      }
+      if (file != "") print $0 > file
+    }'
+}
+
+# libtest: "test result: ok. X passed; Y failed; Z ignored; ..."; lines containing
+# "skipped:" are tests that skipped at run time (libtest counts them as passed).
+count_libtest() {
+  local f=$1 p f_ i s
+  read -r p f_ i < <(grep -E '^test result: ' "$f" | sed -E 's/.* ([0-9]+) passed; ([0-9]+) failed; ([0-9]+) ignored.*/\1 \2 \3/' \
+                     | awk '{ p += $1; f += $2; i += $3; n++ } END { if (n) print p, f, i }')
+  s=$(grep -c 'skipped:' "$f" || true)
+  [[ -n $p ]] || return 1
+  echo "$((p > s ? p - s : 0)) $f_ $((i + s))"
+}
+
+# Names listed under libtest's final "failures:" heading.
+libtest_failures() {
+  awk '/^failures:$/ { grab = 1; names = ""; next }
+       grab && /^    [^ ]/ { names = names " " $1; next }
+       /^test result:/ { if (names != "") print "      failed tests:" names; grab = 0; names = "" }' "$1"
+}
+
+# The cmtime table: the header line whose first word is "step" and the non-blank
+# lines after it, up to the first blank line (the suite prints one after the client).
+cmtime_table() {
+  [[ -f $1 ]] || return 0
+  awk 'on && !NF { exit } /^[[:space:]]*step[[:space:]]/ { on = 1 } on' "$1"
+}
+
+summarize() {
+  split_console
+  local passed=0 failed=0 name kind rc secs res detail r
+  echo
+  log "---------------------------------------------------------------- summary"
+  if [[ -n $BOOT_READY ]]; then
+    log "boot: guest init ${BOOT_INIT:-?}s, rxe ready ${BOOT_READY}s after qemu start; VM total ${VM_SECS}s"
+  else
+    log "boot: FAILED (${BOOT_FAIL:-no @@LAB-RXE-READY marker}); console tail (${CONSOLE_LOG#"$REPO"/}):"
+    tr -d '\r' < "$CONSOLE_LOG" | tail -n 15 | sed 's/^/      | /'
+    failed=$((failed + 1))
+  fi
+  ((VM_TIMED_OUT)) && log "VM: killed by its ${VM_TIMEOUT}s bound (--timeout)"
+  for name in "${SUITE_NAMES[@]}"; do
+    kind=${SUITE_KIND[$name]}
+    rc=$(cat "$OUT/$name.rc" 2>/dev/null || echo "")
+    secs=$(cat "$OUT/$name.secs" 2>/dev/null || echo "?")
+    detail=""
+    if [[ ! -f $OUT/$name.log ]]; then
+      res="NOT RUN"; failed=$((failed + 1))
+    elif [[ -z $rc ]]; then
+      res="NO END (VM died or timed out)"; failed=$((failed + 1)); secs="?"
+    elif [[ $kind == libtest ]] && r=$(count_libtest "$OUT/$name.log"); then
+      read -r p f s <<<"$r"
+      passed=$((passed + p)); failed=$((failed + f))
+      detail="tests: $p passed, $f failed, $s skipped"
+      if ((rc != 0 && f == 0)); then failed=$((failed + 1)); detail+=" (but exit code $rc)"; fi
+      ((rc == 0 && f == 0)) && res=ok || res=FAIL
+    else
+      if ((rc == 0)); then res=ok; passed=$((passed + 1)); else res=FAIL; failed=$((failed + 1)); fi
+      ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s"
+      [[ $kind == libtest ]] && detail+="${detail:+; }no libtest result line"
+    fi
+    log "$(printf 'suite %-18s %-5s rc=%-4s %7ss  %s' "$name" "$res" "${rc:--}" "$secs" "$detail")"
+    if [[ $res != ok && -f $OUT/$name.log ]]; then
+      sed 's/^/      | /' "$OUT/$name.log" | tail -n 20
+      [[ $kind == libtest ]] && libtest_failures "$OUT/$name.log"
+    fi
+    if [[ $kind == criterion && -f $OUT/$name.log ]]; then
+      # criterion: "<id>  time: [lo est hi]" (the id is on its own line when long)
+      awk '/time:/ { if ($1 == "time:") print "      " prev; print "      " $0 } { prev = $0 }' "$OUT/$name.log"
+    fi
+  done
+  print_cmtime_tables
+  echo
+  log "$passed passed, $failed failed"
+  ((failed == 0 && VM_TIMED_OUT == 0))
+}
+
+# Project cmtime (left) next to rdma-core's (right), both verbatim.
+print_cmtime_tables() {
+  local left right
+  left=$(cmtime_table "$OUT/cmtime.log"); right=$(cmtime_table "$OUT/rdmacore-cmtime.log")
+  [[ -n $left || -n $right ]] || return 0
+  echo
+  if [[ -z ${SUITE_KIND[cmtime]:-} ]]; then   # project cmtime not part of this run
+    log "cmtime, $CONNECTIONS connections: rdma-core v44"
+    sed 's/^/  /' <<<"${right:-(no rdma-core cmtime table)}"
+    return 0
+  fi
+  log "cmtime, $CONNECTIONS connections: project (left) | rdma-core v44 (right)"
+  [[ -n $left ]] || left="(no project cmtime table)"
+  [[ -n $right ]] || right="(no rdma-core cmtime table)"
+  awk -v L="$left" -v R="$right" 'BEGIN {
+      nl = split(L, l, "\n"); nr = split(R, r, "\n"); w = 0
+      for (i = 1; i <= nl; i++) if (length(l[i]) > w) w = length(l[i])
+      n = nl > nr ? nl : nr
+      for (i = 1; i <= n; i++) printf "  %-" w "s | %s\n", (i <= nl ? l[i] : ""), (i <= nr ? r[i] : "")
+    }'
+}
+
+# --------------------------------------------------------------------- main --
+main() {
+  parse_args "$@"
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  mkdir -p "$CACHE" "$WORK"
+  # One lab per checkout at a time: they would share lab/work and the console log.
+  exec 9> "$WORK/.lock"
+  flock -n 9 || die "another lab/lab.sh is running in this checkout"
+  log "mode $MODE, connections $CONNECTIONS, project $( ((PROJECT)) && echo yes || echo no)"
+  ensure_host_tools
+  fetch_kernel
+  ((PROJECT)) && build_project
+  build_initramfs
+  if [[ $MODE == shell ]]; then
+    boot_shell
+    return 0
+  fi
+  boot_run
+  summarize
+}
+
+main "$@"
