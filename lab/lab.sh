@@ -457,7 +457,7 @@ build_initramfs() {
   write_guest_files
   (cd "$ROOT" && find . -mindepth 1 | sed 's#^\./##' | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null) \
     > "$WORK/initramfs.cpio" || die "cpio failed"
-  log "initramfs: $(du -h "$WORK/initramfs.cpio" | cut -f1) (uncompressed: faster than gunzip under TCG), ${#SUITE_NAMES[@]} suite(s): ${SUITE_NAMES[*]}"
+  log "initramfs: $(du -h "$WORK/initramfs.cpio" | cut -f1) uncompressed, ${#SUITE_NAMES[@]} suite(s): ${SUITE_NAMES[*]}"
 }
 
 # The guest side: /init and /lab/lib.sh (helpers for suite scripts) are the

@@ -140,7 +140,10 @@ mod tests {
                 call: Call::ResolveAddr
             }
         );
-        assert_eq!(os_error(Call::CreateEventChannel, libc::ENODEV), CmError::NoRdmaDevice);
+        assert_eq!(
+            os_error(Call::CreateEventChannel, libc::ENODEV),
+            CmError::NoRdmaDevice
+        );
         assert_eq!(
             os_error(Call::BindAddr, libc::ENODEV),
             CmError::Os {
@@ -178,7 +181,10 @@ mod tests {
     #[test]
     fn deadlines_are_always_bounded() {
         let now = Instant::now();
-        assert_eq!(deadline(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+        assert_eq!(
+            deadline(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
         let far = deadline(now, Duration::MAX);
         assert!(far > now);
     }
@@ -217,7 +223,13 @@ mod tests {
         let p = conn_param_from_conn(b"hello", [4, 5, 1, 7, 6, 1], 0x1234);
         assert_eq!(p.private_data.as_slice(), b"hello");
         assert_eq!(
-            (p.responder_resources, p.initiator_depth, p.flow_control, p.retry_count, p.rnr_retry_count),
+            (
+                p.responder_resources,
+                p.initiator_depth,
+                p.flow_control,
+                p.retry_count,
+                p.rnr_retry_count
+            ),
             (4, 5, 1, 7, 6)
         );
         assert!(p.srq);

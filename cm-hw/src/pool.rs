@@ -95,7 +95,10 @@ mod tests {
             Some((WcOpcode::Send, SlotUse { wr_id: 101, len: 6 }))
         );
         assert_eq!(p.release(u64::from(s1)), None, "released twice");
-        assert_eq!(p.release(u64::from(r)), Some((WcOpcode::Recv, SlotUse { wr_id: 200, len: 64 })));
+        assert_eq!(
+            p.release(u64::from(r)),
+            Some((WcOpcode::Recv, SlotUse { wr_id: 200, len: 64 }))
+        );
         assert_eq!(p.release(99), None, "not a slot");
         assert_eq!(p.release(u64::MAX), None);
         assert_eq!(p.take_send(103, 1), Some(1), "freed slot reused");

@@ -49,15 +49,6 @@ impl<T> Slab<T> {
         slot.value.as_ref()
     }
 
-    /// Mutable [`get`](Self::get).
-    pub(crate) fn get_mut(&mut self, index: u32, generation: u32) -> Option<&mut T> {
-        let slot = self.slots.get_mut(index as usize)?;
-        if slot.generation != generation {
-            return None;
-        }
-        slot.value.as_mut()
-    }
-
     /// The object at `index`, whatever its generation.
     pub(crate) fn at(&self, index: u32) -> Option<&T> {
         self.slots.get(index as usize)?.value.as_ref()
@@ -83,6 +74,30 @@ impl<T> Slab<T> {
         self.free.push(index);
         self.len -= 1;
         Some(value)
+    }
+
+    /// Hands the object at `index` (any generation) to `f`, which consumes it or gives it back
+    /// with an error; removed (generation moved on) only when `f` succeeds, left in place with
+    /// its generation otherwise. None for an empty slot.
+    pub(crate) fn take_with<R, E>(
+        &mut self,
+        index: u32,
+        f: impl FnOnce(T) -> Result<R, (T, E)>,
+    ) -> Option<Result<R, E>> {
+        let slot = self.slots.get_mut(index as usize)?;
+        let value = slot.value.take()?;
+        match f(value) {
+            Ok(r) => {
+                slot.generation = slot.generation.wrapping_add(1);
+                self.free.push(index);
+                self.len -= 1;
+                Some(Ok(r))
+            }
+            Err((value, e)) => {
+                slot.value = Some(value);
+                Some(Err(e))
+            }
+        }
     }
 
     /// How many objects are stored.
@@ -126,8 +141,16 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!(s.indices(), vec![0, 1]);
         assert_eq!(s.generation(c), Some(gc));
-        *s.get_mut(b, gb).unwrap() = "B";
+        *s.at_mut(b).unwrap() = "B";
         assert_eq!(s.at(b), Some(&"B"));
         assert_eq!(s.values().count(), 2);
+        assert_eq!(
+            s.take_with(b, |v| Err::<(), _>((v, "refused"))),
+            Some(Err("refused"))
+        );
+        assert_eq!(s.get(b, gb), Some(&"B"), "kept with its generation");
+        assert_eq!(s.take_with(b, Ok::<_, (&str, ())>), Some(Ok("B")));
+        assert_eq!(s.get(b, gb), None);
+        assert_eq!(s.len(), 1);
     }
 }

@@ -456,9 +456,7 @@ impl Event {
     /// listener's channel, the one the event came from). At most once per event; None for
     /// other events, or when `channel` is not the child's channel.
     pub(crate) fn take_child(&mut self, channel: &Channel) -> Option<Id> {
-        if self.child_taken
-            || self.event_type() != ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
-        {
+        if self.child_taken || self.event_type() != ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
             return None;
         }
         // SAFETY: the event is alive; for CONNECT_REQUEST `event->id` is the child librdmacm
@@ -631,7 +629,13 @@ impl Qp {
     /// `rdma_create_qp(id, pd, attr)` with that CQ for both queues and `caps`' counts; returns
     /// the QP and the caps librdmacm wrote back. `EINVAL` when the id has no device, already has
     /// a QP, or `pd` belongs to another device.
-    pub(crate) fn create(id: &Id, pd: &Pd, caps: &QpCaps, slots: u32, cqe: i32) -> Result<(Qp, GrantedCaps), Errno> {
+    pub(crate) fn create(
+        id: &Id,
+        pd: &Pd,
+        caps: &QpCaps,
+        slots: u32,
+        cqe: i32,
+    ) -> Result<(Qp, GrantedCaps), Errno> {
         if id.verbs() == 0 || id.verbs() != pd.context() || id.has_qp() {
             return Err(libc::EINVAL);
         }
@@ -642,7 +646,12 @@ impl Qp {
         // SAFETY: the PD is alive; the buffer is valid for `layout.size()` bytes and stays
         // allocated until the MR is deregistered (see `destroy`).
         let mr = unsafe {
-            ffi::ibv_reg_mr(pd.inner.ptr.as_ptr(), buf.ptr.as_ptr().cast(), buf.layout.size(), access)
+            ffi::ibv_reg_mr(
+                pd.inner.ptr.as_ptr(),
+                buf.ptr.as_ptr().cast(),
+                buf.layout.size(),
+                access,
+            )
         };
         let Some(mr) = NonNull::new(mr) else {
             let err = last_errno();
@@ -650,7 +659,15 @@ impl Qp {
             return Err(err);
         };
         // SAFETY: the context is the live id's device context; no completion channel.
-        let cq = unsafe { ffi::ibv_create_cq(pd.context() as *mut ffi::ibv_context, cqe, ptr::null_mut(), ptr::null_mut(), 0) };
+        let cq = unsafe {
+            ffi::ibv_create_cq(
+                pd.context() as *mut ffi::ibv_context,
+                cqe,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                0,
+            )
+        };
         let Some(cq) = NonNull::new(cq) else {
             let err = last_errno();
             undo_create(buf, Some(mr), None);

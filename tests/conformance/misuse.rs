@@ -37,11 +37,23 @@ fn destroy_id_with_unacked_events_is_refused_and_says_how_many() {
     b.resolve_route(id, WAIT).unwrap();
     let route_ev = b.get_cm_event(ch, WAIT).unwrap().expect("ROUTE_RESOLVED");
     let err = b.destroy_id(id).unwrap_err();
-    assert_eq!(err, CmError::UnackedEvents { call: Call::DestroyId, count: 2 });
+    assert_eq!(
+        err,
+        CmError::UnackedEvents {
+            call: Call::DestroyId,
+            count: 2
+        }
+    );
     assert_eq!(err.errno(), errno::EBUSY);
     assert_eq!(b.live_resources().unacked_events, 2);
     b.ack_cm_event(addr_ev).unwrap();
-    assert_err(b.destroy_id(id), CmError::UnackedEvents { call: Call::DestroyId, count: 1 });
+    assert_err(
+        b.destroy_id(id),
+        CmError::UnackedEvents {
+            call: Call::DestroyId,
+            count: 1,
+        },
+    );
     b.ack_cm_event(route_ev).unwrap();
     destroy_all(b, &[id], ch);
     assert_clean(&bed);
@@ -63,19 +75,45 @@ fn calls_in_the_wrong_state_name_the_call_and_the_state() {
     ];
     for (call, result) in cases {
         match result {
-            Err(CmError::WrongState { call: c, state: IdState::Idle, .. }) => assert_eq!(c, call),
+            Err(CmError::WrongState {
+                call: c,
+                state: IdState::Idle,
+                ..
+            }) => assert_eq!(c, call),
             other => panic!("{call}: expected WrongState in RDMA_CM_IDLE, got {other:?}"),
         }
     }
     let err = b.connect(id, &ConnParam::new()).unwrap_err();
     assert_eq!(err.errno(), errno::EINVAL);
-    assert!(err.to_string().starts_with("rdma_connect on an id in state RDMA_CM_IDLE"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("rdma_connect on an id in state RDMA_CM_IDLE"),
+        "{err}"
+    );
     // Resolution in progress: a second resolve, and route resolution before ADDR_RESOLVED was
     // retrieved, are both refused.
     b.resolve_addr(id, None, dst, WAIT).unwrap();
-    assert!(matches!(b.resolve_addr(id, None, dst, WAIT), Err(CmError::WrongState { state: IdState::AddrQuery, .. })));
-    assert!(matches!(b.resolve_route(id, WAIT), Err(CmError::WrongState { state: IdState::AddrQuery, .. })));
-    assert!(matches!(b.listen(id, 0), Err(CmError::WrongState { call: Call::Listen, .. })));
+    assert!(matches!(
+        b.resolve_addr(id, None, dst, WAIT),
+        Err(CmError::WrongState {
+            state: IdState::AddrQuery,
+            ..
+        })
+    ));
+    assert!(matches!(
+        b.resolve_route(id, WAIT),
+        Err(CmError::WrongState {
+            state: IdState::AddrQuery,
+            ..
+        })
+    ));
+    assert!(matches!(
+        b.listen(id, 0),
+        Err(CmError::WrongState {
+            call: Call::Listen,
+            ..
+        })
+    ));
     expect(b, ch, CmEventType::AddrResolved);
     destroy_all(b, &[id], ch);
     assert_clean(&bed);
@@ -100,10 +138,16 @@ fn create_qp_without_a_device_is_refused() {
     let b = &mut bed.client;
     let ch = b.create_event_channel().unwrap();
     let id = b.create_id(ch, PortSpace::Tcp).unwrap();
-    assert_err(b.create_qp(id, QpCaps::new()), CmError::NoDevice { call: Call::CreateQp });
+    assert_err(
+        b.create_qp(id, QpCaps::new()),
+        CmError::NoDevice { call: Call::CreateQp },
+    );
     // A wildcard bind attaches no device either.
     b.bind_addr(id, "0.0.0.0:0".parse().unwrap()).unwrap();
-    assert_err(b.create_qp(id, QpCaps::new()), CmError::NoDevice { call: Call::CreateQp });
+    assert_err(
+        b.create_qp(id, QpCaps::new()),
+        CmError::NoDevice { call: Call::CreateQp },
+    );
     destroy_all(b, &[id], ch);
     assert_clean(&bed);
 }
@@ -113,8 +157,16 @@ fn destroy_qp_and_accept_without_a_qp_are_refused() {
     let mut bed = bed!();
     let server = listen(&mut bed, 0);
     let client = resolved_client(&mut bed, server.addr, false);
-    assert_err(bed.client.destroy_qp(client.id), CmError::NoQp { call: Call::DestroyQp });
-    assert_err(bed.client.connect(client.id, &ConnParam::new()), CmError::NoQp { call: Call::Connect });
+    assert_err(
+        bed.client.destroy_qp(client.id),
+        CmError::NoQp {
+            call: Call::DestroyQp,
+        },
+    );
+    assert_err(
+        bed.client.connect(client.id, &ConnParam::new()),
+        CmError::NoQp { call: Call::Connect },
+    );
     bed.client.create_qp(client.id, QpCaps::new()).unwrap();
     bed.client.connect(client.id, &ConnParam::new()).unwrap();
     let child = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest).id;
@@ -133,9 +185,27 @@ fn accept_on_a_listener_and_a_second_accept_are_refused() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
     let s = &mut bed.server;
-    assert!(matches!(s.accept(conn.server.listener, &ConnParam::new()), Err(CmError::WrongState { call: Call::Accept, .. })));
-    assert!(matches!(s.accept(conn.child, &ConnParam::new()), Err(CmError::WrongState { call: Call::Accept, .. })));
-    assert!(matches!(s.reject(conn.child, &[]), Err(CmError::WrongState { call: Call::Reject, .. })));
+    assert!(matches!(
+        s.accept(conn.server.listener, &ConnParam::new()),
+        Err(CmError::WrongState {
+            call: Call::Accept,
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.accept(conn.child, &ConnParam::new()),
+        Err(CmError::WrongState {
+            call: Call::Accept,
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.reject(conn.child, &[]),
+        Err(CmError::WrongState {
+            call: Call::Reject,
+            ..
+        })
+    ));
     teardown(&mut bed, conn);
 }
 
@@ -147,11 +217,20 @@ fn use_after_destroy_is_an_unknown_handle() {
     let id = b.create_id(ch, PortSpace::Tcp).unwrap();
     b.destroy_id(id).unwrap();
     let err = b.destroy_id(id).unwrap_err();
-    assert_eq!(err, CmError::UnknownHandle { call: Call::DestroyId, kind: HandleKind::Id });
+    assert_eq!(
+        err,
+        CmError::UnknownHandle {
+            call: Call::DestroyId,
+            kind: HandleKind::Id
+        }
+    );
     assert_eq!(err.errno(), errno::ENOENT);
     assert_err(
         b.bind_addr(id, "0.0.0.0:0".parse().unwrap()),
-        CmError::UnknownHandle { call: Call::BindAddr, kind: HandleKind::Id },
+        CmError::UnknownHandle {
+            call: Call::BindAddr,
+            kind: HandleKind::Id,
+        },
     );
     // A new id may reuse the slot; the old handle still misses.
     let again = b.create_id(ch, PortSpace::Tcp).unwrap();
@@ -160,7 +239,16 @@ fn use_after_destroy_is_an_unknown_handle() {
     b.destroy_id(again).unwrap();
     b.destroy_event_channel(ch).unwrap();
     let err = b.create_id(ch, PortSpace::Tcp).unwrap_err();
-    assert_eq!((err.clone(), err.errno()), (CmError::UnknownHandle { call: Call::CreateId, kind: HandleKind::Channel }, errno::EBADF));
+    assert_eq!(
+        (err.clone(), err.errno()),
+        (
+            CmError::UnknownHandle {
+                call: Call::CreateId,
+                kind: HandleKind::Channel
+            },
+            errno::EBADF
+        )
+    );
     assert!(b.get_cm_event(ch, QUIET).is_err());
     assert_clean(&bed);
 }
@@ -171,8 +259,20 @@ fn handles_of_another_backend_are_unknown() {
     let sch = bed.server.create_event_channel().unwrap();
     let sid = bed.server.create_id(sch, PortSpace::Tcp).unwrap();
     let c = &mut bed.client;
-    assert_err(c.destroy_id(sid), CmError::UnknownHandle { call: Call::DestroyId, kind: HandleKind::Id });
-    assert_err(c.create_id(sch, PortSpace::Tcp), CmError::UnknownHandle { call: Call::CreateId, kind: HandleKind::Channel });
+    assert_err(
+        c.destroy_id(sid),
+        CmError::UnknownHandle {
+            call: Call::DestroyId,
+            kind: HandleKind::Id,
+        },
+    );
+    assert_err(
+        c.create_id(sch, PortSpace::Tcp),
+        CmError::UnknownHandle {
+            call: Call::CreateId,
+            kind: HandleKind::Channel,
+        },
+    );
     let forged = IdHandle::new(sid.owner().wrapping_add(1000), sid.index(), sid.generation());
     assert!(bed.server.destroy_id(forged).is_err());
     destroy_all(&mut bed.server, &[sid], sch);
@@ -187,7 +287,10 @@ fn destroy_event_channel_with_ids_on_it_is_refused() {
     let a = b.create_id(ch, PortSpace::Tcp).unwrap();
     let c = b.create_id(ch, PortSpace::Tcp).unwrap();
     let err = b.destroy_event_channel(ch).unwrap_err();
-    assert_eq!((err.clone(), err.errno()), (CmError::ChannelBusy { ids: 2 }, errno::EBUSY));
+    assert_eq!(
+        (err.clone(), err.errno()),
+        (CmError::ChannelBusy { ids: 2 }, errno::EBUSY)
+    );
     b.destroy_id(a).unwrap();
     assert_err(b.destroy_event_channel(ch), CmError::ChannelBusy { ids: 1 });
     destroy_all(b, &[c], ch);
@@ -209,7 +312,13 @@ fn an_event_can_only_be_acked_by_the_backend_that_gave_it() {
     // librdmacm, and the id can no longer be destroyed. Nothing else changed.
     let c = &mut bed.client;
     assert_eq!(c.id_machine(id).unwrap().unacked(), 1);
-    assert_err(c.destroy_id(id), CmError::UnackedEvents { call: Call::DestroyId, count: 1 });
+    assert_err(
+        c.destroy_id(id),
+        CmError::UnackedEvents {
+            call: Call::DestroyId,
+            count: 1,
+        },
+    );
     assert_err(c.destroy_event_channel(ch), CmError::ChannelBusy { ids: 1 });
 }
 
@@ -219,14 +328,36 @@ fn invalid_arguments_are_refused_with_einval() {
     let dst = bed.server_addr();
     let client = resolved_client(&mut bed, dst, false);
     let b = &mut bed.client;
-    let zero = QpCaps { max_send_wr: 0, ..QpCaps::new() };
+    let zero = QpCaps {
+        max_send_wr: 0,
+        ..QpCaps::new()
+    };
     let err = b.create_qp(client.id, zero).unwrap_err();
-    assert!(matches!(err, CmError::InvalidArgument { call: Call::CreateQp, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CmError::InvalidArgument {
+                call: Call::CreateQp,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let v6 = b.create_id(client.ch, PortSpace::Tcp).unwrap();
-    let err = b.resolve_addr(v6, Some(SocketAddr::new(bed.client_ip, 0)), "[::1]:1".parse().unwrap(), WAIT).unwrap_err();
+    let err = b
+        .resolve_addr(
+            v6,
+            Some(SocketAddr::new(bed.client_ip, 0)),
+            "[::1]:1".parse().unwrap(),
+            WAIT,
+        )
+        .unwrap_err();
     assert_eq!(err.errno(), errno::EINVAL, "{err}");
     let b = &mut bed.client;
-    let big = ConnParam { responder_resources: 0xFE, ..ConnParam::new() };
+    let big = ConnParam {
+        responder_resources: 0xFE,
+        ..ConnParam::new()
+    };
     b.create_qp(client.id, QpCaps::new()).unwrap();
     assert_eq!(b.connect(client.id, &big).unwrap_err().errno(), errno::EINVAL);
     destroy_all(b, &[client.id, v6], client.ch);

@@ -3,7 +3,10 @@
 
 use std::net::SocketAddr;
 
-use cm::core::{errno, CmBackend, CmError, CmEventType, ConnParam, IdState, PortSpace, QpCaps, QpState, WcOpcode, WcStatus};
+use cm::core::{
+    errno, CmBackend, CmError, CmEventType, ConnParam, IdState, PortSpace, QpCaps, QpState, WcOpcode,
+    WcStatus,
+};
 
 use crate::support::*;
 
@@ -18,15 +21,39 @@ fn bind_reports_addr_in_use_not_available_and_wrong_state() {
     b.bind_addr(first, addr).unwrap();
     assert_eq!(b.get_local_addr(first).unwrap(), Some(addr));
     let err = b.bind_addr(second, addr).unwrap_err();
-    assert_eq!((err.clone(), err.errno()), (CmError::AddrInUse { call: cm::core::Call::BindAddr }, errno::EADDRINUSE));
+    assert_eq!(
+        (err.clone(), err.errno()),
+        (
+            CmError::AddrInUse {
+                call: cm::core::Call::BindAddr
+            },
+            errno::EADDRINUSE
+        )
+    );
     let wildcard = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
     let err = b.bind_addr(second, wildcard).unwrap_err();
-    assert_eq!(err.errno(), errno::EADDRNOTAVAIL, "wildcard on a port bound to an address: {err}");
+    assert_eq!(
+        err.errno(),
+        errno::EADDRNOTAVAIL,
+        "wildcard on a port bound to an address: {err}"
+    );
     let not_local = SocketAddr::new(bed.unreachable_ip, 0);
-    assert_eq!(bed.server.bind_addr(second, not_local).unwrap_err().errno(), errno::EADDRNOTAVAIL);
+    assert_eq!(
+        bed.server.bind_addr(second, not_local).unwrap_err().errno(),
+        errno::EADDRNOTAVAIL
+    );
     let b = &mut bed.server;
     let err = b.bind_addr(first, addr).unwrap_err();
-    assert!(matches!(err, CmError::WrongState { state: IdState::AddrBound, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CmError::WrongState {
+                state: IdState::AddrBound,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(err.errno(), errno::EINVAL);
     // Port 0 picks a free port.
     b.bind_addr(second, SocketAddr::new(addr.ip(), 0)).unwrap();
@@ -45,7 +72,10 @@ fn resolve_addr_and_route_deliver_their_events() {
     assert_eq!(m.state(), IdState::RouteResolved);
     assert!(m.has_device());
     assert_eq!(bed.client.get_peer_addr(client.id).unwrap(), Some(dst));
-    assert_eq!(bed.client.get_local_addr(client.id).unwrap().map(|a| a.ip()), Some(bed.client_ip));
+    assert_eq!(
+        bed.client.get_local_addr(client.id).unwrap().map(|a| a.ip()),
+        Some(bed.client_ip)
+    );
     destroy_all(&mut bed.client, &[client.id], client.ch);
     assert_clean(&bed);
 }
@@ -58,7 +88,8 @@ fn resolve_addr_to_an_address_nobody_has_times_out() {
     let b = &mut bed.client;
     let ch = b.create_event_channel().unwrap();
     let id = b.create_id(ch, PortSpace::Tcp).unwrap();
-    b.resolve_addr(id, Some(src), dst, std::time::Duration::from_millis(500)).unwrap();
+    b.resolve_addr(id, Some(src), dst, std::time::Duration::from_millis(500))
+        .unwrap();
     let ev = expect(b, ch, CmEventType::AddrError);
     assert_eq!(ev.status, -errno::ETIMEDOUT);
     // Back in ADDR_BOUND: resolution may be retried.
@@ -86,33 +117,52 @@ fn connect_accept_establishes_active_side_first() {
     let mut bed = bed!();
     let server = listen(&mut bed, 0);
     let client = resolved_client(&mut bed, server.addr, true);
-    bed.client.connect(client.id, &ConnParam::new().with_private_data(b"hello")).unwrap();
+    bed.client
+        .connect(client.id, &ConnParam::new().with_private_data(b"hello"))
+        .unwrap();
 
     let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
     assert_eq!(req.listen_id, Some(server.listener));
     assert_ne!(req.id, server.listener, "the request comes with a new child id");
     assert_eq!(req.status, 0);
-    assert_eq!(req.private_data.len(), 56, "connect private data is padded to 56 bytes");
+    assert_eq!(
+        req.private_data.len(),
+        56,
+        "connect private data is padded to 56 bytes"
+    );
     assert_eq!(&req.private_data[..5], b"hello");
     assert!(req.private_data[5..].iter().all(|&b| b == 0));
     let child = req.id;
     assert_eq!(bed.server.id_machine(child).unwrap().state(), IdState::Connect);
 
     bed.server.create_qp(child, QpCaps::new()).unwrap();
-    bed.server.accept(child, &ConnParam::new().with_private_data(b"welcome")).unwrap();
+    bed.server
+        .accept(child, &ConnParam::new().with_private_data(b"welcome"))
+        .unwrap();
     assert_eq!(bed.server.id_machine(child).unwrap().qp(), Some(QpState::Rts));
     // The passive side's ESTABLISHED needs the RTU, which librdmacm sends when the active side
     // retrieves its own ESTABLISHED: nothing can arrive on the server before that.
     expect_quiet(&mut bed.server, server.ch);
     let est = expect(&mut bed.client, client.ch, CmEventType::Established);
     assert_eq!(est.status, 0);
-    assert_eq!(est.private_data.len(), 196, "accept private data is padded to 196 bytes");
+    assert_eq!(
+        est.private_data.len(),
+        196,
+        "accept private data is padded to 196 bytes"
+    );
     assert_eq!(&est.private_data[..7], b"welcome");
     assert_eq!(bed.client.id_machine(client.id).unwrap().qp(), Some(QpState::Rts));
     let est = expect(&mut bed.server, server.ch, CmEventType::Established);
     assert_eq!(est.id, child);
     assert!(est.private_data.is_empty());
-    teardown(&mut bed, Conn { server, client, child });
+    teardown(
+        &mut bed,
+        Conn {
+            server,
+            client,
+            child,
+        },
+    );
 }
 
 #[test]
@@ -125,12 +175,19 @@ fn reject_delivers_rejected_with_status_28_and_private_data() {
     bed.server.reject(child, b"connection rejected").unwrap();
     let rej = expect(&mut bed.client, client.ch, CmEventType::Rejected);
     assert_eq!(rej.status, 28);
-    assert_eq!(rej.private_data.len(), 148, "reject private data is padded to 148 bytes");
+    assert_eq!(
+        rej.private_data.len(),
+        148,
+        "reject private data is padded to 148 bytes"
+    );
     assert_eq!(&rej.private_data[..19], b"connection rejected");
     // librdmacm moves the QP to ERR on REJECTED; the id stays in CONNECT and cannot reconnect.
     let m = bed.client.id_machine(client.id).unwrap();
     assert_eq!((m.state(), m.qp()), (IdState::Connect, Some(QpState::Err)));
-    assert!(matches!(bed.client.connect(client.id, &ConnParam::new()), Err(CmError::WrongState { .. })));
+    assert!(matches!(
+        bed.client.connect(client.id, &ConnParam::new()),
+        Err(CmError::WrongState { .. })
+    ));
     // A rejected child gets no events; it must still be destroyed.
     expect_quiet(&mut bed.server, server.ch);
     destroy_all(&mut bed.client, &[client.id], client.ch);
@@ -161,9 +218,16 @@ fn disconnect_flushes_posted_work_and_disconnects_both_sides() {
     c.post_send(conn.client.id, 3, b"never received").unwrap();
     c.post_recv(conn.client.id, 4, 64).unwrap();
     c.disconnect(conn.client.id).unwrap();
-    assert_eq!(c.id_machine(conn.client.id).unwrap().qp(), Some(QpState::Err), "QP to ERR at once");
+    assert_eq!(
+        c.id_machine(conn.client.id).unwrap().qp(),
+        Some(QpState::Err),
+        "QP to ERR at once"
+    );
     let flushed = completions(c, conn.client.id, 4);
-    let got: Vec<_> = flushed.iter().map(|wc| (wc.wr_id, wc.opcode, wc.status)).collect();
+    let got: Vec<_> = flushed
+        .iter()
+        .map(|wc| (wc.wr_id, wc.opcode, wc.status))
+        .collect();
     assert_eq!(
         got,
         [
@@ -175,7 +239,11 @@ fn disconnect_flushes_posted_work_and_disconnects_both_sides() {
         "every posted work request completes once, flushed, in posting order"
     );
     let mut more = Vec::new();
-    assert_eq!(c.poll_cq(conn.client.id, &mut more, 8, QUIET).unwrap(), 0, "exactly once");
+    assert_eq!(
+        c.poll_cq(conn.client.id, &mut more, 8, QUIET).unwrap(),
+        0,
+        "exactly once"
+    );
     // Posting in ERR completes at once, flushed.
     c.post_recv(conn.client.id, 5, 64).unwrap();
     let late = completions(c, conn.client.id, 1);
@@ -185,18 +253,29 @@ fn disconnect_flushes_posted_work_and_disconnects_both_sides() {
     let d = expect(&mut bed.server, conn.server.ch, CmEventType::Disconnected);
     assert_eq!((d.id, d.status), (conn.child, 0));
     expect_quiet(&mut bed.client, conn.client.ch);
-    assert_eq!(bed.server.id_machine(conn.child).unwrap().qp(), Some(QpState::Rts), "receiving DREQ leaves the QP");
+    assert_eq!(
+        bed.server.id_machine(conn.child).unwrap().qp(),
+        Some(QpState::Rts),
+        "receiving DREQ leaves the QP"
+    );
     bed.server.disconnect(conn.child).unwrap();
     let d = expect(&mut bed.client, conn.client.ch, CmEventType::Disconnected);
     assert_eq!(d.status, 0);
-    assert_eq!(bed.client.id_machine(conn.client.id).unwrap().state(), IdState::Disconnect);
+    assert_eq!(
+        bed.client.id_machine(conn.client.id).unwrap().state(),
+        IdState::Disconnect
+    );
     // A second disconnect is harmless.
     bed.client.disconnect(conn.client.id).unwrap();
     // TIMEWAIT_EXIT follows on both sides.
     expect(&mut bed.client, conn.client.ch, CmEventType::TimewaitExit);
     expect(&mut bed.server, conn.server.ch, CmEventType::TimewaitExit);
     destroy_all(&mut bed.client, &[conn.client.id], conn.client.ch);
-    destroy_all(&mut bed.server, &[conn.child, conn.server.listener], conn.server.ch);
+    destroy_all(
+        &mut bed.server,
+        &[conn.child, conn.server.listener],
+        conn.server.ch,
+    );
     assert_clean(&bed);
 }
 
@@ -226,7 +305,11 @@ fn destroying_a_connected_id_disconnects_the_peer() {
     assert_eq!((d.id, d.status), (conn.child, 0));
     bed.client.destroy_event_channel(conn.client.ch).unwrap();
     bed.server.disconnect(conn.child).unwrap();
-    destroy_all(&mut bed.server, &[conn.child, conn.server.listener], conn.server.ch);
+    destroy_all(
+        &mut bed.server,
+        &[conn.child, conn.server.listener],
+        conn.server.ch,
+    );
     assert_clean(&bed);
 }
 
@@ -270,7 +353,13 @@ fn connect_request_counts_against_the_listener() {
     // Unacked, the request blocks the listener's destroy (librdmacm would hang), not the child's.
     assert_eq!(s.id_machine(server.listener).unwrap().unacked(), 1);
     assert_eq!(s.id_machine(child).unwrap().unacked(), 0);
-    assert_err(s.destroy_id(server.listener), CmError::UnackedEvents { call: cm::core::Call::DestroyId, count: 1 });
+    assert_err(
+        s.destroy_id(server.listener),
+        CmError::UnackedEvents {
+            call: cm::core::Call::DestroyId,
+            count: 1,
+        },
+    );
     assert_eq!(s.live_resources().unacked_events, 1);
     s.destroy_id(child).unwrap();
     s.ack_cm_event(ev).unwrap();
@@ -288,11 +377,19 @@ fn send_lands_in_the_peer_receive_with_its_length() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
     bed.server.post_recv(conn.child, 10, 128).unwrap();
-    bed.client.post_send(conn.client.id, 20, b"ping over rdma").unwrap();
+    bed.client
+        .post_send(conn.client.id, 20, b"ping over rdma")
+        .unwrap();
     let sent = completions(&mut bed.client, conn.client.id, 1);
-    assert_eq!((sent[0].wr_id, sent[0].opcode, sent[0].status), (20, WcOpcode::Send, WcStatus::Success));
+    assert_eq!(
+        (sent[0].wr_id, sent[0].opcode, sent[0].status),
+        (20, WcOpcode::Send, WcStatus::Success)
+    );
     let got = completions(&mut bed.server, conn.child, 1);
-    assert_eq!((got[0].wr_id, got[0].opcode, got[0].status), (10, WcOpcode::Recv, WcStatus::Success));
+    assert_eq!(
+        (got[0].wr_id, got[0].opcode, got[0].status),
+        (10, WcOpcode::Recv, WcStatus::Success)
+    );
     assert_eq!(got[0].byte_len, 14);
     assert_eq!(got[0].data, b"ping over rdma");
     // A send waits for the receive that is posted after it.
@@ -314,16 +411,30 @@ fn qp_state_rules_on_the_data_path() {
     b.post_recv(client.id, 1, 64).unwrap();
     assert_err(
         b.post_send(client.id, 2, b"x"),
-        CmError::WrongQpState { call: cm::core::Call::PostSend, state: QpState::Init },
+        CmError::WrongQpState {
+            call: cm::core::Call::PostSend,
+            state: QpState::Init,
+        },
     );
     let too_long = QpCaps::new().max_message_size + 1;
-    assert_eq!(b.post_recv(client.id, 3, too_long).unwrap_err().errno(), errno::EINVAL);
+    assert_eq!(
+        b.post_recv(client.id, 3, too_long).unwrap_err().errno(),
+        errno::EINVAL
+    );
     for wr in 0..QpCaps::new().max_recv_wr - 1 {
         b.post_recv(client.id, 100 + u64::from(wr), 64).unwrap();
     }
-    assert!(matches!(b.post_recv(client.id, 4, 64), Err(CmError::QueueFull { .. })));
+    assert!(matches!(
+        b.post_recv(client.id, 4, 64),
+        Err(CmError::QueueFull { .. })
+    ));
     b.destroy_qp(client.id).unwrap();
-    assert_err(b.post_recv(client.id, 5, 64), CmError::NoQp { call: cm::core::Call::PostRecv });
+    assert_err(
+        b.post_recv(client.id, 5, 64),
+        CmError::NoQp {
+            call: cm::core::Call::PostRecv,
+        },
+    );
     destroy_all(b, &[client.id], client.ch);
     assert_clean(&bed);
 }
@@ -334,18 +445,36 @@ fn private_data_longer_than_the_port_space_allows_is_refused() {
     let server = listen(&mut bed, 0);
     let client = resolved_client(&mut bed, server.addr, true);
     assert_err(
-        bed.client.connect(client.id, &ConnParam::new().with_private_data(&[7; 57])),
-        CmError::PrivateDataTooLong { call: cm::core::Call::Connect, len: 57, max: 56 },
+        bed.client
+            .connect(client.id, &ConnParam::new().with_private_data(&[7; 57])),
+        CmError::PrivateDataTooLong {
+            call: cm::core::Call::Connect,
+            len: 57,
+            max: 56,
+        },
     );
-    bed.client.connect(client.id, &ConnParam::new().with_private_data(&[7; 56])).unwrap();
+    bed.client
+        .connect(client.id, &ConnParam::new().with_private_data(&[7; 56]))
+        .unwrap();
     let child = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest).id;
     let s = &mut bed.server;
     s.create_qp(child, QpCaps::new()).unwrap();
     assert_err(
         s.accept(child, &ConnParam::new().with_private_data(&[1; 197])),
-        CmError::PrivateDataTooLong { call: cm::core::Call::Accept, len: 197, max: 196 },
+        CmError::PrivateDataTooLong {
+            call: cm::core::Call::Accept,
+            len: 197,
+            max: 196,
+        },
     );
-    assert_err(s.reject(child, &[1; 149]), CmError::PrivateDataTooLong { call: cm::core::Call::Reject, len: 149, max: 148 });
+    assert_err(
+        s.reject(child, &[1; 149]),
+        CmError::PrivateDataTooLong {
+            call: cm::core::Call::Reject,
+            len: 149,
+            max: 148,
+        },
+    );
     s.reject(child, &[1; 148]).unwrap();
     let rej = expect(&mut bed.client, client.ch, CmEventType::Rejected);
     assert_eq!(rej.private_data, vec![1; 148]);
@@ -393,8 +522,13 @@ fn datagram_port_space_resolves_a_service_without_a_connection() {
     c.resolve_route(id, WAIT).unwrap();
     expect(c, cch, CmEventType::RouteResolved);
     c.create_qp(id, QpCaps::new()).unwrap();
-    assert_eq!(c.id_machine(id).unwrap().qp(), Some(QpState::Rts), "UD QPs are ready at once");
-    c.connect(id, &ConnParam::new().with_private_data(b"sidr")).unwrap();
+    assert_eq!(
+        c.id_machine(id).unwrap().qp(),
+        Some(QpState::Rts),
+        "UD QPs are ready at once"
+    );
+    c.connect(id, &ConnParam::new().with_private_data(b"sidr"))
+        .unwrap();
     let req = expect(&mut bed.server, sch, CmEventType::ConnectRequest);
     assert_eq!(req.private_data.len(), 180);
     let s = &mut bed.server;

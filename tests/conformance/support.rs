@@ -10,7 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use cm::core::{
-    ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps, WorkCompletion,
+    ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps,
+    WorkCompletion,
 };
 
 /// How long a test waits for an event that must come. Virtual time on the simulator; on
@@ -27,14 +28,37 @@ pub struct Bed<B: CmBackend> {
     pub client_ip: IpAddr,
     /// An address no host answers for (resolution must time out).
     pub unreachable_ip: IpAddr,
+    first_port: u16,
     next_port: u16,
     /// Printed if the test fails (the simulator's `reproduce with CM_SIM_SEED=...` line).
     pub repro: String,
 }
 
 impl<B: CmBackend> Bed<B> {
-    pub fn new(server: B, client: B, server_ip: IpAddr, client_ip: IpAddr, unreachable_ip: IpAddr, first_port: u16, repro: String) -> Self {
-        Bed { server, client, server_ip, client_ip, unreachable_ip, next_port: first_port, repro }
+    pub fn new(
+        server: B,
+        client: B,
+        server_ip: IpAddr,
+        client_ip: IpAddr,
+        unreachable_ip: IpAddr,
+        first_port: u16,
+        repro: String,
+    ) -> Self {
+        Bed {
+            server,
+            client,
+            server_ip,
+            client_ip,
+            unreachable_ip,
+            first_port,
+            next_port: first_port,
+            repro,
+        }
+    }
+
+    /// The first port of this bed's range (property tests bind base + 1..=3).
+    pub fn base_port(&self) -> u16 {
+        self.first_port
     }
 
     /// A port no other test of this process uses.
@@ -94,7 +118,10 @@ pub fn next_event<B: CmBackend>(b: &mut B, ch: ChannelHandle, timeout: Duration)
 pub fn expect<B: CmBackend>(b: &mut B, ch: ChannelHandle, ty: CmEventType) -> Seen {
     match next_event(b, ch, WAIT) {
         Some(seen) if seen.event == ty => seen,
-        Some(seen) => panic!("expected {ty}, got {} (status {}) on {}", seen.event, seen.status, seen.id),
+        Some(seen) => panic!(
+            "expected {ty}, got {} (status {}) on {}",
+            seen.event, seen.status, seen.id
+        ),
         None => panic!("expected {ty}, got nothing within {WAIT:?}"),
     }
 }
@@ -103,7 +130,10 @@ pub fn expect<B: CmBackend>(b: &mut B, ch: ChannelHandle, ty: CmEventType) -> Se
 #[track_caller]
 pub fn expect_quiet<B: CmBackend>(b: &mut B, ch: ChannelHandle) {
     if let Some(seen) = next_event(b, ch, QUIET) {
-        panic!("expected no event, got {} (status {}) on {}", seen.event, seen.status, seen.id);
+        panic!(
+            "expected no event, got {} (status {}) on {}",
+            seen.event, seen.status, seen.id
+        );
     }
 }
 
@@ -159,11 +189,17 @@ pub fn establish<B: CmBackend>(bed: &mut Bed<B>) -> Conn {
     bed.client.connect(client.id, &ConnParam::new()).expect("connect");
     let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
     let child = req.id;
-    bed.server.create_qp(child, QpCaps::new()).expect("create_qp (server)");
+    bed.server
+        .create_qp(child, QpCaps::new())
+        .expect("create_qp (server)");
     bed.server.accept(child, &ConnParam::new()).expect("accept");
     expect(&mut bed.client, client.ch, CmEventType::Established);
     expect(&mut bed.server, server.ch, CmEventType::Established);
-    Conn { server, client, child }
+    Conn {
+        server,
+        client,
+        child,
+    }
 }
 
 /// Destroys whatever QP and id are given, then the channel; every event must be acked already.
@@ -184,7 +220,11 @@ pub fn teardown<B: CmBackend>(bed: &mut Bed<B>, conn: Conn) {
     bed.server.disconnect(conn.child).expect("server disconnect");
     expect(&mut bed.client, conn.client.ch, CmEventType::Disconnected);
     destroy_all(&mut bed.client, &[conn.client.id], conn.client.ch);
-    destroy_all(&mut bed.server, &[conn.child, conn.server.listener], conn.server.ch);
+    destroy_all(
+        &mut bed.server,
+        &[conn.child, conn.server.listener],
+        conn.server.ch,
+    );
     assert_clean(bed);
 }
 

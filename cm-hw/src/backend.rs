@@ -1,0 +1,817 @@
+//! [`HwBackend`]: the `CmBackend` over the real librdmacm.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cm_core::{
+    next_backend_tag, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
+    IdHandle, IdMachine, LiveResources, PortSpace, QpCaps, Result, Role, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::convert::{self, os_error};
+use crate::pool::SlotPool;
+use crate::slab::Slab;
+use crate::sys::{self, Errno};
+
+/// The most memory one QP's message buffers may take (they are pinned by `ibv_reg_mr`).
+pub const MAX_QP_BUFFER_BYTES: u64 = 1 << 30;
+
+/// One event channel.
+struct ChannelEntry {
+    raw: sys::Channel,
+    /// Events retrieved from the channel and not acked.
+    unacked: u32,
+}
+
+/// One id.
+struct IdEntry {
+    raw: sys::Id,
+    /// Slab index of the channel the id is on.
+    channel: u32,
+    machine: IdMachine,
+    /// Events retrieved for this id that its machine refused as illegal (see
+    /// [`HwBackend`]'s docs): delivered and counted here instead.
+    strays: u32,
+    qp: Option<QpEntry>,
+}
+
+/// The QP of an id with its slot bookkeeping.
+struct QpEntry {
+    raw: sys::Qp,
+    pool: SlotPool,
+    max_message_size: u32,
+}
+
+/// One retrieved, unacked event.
+struct Outstanding {
+    raw: sys::Event,
+    id: IdHandle,
+    ty: CmEventType,
+    /// Slab index of the id the event counts against.
+    counted: u32,
+    channel: u32,
+    /// Whether the counted id's machine counted it (false: counted in `strays`).
+    in_machine: bool,
+}
+
+/// The hardware backend: every `CmBackend` call checked against the id's [`IdMachine`] and this
+/// backend's bookkeeping, then made on the real librdmacm.
+///
+/// * Construction is cheap and touches no device; the first
+///   [`create_event_channel`](CmBackend::create_event_channel) does, and fails with
+///   [`CmError::NoRdmaDevice`] on a machine without RDMA. [`probe`](crate::probe) asks first.
+/// * Misuse that librdmacm turns into a hang, a crash or a leak is refused before librdmacm is
+///   called, with the same [`CmError`] the simulator returns (the `IdMachine` decides). librdmacm's
+///   own failures are [`CmError::Os`], except `EADDRINUSE` ([`CmError::AddrInUse`]) and
+///   `EADDRNOTAVAIL` ([`CmError::AddrNotAvailable`]).
+/// * Nothing blocks without a bound: channel fds are non-blocking and waited on with `poll(2)`;
+///   completion queues are polled, yielding and then sleeping briefly, until the timeout.
+/// * Each QP gets its own completion queue (for sends and receives, so completions come back in
+///   completion order) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
+///   `max_message_size` bytes, on a protection domain the backend owns per device context (made
+///   with the first QP on the device, freed with the last).
+/// * Dropping the backend releases everything in librdmacm's order: acks every held event,
+///   destroys QPs (with their CQs and buffers), the protection domains, ids (child ids first),
+///   then channels.
+///
+/// Event bookkeeping follows the simulator: an event moves the machine of the id it counts
+/// against ([`CmEvent::counted_id`]: the listener for `CONNECT_REQUEST`) when it is retrieved,
+/// and [`IdMachine::on_ack`] releases it. A real event the machine calls illegal (for instance
+/// `UNREACHABLE` that newer kernels send after a connection was established) is still delivered
+/// — a real event is never hidden — and still blocks `destroy_id` until acked, but leaves the
+/// machine's state unchanged (except that `REJECTED` moves the QP to ERR, as librdmacm does), so
+/// the machine's [`unacked`](IdMachine::unacked) count does not include it.
+///
+/// The backend is single-threaded (`&mut self` everywhere) and not `Send`.
+pub struct HwBackend {
+    tag: u32,
+    channels: Slab<ChannelEntry>,
+    ids: Slab<IdEntry>,
+    /// `rdma_cm_id` address → id slab index.
+    by_addr: HashMap<usize, u32>,
+    /// `ibv_context` address → the backend's protection domain on it.
+    pds: HashMap<usize, sys::Pd>,
+    /// Token → retrieved event (ordered, so teardown acks in retrieval order).
+    events: BTreeMap<u64, Outstanding>,
+    next_seq: u64,
+    qps: usize,
+}
+
+impl std::fmt::Debug for HwBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HwBackend")
+            .field("tag", &self.tag)
+            .field("live", &self.live_resources())
+            .finish()
+    }
+}
+
+impl HwBackend {
+    /// A backend with nothing open yet; needs no device (the first channel does).
+    pub fn new() -> Result<HwBackend> {
+        Ok(HwBackend {
+            tag: next_backend_tag(),
+            channels: Slab::new(),
+            ids: Slab::new(),
+            by_addr: HashMap::new(),
+            pds: HashMap::new(),
+            events: BTreeMap::new(),
+            next_seq: 1,
+            qps: 0,
+        })
+    }
+
+    /// Same as [`crate::probe`]: whether an RDMA device answers.
+    pub fn probe() -> Result<()> {
+        crate::probe()
+    }
+
+    fn channel_index(&self, call: Call, h: ChannelHandle) -> Result<u32> {
+        if h.owner() == self.tag && self.channels.get(h.index(), h.generation()).is_some() {
+            Ok(h.index())
+        } else {
+            Err(CmError::UnknownHandle {
+                call,
+                kind: HandleKind::Channel,
+            })
+        }
+    }
+
+    fn id_index(&self, call: Call, h: IdHandle) -> Result<u32> {
+        if h.owner() == self.tag && self.ids.get(h.index(), h.generation()).is_some() {
+            Ok(h.index())
+        } else {
+            Err(CmError::UnknownHandle {
+                call,
+                kind: HandleKind::Id,
+            })
+        }
+    }
+
+    /// The entry of a checked id.
+    fn id(&mut self, call: Call, h: IdHandle) -> Result<&mut IdEntry> {
+        let index = self.id_index(call, h)?;
+        Ok(self.ids.at_mut(index).expect("checked"))
+    }
+
+    fn id_handle(&self, index: u32) -> IdHandle {
+        IdHandle::new(self.tag, index, self.ids.generation(index).expect("live id"))
+    }
+
+    fn register_id(&mut self, raw: sys::Id, channel: u32, machine: IdMachine) -> u32 {
+        let addr = raw.addr();
+        let (index, _) = self.ids.insert(IdEntry {
+            raw,
+            channel,
+            machine,
+            strays: 0,
+            qp: None,
+        });
+        self.by_addr.insert(addr, index);
+        index
+    }
+
+    /// Acks an event the backend does not hand out (unknown type or id), destroying the child a
+    /// `CONNECT_REQUEST` brought (its request is then never seen by anyone).
+    fn discard(&mut self, channel: u32, mut raw: sys::Event) {
+        if let Some(ch) = self.channels.at(channel) {
+            if let Some(child) = raw.take_child(&ch.raw) {
+                // A fresh child has no events and no QP: destroying it cannot block.
+                let _ = child.destroy();
+            }
+        }
+        let _ = raw.ack();
+    }
+
+    /// Turns a retrieved event into a `CmEvent` and records it; None when it was discarded.
+    fn admit(&mut self, channel: u32, mut raw: sys::Event) -> Option<CmEvent> {
+        let Some(ty) = CmEventType::from_raw(raw.event_type()) else {
+            self.discard(channel, raw);
+            return None;
+        };
+        let counted = match self.by_addr.get(&raw.counted_addr()) {
+            Some(&i) if self.ids.at(i).is_some_and(|e| e.channel == channel) => i,
+            _ => {
+                self.discard(channel, raw);
+                return None;
+            }
+        };
+        let ps = self.ids.at(counted).expect("live").machine.port_space();
+        let (id_index, listen) = if ty == CmEventType::ConnectRequest {
+            let ch = &self.channels.at(channel).expect("live channel").raw;
+            let Some(child) = raw.take_child(ch) else {
+                self.discard(channel, raw);
+                return None;
+            };
+            let child = self.register_id(child, channel, IdMachine::new_child(ps));
+            (child, Some(counted))
+        } else {
+            (counted, None)
+        };
+        let data = raw.data(!ps.is_connected());
+        let entry = self.ids.at_mut(counted).expect("live");
+        let bound = raw.bind(&entry.raw);
+        debug_assert!(bound, "the counted id is the one looked up by address");
+        let in_machine = match entry.machine.on_event(ty) {
+            Ok(next) => {
+                entry.machine = next;
+                true
+            }
+            Err(_illegal) => {
+                entry.strays += 1;
+                if ty == CmEventType::Rejected {
+                    entry.machine = entry.machine.qp_error();
+                }
+                false
+            }
+        };
+        self.channels.at_mut(channel).expect("live channel").unacked += 1;
+        let token = convert::event_token(self.tag, self.next_seq);
+        self.next_seq += 1;
+        let id = self.id_handle(id_index);
+        let listen_id = listen.map(|l| self.id_handle(l));
+        self.events.insert(
+            token,
+            Outstanding {
+                raw,
+                id,
+                ty,
+                counted,
+                channel,
+                in_machine,
+            },
+        );
+        Some(CmEvent::new(id, listen_id, ty, data.status, data.param, token))
+    }
+
+    /// Deallocates the PD on `context` if no QP uses it any more, with the id at `witness` (on
+    /// that device) proving the context is open. A failure keeps the PD for a later try.
+    fn release_pd(&mut self, context: usize, witness: u32) {
+        match self.pds.get(&context) {
+            Some(pd) if pd.users() == 0 => {}
+            _ => return,
+        }
+        let (Some(pd), Some(w)) = (self.pds.remove(&context), self.ids.at(witness)) else {
+            return;
+        };
+        if let Err((pd, _)) = pd.dealloc(&w.raw) {
+            self.pds.insert(context, pd);
+        }
+    }
+}
+
+/// `EAGAIN` (= `EWOULDBLOCK` on Linux).
+fn would_block(e: Errno) -> bool {
+    e == libc::EAGAIN || e == libc::EWOULDBLOCK
+}
+
+/// Waits a little before polling a completion queue again: yields for the first rounds, then
+/// sleeps 50 µs doubling to 1.6 ms, never past `deadline`.
+fn pause(round: u32, deadline: Instant) {
+    if round < 64 {
+        std::thread::yield_now();
+        return;
+    }
+    let step = Duration::from_micros(50 << (round - 64).min(5));
+    let left = deadline.saturating_duration_since(Instant::now());
+    std::thread::sleep(step.min(left));
+}
+
+impl CmBackend for HwBackend {
+    fn create_event_channel(&mut self) -> Result<ChannelHandle> {
+        let raw = sys::Channel::create().map_err(|e| os_error(Call::CreateEventChannel, e))?;
+        let (index, generation) = self.channels.insert(ChannelEntry { raw, unacked: 0 });
+        Ok(ChannelHandle::new(self.tag, index, generation))
+    }
+
+    fn destroy_event_channel(&mut self, channel: ChannelHandle) -> Result<()> {
+        let index = self.channel_index(Call::DestroyEventChannel, channel)?;
+        let entry = self.channels.at(index).expect("checked");
+        if entry.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                call: Call::DestroyEventChannel,
+                count: entry.unacked,
+            });
+        }
+        let ids = entry.raw.ids();
+        if ids > 0 {
+            return Err(CmError::ChannelBusy {
+                ids: u32::try_from(ids).unwrap_or(u32::MAX),
+            });
+        }
+        let entry = self.channels.take(index).expect("checked");
+        // No id holds the channel (checked), so this is not refused.
+        let _ = entry.raw.destroy();
+        Ok(())
+    }
+
+    fn create_id(&mut self, channel: ChannelHandle, ps: PortSpace) -> Result<IdHandle> {
+        let ch = self.channel_index(Call::CreateId, channel)?;
+        let raw = sys::Id::create(&self.channels.at(ch).expect("checked").raw, ps.raw())
+            .map_err(|e| os_error(Call::CreateId, e))?;
+        let index = self.register_id(raw, ch, IdMachine::new(ps));
+        Ok(self.id_handle(index))
+    }
+
+    // The entry travels back through `take_with` once, when librdmacm refuses: its size is no
+    // concern there.
+    #[allow(clippy::result_large_err)]
+    fn destroy_id(&mut self, id: IdHandle) -> Result<()> {
+        let index = self.id_index(Call::DestroyId, id)?;
+        let entry = self.ids.at(index).expect("checked");
+        match entry.machine.destroy() {
+            Ok(_) if entry.strays > 0 => {
+                return Err(CmError::UnackedEvents {
+                    call: Call::DestroyId,
+                    count: entry.strays,
+                })
+            }
+            Ok(_) => {}
+            Err(CmError::UnackedEvents { call, count }) => {
+                return Err(CmError::UnackedEvents {
+                    call,
+                    count: count + entry.strays,
+                })
+            }
+            Err(e) => return Err(e),
+        }
+        if entry.qp.is_some() || entry.raw.has_qp() {
+            return Err(CmError::QpAttached);
+        }
+        let addr = entry.raw.addr();
+        let destroyed = self.ids.take_with(index, |entry| {
+            let IdEntry {
+                raw,
+                channel,
+                machine,
+                strays,
+                qp,
+            } = entry;
+            raw.destroy().map_err(|(raw, errno)| {
+                // librdmacm kept the id: so does the backend, under the same handle.
+                let entry = IdEntry {
+                    raw,
+                    channel,
+                    machine,
+                    strays,
+                    qp,
+                };
+                (entry, errno)
+            })
+        });
+        match destroyed.expect("checked") {
+            Ok(()) => {
+                self.by_addr.remove(&addr);
+                Ok(())
+            }
+            Err(errno) => Err(os_error(Call::DestroyId, errno)),
+        }
+    }
+
+    fn bind_addr(&mut self, id: IdHandle, addr: SocketAddr) -> Result<()> {
+        let e = self.id(Call::BindAddr, id)?;
+        e.machine.bind_addr(false)?;
+        e.raw
+            .bind_addr(&addr)
+            .map_err(|err| os_error(Call::BindAddr, err))?;
+        // Whether the id got a device is what librdmacm says (a wildcard or loopback bind has none).
+        e.machine = e.machine.bind_addr(e.raw.verbs() == 0)?;
+        Ok(())
+    }
+
+    fn resolve_addr(
+        &mut self,
+        id: IdHandle,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let e = self.id(Call::ResolveAddr, id)?;
+        let next = e.machine.resolve_addr()?;
+        e.raw
+            .resolve_addr(src.as_ref(), &dst, convert::millis_ceil(timeout))
+            .map_err(|err| os_error(Call::ResolveAddr, err))?;
+        e.machine = next;
+        Ok(())
+    }
+
+    fn resolve_route(&mut self, id: IdHandle, timeout: Duration) -> Result<()> {
+        let e = self.id(Call::ResolveRoute, id)?;
+        let next = e.machine.resolve_route()?;
+        if e.raw.verbs() == 0 {
+            return Err(CmError::NoDevice {
+                call: Call::ResolveRoute,
+            });
+        }
+        e.raw
+            .resolve_route(convert::millis_ceil(timeout))
+            .map_err(|err| os_error(Call::ResolveRoute, err))?;
+        e.machine = next;
+        Ok(())
+    }
+
+    fn create_qp(&mut self, id: IdHandle, caps: QpCaps) -> Result<QpCaps> {
+        let index = self.id_index(Call::CreateQp, id)?;
+        let e = self.ids.at(index).expect("checked");
+        let next = e.machine.create_qp()?;
+        let context = e.raw.verbs();
+        if context == 0 {
+            return Err(CmError::NoDevice { call: Call::CreateQp });
+        }
+        if e.qp.is_some() || e.raw.has_qp() {
+            return Err(CmError::QpExists);
+        }
+        let invalid = |reason| CmError::InvalidArgument {
+            call: Call::CreateQp,
+            reason,
+        };
+        let slots = caps
+            .max_send_wr
+            .checked_add(caps.max_recv_wr)
+            .ok_or(invalid("max_send_wr + max_recv_wr overflows"))?;
+        let cqe = i32::try_from(slots.max(1)).map_err(|_| invalid("too many work requests for one CQ"))?;
+        if u64::from(slots) * u64::from(caps.max_message_size) > MAX_QP_BUFFER_BYTES {
+            return Err(invalid(
+                "(max_send_wr + max_recv_wr) * max_message_size exceeds 1 GiB of registered buffers",
+            ));
+        }
+        let pd = match self.pds.entry(context) {
+            Entry::Occupied(pd) => pd.into_mut(),
+            Entry::Vacant(slot) => {
+                slot.insert(sys::Pd::alloc(&e.raw).map_err(|err| os_error(Call::CreateQp, err))?)
+            }
+        };
+        match sys::Qp::create(&e.raw, pd, &caps, slots, cqe) {
+            Ok((raw, granted)) => {
+                let e = self.ids.at_mut(index).expect("checked");
+                e.qp = Some(QpEntry {
+                    raw,
+                    pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
+                    max_message_size: caps.max_message_size,
+                });
+                e.machine = next;
+                self.qps += 1;
+                // The device may grant more work requests than asked (providers round up), but
+                // the CQ and the buffer pool are sized for the request, which is therefore what
+                // may be outstanding; the other capabilities are the device's.
+                Ok(QpCaps {
+                    max_send_wr: caps.max_send_wr,
+                    max_recv_wr: caps.max_recv_wr,
+                    max_send_sge: granted.max_send_sge,
+                    max_recv_sge: granted.max_recv_sge,
+                    max_inline_data: granted.max_inline_data,
+                    max_message_size: caps.max_message_size,
+                })
+            }
+            Err(err) => {
+                self.release_pd(context, index);
+                Err(os_error(Call::CreateQp, err))
+            }
+        }
+    }
+
+    fn destroy_qp(&mut self, id: IdHandle) -> Result<()> {
+        let index = self.id_index(Call::DestroyQp, id)?;
+        let e = self.ids.at_mut(index).expect("checked");
+        let next = e.machine.destroy_qp()?;
+        let Some(QpEntry {
+            raw,
+            pool,
+            max_message_size,
+        }) = e.qp.take()
+        else {
+            return Err(CmError::NoQp {
+                call: Call::DestroyQp,
+            });
+        };
+        let context = raw.context();
+        let result = match raw.destroy(&e.raw) {
+            Ok(_pd) => Ok(()),
+            Err((Some(raw), errno)) => {
+                // Not attached to this id (cannot happen): keep everything as it was.
+                e.qp = Some(QpEntry {
+                    raw,
+                    pool,
+                    max_message_size,
+                });
+                return Err(os_error(Call::DestroyQp, errno));
+            }
+            // The QP is gone; its CQ or buffers could not be released and were leaked.
+            Err((None, errno)) => Err(os_error(Call::DestroyQp, errno)),
+        };
+        e.machine = next;
+        self.qps -= 1;
+        self.release_pd(context, index);
+        result
+    }
+
+    fn listen(&mut self, id: IdHandle, backlog: i32) -> Result<()> {
+        let e = self.id(Call::Listen, id)?;
+        let next = e.machine.listen()?;
+        e.raw.listen(backlog).map_err(|err| os_error(Call::Listen, err))?;
+        e.machine = next;
+        Ok(())
+    }
+
+    fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
+        let e = self.id(Call::Connect, id)?;
+        let next = e.machine.connect(param.private_data.len())?;
+        if e.raw.verbs() == 0 {
+            return Err(CmError::NoDevice { call: Call::Connect });
+        }
+        e.raw.connect(param).map_err(|err| os_error(Call::Connect, err))?;
+        e.machine = next;
+        Ok(())
+    }
+
+    fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
+        let e = self.id(Call::Accept, id)?;
+        let next = e.machine.accept(param.private_data.len())?;
+        if e.raw.verbs() == 0 {
+            return Err(CmError::NoDevice { call: Call::Accept });
+        }
+        if e.qp.is_none() || !e.raw.has_qp() {
+            return Err(CmError::NoQp { call: Call::Accept });
+        }
+        e.raw.accept(param).map_err(|err| os_error(Call::Accept, err))?;
+        e.machine = next;
+        Ok(())
+    }
+
+    fn reject(&mut self, id: IdHandle, private_data: &[u8]) -> Result<()> {
+        let e = self.id(Call::Reject, id)?;
+        let next = e.machine.reject(private_data.len())?;
+        e.raw
+            .reject(private_data)
+            .map_err(|err| os_error(Call::Reject, err))?;
+        e.machine = next;
+        Ok(())
+    }
+
+    fn disconnect(&mut self, id: IdHandle) -> Result<()> {
+        let e = self.id(Call::Disconnect, id)?;
+        let next = e.machine.disconnect()?;
+        match e.raw.disconnect() {
+            Ok(()) => {
+                e.machine = next;
+                Ok(())
+            }
+            Err(err) => {
+                // librdmacm moves the QP to ERR before the kernel call that failed.
+                e.machine = e.machine.qp_error();
+                Err(os_error(Call::Disconnect, err))
+            }
+        }
+    }
+
+    fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>> {
+        let ch = self.channel_index(Call::GetCmEvent, channel)?;
+        let deadline = convert::deadline(Instant::now(), timeout);
+        loop {
+            match self.channels.at(ch).expect("checked").raw.get_event() {
+                Ok(raw) => {
+                    if let Some(event) = self.admit(ch, raw) {
+                        return Ok(Some(event));
+                    }
+                }
+                Err(e) if would_block(e) || e == libc::EINTR => {}
+                Err(e) => return Err(os_error(Call::GetCmEvent, e)),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let wait = convert::millis_ceil(deadline - now);
+            match self.channels.at(ch).expect("checked").raw.wait_readable(wait) {
+                Ok(_) => {}
+                Err(e) if e == libc::EINTR => {}
+                Err(e) => return Err(os_error(Call::GetCmEvent, e)),
+            }
+        }
+    }
+
+    fn ack_cm_event(&mut self, event: CmEvent) -> Result<()> {
+        let token = event.token();
+        match self.events.get(&token) {
+            Some(rec) if rec.id == event.id() && rec.ty == event.event() => {}
+            _ => return Err(CmError::EventNotOutstanding),
+        }
+        let rec = self.events.remove(&token).expect("checked");
+        // rdma_ack_cm_event frees the event whatever it returns (it fails only for NULL).
+        let result = rec.raw.ack().map_err(|e| os_error(Call::AckCmEvent, e));
+        if let Some(ch) = self.channels.at_mut(rec.channel) {
+            ch.unacked = ch.unacked.saturating_sub(1);
+        }
+        if let Some(e) = self.ids.at_mut(rec.counted) {
+            if rec.in_machine {
+                if let Ok(next) = e.machine.on_ack() {
+                    e.machine = next;
+                }
+            } else {
+                e.strays = e.strays.saturating_sub(1);
+            }
+        }
+        result
+    }
+
+    fn get_local_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>> {
+        let e = self.id(Call::GetLocalAddr, id)?;
+        Ok(convert::reported_addr(e.raw.local_addr()))
+    }
+
+    fn get_peer_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>> {
+        let e = self.id(Call::GetPeerAddr, id)?;
+        Ok(convert::reported_addr(e.raw.peer_addr()))
+    }
+
+    fn post_send(&mut self, id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()> {
+        let e = self.id(Call::PostSend, id)?;
+        e.machine.post_send()?;
+        let connected = e.machine.port_space().is_connected();
+        let Some(q) = e.qp.as_mut() else {
+            return Err(CmError::NoQp { call: Call::PostSend });
+        };
+        if !connected {
+            // A UD send needs an address handle, which this API does not carry; providers
+            // dereference the missing one.
+            return Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason:
+                    "sends on datagram (UD) QPs need an address handle, which this backend does not support",
+            });
+        }
+        if data.len() > q.max_message_size as usize {
+            return Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "message longer than the QP's max_message_size",
+            });
+        }
+        let len = data.len() as u32;
+        let Some(slot) = q.pool.take_send(wr_id, len) else {
+            return Err(CmError::QueueFull {
+                call: Call::PostSend,
+                outstanding: q.pool.sends_outstanding(),
+            });
+        };
+        if let Err(err) = q.raw.post_send(slot, data) {
+            q.pool.release(u64::from(slot));
+            return Err(os_error(Call::PostSend, err));
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, id: IdHandle, wr_id: u64, len: u32) -> Result<()> {
+        let e = self.id(Call::PostRecv, id)?;
+        e.machine.post_recv()?;
+        let Some(q) = e.qp.as_mut() else {
+            return Err(CmError::NoQp { call: Call::PostRecv });
+        };
+        if len > q.max_message_size {
+            return Err(CmError::InvalidArgument {
+                call: Call::PostRecv,
+                reason: "receive buffer longer than the QP's max_message_size",
+            });
+        }
+        let Some(slot) = q.pool.take_recv(wr_id, len) else {
+            return Err(CmError::QueueFull {
+                call: Call::PostRecv,
+                outstanding: q.pool.recvs_outstanding(),
+            });
+        };
+        if let Err(err) = q.raw.post_recv(slot, len) {
+            q.pool.release(u64::from(slot));
+            return Err(os_error(Call::PostRecv, err));
+        }
+        Ok(())
+    }
+
+    fn poll_cq(
+        &mut self,
+        id: IdHandle,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize> {
+        let e = self.id(Call::PollCq, id)?;
+        if e.qp.is_none() {
+            return Err(CmError::NoQp { call: Call::PollCq });
+        }
+        if max == 0 {
+            return Ok(0);
+        }
+        let deadline = convert::deadline(Instant::now(), timeout);
+        let mut raw = Vec::with_capacity(16);
+        let mut appended = 0;
+        let mut round = 0;
+        loop {
+            let e = self.ids.at_mut(id.index()).expect("checked");
+            let q = e.qp.as_mut().expect("checked");
+            raw.clear();
+            let want = max - appended;
+            let got = q
+                .raw
+                .poll(want, &mut raw)
+                .map_err(|err| os_error(Call::PollCq, err))?;
+            let mut failed = false;
+            for c in &raw {
+                // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
+                // else is ignored rather than trusted.
+                let Some((opcode, posted)) = q.pool.release(c.wr_id) else {
+                    continue;
+                };
+                // The status of an unknown value is reported as a general error.
+                let status = WcStatus::from_raw(c.status).unwrap_or(WcStatus::GeneralErr);
+                // Verbs defines opcode and byte_len only for successful completions; the opcode
+                // comes from the slot instead.
+                let (byte_len, data) = if status == WcStatus::Success && opcode == WcOpcode::Recv {
+                    let n = c.byte_len.min(posted.len);
+                    (n, q.raw.read_slot(c.wr_id as u32, n as usize))
+                } else {
+                    (0, Vec::new())
+                };
+                failed |= status != WcStatus::Success;
+                out.push(WorkCompletion {
+                    wr_id: posted.wr_id,
+                    status,
+                    opcode,
+                    byte_len,
+                    data,
+                });
+                appended += 1;
+            }
+            if failed {
+                // Any error completion puts a QP in ERR.
+                e.machine = e.machine.qp_error();
+            }
+            if appended >= max || (appended > 0 && got < want.min(16)) {
+                return Ok(appended);
+            }
+            if appended == 0 {
+                if Instant::now() >= deadline {
+                    return Ok(0);
+                }
+                pause(round, deadline);
+                round += 1;
+            }
+        }
+    }
+
+    fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
+        // Calls made only to inspect use the `GetLocalAddr` tag: the trait has no call of its own
+        // for this, and UnknownHandle needs one.
+        let index = self.id_index(Call::GetLocalAddr, id)?;
+        Ok(self.ids.at(index).expect("checked").machine)
+    }
+
+    fn live_resources(&self) -> LiveResources {
+        LiveResources {
+            channels: self.channels.len(),
+            ids: self.ids.len(),
+            qps: self.qps,
+            unacked_events: self.events.len(),
+            // librdmacm offers no way to count queued events without retrieving them.
+            queued_events: 0,
+        }
+    }
+}
+
+impl Drop for HwBackend {
+    fn drop(&mut self) {
+        // 1. Ack every held event, so no rdma_destroy_id below can block.
+        for (_, rec) in std::mem::take(&mut self.events) {
+            let _ = rec.raw.ack();
+        }
+        // 2. QPs with their CQs and buffers (each while its id is alive).
+        for index in self.ids.indices() {
+            let e = self.ids.at_mut(index).expect("listed");
+            if let Some(q) = e.qp.take() {
+                let _ = q.raw.destroy(&e.raw);
+                self.qps -= 1;
+            }
+        }
+        // 3. Protection domains, each while an id keeps its device context open; one without
+        //    such an id (or still busy) is leaked rather than freed on a closed context.
+        for (context, pd) in std::mem::take(&mut self.pds) {
+            if let Some(w) = self.ids.values().find(|e| e.raw.verbs() == context) {
+                let _ = pd.dealloc(&w.raw);
+            }
+        }
+        // 4. Ids, child ids first. One librdmacm refuses is left to it.
+        let mut order = self.ids.indices();
+        order.sort_by_key(|&i| self.ids.at(i).is_some_and(|e| e.machine.role() != Role::Passive));
+        for index in order {
+            if let Some(e) = self.ids.take(index) {
+                let _ = e.raw.destroy();
+            }
+        }
+        self.by_addr.clear();
+        // 5. Channels.
+        for index in self.channels.indices() {
+            if let Some(c) = self.channels.take(index) {
+                let _ = c.raw.destroy();
+            }
+        }
+    }
+}

@@ -1,0 +1,834 @@
+//! Property tests: random call sequences over several ids on two hosts, including misuse and
+//! early destroys, checked against cm-core's state machine as the reference model.
+//!
+//! Invariants, after every step:
+//! * no panic, and every call's result equals the model's (errors the model cannot know about —
+//!   an address already in use, a request whose sender went away — are allowed only for the
+//!   calls where they can happen, and then nothing may change);
+//! * every event is legal for its id's state as the model has it, and the backend's view of
+//!   every id equals the model's;
+//! * every completion belongs to a posted work request and arrives once; on a QP in ERR every
+//!   posted request completes;
+//! * after all events are acked, destroy_qp then destroy_id always succeed, and nothing is
+//!   left alive.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cm::core::{
+    errno, Call, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdMachine,
+    PortSpace, QpCaps, QpState, WcStatus,
+};
+use proptest::prelude::*;
+use proptest::sample::Index;
+
+use crate::support::Bed;
+
+/// Which id an op applies to: with `aim`, one of the ids the model says the call is legal for
+/// (when there is one), so sequences get far into the lifecycle; otherwise any id, dead ones
+/// included, so misuse is exercised too.
+#[derive(Clone, Debug)]
+enum Pick {
+    Random {
+        index: Index,
+        aim: bool,
+    },
+    /// An id chosen by [`Op::Drive`].
+    Exact(usize),
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    CreateId {
+        side: bool,
+        datagram: bool,
+    },
+    Bind {
+        id: Pick,
+        port: u8,
+    },
+    ResolveAddr {
+        id: Pick,
+        to_server: bool,
+        port: u8,
+        unreachable: bool,
+    },
+    ResolveRoute {
+        id: Pick,
+    },
+    CreateQp {
+        id: Pick,
+    },
+    DestroyQp {
+        id: Pick,
+    },
+    Listen {
+        id: Pick,
+        backlog: u8,
+    },
+    Connect {
+        id: Pick,
+        pdata: u8,
+    },
+    Accept {
+        id: Pick,
+        pdata: u8,
+    },
+    Reject {
+        id: Pick,
+        pdata: u8,
+    },
+    Disconnect {
+        id: Pick,
+    },
+    DestroyId {
+        id: Pick,
+    },
+    Foreign {
+        id: Pick,
+    },
+    GetEvent {
+        side: bool,
+        wait: u8,
+        ack: bool,
+    },
+    AckHeld {
+        which: Index,
+    },
+    PostSend {
+        id: Pick,
+        len: u8,
+    },
+    PostRecv {
+        id: Pick,
+        len: u8,
+    },
+    PollCq {
+        id: Pick,
+    },
+    /// The next sensible call for a live id, chosen from its state (see [`Run::drive`]).
+    Drive {
+        which: Index,
+        choice: u8,
+    },
+}
+
+fn pick(aim: f64) -> impl Strategy<Value = Pick> {
+    (any::<Index>(), prop::bool::weighted(aim)).prop_map(|(index, aim)| Pick::Random { index, aim })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let id = || pick(0.5);
+    prop_oneof![
+        3 => (any::<bool>(), prop::bool::weighted(0.1)).prop_map(|(side, datagram)| Op::CreateId { side, datagram }),
+        2 => (id(), 0u8..5).prop_map(|(id, port)| Op::Bind { id, port }),
+        3 => (id(), any::<bool>(), 1u8..4, prop::bool::weighted(0.1))
+            .prop_map(|(id, to_server, port, unreachable)| Op::ResolveAddr { id, to_server, port, unreachable }),
+        3 => id().prop_map(|id| Op::ResolveRoute { id }),
+        3 => id().prop_map(|id| Op::CreateQp { id }),
+        1 => id().prop_map(|id| Op::DestroyQp { id }),
+        2 => (id(), 0u8..3).prop_map(|(id, backlog)| Op::Listen { id, backlog }),
+        3 => (id(), 0u8..60).prop_map(|(id, pdata)| Op::Connect { id, pdata }),
+        3 => (id(), 0u8..200).prop_map(|(id, pdata)| Op::Accept { id, pdata }),
+        1 => (id(), 0u8..150).prop_map(|(id, pdata)| Op::Reject { id, pdata }),
+        2 => id().prop_map(|id| Op::Disconnect { id }),
+        2 => id().prop_map(|id| Op::DestroyId { id }),
+        1 => id().prop_map(|id| Op::Foreign { id }),
+        8 => (any::<bool>(), 0u8..4, prop::bool::weighted(0.85)).prop_map(|(side, wait, ack)| Op::GetEvent { side, wait, ack }),
+        2 => any::<Index>().prop_map(|which| Op::AckHeld { which }),
+        2 => (id(), 0u8..=64).prop_map(|(id, len)| Op::PostSend { id, len }),
+        2 => (id(), 64u8..=128).prop_map(|(id, len)| Op::PostRecv { id, len }),
+        2 => id().prop_map(|id| Op::PollCq { id }),
+    ]
+}
+
+/// The test's own record of one id.
+struct ModelId {
+    side: usize,
+    handle: IdHandle,
+    m: IdMachine,
+    alive: bool,
+    /// Work requests posted and not completed yet.
+    outstanding: BTreeSet<u64>,
+    /// Bound to its host's address at base + 1 (where drivers send their connections).
+    on_port1: bool,
+}
+
+struct Run<'a, B: CmBackend> {
+    bed: &'a mut Bed<B>,
+    channels: [cm::core::ChannelHandle; 2],
+    ids: Vec<ModelId>,
+    held: Vec<(usize, CmEvent)>,
+    next_wr: u64,
+    log: Vec<String>,
+}
+
+/// Errors the model cannot predict, and the calls that may return them.
+fn environmental(call: Call, err: &CmError) -> bool {
+    match err {
+        CmError::AddrInUse { .. } | CmError::AddrNotAvailable { .. } => {
+            matches!(call, Call::BindAddr | Call::ResolveAddr | Call::Listen)
+        }
+        CmError::Os { errno: e, .. } => *e == errno::EINVAL && matches!(call, Call::Accept | Call::Reject),
+        CmError::QueueFull { .. } => matches!(call, Call::PostSend | Call::PostRecv),
+        _ => false,
+    }
+}
+
+impl<B: CmBackend> Run<'_, B> {
+    fn backend(&mut self, side: usize) -> &mut B {
+        if side == 0 {
+            &mut self.bed.server
+        } else {
+            &mut self.bed.client
+        }
+    }
+
+    fn pick(&self, pick: &Pick, legal: impl Fn(&IdMachine) -> bool) -> Option<usize> {
+        let (index, aim) = match pick {
+            Pick::Exact(i) => return Some(*i),
+            Pick::Random { index, aim } => (index, *aim),
+        };
+        if aim {
+            let candidates: Vec<usize> = (0..self.ids.len())
+                .filter(|&i| self.ids[i].alive && legal(&self.ids[i].m))
+                .collect();
+            if !candidates.is_empty() {
+                return Some(candidates[index.index(candidates.len())]);
+            }
+        }
+        (!self.ids.is_empty()).then(|| index.index(self.ids.len()))
+    }
+
+    fn check_view(&mut self, i: usize) -> Result<(), TestCaseError> {
+        let (side, handle, alive, want) = (
+            self.ids[i].side,
+            self.ids[i].handle,
+            self.ids[i].alive,
+            self.ids[i].m,
+        );
+        if !alive {
+            return Ok(());
+        }
+        let got = self.backend(side).id_machine(handle);
+        prop_assert_eq!(
+            got,
+            Ok(want),
+            "backend's view of {} differs from the model",
+            handle
+        );
+        Ok(())
+    }
+
+    /// Runs one call on id `i`: `model` computes the model's next machine, `call` does it.
+    fn call(
+        &mut self,
+        i: usize,
+        name: Call,
+        model: impl FnOnce(&IdMachine) -> Result<IdMachine, CmError>,
+        call: impl FnOnce(&mut B, IdHandle) -> Result<(), CmError>,
+    ) -> Result<bool, TestCaseError> {
+        let (side, handle, alive) = (self.ids[i].side, self.ids[i].handle, self.ids[i].alive);
+        let got = call(self.backend(side), handle);
+        self.log.push(format!("{name} {handle} -> {got:?}"));
+        let succeeded = got.is_ok();
+        if !alive {
+            let unknown = Err(CmError::UnknownHandle {
+                call: name,
+                kind: HandleKind::Id,
+            });
+            prop_assert_eq!(got, unknown, "use after destroy");
+            return Ok(false);
+        }
+        let want = model(&self.ids[i].m);
+        match (want, got) {
+            (Ok(next), Ok(())) => {
+                if name == Call::DestroyId {
+                    self.ids[i].alive = false;
+                    return Ok(true);
+                }
+                self.ids[i].m = next;
+            }
+            (Ok(_), Err(e)) if environmental(name, &e) => {
+                if name == Call::Accept {
+                    // librdmacm moved the QP through RTR/RTS and then to ERR.
+                    self.ids[i].m = self.ids[i].m.qp_error();
+                }
+            }
+            (want, got) => prop_assert_eq!(got, want.map(|_| ()), "{} on {}", name, handle),
+        }
+        self.check_view(i)?;
+        Ok(succeeded)
+    }
+
+    fn step(&mut self, op: &Op, waits: &dyn Fn(u8) -> Duration) -> Result<(), TestCaseError> {
+        let server_ip = self.bed.server_ip;
+        let client_ip = self.bed.client_ip;
+        let unreachable = self.bed.unreachable_ip;
+        let base = self.bed.base_port();
+        match *op {
+            Op::CreateId { side, datagram } => {
+                let side = usize::from(side);
+                let ps = if datagram { PortSpace::Udp } else { PortSpace::Tcp };
+                let ch = self.channels[side];
+                let handle = self
+                    .backend(side)
+                    .create_id(ch, ps)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                self.ids.push(ModelId {
+                    side,
+                    handle,
+                    m: IdMachine::new(ps),
+                    alive: true,
+                    outstanding: BTreeSet::new(),
+                    on_port1: false,
+                });
+            }
+            Op::Bind { ref id, port } => {
+                let Some(i) = self.pick(id, |m| m.bind_addr(false).is_ok()) else {
+                    return Ok(());
+                };
+                let ip = if self.ids[i].side == 0 {
+                    server_ip
+                } else {
+                    client_ip
+                };
+                let addr = match port {
+                    0 => SocketAddr::new(ip, 0),
+                    4 => SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), base + 3),
+                    p => SocketAddr::new(ip, base + u16::from(p)),
+                };
+                let wildcard = addr.ip().is_unspecified();
+                if self.call(
+                    i,
+                    Call::BindAddr,
+                    |m| m.bind_addr(wildcard),
+                    |b, h| b.bind_addr(h, addr),
+                )? {
+                    self.ids[i].on_port1 = port == 1;
+                }
+            }
+            Op::ResolveAddr {
+                ref id,
+                to_server,
+                port,
+                unreachable: far,
+            } => {
+                let Some(i) = self.pick(id, |m| m.resolve_addr().is_ok()) else {
+                    return Ok(());
+                };
+                let ip = match (far, to_server) {
+                    (true, _) => unreachable,
+                    (false, true) => server_ip,
+                    (false, false) => client_ip,
+                };
+                let dst = SocketAddr::new(ip, base + u16::from(port));
+                let timeout = waits(1);
+                self.call(i, Call::ResolveAddr, IdMachine::resolve_addr, |b, h| {
+                    b.resolve_addr(h, None, dst, timeout)
+                })?;
+            }
+            Op::ResolveRoute { ref id } => {
+                let Some(i) = self.pick(id, |m| m.resolve_route().is_ok()) else {
+                    return Ok(());
+                };
+                let timeout = waits(2);
+                self.call(i, Call::ResolveRoute, IdMachine::resolve_route, |b, h| {
+                    b.resolve_route(h, timeout)
+                })?;
+            }
+            Op::CreateQp { ref id } => {
+                let Some(i) = self.pick(id, |m| m.create_qp().is_ok()) else {
+                    return Ok(());
+                };
+                self.call(i, Call::CreateQp, IdMachine::create_qp, |b, h| {
+                    b.create_qp(h, QpCaps::new()).map(|_| ())
+                })?;
+            }
+            Op::DestroyQp { ref id } => {
+                let Some(i) = self.pick(id, |m| m.destroy_qp().is_ok()) else {
+                    return Ok(());
+                };
+                let had_qp = self.ids[i].m.qp().is_some() && self.ids[i].alive;
+                self.call(i, Call::DestroyQp, IdMachine::destroy_qp, |b, h| b.destroy_qp(h))?;
+                if had_qp {
+                    // Completions not polled are lost with the QP.
+                    self.ids[i].outstanding.clear();
+                }
+            }
+            Op::Listen { ref id, backlog } => {
+                let Some(i) = self.pick(id, |m| {
+                    m.listen().is_ok() && m.state() == cm::core::IdState::AddrBound
+                }) else {
+                    return Ok(());
+                };
+                self.call(i, Call::Listen, IdMachine::listen, |b, h| {
+                    b.listen(h, i32::from(backlog))
+                })?;
+            }
+            Op::Connect { ref id, pdata } => {
+                let Some(i) = self.pick(id, |m| m.connect(0).is_ok()) else {
+                    return Ok(());
+                };
+                let param = ConnParam::new().with_private_data(&vec![0xC0; usize::from(pdata)]);
+                self.call(
+                    i,
+                    Call::Connect,
+                    |m| m.connect(param.private_data.len()),
+                    |b, h| b.connect(h, &param),
+                )?;
+            }
+            Op::Accept { ref id, pdata } => {
+                let Some(i) = self.pick(id, |m| m.accept(0).is_ok()) else {
+                    return Ok(());
+                };
+                let param = ConnParam::new().with_private_data(&vec![0xA0; usize::from(pdata)]);
+                self.call(
+                    i,
+                    Call::Accept,
+                    |m| m.accept(param.private_data.len()),
+                    |b, h| b.accept(h, &param),
+                )?;
+            }
+            Op::Reject { ref id, pdata } => {
+                let Some(i) = self.pick(id, |m| m.reject(0).is_ok()) else {
+                    return Ok(());
+                };
+                let data = vec![0x5E; usize::from(pdata)];
+                self.call(
+                    i,
+                    Call::Reject,
+                    |m| m.reject(data.len()),
+                    |b, h| b.reject(h, &data),
+                )?;
+            }
+            Op::Disconnect { ref id } => {
+                let Some(i) = self.pick(id, |m| m.disconnect().is_ok()) else {
+                    return Ok(());
+                };
+                self.call(i, Call::Disconnect, IdMachine::disconnect, |b, h| b.disconnect(h))?;
+            }
+            Op::DestroyId { ref id } => {
+                let Some(i) = self.pick(id, |m| m.destroy().is_ok()) else {
+                    return Ok(());
+                };
+                self.call(i, Call::DestroyId, IdMachine::destroy, |b, h| b.destroy_id(h))?;
+            }
+            Op::Foreign { ref id } => {
+                let Some(i) = self.pick(id, |_| true) else {
+                    return Ok(());
+                };
+                let (other, handle) = (1 - self.ids[i].side, self.ids[i].handle);
+                let got = self.backend(other).destroy_id(handle);
+                prop_assert_eq!(
+                    got,
+                    Err(CmError::UnknownHandle {
+                        call: Call::DestroyId,
+                        kind: HandleKind::Id
+                    })
+                );
+                self.check_view(i)?;
+            }
+            Op::GetEvent { side, wait, ack } => self.get_event(usize::from(side), waits(wait), ack)?,
+            Op::AckHeld { ref which } => {
+                if !self.held.is_empty() {
+                    let (side, ev) = self.held.remove(which.index(self.held.len()));
+                    self.ack(side, ev)?;
+                }
+            }
+            Op::PostSend { ref id, len } => {
+                let Some(i) = self.pick(id, |m| m.post_send().is_ok()) else {
+                    return Ok(());
+                };
+                self.next_wr += 1;
+                let wr = self.next_wr;
+                let data = vec![0xDA; usize::from(len)];
+                if self.call(
+                    i,
+                    Call::PostSend,
+                    |m| m.post_send().map(|()| *m),
+                    |b, h| b.post_send(h, wr, &data),
+                )? {
+                    self.ids[i].outstanding.insert(wr);
+                }
+            }
+            Op::PostRecv { ref id, len } => {
+                let Some(i) = self.pick(id, |m| m.post_recv().is_ok()) else {
+                    return Ok(());
+                };
+                self.next_wr += 1;
+                let wr = self.next_wr;
+                let len = u32::from(len);
+                if self.call(
+                    i,
+                    Call::PostRecv,
+                    |m| m.post_recv().map(|()| *m),
+                    |b, h| b.post_recv(h, wr, len),
+                )? {
+                    self.ids[i].outstanding.insert(wr);
+                }
+            }
+            Op::PollCq { ref id } => {
+                let Some(i) = self.pick(id, |m| m.qp().is_some()) else {
+                    return Ok(());
+                };
+                self.poll(i, waits(0))?;
+            }
+            Op::Drive { ref which, choice } => {
+                let live: Vec<usize> = (0..self.ids.len()).filter(|&i| self.ids[i].alive).collect();
+                if live.is_empty() {
+                    return self.step(
+                        &Op::CreateId {
+                            side: choice % 2 == 0,
+                            datagram: false,
+                        },
+                        waits,
+                    );
+                }
+                // Mostly drive an id that can make progress rather than one that waits.
+                let busy: Vec<usize> = live
+                    .iter()
+                    .copied()
+                    .filter(|&i| !matches!(self.drive(i, choice), Op::GetEvent { .. }))
+                    .collect();
+                let pool = if choice & 0xC0 != 0 && !busy.is_empty() {
+                    &busy
+                } else {
+                    &live
+                };
+                let i = pool[which.index(pool.len())];
+                let op = self.drive(i, choice);
+                return self.step(&op, waits);
+            }
+        }
+        Ok(())
+    }
+
+    /// What a well-behaved application would do next with id `i`, varied by `choice`.
+    fn drive(&self, i: usize, choice: u8) -> Op {
+        use cm::core::{ConnPhase as P, IdState as S, Role};
+        let m = self.ids[i].m;
+        let id = || Pick::Exact(i);
+        let side = self.ids[i].side == 1;
+        let wait = Op::GetEvent {
+            side,
+            wait: 1 + choice % 3,
+            ack: true,
+        };
+        let release = if m.qp().is_some() {
+            Op::DestroyQp { id: id() }
+        } else {
+            Op::DestroyId { id: id() }
+        };
+        // Connect where a listener waits, when there is one.
+        let listening = |s: usize| {
+            self.ids
+                .iter()
+                .any(|o| o.alive && o.side == s && o.on_port1 && o.m.state() == S::Listen)
+        };
+        let to_server = if listening(0) || listening(1) {
+            listening(0) && (choice % 4 < 3 || !listening(1))
+        } else {
+            choice % 2 == 0
+        };
+        let port1_taken = self
+            .ids
+            .iter()
+            .any(|o| o.alive && o.side == self.ids[i].side && o.on_port1);
+        match (m.state(), m.role(), m.phase()) {
+            (S::Idle, _, _) if choice % 3 == 0 && !port1_taken => Op::Bind { id: id(), port: 1 },
+            (S::AddrBound, _, _) if self.ids[i].on_port1 => Op::Listen { id: id(), backlog: 0 },
+            (S::Idle | S::AddrBound, _, _) => Op::ResolveAddr {
+                id: id(),
+                to_server,
+                port: 1,
+                unreachable: choice == 255,
+            },
+            (S::AddrResolved, _, _) => Op::ResolveRoute { id: id() },
+            (S::RouteResolved, _, _) if m.qp().is_none() => Op::CreateQp { id: id() },
+            (S::RouteResolved, _, _) => Op::Connect {
+                id: id(),
+                pdata: choice % 57,
+            },
+            (S::Connect, Role::Passive, P::Requested) if m.qp().is_none() => Op::CreateQp { id: id() },
+            (S::Connect, Role::Passive, P::Requested) if choice % 8 == 0 => Op::Reject {
+                id: id(),
+                pdata: choice % 149,
+            },
+            (S::Connect, Role::Passive, P::Requested) => Op::Accept {
+                id: id(),
+                pdata: choice % 197,
+            },
+            (S::Connect, _, P::Established) => match choice % 5 {
+                0 | 1 => Op::Disconnect { id: id() },
+                2 => Op::PostSend {
+                    id: id(),
+                    len: choice % 65,
+                },
+                3 => Op::PostRecv {
+                    id: id(),
+                    len: 64 + choice % 65,
+                },
+                _ => Op::PollCq { id: id() },
+            },
+            (S::Connect, _, P::Failed | P::Rejected) | (S::DeviceRemoval, _, _) => release,
+            (S::Disconnect, _, _) => match choice % 3 {
+                0 => Op::Disconnect { id: id() },
+                1 => Op::PollCq { id: id() },
+                _ => release,
+            },
+            (S::Listen, _, _) if choice % 16 == 0 => Op::DestroyId { id: id() },
+            _ => wait,
+        }
+    }
+
+    fn poll(&mut self, i: usize, wait: Duration) -> Result<usize, TestCaseError> {
+        let (side, handle, alive) = (self.ids[i].side, self.ids[i].handle, self.ids[i].alive);
+        let mut out = Vec::new();
+        let got = self.backend(side).poll_cq(handle, &mut out, 64, wait);
+        if !alive {
+            prop_assert_eq!(
+                got,
+                Err(CmError::UnknownHandle {
+                    call: Call::PollCq,
+                    kind: HandleKind::Id
+                })
+            );
+            return Ok(0);
+        }
+        if self.ids[i].m.qp().is_none() {
+            prop_assert_eq!(got, Err(CmError::NoQp { call: Call::PollCq }));
+            return Ok(0);
+        }
+        prop_assert!(got.is_ok(), "poll_cq: {:?}", got);
+        for wc in &out {
+            prop_assert!(
+                self.ids[i].outstanding.remove(&wc.wr_id),
+                "completion {:?} for no outstanding request (or twice)",
+                wc
+            );
+            if wc.status == WcStatus::WrFlushErr {
+                prop_assert_eq!(
+                    self.ids[i].m.qp(),
+                    Some(QpState::Err),
+                    "flushed completion while the QP is not in ERR"
+                );
+            } else {
+                prop_assert_eq!(wc.status, WcStatus::Success, "{:?}", wc);
+            }
+        }
+        Ok(out.len())
+    }
+
+    fn get_event(&mut self, side: usize, wait: Duration, ack: bool) -> Result<(), TestCaseError> {
+        let ch = self.channels[side];
+        let got = self.backend(side).get_cm_event(ch, wait);
+        let ev = match got {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(TestCaseError::fail(format!("get_cm_event: {e}"))),
+        };
+        self.log.push(format!(
+            "event {} on {} status {}",
+            ev.event(),
+            ev.id(),
+            ev.status()
+        ));
+        let counted = ev.counted_id();
+        let Some(i) = self
+            .ids
+            .iter()
+            .position(|m| m.handle == counted && m.alive && m.side == side)
+        else {
+            return Err(TestCaseError::fail(format!(
+                "{ev} counts against an id the model does not know"
+            )));
+        };
+        let next = self.ids[i]
+            .m
+            .on_event(ev.event())
+            .map_err(|illegal| TestCaseError::fail(illegal.to_string()))?;
+        self.ids[i].m = next;
+        let status_ok = match ev.event() {
+            CmEventType::AddrError | CmEventType::Unreachable if ev.status() == -errno::ETIMEDOUT => true,
+            CmEventType::AddrError => false,
+            CmEventType::Rejected => matches!(ev.status(), 1 | 8 | 28),
+            CmEventType::Unreachable => matches!(ev.status(), 1 | 2),
+            CmEventType::Disconnected => matches!(ev.status(), 0 | -110),
+            CmEventType::ConnectError => ev.status() != 0,
+            _ => ev.status() == 0,
+        };
+        prop_assert!(status_ok, "unexpected status for {}", ev);
+        if ev.event() == CmEventType::ConnectRequest {
+            let ps = self.ids[i].m.port_space();
+            self.ids.push(ModelId {
+                side,
+                handle: ev.id(),
+                m: IdMachine::new_child(ps),
+                alive: true,
+                outstanding: BTreeSet::new(),
+                on_port1: false,
+            });
+            let child = self.ids.len() - 1;
+            self.check_view(child)?;
+        }
+        self.check_view(i)?;
+        if ack {
+            self.ack(side, ev)
+        } else {
+            self.held.push((side, ev));
+            Ok(())
+        }
+    }
+
+    fn ack(&mut self, side: usize, ev: CmEvent) -> Result<(), TestCaseError> {
+        let counted = ev.counted_id();
+        let i = self
+            .ids
+            .iter()
+            .position(|m| m.handle == counted && m.side == side)
+            .expect("known id");
+        let got = self.backend(side).ack_cm_event(ev);
+        prop_assert_eq!(got, Ok(()));
+        self.ids[i].m = self.ids[i]
+            .m
+            .on_ack()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        self.check_view(i)
+    }
+
+    fn teardown(&mut self, waits: &dyn Fn(u8) -> Duration) -> Result<(), TestCaseError> {
+        for (side, ev) in std::mem::take(&mut self.held) {
+            self.ack(side, ev)?;
+        }
+        for i in 0..self.ids.len() {
+            if !self.ids[i].alive || self.ids[i].m.qp().is_none() {
+                continue;
+            }
+            if self.ids[i].m.qp() == Some(QpState::Err) {
+                // In ERR every posted request completes: collect them all.
+                while !self.ids[i].outstanding.is_empty() {
+                    if self.poll(i, waits(3))? == 0 {
+                        break;
+                    }
+                }
+                prop_assert!(
+                    self.ids[i].outstanding.is_empty(),
+                    "posted requests never completed on a QP in ERR: {:?}",
+                    self.ids[i].outstanding
+                );
+            }
+            let (side, handle) = (self.ids[i].side, self.ids[i].handle);
+            prop_assert_eq!(self.backend(side).destroy_qp(handle), Ok(()));
+            self.ids[i].m = self.ids[i].m.destroy_qp().expect("had a QP");
+        }
+        for i in 0..self.ids.len() {
+            if self.ids[i].alive {
+                let (side, handle) = (self.ids[i].side, self.ids[i].handle);
+                prop_assert_eq!(
+                    self.backend(side).destroy_id(handle),
+                    Ok(()),
+                    "destroy_id {}",
+                    handle
+                );
+                self.ids[i].alive = false;
+            }
+        }
+        for side in 0..2 {
+            let ch = self.channels[side];
+            prop_assert_eq!(self.backend(side).destroy_event_channel(ch), Ok(()));
+            let live = self.backend(side).live_resources();
+            prop_assert!(live.is_clean(), "side {} still holds {:?}", side, live);
+        }
+        Ok(())
+    }
+}
+
+fn run_case<B: CmBackend>(
+    bed: &mut Bed<B>,
+    ops: &[Op],
+    waits: &dyn Fn(u8) -> Duration,
+) -> Result<(), TestCaseError> {
+    let repro = bed.repro.clone();
+    let server_ch = bed
+        .server
+        .create_event_channel()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let client_ch = bed
+        .client
+        .create_event_channel()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut run = Run {
+        bed,
+        channels: [server_ch, client_ch],
+        ids: Vec::new(),
+        held: Vec::new(),
+        next_wr: 0,
+        log: Vec::new(),
+    };
+    let result = ops
+        .iter()
+        .try_for_each(|op| run.step(op, waits))
+        .and_then(|()| run.teardown(waits));
+    if result.is_err() {
+        eprintln!("calls of the failing case:\n  {}", run.log.join("\n  "));
+        if !repro.is_empty() {
+            eprintln!("{repro}");
+        }
+    }
+    result
+}
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(crate::bed::PROP_CASES);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn random_call_sequences_follow_the_model(seed in any::<u64>(), ops in prop::collection::vec(op(), 1..48)) {
+        let Some(mut bed) = crate::bed::seeded_bed(seed) else { return Ok(()) };
+        run_case(&mut bed, &ops, &crate::bed::prop_wait)?;
+    }
+
+    #[test]
+    fn connection_storms_follow_the_model(seed in any::<u64>(), ops in prop::collection::vec(lifecycle_op(), 1..160)) {
+        let Some(mut bed) = crate::bed::seeded_bed(seed) else { return Ok(()) };
+        run_case(&mut bed, &ops, &crate::bed::prop_wait)?;
+    }
+}
+
+/// Calls biased towards full connections (listeners, resolves, connects, accepts, disconnects),
+/// so most cases reach the later states.
+fn lifecycle_op() -> impl Strategy<Value = Op> {
+    let id = || pick(0.9);
+    prop_oneof![
+        24 => (any::<Index>(), any::<u8>()).prop_map(|(which, choice)| Op::Drive { which, choice }),
+        2 => any::<bool>().prop_map(|side| Op::CreateId { side, datagram: false }),
+        2 => id().prop_map(|id| Op::Bind { id, port: 1 }),
+        2 => id().prop_map(|id| Op::Listen { id, backlog: 0 }),
+        3 => (id(), any::<bool>()).prop_map(|(id, to_server)| Op::ResolveAddr { id, to_server, port: 1, unreachable: false }),
+        3 => id().prop_map(|id| Op::ResolveRoute { id }),
+        3 => id().prop_map(|id| Op::CreateQp { id }),
+        3 => id().prop_map(|id| Op::Connect { id, pdata: 8 }),
+        3 => id().prop_map(|id| Op::Accept { id, pdata: 8 }),
+        1 => id().prop_map(|id| Op::Reject { id, pdata: 4 }),
+        2 => id().prop_map(|id| Op::Disconnect { id }),
+        1 => id().prop_map(|id| Op::DestroyId { id }),
+        1 => id().prop_map(|id| Op::DestroyQp { id }),
+        10 => (any::<bool>(), 0u8..4).prop_map(|(side, wait)| Op::GetEvent { side, wait, ack: true }),
+        2 => (id(), 1u8..=64).prop_map(|(id, len)| Op::PostSend { id, len }),
+        2 => (id(), 64u8..=128).prop_map(|(id, len)| Op::PostRecv { id, len }),
+        2 => id().prop_map(|id| Op::PollCq { id }),
+    ]
+}
