@@ -177,6 +177,45 @@ fn connect_exchange_disconnect() {
     assert_eq!((both[0].wr_id, both[0].opcode), (2, WcOpcode::Send));
     assert_eq!((both[1].wr_id, both[1].data.as_slice()), (10, &b"pong!"[..]));
 
+    // Waiting for a completion that does not come is bounded.
+    let start = std::time::Instant::now();
+    assert_eq!(
+        hw.poll_cq(child, &mut Vec::new(), 4, Duration::from_millis(50)),
+        Ok(0)
+    );
+    assert!(start.elapsed() >= Duration::from_millis(50) && start.elapsed() < Duration::from_secs(2));
+
+    // The send queue holds max_send_wr requests; the next is refused until completions are
+    // polled (the server has receives for all of them: 16 posted below, one each).
+    for wr in 0..16 {
+        hw.post_recv(child, 100 + wr, 64).unwrap();
+    }
+    for wr in 0..16 {
+        hw.post_send(client, 200 + wr, &[wr as u8; 8]).unwrap();
+    }
+    assert_eq!(
+        hw.post_send(client, 999, b"x"),
+        Err(CmError::QueueFull {
+            call: Call::PostSend,
+            outstanding: 16
+        })
+    );
+    let sent = completions(&mut hw, client, 16);
+    assert!(sent
+        .iter()
+        .all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Send));
+    assert_eq!(
+        sent.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        (200..216).collect::<Vec<_>>()
+    );
+    let got = completions(&mut hw, child, 16);
+    for (i, c) in got.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.byte_len, c.data.as_slice()),
+            (100 + i as u64, 8, &[i as u8; 8][..])
+        );
+    }
+
     // Disconnect: the client's QP goes to ERR and its posted receive flushes; the server hears
     // of it, disconnects too, and the client gets its DISCONNECTED.
     hw.post_recv(client, 11, 64).unwrap();
@@ -276,4 +315,103 @@ fn dropping_the_backend_mid_connection_does_not_hang() {
     drop(hw);
     tx.send(()).unwrap();
     assert!(watchdog.join().unwrap(), "dropping the backend took over 30 s");
+}
+
+#[test]
+fn wildcard_listener_accepts_on_the_device() {
+    let Some((mut hw, ip)) = setup("wildcard_listener_accepts_on_the_device") else {
+        return;
+    };
+    let sch = hw.create_event_channel().unwrap();
+    let l = hw.create_id(sch, PortSpace::Tcp).unwrap();
+    let any = if ip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    hw.bind_addr(l, any.parse().unwrap()).unwrap();
+    assert!(
+        !hw.id_machine(l).unwrap().has_device(),
+        "a wildcard bind has no device"
+    );
+    assert_eq!(
+        hw.create_qp(l, QpCaps::new()),
+        Err(CmError::NoDevice { call: Call::CreateQp })
+    );
+    hw.listen(l, 0).unwrap();
+    let port = hw.get_local_addr(l).unwrap().expect("bound").port();
+    assert_ne!(port, 0);
+    let (cch, c) = resolved_client(&mut hw, SocketAddr::new(ip, port));
+    hw.connect(c, &ConnParam::new()).unwrap();
+    let child = expect_ack(&mut hw, sch, CmEventType::ConnectRequest);
+    assert!(
+        hw.id_machine(child).unwrap().has_device(),
+        "the child is on the device"
+    );
+    assert_eq!(hw.get_local_addr(child).unwrap(), Some(SocketAddr::new(ip, port)));
+    hw.create_qp(child, QpCaps::new()).unwrap();
+    hw.accept(child, &ConnParam::new()).unwrap();
+    expect_ack(&mut hw, cch, CmEventType::Established);
+    expect_ack(&mut hw, sch, CmEventType::Established);
+    // Teardown by drop, mid-connection.
+}
+
+#[test]
+fn datagram_lookup_carries_ud_parameters() {
+    let Some((mut hw, ip)) = setup("datagram_lookup_carries_ud_parameters") else {
+        return;
+    };
+    let sch = hw.create_event_channel().unwrap();
+    let l = hw.create_id(sch, PortSpace::Udp).unwrap();
+    hw.bind_addr(l, SocketAddr::new(ip, 0)).unwrap();
+    hw.listen(l, 8).unwrap();
+    let server = hw.get_local_addr(l).unwrap().unwrap();
+
+    let cch = hw.create_event_channel().unwrap();
+    let c = hw.create_id(cch, PortSpace::Udp).unwrap();
+    hw.resolve_addr(c, None, server, Duration::from_secs(2)).unwrap();
+    expect_ack(&mut hw, cch, CmEventType::AddrResolved);
+    hw.resolve_route(c, Duration::from_secs(2)).unwrap();
+    expect_ack(&mut hw, cch, CmEventType::RouteResolved);
+    hw.create_qp(c, QpCaps::new()).unwrap();
+    assert_eq!(
+        hw.id_machine(c).unwrap().qp(),
+        Some(QpState::Rts),
+        "UD QPs are ready at once"
+    );
+    assert!(matches!(
+        hw.post_send(c, 1, b"x"),
+        Err(CmError::InvalidArgument {
+            call: Call::PostSend,
+            ..
+        })
+    ));
+    assert_eq!(
+        hw.connect(c, &ConnParam::new().with_private_data(&[1u8; 181])),
+        Err(CmError::PrivateDataTooLong {
+            call: Call::Connect,
+            len: 181,
+            max: 180
+        })
+    );
+    hw.connect(c, &ConnParam::new().with_private_data(b"lookup"))
+        .unwrap();
+
+    let req = expect(&mut hw, sch, CmEventType::ConnectRequest);
+    assert_eq!(&req.private_data()[..6], b"lookup");
+    let child = req.id();
+    hw.ack_cm_event(req).unwrap();
+    hw.create_qp(child, QpCaps::new()).unwrap();
+    hw.accept(child, &ConnParam::new().with_private_data(b"found"))
+        .unwrap();
+
+    let est = expect(&mut hw, cch, CmEventType::Established);
+    assert_eq!(&est.private_data()[..5], b"found");
+    assert_ne!(est.param().qp_num, 0, "the remote UD QP number");
+    hw.ack_cm_event(est).unwrap();
+
+    for id in [c, child] {
+        hw.destroy_qp(id).unwrap();
+        hw.destroy_id(id).unwrap();
+    }
+    hw.destroy_id(l).unwrap();
+    hw.destroy_event_channel(cch).unwrap();
+    hw.destroy_event_channel(sch).unwrap();
+    assert!(hw.live_resources().is_clean());
 }

@@ -16,9 +16,6 @@ mod bed {
 
     pub type Backend = cm::SimHost;
 
-    /// Whether this runner is the simulator (sim-only tests check it).
-    pub const SIM: bool = true;
-
     /// Property-test cases per property (at least 256 in CI, as the issue asks).
     pub const PROP_CASES: u32 = 256;
 
@@ -67,3 +64,6 @@ mod misuse;
 
 #[path = "../conformance/props.rs"]
 mod props;
+
+#[path = "../conformance/sim_only.rs"]
+mod sim_only;

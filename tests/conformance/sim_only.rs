@@ -1,0 +1,313 @@
+//! Simulator-only tests. Each needs a control real hardware does not have — a seed, virtual
+//! time, the trace, or a scale no NIC reaches — and says which in its comment. The hardware
+//! runner does not include this file.
+
+use std::time::Duration;
+
+use cm::core::{CmBackend, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
+use cm::sim::{SeedSource, SimFabric, SimHost, TraceMode, SEED_ENV};
+
+use crate::support::*;
+
+/// `n` clients connect to one listener, all ids of a side on one channel; both sides drive
+/// every event until every id reached TIMEWAIT_EXIT, then tear down. Returns the order in which
+/// the client saw its events (event, id).
+fn storm(fabric: &SimFabric, n: usize) -> Vec<(CmEventType, u32)> {
+    let (mut server, mut client) = (fabric.host(0), fabric.host(1));
+    let addr = "10.0.0.1:7471".parse().unwrap();
+    let sch = server.create_event_channel().unwrap();
+    let listener = server.create_id(sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(listener, addr).unwrap();
+    server.listen(listener, 0).unwrap();
+    let cch = client.create_event_channel().unwrap();
+    let ids: Vec<IdHandle> = (0..n)
+        .map(|_| client.create_id(cch, PortSpace::Tcp).unwrap())
+        .collect();
+    for &id in &ids {
+        client.resolve_addr(id, None, addr, WAIT).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut children = Vec::new();
+    let mut timewait_exits = 0;
+    while timewait_exits < 2 * n {
+        let mut progressed = false;
+        while let Some(ev) = next_event(&mut client, cch, Duration::ZERO) {
+            progressed = true;
+            seen.push((ev.event, ev.id.index()));
+            match ev.event {
+                CmEventType::AddrResolved => client.resolve_route(ev.id, WAIT).unwrap(),
+                CmEventType::RouteResolved => {
+                    client.create_qp(ev.id, QpCaps::new()).unwrap();
+                    client.connect(ev.id, &ConnParam::new()).unwrap();
+                }
+                CmEventType::Established => client.disconnect(ev.id).unwrap(),
+                CmEventType::Disconnected => {}
+                CmEventType::TimewaitExit => timewait_exits += 1,
+                other => panic!("client got {other}"),
+            }
+        }
+        while let Some(ev) = next_event(&mut server, sch, Duration::ZERO) {
+            progressed = true;
+            match ev.event {
+                CmEventType::ConnectRequest => {
+                    server.create_qp(ev.id, QpCaps::new()).unwrap();
+                    server.accept(ev.id, &ConnParam::new()).unwrap();
+                    children.push(ev.id);
+                }
+                CmEventType::Established => {}
+                CmEventType::Disconnected => server.disconnect(ev.id).unwrap(),
+                CmEventType::TimewaitExit => timewait_exits += 1,
+                other => panic!("server got {other}"),
+            }
+        }
+        if !progressed {
+            // Nothing queued: let virtual time run to the next thing that happens.
+            let before = fabric.now();
+            fabric.advance(Duration::from_millis(1));
+            assert!(fabric.now() > before);
+        }
+    }
+    for (b, ids, ch) in [(&mut client, ids, cch), (&mut server, children, sch)] {
+        for id in ids {
+            b.destroy_qp(id).unwrap();
+            b.destroy_id(id).unwrap();
+        }
+        if b.index() == 0 {
+            b.destroy_id(listener).unwrap();
+        }
+        b.destroy_event_channel(ch).unwrap();
+    }
+    assert!(
+        fabric.live_resources().is_clean(),
+        "{:?}",
+        fabric.live_resources()
+    );
+    seen
+}
+
+fn two_hosts(seed: u64) -> SimFabric {
+    SimFabric::builder()
+        .seed(seed)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .build()
+}
+
+/// Needs seeds and the trace.
+#[test]
+fn same_seed_and_calls_give_the_same_trace_byte_for_byte() {
+    for seed in [0, 1, 0xDEAD_BEEF] {
+        let (a, b) = (two_hosts(seed), two_hosts(seed));
+        assert_eq!(storm(&a, 20), storm(&b, 20));
+        assert_eq!(a.trace_lines(), b.trace_lines(), "{}", a.repro_line());
+        assert_eq!(a.trace_hash(), b.trace_hash());
+        assert_eq!(a.now(), b.now());
+        assert!(a.trace_len() > 20 * 10);
+    }
+}
+
+/// Needs seeds: the interleaving of different ids' events on one channel follows the seed.
+#[test]
+fn different_seeds_explore_different_interleavings() {
+    let orders: std::collections::BTreeSet<Vec<(CmEventType, u32)>> =
+        (0..8).map(|seed| storm(&two_hosts(seed), 10)).collect();
+    assert!(
+        orders.len() >= 6,
+        "only {} distinct orders from 8 seeds",
+        orders.len()
+    );
+    let hashes: std::collections::BTreeSet<u64> = (0..8)
+        .map(|seed| {
+            let f = two_hosts(seed);
+            storm(&f, 10);
+            f.trace_hash()
+        })
+        .collect();
+    assert_eq!(hashes.len(), 8);
+}
+
+/// Needs the trace: one line per event and message, with virtual time, host, id, what, status.
+#[test]
+fn trace_lines_name_time_host_id_event_and_status() {
+    let fabric = two_hosts(3);
+    let mut bed = Bed::new(
+        fabric.host(0),
+        fabric.host(1),
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.99".parse().unwrap(),
+        7000,
+        fabric.repro_line(),
+    );
+    let conn = establish(&mut bed);
+    let (client_id, child) = (conn.client.id, conn.child);
+    teardown(&mut bed, conn);
+    let lines = fabric.trace_lines();
+    let has = |needle: &str| lines.iter().any(|l| l.contains(needle));
+    let client_id = format!("10.0.0.2 id#{} ", client_id.index());
+    let child = format!("10.0.0.1 id#{} ", child.index());
+    assert!(
+        has(&format!("{client_id}RDMA_CM_EVENT_ADDR_RESOLVED status=0")),
+        "{lines:#?}"
+    );
+    assert!(has(&format!("{client_id}sent REQ to 10.0.0.1")));
+    assert!(
+        has(&format!("{child}RDMA_CM_EVENT_CONNECT_REQUEST status=0")),
+        "{lines:#?}"
+    );
+    assert!(has("RDMA_CM_EVENT_ESTABLISHED status=0"));
+    assert!(has("sent DREQ") && has("sent DREP") && has("sent RTU"));
+    let first = &lines[0];
+    let time: f64 = first.split(' ').next().unwrap().parse().expect("time in seconds");
+    assert!(time > 0.0);
+    let times: Vec<f64> = lines
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "trace in time order");
+}
+
+/// Needs virtual time: the DREQ retries take over a minute on a real fabric.
+#[test]
+fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
+    let fabric = two_hosts(11);
+    let mut bed = Bed::new(
+        fabric.host(0),
+        fabric.host(1),
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.99".parse().unwrap(),
+        7000,
+        fabric.repro_line(),
+    );
+    let conn = establish(&mut bed);
+    let start = fabric.now();
+    bed.client.disconnect(conn.client.id).unwrap();
+    // The server sees DISCONNECTED and then does nothing at all.
+    expect(&mut bed.server, conn.server.ch, CmEventType::Disconnected);
+    let d = next_event(&mut bed.client, conn.client.ch, Duration::from_secs(600)).expect("DISCONNECTED");
+    assert_eq!((d.event, d.status), (CmEventType::Disconnected, -110));
+    let waited = fabric.now().since_start() - start.since_start();
+    let cm_timeout = fabric.config().cm_timeout;
+    assert!(
+        waited >= cm_timeout && waited < cm_timeout + Duration::from_millis(1),
+        "after {waited:?}"
+    );
+    let t = next_event(&mut bed.client, conn.client.ch, Duration::from_secs(600)).expect("TIMEWAIT_EXIT");
+    assert_eq!(t.event, CmEventType::TimewaitExit);
+    // The silent peer never reaches timewait.
+    assert!(next_event(&mut bed.server, conn.server.ch, Duration::from_secs(600)).is_none());
+    bed.server.disconnect(conn.child).unwrap();
+    destroy_all(&mut bed.client, &[conn.client.id], conn.client.ch);
+    destroy_all(
+        &mut bed.server,
+        &[conn.child, conn.server.listener],
+        conn.server.ch,
+    );
+    assert_clean(&bed);
+}
+
+/// Needs virtual time: an unaccepted request times out after the IB CM's retries.
+#[test]
+fn a_request_nobody_accepts_becomes_unreachable() {
+    let fabric = two_hosts(5);
+    let mut bed = Bed::new(
+        fabric.host(0),
+        fabric.host(1),
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.99".parse().unwrap(),
+        7000,
+        fabric.repro_line(),
+    );
+    let server = listen(&mut bed, 0);
+    let client = resolved_client(&mut bed, server.addr, true);
+    bed.client.connect(client.id, &ConnParam::new()).unwrap();
+    let child = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest).id;
+    let u = next_event(&mut bed.client, client.ch, Duration::from_secs(600)).expect("UNREACHABLE");
+    assert_eq!((u.event, u.status), (CmEventType::Unreachable, -110));
+    // The request is gone (once the active side's REJ has arrived): accepting fails in the kernel.
+    let_time_pass(&mut bed.server);
+    bed.server.create_qp(child, QpCaps::new()).unwrap();
+    assert_eq!(
+        bed.server.accept(child, &ConnParam::new()).unwrap_err().errno(),
+        cm::core::errno::EINVAL
+    );
+    destroy_all(&mut bed.client, &[client.id], client.ch);
+    destroy_all(&mut bed.server, &[child, server.listener], server.ch);
+    assert_clean(&bed);
+}
+
+/// Needs the seed source: `CM_SIM_SEED` picks the seed when the builder has none.
+#[test]
+fn the_seed_comes_from_the_environment_and_is_reported() {
+    let previous = std::env::var(SEED_ENV).ok();
+    std::env::set_var(SEED_ENV, "0x1234");
+    let fabric = SimFabric::builder().host("10.0.0.1").build();
+    match previous {
+        Some(v) => std::env::set_var(SEED_ENV, v),
+        None => std::env::remove_var(SEED_ENV),
+    }
+    assert_eq!(fabric.seed(), 0x1234);
+    assert_eq!(fabric.seed_info().source, SeedSource::Environment);
+    assert_eq!(fabric.repro_line(), "reproduce with CM_SIM_SEED=4660");
+    let drawn = SimFabric::builder().seed(9).host("10.0.0.1").build();
+    assert_eq!(drawn.seed_info().source, SeedSource::Builder);
+}
+
+/// Needs a scale no NIC reaches: 100 000 connections live at once on one fabric.
+#[test]
+fn a_hundred_thousand_live_connections() {
+    const N: usize = 100_000;
+    // One client address per 20 000 connections: each address has 28 232 ephemeral ports.
+    let client_addrs: Vec<String> = (0..N.div_ceil(20_000))
+        .map(|i| format!("10.0.1.{}", i + 1))
+        .collect();
+    let client_refs: Vec<&str> = client_addrs.iter().map(String::as_str).collect();
+    let fabric = SimFabric::builder()
+        .seed(100)
+        .host("10.0.0.1")
+        .host_with_addrs(&client_refs)
+        .trace(TraceMode::HashOnly)
+        .build();
+    let (mut server, mut client): (SimHost, SimHost) = (fabric.host(0), fabric.host(1));
+    let addr = "10.0.0.1:7471".parse().unwrap();
+    let sch = server.create_event_channel().unwrap();
+    let listener = server.create_id(sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(listener, addr).unwrap();
+    server.listen(listener, 0).unwrap();
+    let cch = client.create_event_channel().unwrap();
+    let mut pairs = Vec::with_capacity(N);
+    for n in 0..N {
+        let id = client.create_id(cch, PortSpace::Tcp).unwrap();
+        let src = std::net::SocketAddr::new(client_addrs[n / 20_000].parse().unwrap(), 0);
+        client.resolve_addr(id, Some(src), addr, WAIT).unwrap();
+        expect(&mut client, cch, CmEventType::AddrResolved);
+        client.resolve_route(id, WAIT).unwrap();
+        expect(&mut client, cch, CmEventType::RouteResolved);
+        client.create_qp(id, QpCaps::new()).unwrap();
+        client.connect(id, &ConnParam::new()).unwrap();
+        let child = expect(&mut server, sch, CmEventType::ConnectRequest).id;
+        server.create_qp(child, QpCaps::new()).unwrap();
+        server.accept(child, &ConnParam::new()).unwrap();
+        expect(&mut client, cch, CmEventType::Established);
+        expect(&mut server, sch, CmEventType::Established);
+        pairs.push((id, child));
+    }
+    let live = fabric.live_resources();
+    assert_eq!((live.ids, live.qps), (2 * N + 1, 2 * N));
+    for (id, child) in pairs {
+        client.disconnect(id).unwrap();
+        expect(&mut server, sch, CmEventType::Disconnected);
+        server.disconnect(child).unwrap();
+        expect(&mut client, cch, CmEventType::Disconnected);
+        client.destroy_qp(id).unwrap();
+        client.destroy_id(id).unwrap();
+        server.destroy_qp(child).unwrap();
+        server.destroy_id(child).unwrap();
+    }
+    server.destroy_id(listener).unwrap();
+    server.destroy_event_channel(sch).unwrap();
+    client.destroy_event_channel(cch).unwrap();
+    assert!(fabric.live_resources().is_clean());
+}
