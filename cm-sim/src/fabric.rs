@@ -431,9 +431,7 @@ impl Fabric {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
         let lat = self.latency();
         let Some(dest) = self.ids.get_mut(to) else {
-            if let Some(p) = self.take_payload(payload) {
-                drop(p);
-            }
+            self.take_payload(payload);
             return;
         };
         let arrival = (self.now + lat).max(dest.last_arrival);

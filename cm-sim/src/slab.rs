@@ -97,26 +97,6 @@ impl<T> Slab<T> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stale_references_miss_after_reuse() {
-        let mut s = Slab::new();
-        let a = s.insert("a");
-        assert_eq!(s.remove(a), Some("a"));
-        let b = s.insert("b");
-        assert_eq!(a.index, b.index);
-        assert_ne!(a.generation, b.generation);
-        assert!(s.get(a).is_none());
-        assert_eq!(s.get(b), Some(&"b"));
-        assert_eq!(s.remove(a), None);
-        assert_eq!(s.len(), 1);
-        assert!(s.get(SlotRef::NONE).is_none());
-    }
-}
-
 /// A pool addressed by bare index, for values with exactly one owner at a time (message
 /// payloads): no generations needed, because nothing can hold a stale index.
 pub(crate) struct Pool<T> {
@@ -153,5 +133,25 @@ impl<T> Pool<T> {
         let v = self.values.get_mut(index as usize)?.take()?;
         self.free.push(index);
         Some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_references_miss_after_reuse() {
+        let mut s = Slab::new();
+        let a = s.insert("a");
+        assert_eq!(s.remove(a), Some("a"));
+        let b = s.insert("b");
+        assert_eq!(a.index, b.index);
+        assert_ne!(a.generation, b.generation);
+        assert!(s.get(a).is_none());
+        assert_eq!(s.get(b), Some(&"b"));
+        assert_eq!(s.remove(a), None);
+        assert_eq!(s.len(), 1);
+        assert!(s.get(SlotRef::NONE).is_none());
     }
 }

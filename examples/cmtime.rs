@@ -1,0 +1,522 @@
+//! rdma-core's `cmtime` benchmark, written once against [`CmBackend`].
+//!
+//! N connections from a client to a listener, each step run for all connections at once and
+//! timed the way cmtime (v44) times it: the whole step (`total ms`), the slowest and fastest
+//! single connection (`max ms`, `min us`) and `total / N` (`us / conn`). Both ends run in this
+//! process on one thread; the server accepts every request and, on `DISCONNECTED`, disconnects
+//! and destroys its id, as cmtime's server threads do.
+//!
+//! ```text
+//! cargo run --release --example cmtime                          # simulator, 1000 connections
+//! cargo run --release --example cmtime -- --connections 100000 --seed 7
+//! cargo run --release --features hw --example cmtime -- --backend hw --bind 10.0.0.1 --server 10.0.0.1
+//! ```
+//!
+//! The last lines are `seed: S`, `trace-hash: <hex>` (simulator only) and `connections/s: <n>`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use cm::core::{ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
+use cm::sim::{SimFabric, TraceMode};
+
+const STEPS: [&str; 8] = [
+    "create id",
+    "bind addr",
+    "resolve addr",
+    "resolve route",
+    "create qp",
+    "connect",
+    "disconnect",
+    "destroy",
+];
+const BIND: usize = 1;
+
+/// Connections one client address can carry (its ephemeral ports, with room to spare).
+const PER_ADDRESS: usize = 20_000;
+
+struct Options {
+    backend: String,
+    connections: usize,
+    seed: Option<u64>,
+    bind: Option<IpAddr>,
+    server: IpAddr,
+    port: u16,
+    timeout: Duration,
+    retries: u32,
+    trace: Option<String>,
+}
+
+fn usage() -> &'static str {
+    "usage: cmtime [--backend sim|hw] [--connections N] [--seed S] [--bind ADDR] [--server ADDR]\n\
+     \x20             [--port P] [--timeout MS] [--retries R] [--trace FILE]\n\
+     \x20 --backend     sim (default): the deterministic simulator; hw: librdmacm (feature `hw`)\n\
+     \x20 --connections connections to open (default 1000)\n\
+     \x20 --seed        simulator seed (default: CM_SIM_SEED, else drawn and printed)\n\
+     \x20 --bind        client address (cmtime -b); sim default 10.0.0.2. With more than 20000\n\
+     \x20               connections the simulated client gets extra addresses 10.255.x.y\n\
+     \x20 --server      server address (cmtime -s); sim default 10.0.0.1\n\
+     \x20 --port        server port (default 7471)\n\
+     \x20 --timeout     resolve timeout in ms (default 2000)\n\
+     \x20 --retries     resolve retries after ADDR_ERROR/ROUTE_ERROR (default 2)\n\
+     \x20 --trace       simulator only: write the trace, one line per event, to FILE"
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        backend: "sim".into(),
+        connections: 1000,
+        seed: None,
+        bind: None,
+        server: "10.0.0.1".parse().expect("literal"),
+        port: 7471,
+        timeout: Duration::from_millis(2000),
+        retries: 2,
+        trace: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(String::new());
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |what: &str| format!("{flag}: not {what}: {value}");
+        match flag.as_str() {
+            "--backend" => o.backend = value,
+            "--connections" | "-c" => o.connections = value.parse().map_err(|_| bad("a number"))?,
+            "--seed" => o.seed = Some(cm::sim::parse_seed(&value).ok_or_else(|| bad("a seed"))?),
+            "--bind" | "-b" => o.bind = Some(value.parse().map_err(|_| bad("an IP address"))?),
+            "--server" | "-s" => o.server = value.parse().map_err(|_| bad("an IP address"))?,
+            "--port" | "-p" => o.port = value.parse().map_err(|_| bad("a port"))?,
+            "--timeout" | "-t" => {
+                o.timeout = Duration::from_millis(value.parse().map_err(|_| bad("milliseconds"))?)
+            }
+            "--retries" | "-r" => o.retries = value.parse().map_err(|_| bad("a number"))?,
+            "--trace" => o.trace = Some(value),
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    if o.connections == 0 {
+        return Err("--connections must be at least 1".into());
+    }
+    Ok(o)
+}
+
+/// Start and end of one step, for the whole run and per connection.
+struct Times {
+    step: [(Option<Instant>, Option<Instant>); 8],
+    conn: Vec<[(Option<Instant>, Option<Instant>); 8]>,
+}
+
+impl Times {
+    fn new(n: usize) -> Self {
+        Times {
+            step: [(None, None); 8],
+            conn: vec![[(None, None); 8]; n],
+        }
+    }
+    fn begin(&mut self, step: usize) {
+        self.step[step].0 = Some(Instant::now());
+    }
+    fn end(&mut self, step: usize) {
+        self.step[step].1 = Some(Instant::now());
+    }
+    fn start(&mut self, c: usize, step: usize) {
+        self.conn[c][step].0 = Some(Instant::now());
+    }
+    fn stop(&mut self, c: usize, step: usize) {
+        self.conn[c][step].1 = Some(Instant::now());
+    }
+}
+
+fn us(a: Instant, b: Instant) -> f64 {
+    b.duration_since(a).as_secs_f64() * 1e6
+}
+
+/// Prints cmtime v44's table.
+fn show_perf(t: &Times, n: usize, bound: bool) {
+    println!("step              total ms     max ms     min us  us / conn");
+    for (i, name) in STEPS.iter().enumerate() {
+        if i == BIND && !bound {
+            continue;
+        }
+        let (mut max, mut min) = (0f64, f64::MAX);
+        for c in &t.conn {
+            if let (Some(a), Some(b)) = c[i] {
+                let d = us(a, b);
+                max = max.max(d);
+                min = min.min(d);
+            }
+        }
+        if min == f64::MAX {
+            min = 0.0;
+        }
+        let total = match t.step[i] {
+            (Some(a), Some(b)) => us(a, b),
+            _ => 0.0,
+        };
+        println!(
+            "{:<13}: {:>11.2}{:>11.2}{:>11.2}{:>11.2}",
+            name,
+            total / 1000.0,
+            max / 1000.0,
+            min,
+            total / n as f64
+        );
+    }
+}
+
+/// The server side: accepts every request; on DISCONNECTED disconnects and destroys the child.
+struct Server {
+    ch: ChannelHandle,
+    listener: IdHandle,
+    children: usize,
+}
+
+impl Server {
+    fn pump<B: CmBackend>(&mut self, b: &mut B) -> Result<bool, CmError> {
+        let mut progressed = false;
+        while let Some(ev) = b.get_cm_event(self.ch, Duration::ZERO)? {
+            progressed = true;
+            let (ty, id, status) = (ev.event(), ev.id(), ev.status());
+            b.ack_cm_event(ev)?;
+            match ty {
+                CmEventType::ConnectRequest => {
+                    b.create_qp(id, qp_caps())?;
+                    b.accept(id, &ConnParam::new())?;
+                    self.children += 1;
+                }
+                CmEventType::Established | CmEventType::TimewaitExit => {}
+                CmEventType::Disconnected => {
+                    b.disconnect(id)?;
+                    b.destroy_qp(id)?;
+                    b.destroy_id(id)?;
+                    self.children -= 1;
+                }
+                other => eprintln!("server: unexpected {other} (status {status}) on {id}"),
+            }
+        }
+        Ok(progressed)
+    }
+}
+
+fn qp_caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+        max_message_size: 64,
+    }
+}
+
+/// Drives both ends until `done` says the client has what it waits for. The client's
+/// `handle` gets each client event and returns whether it completed one connection's step.
+fn run_step<B: CmBackend>(
+    server_b: &mut B,
+    client_b: &mut B,
+    server: &mut Server,
+    cch: ChannelHandle,
+    mut remaining: usize,
+    mut handle: impl FnMut(&mut B, CmEventType, IdHandle, i32) -> Result<bool, CmError>,
+) -> Result<(), CmError> {
+    let limit = Instant::now() + Duration::from_secs(600);
+    while remaining > 0 {
+        let mut progressed = server.pump(server_b)?;
+        while let Some(ev) = client_b.get_cm_event(cch, Duration::ZERO)? {
+            progressed = true;
+            let (ty, id, status) = (ev.event(), ev.id(), ev.status());
+            client_b.ack_cm_event(ev)?;
+            if handle(client_b, ty, id, status)? {
+                remaining -= 1;
+            }
+        }
+        if !progressed {
+            // Nothing queued on either side: wait a little on the client's channel (on the
+            // simulator this moves virtual time to the next thing that happens).
+            if let Some(ev) = client_b.get_cm_event(cch, Duration::from_millis(1))? {
+                let (ty, id, status) = (ev.event(), ev.id(), ev.status());
+                client_b.ack_cm_event(ev)?;
+                if handle(client_b, ty, id, status)? {
+                    remaining -= 1;
+                }
+            }
+        }
+        if Instant::now() > limit {
+            return Err(CmError::Os {
+                call: cm::core::Call::GetCmEvent,
+                errno: cm::core::errno::ETIMEDOUT,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn cmtime<B: CmBackend>(
+    server_b: &mut B,
+    client_b: &mut B,
+    o: &Options,
+    sources: &[IpAddr],
+) -> Result<Times, CmError> {
+    let n = o.connections;
+    let dst = SocketAddr::new(o.server, o.port);
+    let sch = server_b.create_event_channel()?;
+    let listener = server_b.create_id(sch, PortSpace::Tcp)?;
+    server_b.bind_addr(listener, dst)?;
+    server_b.listen(listener, 0)?;
+    let mut server = Server {
+        ch: sch,
+        listener,
+        children: 0,
+    };
+    let cch = client_b.create_event_channel()?;
+    let mut t = Times::new(n);
+    let mut ids = Vec::with_capacity(n);
+    let mut index: HashMap<IdHandle, usize> = HashMap::with_capacity(n);
+
+    t.begin(0);
+    for c in 0..n {
+        t.start(c, 0);
+        let id = client_b.create_id(cch, PortSpace::Tcp)?;
+        t.stop(c, 0);
+        index.insert(id, c);
+        ids.push(id);
+    }
+    t.end(0);
+
+    let src = |c: usize| sources.get(c / PER_ADDRESS).map(|ip| SocketAddr::new(*ip, 0));
+    if o.bind.is_some() {
+        t.begin(BIND);
+        for (c, &id) in ids.iter().enumerate() {
+            t.start(c, BIND);
+            client_b.bind_addr(id, src(c).expect("a bind address"))?;
+            t.stop(c, BIND);
+        }
+        t.end(BIND);
+    }
+
+    // resolve addr / resolve route: asynchronous, retried after an error like cmtime does.
+    for (step, route) in [(2, false), (3, true)] {
+        t.begin(step);
+        let mut retries = vec![o.retries; n];
+        for (c, &id) in ids.iter().enumerate() {
+            t.start(c, step);
+            if route {
+                client_b.resolve_route(id, o.timeout)?;
+            } else {
+                client_b.resolve_addr(id, if o.bind.is_some() { None } else { src(c) }, dst, o.timeout)?;
+            }
+        }
+        let (ok, err) = if route {
+            (CmEventType::RouteResolved, CmEventType::RouteError)
+        } else {
+            (CmEventType::AddrResolved, CmEventType::AddrError)
+        };
+        let timeout = o.timeout;
+        run_step(server_b, client_b, &mut server, cch, n, |b, ty, id, status| {
+            let c = index[&id];
+            if ty == ok {
+                t.stop(c, step);
+                return Ok(true);
+            }
+            if ty == err && retries[c] > 0 {
+                retries[c] -= 1;
+                if route {
+                    b.resolve_route(id, timeout)?
+                } else {
+                    b.resolve_addr(id, None, dst, timeout)?
+                }
+                return Ok(false);
+            }
+            eprintln!("client: {ty} (status {status}) on {id} while resolving");
+            Err(CmError::Os {
+                call: cm::core::Call::GetCmEvent,
+                errno: -status,
+            })
+        })?;
+        t.end(step);
+    }
+
+    t.begin(4);
+    for (c, &id) in ids.iter().enumerate() {
+        t.start(c, 4);
+        client_b.create_qp(id, qp_caps())?;
+        t.stop(c, 4);
+    }
+    t.end(4);
+
+    t.begin(5);
+    for (c, &id) in ids.iter().enumerate() {
+        t.start(c, 5);
+        client_b.connect(id, &ConnParam::new())?;
+    }
+    run_step(server_b, client_b, &mut server, cch, n, |_, ty, id, status| {
+        if ty == CmEventType::Established {
+            t.stop(index[&id], 5);
+            return Ok(true);
+        }
+        eprintln!("client: {ty} (status {status}) on {id} while connecting");
+        Err(CmError::Os {
+            call: cm::core::Call::Connect,
+            errno: cm::core::errno::ECONNREFUSED,
+        })
+    })?;
+    t.end(5);
+
+    t.begin(6);
+    for (c, &id) in ids.iter().enumerate() {
+        t.start(c, 6);
+        client_b.disconnect(id)?;
+    }
+    run_step(
+        server_b,
+        client_b,
+        &mut server,
+        cch,
+        n,
+        |b, ty, id, status| match ty {
+            CmEventType::Disconnected => {
+                b.destroy_qp(id)?;
+                t.stop(index[&id], 6);
+                Ok(true)
+            }
+            CmEventType::TimewaitExit => Ok(false),
+            _ => {
+                eprintln!("client: {ty} (status {status}) on {id} while disconnecting");
+                Ok(false)
+            }
+        },
+    )?;
+    t.end(6);
+
+    t.begin(7);
+    for (c, &id) in ids.iter().enumerate() {
+        t.start(c, 7);
+        client_b.destroy_id(id)?;
+        t.stop(c, 7);
+    }
+    t.end(7);
+
+    // The server destroys each child when it sees DISCONNECTED; wait for the last ones.
+    let limit = Instant::now() + Duration::from_secs(60);
+    while server.children > 0 && Instant::now() < limit {
+        if !server.pump(server_b)? {
+            let _ = client_b
+                .get_cm_event(cch, Duration::from_millis(1))?
+                .map(|ev| client_b.ack_cm_event(ev));
+        }
+    }
+    // TIMEWAIT_EXIT events may still be queued for destroyed ids; they die with them.
+    server_b.destroy_id(server.listener)?;
+    server_b.destroy_event_channel(sch)?;
+    client_b.destroy_event_channel(cch)?;
+    Ok(t)
+}
+
+fn total_us(t: &Times) -> f64 {
+    match (t.step[0].0, t.step[7].1) {
+        (Some(a), Some(b)) => us(a, b),
+        _ => f64::NAN,
+    }
+}
+
+fn run_sim(o: &Options) -> Result<(), String> {
+    let client = o.bind.unwrap_or_else(|| "10.0.0.2".parse().expect("literal"));
+    // cmtime listens with backlog 0 (the system maximum) and its server keeps up with the
+    // requests from another thread; this one-thread version retrieves them between waits, so
+    // the simulated net.rdma_ucm.max_backlog is raised to hold a whole burst.
+    let backlog = u32::try_from(o.connections).unwrap_or(u32::MAX).max(1024);
+    let mut builder = SimFabric::builder()
+        .max_backlog(backlog)
+        .trace(if o.trace.is_some() {
+            TraceMode::Full
+        } else {
+            TraceMode::HashOnly
+        });
+    if let Some(seed) = o.seed {
+        builder = builder.seed(seed);
+    }
+    // Spread the client over enough addresses for its ephemeral ports.
+    let extra = o.connections.div_ceil(PER_ADDRESS).saturating_sub(1);
+    let mut client_addrs = vec![client.to_string()];
+    client_addrs.extend((1..=extra).map(|i| format!("10.255.{}.{}", i / 250, i % 250 + 1)));
+    let refs: Vec<&str> = client_addrs.iter().map(String::as_str).collect();
+    let one_host = o.server == client;
+    builder = if one_host {
+        builder.host_with_addrs(&refs)
+    } else {
+        builder.host(&o.server.to_string()).host_with_addrs(&refs)
+    };
+    let fabric = builder.build();
+    let (mut server, mut client_b) = if one_host {
+        (fabric.host(0), fabric.host(0))
+    } else {
+        (fabric.host(0), fabric.host(1))
+    };
+    let sources: Vec<IpAddr> = client_addrs.iter().map(|a| a.parse().expect("address")).collect();
+    let t = cmtime(&mut server, &mut client_b, o, &sources)
+        .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
+    show_perf(&t, o.connections, o.bind.is_some());
+    if let Some(path) = &o.trace {
+        std::fs::write(path, fabric.trace_lines().join("\n") + "\n").map_err(|e| format!("{path}: {e}"))?;
+    }
+    println!("virtual time: {:.6} s", fabric.now().since_start().as_secs_f64());
+    println!("seed: {}", fabric.seed());
+    println!("trace-hash: {:016x}", fabric.trace_hash());
+    println!(
+        "connections/s: {:.0}",
+        o.connections as f64 / (total_us(&t) / 1e6)
+    );
+    Ok(())
+}
+
+#[cfg(feature = "hw")]
+fn run_hw(o: &Options) -> Result<(), String> {
+    let mut server = cm::hw::HwBackend::new().map_err(|e| e.to_string())?;
+    let mut client = cm::hw::HwBackend::new().map_err(|e| e.to_string())?;
+    let sources: Vec<IpAddr> = o.bind.into_iter().collect();
+    let t = cmtime(&mut server, &mut client, o, &sources).map_err(|e| e.to_string())?;
+    show_perf(&t, o.connections, o.bind.is_some());
+    println!(
+        "connections/s: {:.0}",
+        o.connections as f64 / (total_us(&t) / 1e6)
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "hw"))]
+fn run_hw(_: &Options) -> Result<(), String> {
+    Err("this build has no hardware backend: rebuild with `--features hw`".into())
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("cmtime: {msg}");
+            }
+            eprintln!("{}", usage());
+            return if msg.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    let result = match o.backend.as_str() {
+        "sim" => run_sim(&o),
+        "hw" => run_hw(&o),
+        other => Err(format!("unknown backend {other} (sim or hw)")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cmtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
