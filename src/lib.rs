@@ -37,3 +37,8 @@ pub use cm_core::{
     QpState, WcStatus, WorkCompletion,
 };
 pub use cm_sim::{SimFabric, SimHost};
+
+/// The README's Rust examples, compiled and run as doc tests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -784,7 +784,7 @@ fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(crate::bed::PROP_CASES);
+        .unwrap_or_else(crate::bed::prop_cases);
     ProptestConfig {
         cases,
         failure_persistence: None,

@@ -3,7 +3,7 @@
 //! A runner (`tests/runners/<backend>.rs`) provides a module `bed` with:
 //! `type Backend: CmBackend`, `fn new_bed() -> Option<Bed<Backend>>` (None: skip, after printing
 //! why), `fn seeded_bed(u64) -> Option<Bed<Backend>>`, `fn prop_wait(u8) -> Duration` and
-//! `const PROP_CASES: u32` for the property tests.
+//! `fn prop_cases() -> u32` for the property tests.
 
 #![allow(dead_code)] // each test file uses a different subset
 
