@@ -34,7 +34,9 @@ mod bed {
         match std::env::var("CM_HW_ADDR") {
             Ok(a) if a.parse::<std::net::Ipv4Addr>().is_ok() => None,
             Ok(a) => Some(format!("CM_HW_ADDR={a:?} is not an IPv4 address")),
-            Err(_) => Some("an RDMA device answers, but CM_HW_ADDR (its interface's IPv4 address) is not set".into()),
+            Err(_) => Some(
+                "an RDMA device answers, but CM_HW_ADDR (its interface's IPv4 address) is not set".into(),
+            ),
         }
     }
 
@@ -60,7 +62,15 @@ mod bed {
         let first_port = 20_000 + block * 16;
         let server = cm::hw::HwBackend::new().expect("HwBackend::new");
         let client = cm::hw::HwBackend::new().expect("HwBackend::new");
-        Some(Bed::new(server, client, ip, ip, unreachable, first_port, String::new()))
+        Some(Bed::new(
+            server,
+            client,
+            ip,
+            ip,
+            unreachable,
+            first_port,
+            String::new(),
+        ))
     }
 
     pub fn seeded_bed(_seed: u64) -> Option<Bed<Backend>> {
