@@ -54,7 +54,7 @@ ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm dummy"
 # hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
 # (which libtest reports as passed and would otherwise swallow) reach the console.
 PROJECT_BINS=(
-  "hw-test|libtest|300|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
+  "hw-test|libtest|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
   "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 hw"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --bind @ADDR --server @ADDR --connections @N"
 )

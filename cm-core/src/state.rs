@@ -362,6 +362,27 @@ impl IdMachine {
     /// handshake); datagram port spaces get one in RTS at once, as librdmacm does.
     pub fn create_qp(&self) -> Step {
         self.alive(Call::CreateQp)?;
+        // librdmacm takes the QP's INIT attributes from the kernel, whose IB CM gives them for a
+        // connected id only while its connection is being made or is up (EINVAL on a listener,
+        // after a failed attempt, after a disconnect). Datagram ids take them without the CM.
+        let cm_gives_attributes = match self.state {
+            IdState::Listen | IdState::Disconnect => false,
+            IdState::Connect => matches!(
+                self.phase,
+                ConnPhase::Connecting
+                    | ConnPhase::Responded
+                    | ConnPhase::Requested
+                    | ConnPhase::Accepted
+                    | ConnPhase::Established
+            ),
+            _ => true,
+        };
+        if self.ps.is_connected() && !cm_gives_attributes {
+            return Err(self.wrong(
+                Call::CreateQp,
+                "an id that is not listening and whose connection has not ended",
+            ));
+        }
         if !self.device {
             return Err(CmError::NoDevice { call: Call::CreateQp });
         }
@@ -857,6 +878,38 @@ mod tests {
             .unwrap();
         assert_eq!(ud.connect_response_outcome(), Established, "SIDR needs no QP");
         assert!(ud.check_event(Established).is_ok());
+    }
+
+    #[test]
+    fn create_qp_needs_the_cm_to_give_qp_attributes() {
+        let l = IdMachine::new(PortSpace::Tcp)
+            .bind_addr(false)
+            .unwrap()
+            .listen()
+            .unwrap();
+        assert!(matches!(
+            l.create_qp(),
+            Err(CmError::WrongState {
+                call: Call::CreateQp,
+                state: IdState::Listen,
+                ..
+            })
+        ));
+        let rej = IdMachine::new_child(PortSpace::Tcp).reject(0).unwrap();
+        assert!(rej.create_qp().is_err(), "a rejected child's CM exchange is over");
+        let d = established_active()
+            .destroy_qp()
+            .unwrap()
+            .on_event(Disconnected)
+            .unwrap();
+        assert!(d.create_qp().is_err());
+        assert!(IdMachine::new_child(PortSpace::Tcp).create_qp().is_ok());
+        let ud = IdMachine::new(PortSpace::Udp)
+            .bind_addr(false)
+            .unwrap()
+            .listen()
+            .unwrap();
+        assert!(ud.create_qp().is_ok(), "datagram QPs need no CM exchange");
     }
 
     #[test]

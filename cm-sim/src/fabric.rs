@@ -1083,6 +1083,16 @@ impl Fabric {
         let call = Call::CreateQp;
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.create_qp()?;
+        let slot = self.slot(r);
+        let cm_exchange_over = !matches!(
+            slot.wire,
+            Wire::Idle | Wire::ReqSent | Wire::RepRcvd | Wire::ReqRcvd | Wire::RepSent | Wire::Established
+        );
+        if slot.m.port_space().is_connected() && cm_exchange_over {
+            // The peer ended the exchange before the application saw it (e.g. a child whose
+            // requester went away): the kernel has no QP attributes to give.
+            return Err(CmError::Os { call, errno: errno::EINVAL });
+        }
         let max_wr = self.cfg.max_qp_wr;
         if !(1..=max_wr).contains(&caps.max_send_wr) || !(1..=max_wr).contains(&caps.max_recv_wr) {
             return Err(CmError::InvalidArgument {

@@ -170,7 +170,9 @@ fn environmental(call: Call, err: &CmError) -> bool {
         CmError::AddrInUse { .. } | CmError::AddrNotAvailable { .. } => {
             matches!(call, Call::BindAddr | Call::ResolveAddr | Call::Listen)
         }
-        CmError::Os { errno: e, .. } => *e == errno::EINVAL && matches!(call, Call::Accept | Call::Reject),
+        CmError::Os { errno: e, .. } => {
+            *e == errno::EINVAL && matches!(call, Call::Accept | Call::Reject | Call::CreateQp)
+        }
         CmError::QueueFull { .. } => matches!(call, Call::PostSend | Call::PostRecv),
         _ => false,
     }

@@ -82,7 +82,7 @@ mod bed {
         if unavailable().is_some() {
             1
         } else {
-            24
+            16
         }
     }
 
@@ -90,9 +90,9 @@ mod bed {
     pub fn prop_wait(choice: u8) -> Duration {
         match choice {
             0 => Duration::ZERO,
-            1 => Duration::from_millis(20),
-            2 => Duration::from_millis(200),
-            _ => Duration::from_secs(3),
+            1 => Duration::from_millis(10),
+            2 => Duration::from_millis(100),
+            _ => Duration::from_secs(1),
         }
     }
 }
