@@ -641,6 +641,12 @@ impl IdMachine {
         Ok(next)
     }
 
+    /// The machine after an event that [`on_event`](Self::on_event) refused was delivered
+    /// anyway (a backend never hides a real event): counted as unacked, nothing else changes.
+    pub fn count_event(&self) -> IdMachine {
+        IdMachine { unacked: self.unacked + 1, ..*self }
+    }
+
     /// The machine after one of its events was acked.
     pub fn on_ack(&self) -> Step {
         if self.unacked == 0 {
@@ -959,6 +965,8 @@ mod tests {
     #[test]
     fn acks_are_counted() {
         let m = IdMachine::new(PortSpace::Tcp);
+        assert_eq!(m.count_event().unacked(), 1);
+        assert_eq!(m.count_event().state(), m.state());
         assert_eq!(m.on_ack().unwrap_err(), CmError::EventNotOutstanding);
         let l = m
             .listen()

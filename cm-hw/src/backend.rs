@@ -15,8 +15,12 @@ use crate::pool::SlotPool;
 use crate::slab::Slab;
 use crate::sys::{self, Errno};
 
-/// The most memory one QP's message buffers may take (they are pinned by `ibv_reg_mr`).
+/// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
+/// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
 pub const MAX_QP_BUFFER_BYTES: u64 = 1 << 30;
+
+/// The largest [`QpCaps::max_message_size`] accepted: 1 MiB, the simulator's default.
+pub const MAX_MESSAGE_SIZE: u32 = 1 << 20;
 
 /// One event channel.
 struct ChannelEntry {
@@ -289,16 +293,19 @@ impl CmBackend for HwBackend {
     fn destroy_event_channel(&mut self, channel: ChannelHandle) -> Result<()> {
         let index = self.channel_index(Call::DestroyEventChannel, channel)?;
         let entry = self.channels.at(index).expect("checked");
-        if entry.unacked > 0 {
-            return Err(CmError::UnackedEvents {
-                call: Call::DestroyEventChannel,
-                count: entry.unacked,
-            });
-        }
+        // Ids first, as the simulator does. An unacked event always pins its id (destroy_id
+        // refuses), so with no ids left there are no unacked events either: the second check
+        // is a guard that cannot fire through the public API.
         let ids = entry.raw.ids();
         if ids > 0 {
             return Err(CmError::ChannelBusy {
                 ids: u32::try_from(ids).unwrap_or(u32::MAX),
+            });
+        }
+        if entry.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                call: Call::DestroyEventChannel,
+                count: entry.unacked,
             });
         }
         let entry = self.channels.take(index).expect("checked");
@@ -427,11 +434,23 @@ impl CmBackend for HwBackend {
             call: Call::CreateQp,
             reason,
         };
+        // The simulator's checks, with its reasons; the limit on work requests is the device's.
+        let max_wr = e.raw.max_qp_wr().map_err(|err| os_error(Call::CreateQp, err))?;
+        if !(1..=max_wr).contains(&caps.max_send_wr) || !(1..=max_wr).contains(&caps.max_recv_wr) {
+            return Err(invalid("max_send_wr and max_recv_wr must be 1..=max_qp_wr"));
+        }
+        if caps.max_send_sge == 0 || caps.max_recv_sge == 0 {
+            return Err(invalid("max_send_sge and max_recv_sge must be at least 1"));
+        }
+        if !(1..=MAX_MESSAGE_SIZE).contains(&caps.max_message_size) {
+            return Err(invalid("max_message_size out of range"));
+        }
+        // Both at most max_qp_wr (a u32 from the device, in practice far below 2^31 / 2).
         let slots = caps
             .max_send_wr
             .checked_add(caps.max_recv_wr)
             .ok_or(invalid("max_send_wr + max_recv_wr overflows"))?;
-        let cqe = i32::try_from(slots.max(1)).map_err(|_| invalid("too many work requests for one CQ"))?;
+        let cqe = i32::try_from(slots).map_err(|_| invalid("too many work requests for one CQ"))?;
         if u64::from(slots) * u64::from(caps.max_message_size) > MAX_QP_BUFFER_BYTES {
             return Err(invalid(
                 "(max_send_wr + max_recv_wr) * max_message_size exceeds 1 GiB of registered buffers",
@@ -535,7 +554,14 @@ impl CmBackend for HwBackend {
         if e.qp.is_none() || !e.raw.has_qp() {
             return Err(CmError::NoQp { call: Call::Accept });
         }
-        e.raw.accept(param).map_err(|err| os_error(Call::Accept, err))?;
+        if let Err(err) = e.raw.accept(param) {
+            // librdmacm moves the QP through RTR and RTS before the kernel call, and to ERR when
+            // that fails: follow the QP's real state.
+            if e.qp.as_ref().is_some_and(|q| q.raw.in_error()) {
+                e.machine = e.machine.qp_error();
+            }
+            return Err(os_error(Call::Accept, err));
+        }
         e.machine = next;
         Ok(())
     }
@@ -559,8 +585,10 @@ impl CmBackend for HwBackend {
                 Ok(())
             }
             Err(err) => {
-                // librdmacm moves the QP to ERR before the kernel call that failed.
-                e.machine = e.machine.qp_error();
+                // librdmacm moves the QP to ERR before the kernel call, which may then fail.
+                if e.qp.as_ref().is_some_and(|q| q.raw.in_error()) {
+                    e.machine = e.machine.qp_error();
+                }
                 Err(os_error(Call::Disconnect, err))
             }
         }
@@ -645,7 +673,7 @@ impl CmBackend for HwBackend {
         if data.len() > q.max_message_size as usize {
             return Err(CmError::InvalidArgument {
                 call: Call::PostSend,
-                reason: "message longer than the QP's max_message_size",
+                reason: "message longer than max_message_size",
             });
         }
         let len = data.len() as u32;
@@ -671,7 +699,7 @@ impl CmBackend for HwBackend {
         if len > q.max_message_size {
             return Err(CmError::InvalidArgument {
                 call: Call::PostRecv,
-                reason: "receive buffer longer than the QP's max_message_size",
+                reason: "receive buffer longer than max_message_size",
             });
         }
         let Some(slot) = q.pool.take_recv(wr_id, len) else {

@@ -75,7 +75,7 @@ mod pool;
 mod slab;
 mod sys;
 
-pub use backend::{HwBackend, MAX_QP_BUFFER_BYTES};
+pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_QP_BUFFER_BYTES};
 
 use cm_core::{Call, CmError};
 

@@ -185,6 +185,24 @@ impl Id {
         unsafe { !(*self.raw()).qp.is_null() }
     }
 
+    /// The device's `max_qp_wr` (`ibv_query_device`); `EINVAL` when the id has no device.
+    pub(crate) fn max_qp_wr(&self) -> Result<u32, Errno> {
+        let ctx = self.verbs();
+        if ctx == 0 {
+            return Err(libc::EINVAL);
+        }
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: `ctx` is the live id's open device context; `attr` is a valid out-pointer.
+        let ret = unsafe { ffi::ibv_query_device(ctx as *mut ffi::ibv_context, attr.as_mut_ptr()) };
+        if ret != 0 {
+            // verbs returns the errno itself.
+            return Err(ret);
+        }
+        // SAFETY: ibv_query_device filled the struct (and it started zeroed: plain integers).
+        let attr = unsafe { attr.assume_init() };
+        Ok(u32::try_from(attr.max_qp_wr).unwrap_or(0))
+    }
+
     /// How many bound events and QPs refer to the id.
     pub(crate) fn holders(&self) -> usize {
         Rc::strong_count(&self.anchor) - 1
@@ -478,10 +496,10 @@ impl Event {
 
     /// `rdma_ack_cm_event`: frees the event and releases the id it counted against.
     pub(crate) fn ack(self) -> Result<(), Errno> {
-        // SAFETY: the event is alive and acked once (consumed here). The id it counts against is
-        // alive: if bound, `counted` keeps Id::destroy from running; if not bound, the id is one
-        // librdmacm still knows (it hands out no events for destroyed ids) and that this module
-        // cannot destroy without binding.
+        // SAFETY: the event is alive and acked once (consumed here). librdmacm touches the id it
+        // counts against, which is alive: librdmacm hands out no event for a destroyed id, and
+        // `rdma_destroy_id` of that id cannot have returned since, because it waits for this ack
+        // (a bound event also keeps Id::destroy from even being called).
         let ret = unsafe { ffi::rdma_ack_cm_event(self.raw()) };
         check(ret)
     }
@@ -722,6 +740,14 @@ impl Qp {
             },
             granted,
         ))
+    }
+
+    /// Whether the QP is in ERR as libibverbs last set it (`qp->state`, updated by every
+    /// `ibv_modify_qp`, including librdmacm's).
+    pub(crate) fn in_error(&self) -> bool {
+        // SAFETY: the QP is alive (destroyed only by consuming `self`); reading a plain field.
+        let state = unsafe { (*self.qp.as_ptr()).state };
+        state == ffi::ibv_qp_state::IBV_QPS_ERR
     }
 
     /// The device context of the QP's PD.

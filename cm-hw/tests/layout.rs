@@ -192,6 +192,13 @@ fn checks() -> Vec<Check> {
     fields!(v, "struct ibv_pd", ibv_pd; context, handle);
     fields!(v, "struct ibv_cq", ibv_cq; context, channel, cq_context, handle, cqe);
     fields!(v, "struct ibv_qp", ibv_qp; context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type);
+    layout!(v, "struct ibv_device_attr", ibv_device_attr);
+    off!(
+        v,
+        "struct ibv_device_attr",
+        "max_qp_wr",
+        offset_of!(ibv_device_attr, max_qp_wr)
+    );
     // rdma-sys' ibv_post_send / ibv_post_recv / ibv_poll_cq go through these function pointers.
     fields!(v, "struct ibv_context", ibv_context; device, ops, cmd_fd, async_fd, num_comp_vectors);
     fields!(v, "struct ibv_context_ops", ibv_context_ops; poll_cq, req_notify_cq, post_send, post_recv);
@@ -259,6 +266,7 @@ fn checks() -> Vec<Check> {
     );
     val!(v, "IBV_QPT_RC", ibv_qp_type::IBV_QPT_RC);
     val!(v, "IBV_QPT_UD", ibv_qp_type::IBV_QPT_UD);
+    val!(v, "IBV_QPS_ERR", ibv_qp_state::IBV_QPS_ERR);
     v
 }
 
