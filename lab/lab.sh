@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Soft-RoCE lab: boot a tiny Linux VM (Debian's kernel, busybox userland) under
-# QEMU/TCG, bring up rdma_rxe on a dummy netdev, run RDMA programs inside it and
+# QEMU/TCG, bring up rdma_rxe on a veth netdev, run RDMA programs inside it and
 # bring their output back over the serial console.  See lab/README.md.
 #
 #   lab/lab.sh [run|shell] [options]        (lab/lab.sh --help for the options)
@@ -29,7 +29,7 @@ SANITY=1                        # rping + ucmatose before the benchmarks
 ONLY=""                         # comma list of suite names to keep (empty: all)
 EXTRA_BINS=()                   # --extra-bin 'PATH [ARGS...]'
 GUEST_ENV=()                    # --env K=V, exported in the guest before the suites
-ADDR=10.0.0.1                   # guest address on dummy0; client and server both use it
+ADDR=10.0.0.1                   # guest address on veth0; client and server both use it
 VM_MEM=1024
 VM_SMP=2
 BOOT_TIMEOUT=120                # qemu start -> @@LAB-RXE-READY, else the VM counts as dead
@@ -44,8 +44,8 @@ CARGO_DIR=$REPO                 # where cargo builds the project binaries
 # Modules we need; their load order is derived from the `depends=` field of each
 # module's .modinfo, so a different kernel ABI needs no edits here.  crc32_generic
 # is not a link-time dependency of rdma_rxe but rxe allocates the "crc32" shash at
-# run time; configfs is a dependency of rdma_cm; dummy provides dummy0.
-ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm dummy"
+# run time; configfs is a dependency of rdma_cm; veth provides the veth0/veth1 pair.
+ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 
 # Project binaries, data driven.  One row per binary:
 #   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments

@@ -10,13 +10,11 @@ use std::collections::VecDeque;
 use cm_core::{QpCaps, WcOpcode, WcStatus, WorkCompletion};
 
 pub(crate) struct PostedRecv {
-    seq: u64,
     wr_id: u64,
     len: u32,
 }
 
 pub(crate) struct PostedSend {
-    seq: u64,
     wr_id: u64,
     data: Vec<u8>,
 }
@@ -29,7 +27,6 @@ pub(crate) struct Qp {
     cq: VecDeque<WorkCompletion>,
     send_slots: u32,
     recv_slots: u32,
-    next_seq: u64,
 }
 
 /// What happened when a send met a receive.
@@ -50,7 +47,6 @@ impl Qp {
             cq: VecDeque::new(),
             send_slots: 0,
             recv_slots: 0,
-            next_seq: 0,
         }
     }
 
@@ -62,25 +58,17 @@ impl Qp {
         self.recv_slots
     }
 
-    fn seq(&mut self) -> u64 {
-        self.next_seq += 1;
-        self.next_seq
-    }
-
     pub(crate) fn push_send(&mut self, wr_id: u64, data: &[u8]) {
-        let seq = self.seq();
         self.send_slots += 1;
         self.sends.push_back(PostedSend {
-            seq,
             wr_id,
             data: data.to_vec(),
         });
     }
 
     pub(crate) fn push_recv(&mut self, wr_id: u64, len: u32) {
-        let seq = self.seq();
         self.recv_slots += 1;
-        self.recvs.push_back(PostedRecv { seq, wr_id, len });
+        self.recvs.push_back(PostedRecv { wr_id, len });
     }
 
     /// A work request posted while the QP is in ERR: it completes at once, flushed.
@@ -146,21 +134,11 @@ impl Qp {
     }
 
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each
-    /// exactly once, in the order they were posted.
+    /// exactly once, in posting order within its queue; receives first, as rxe flushes them.
     pub(crate) fn flush(&mut self) {
-        loop {
-            let next_recv = self.recvs.front().map(|r| r.seq);
-            let next_send = self.sends.front().map(|s| s.seq);
-            let wc = match (next_recv, next_send) {
-                (None, None) => return,
-                (Some(r), Some(s)) if s < r => {
-                    self.sends.pop_front().map(|s| flushed(s.wr_id, WcOpcode::Send))
-                }
-                (Some(_), _) => self.recvs.pop_front().map(|r| flushed(r.wr_id, WcOpcode::Recv)),
-                (None, Some(_)) => self.sends.pop_front().map(|s| flushed(s.wr_id, WcOpcode::Send)),
-            };
-            self.cq.extend(wc);
-        }
+        let recvs = self.recvs.drain(..).map(|r| flushed(r.wr_id, WcOpcode::Recv));
+        let sends = self.sends.drain(..).map(|s| flushed(s.wr_id, WcOpcode::Send));
+        self.cq.extend(recvs.chain(sends));
     }
 
     pub(crate) fn cq_is_empty(&self) -> bool {
@@ -196,7 +174,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flush_completes_everything_once_in_posting_order() {
+    fn flush_completes_everything_once_in_posting_order_per_queue() {
         let mut qp = Qp::new(1, QpCaps::new());
         qp.push_recv(1, 64);
         qp.push_send(2, b"x");
@@ -210,8 +188,8 @@ mod tests {
             got,
             [
                 (1, WcOpcode::Recv, WcStatus::WrFlushErr),
-                (2, WcOpcode::Send, WcStatus::WrFlushErr),
-                (3, WcOpcode::Recv, WcStatus::WrFlushErr)
+                (3, WcOpcode::Recv, WcStatus::WrFlushErr),
+                (2, WcOpcode::Send, WcStatus::WrFlushErr)
             ]
         );
         assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
@@ -222,7 +200,6 @@ mod tests {
         let mut qp = Qp::new(1, QpCaps::new());
         qp.push_recv(7, 2);
         let send = PostedSend {
-            seq: 0,
             wr_id: 9,
             data: b"abc".to_vec(),
         };

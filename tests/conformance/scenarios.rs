@@ -37,29 +37,20 @@ fn bind_reports_addr_in_use_not_available_and_wrong_state() {
         errno::EADDRNOTAVAIL,
         "wildcard on a port bound to an address: {err}"
     );
+    // An address no local interface has (on a fresh id: the kernel remembers the device of an
+    // id's earlier failed bind and then answers ENODEV instead).
+    let third = b.create_id(ch, PortSpace::Tcp).unwrap();
     let not_local = SocketAddr::new(bed.unreachable_ip, 0);
-    assert_eq!(
-        bed.server.bind_addr(second, not_local).unwrap_err().errno(),
-        errno::EADDRNOTAVAIL
-    );
+    assert_eq!(bed.server.bind_addr(third, not_local).unwrap_err().errno(), errno::EADDRNOTAVAIL);
     let b = &mut bed.server;
     let err = b.bind_addr(first, addr).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CmError::WrongState {
-                state: IdState::AddrBound,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, CmError::WrongState { state: IdState::AddrBound, .. }), "{err}");
     assert_eq!(err.errno(), errno::EINVAL);
     // Port 0 picks a free port.
     b.bind_addr(second, SocketAddr::new(addr.ip(), 0)).unwrap();
     let picked = b.get_local_addr(second).unwrap().unwrap();
     assert_ne!(picked.port(), 0);
-    destroy_all(b, &[first, second], ch);
+    destroy_all(b, &[first, second, third], ch);
     assert_clean(&bed);
 }
 
@@ -224,20 +215,12 @@ fn disconnect_flushes_posted_work_and_disconnects_both_sides() {
         "QP to ERR at once"
     );
     let flushed = completions(c, conn.client.id, 4);
-    let got: Vec<_> = flushed
-        .iter()
-        .map(|wc| (wc.wr_id, wc.opcode, wc.status))
-        .collect();
-    assert_eq!(
-        got,
-        [
-            (1, WcOpcode::Recv, WcStatus::WrFlushErr),
-            (2, WcOpcode::Recv, WcStatus::WrFlushErr),
-            (3, WcOpcode::Send, WcStatus::WrFlushErr),
-            (4, WcOpcode::Recv, WcStatus::WrFlushErr),
-        ],
-        "every posted work request completes once, flushed, in posting order"
-    );
+    assert!(flushed.iter().all(|wc| wc.status == WcStatus::WrFlushErr), "{flushed:?}");
+    // Every posted work request completes once, flushed, in posting order within its queue
+    // (providers differ in how they interleave the two queues: rxe flushes receives first).
+    let of = |op| flushed.iter().filter(|wc| wc.opcode == op).map(|wc| wc.wr_id).collect::<Vec<_>>();
+    assert_eq!(of(WcOpcode::Recv), [1, 2, 4]);
+    assert_eq!(of(WcOpcode::Send), [3]);
     let mut more = Vec::new();
     assert_eq!(
         c.poll_cq(conn.client.id, &mut more, 8, QUIET).unwrap(),
@@ -484,23 +467,29 @@ fn private_data_longer_than_the_port_space_allows_is_refused() {
 }
 
 #[test]
-fn backlog_bounds_unretrieved_requests() {
+fn a_full_backlog_drops_requests_until_there_is_room() {
     let mut bed = bed!();
     let server = listen(&mut bed, 1);
     let first = resolved_client(&mut bed, server.addr, true);
     let second = resolved_client(&mut bed, server.addr, true);
     bed.client.connect(first.id, &ConnParam::new()).unwrap();
     let_time_pass(&mut bed.server);
+    // The first request is queued, unretrieved: the backlog of 1 is full, so the kernel drops
+    // the second one without an answer and the client's IB CM retransmits it later.
     bed.client.connect(second.id, &ConnParam::new()).unwrap();
-    // The first request is still queued, unretrieved: the backlog of 1 is full.
+    let_time_pass(&mut bed.server);
+    let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
+    expect_quiet(&mut bed.client, second.ch);
+    bed.server.reject(req.id, &[]).unwrap();
+    expect(&mut bed.client, first.ch, CmEventType::Rejected);
+    // Now there is room: the retransmitted request gets in.
+    let again = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
+    bed.server.reject(again.id, &[]).unwrap();
     let rej = expect(&mut bed.client, second.ch, CmEventType::Rejected);
     assert_eq!(rej.status, 28);
-    let child = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest).id;
-    bed.server.reject(child, &[]).unwrap();
-    expect(&mut bed.client, first.ch, CmEventType::Rejected);
     destroy_all(&mut bed.client, &[first.id], first.ch);
     destroy_all(&mut bed.client, &[second.id], second.ch);
-    destroy_all(&mut bed.server, &[child, server.listener], server.ch);
+    destroy_all(&mut bed.server, &[req.id, again.id, server.listener], server.ch);
     assert_clean(&bed);
 }
 
