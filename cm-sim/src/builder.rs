@@ -22,6 +22,8 @@ pub struct SimConfig {
     /// How long the IB CM retries an unanswered REQ, REP or DREQ before giving up
     /// (`UNREACHABLE` / `DISCONNECTED` with `-ETIMEDOUT`): (retries + 1) x response timeout.
     pub cm_timeout: Duration,
+    /// How many times the IB CM sends an unanswered message again within `cm_timeout`.
+    pub cm_retries: u32,
     /// How long after a disconnect completes `TIMEWAIT_EXIT` is delivered.
     pub timewait: Duration,
     /// `net.rdma_ucm.max_backlog`: the backlog used when `rdma_listen` gets 0 or less, and its cap.
@@ -39,12 +41,20 @@ pub struct SimConfig {
     pub trace: TraceMode,
 }
 
+impl SimConfig {
+    /// The time between two sends of an unanswered IB CM message: `cm_timeout / (cm_retries + 1)`.
+    pub fn cm_response_timeout(&self) -> Duration {
+        self.cm_timeout / (self.cm_retries + 1)
+    }
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             latency: Duration::from_micros(5)..=Duration::from_micros(50),
             // CMA_CM_RESPONSE_TIMEOUT 20 => 4.096 us * 2^20 per try, CMA_MAX_CM_RETRIES 15 retries.
             cm_timeout: Duration::from_nanos(4_096 * (1 << 20) * 16),
+            cm_retries: 15,
             timewait: Duration::from_secs(2),
             max_backlog: 1024,
             ephemeral_ports: 32768..=60999,

@@ -13,8 +13,7 @@
 //! scans a queue.
 
 use std::cell::RefCell;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
@@ -23,7 +22,7 @@ use std::time::Duration;
 use cm_core::{
     errno, next_backend_tag, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
     IdHandle, IdMachine, LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState, WcOpcode,
-    WcStatus, WorkCompletion,
+    WcStatus, WorkCompletion, MAX_PRIVATE_DATA,
 };
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -32,6 +31,7 @@ use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
 use crate::host::SimHost;
 use crate::ports::{BindError, Ports};
 use crate::qp::{Landing, Qp};
+use crate::sched::{Lane, Queue};
 use crate::slab::{Pool, Slab, SlotRef};
 use crate::time::{nanos, SimTime};
 use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
@@ -106,6 +106,8 @@ struct IdSlot {
     remote: SlotRef,
     /// Bumped whenever pending timers of the id must stop counting.
     epoch: u32,
+    /// Timers of the current epoch still in the queue.
+    timers: u32,
     /// Events queued on the channel and not retrieved.
     queued: u32,
     /// When the last message to this id arrives: messages to one id are delivered in order.
@@ -114,8 +116,7 @@ struct IdSlot {
     connect_error: bool,
     /// Whether the application knows the id (false for a child until its request is retrieved).
     visible: bool,
-    parent: SlotRef,
-    qp: Option<Box<Qp>>,
+    qp: Option<Qp>,
     listener: Option<Box<Listener>>,
 }
 
@@ -134,10 +135,96 @@ struct Queued {
     payload: u32,
 }
 
+/// What a REQ, REP or REJ carries: connection parameters as the receiver sees them, and a
+/// REQ's destination.
 struct Payload {
-    param: ConnParam,
+    wire: WireParam,
+    private_data: WirePrivateData,
     dst: Option<SocketAddr>,
 }
+
+/// An event retrieved, before it becomes the [`CmEvent`] handed out.
+struct Taken {
+    id: IdHandle,
+    listen_id: Option<IdHandle>,
+    event: CmEventType,
+    status: i32,
+    payload: Option<Payload>,
+    token: u64,
+}
+
+/// [`ConnParam`] without its private data.
+#[derive(Clone, Copy)]
+struct WireParam {
+    responder_resources: u8,
+    initiator_depth: u8,
+    flow_control: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    srq: bool,
+    qp_num: u32,
+}
+
+/// Private data zero-padded to `len` bytes, as the IB CM puts it on the wire. Only the bytes up
+/// to the last non-zero one are kept (none, usually) and the padding is rebuilt on retrieval,
+/// so a message carries no copy of a 256-byte buffer.
+struct WirePrivateData {
+    len: u16,
+    bytes: Box<[u8]>,
+}
+
+impl WirePrivateData {
+    /// `given` padded to `len`, which must hold it (the id's machine checked the length).
+    fn new(given: &[u8], len: usize) -> Self {
+        assert!(
+            given.len() <= len && len <= MAX_PRIVATE_DATA,
+            "private data longer than its slot"
+        );
+        let used = given.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1);
+        WirePrivateData {
+            len: len as u16,
+            bytes: given[..used].into(),
+        }
+    }
+
+    fn to_private_data(&self) -> PrivateData {
+        const ZEROS: [u8; MAX_PRIVATE_DATA] = [0; MAX_PRIVATE_DATA];
+        let len = usize::from(self.len);
+        if self.bytes.is_empty() {
+            return PrivateData::new(&ZEROS[..len]);
+        }
+        let mut padded = ZEROS;
+        padded[..self.bytes.len()].copy_from_slice(&self.bytes);
+        PrivateData::new(&padded[..len])
+    }
+}
+
+impl Payload {
+    fn conn_param(&self) -> ConnParam {
+        let w = self.wire;
+        ConnParam {
+            private_data: self.private_data.to_private_data(),
+            responder_resources: w.responder_resources,
+            initiator_depth: w.initiator_depth,
+            flow_control: w.flow_control,
+            retry_count: w.retry_count,
+            rnr_retry_count: w.rnr_retry_count,
+            srq: w.srq,
+            qp_num: w.qp_num,
+        }
+    }
+}
+
+/// Parameters of events that carry none, on the wire (REJ).
+const NO_WIRE_PARAM: WireParam = WireParam {
+    responder_resources: 0,
+    initiator_depth: 0,
+    flow_control: 0,
+    retry_count: 0,
+    rnr_retry_count: 0,
+    srq: false,
+    qp_num: 0,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TimerKind {
@@ -171,25 +258,6 @@ enum Action {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Scheduled {
-    time: u64,
-    seq: u64,
-    action: Action,
-}
-
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.time, self.seq).cmp(&(other.time, other.seq))
-    }
-}
-
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
 #[derive(Default, Clone, Copy)]
 struct HostCounts {
     channels: usize,
@@ -213,8 +281,14 @@ pub(crate) struct Fabric {
     hosts: Vec<Host>,
     ids: Slab<IdSlot>,
     channels: Slab<Channel>,
-    sched: BinaryHeap<Reverse<Scheduled>>,
-    seq: u64,
+    sched: Queue<Action>,
+    /// Cancelled timers still in `sched`. Most timers are cancelled (every answered REQ, REP
+    /// and DREQ cancels a timeout a minute away), so without removing them the queue grows with
+    /// every connection ever made, and each push and pop with it.
+    stale_timers: usize,
+    /// The latest time of a cancelled timer removed from `sched`: running until idle used to
+    /// pop such timers and move the clock to them, and still does.
+    removed_until: u64,
     payloads: Pool<Payload>,
     ports: Ports,
     trace: Trace,
@@ -242,8 +316,9 @@ impl Fabric {
                 .collect(),
             ids: Slab::new(),
             channels: Slab::new(),
-            sched: BinaryHeap::new(),
-            seq: 0,
+            sched: Queue::new(),
+            stale_timers: 0,
+            removed_until: 0,
             payloads: Pool::new(),
             ports,
             trace,
@@ -308,23 +383,51 @@ impl Fabric {
     }
 
     fn schedule(&mut self, time: u64, action: Action) {
-        self.seq += 1;
-        self.sched.push(Reverse(Scheduled {
-            time,
-            seq: self.seq,
-            action,
-        }));
+        self.sched.push(time, action, Lane::Heap);
     }
 
     fn timer(&mut self, id: SlotRef, after: u64, kind: TimerKind) {
-        let epoch = self.slot(id).epoch;
-        self.schedule(self.now.saturating_add(after), Action::Timer { id, epoch, kind });
+        let s = self.slot(id);
+        s.timers += 1;
+        let epoch = s.epoch;
+        // Timeouts of one configured length expire in the order they are set, so each length
+        // gets a FIFO lane and stays out of the heap (a lane must see one length only; a push
+        // out of order falls back to the heap).
+        let lane = match kind {
+            TimerKind::ReqTimeout | TimerKind::RepTimeout | TimerKind::DreqTimeout => Lane::Fifo(0),
+            TimerKind::TimewaitExit => Lane::Fifo(1),
+            TimerKind::AddrResolved | TimerKind::AddrError | TimerKind::RouteResolved => Lane::Heap,
+        };
+        let time = self.now.saturating_add(after);
+        self.sched.push(time, Action::Timer { id, epoch, kind }, lane);
     }
 
     /// Cancels the id's pending timers.
     fn cancel_timers(&mut self, id: SlotRef) {
         let s = self.slot(id);
         s.epoch = s.epoch.wrapping_add(1);
+        let cancelled = std::mem::take(&mut s.timers);
+        self.timers_cancelled(cancelled);
+    }
+
+    /// Counts `n` queued timers as stale; once they are half the queue, removes them all, which
+    /// costs O(1) per timer over time and keeps the queue at most twice what is live.
+    fn timers_cancelled(&mut self, n: u32) {
+        self.stale_timers += n as usize;
+        if self.stale_timers < 64 || self.stale_timers * 2 < self.sched.len() {
+            return;
+        }
+        let ids = &self.ids;
+        let mut removed_until = self.removed_until;
+        self.sched.retain(|time, action| match *action {
+            Action::Timer { id, epoch, .. } if ids.get(id).is_none_or(|slot| slot.epoch != epoch) => {
+                removed_until = removed_until.max(time);
+                false
+            }
+            _ => true,
+        });
+        self.removed_until = removed_until;
+        self.stale_timers = 0;
     }
 
     /// Runs scheduled actions up to `deadline` (virtual nanoseconds), stopping early as soon as
@@ -334,16 +437,17 @@ impl Fabric {
             if done(self) {
                 return true;
             }
-            match self.sched.peek() {
-                Some(Reverse(s)) if s.time <= deadline => {
-                    let Reverse(s) = self.sched.pop().expect("peeked");
-                    self.now = self.now.max(s.time);
-                    self.dispatch(s.action);
+            match self.sched.pop_due(deadline) {
+                Some((time, action)) => {
+                    self.now = self.now.max(time);
+                    self.dispatch(action);
                 }
-                _ => {
-                    if deadline != u64::MAX {
-                        self.now = self.now.max(deadline);
-                    }
+                None => {
+                    self.now = self.now.max(if deadline == u64::MAX {
+                        self.removed_until
+                    } else {
+                        deadline
+                    });
                     return false;
                 }
             }
@@ -391,20 +495,18 @@ impl Fabric {
         });
     }
 
-    fn new_payload(&mut self, param: ConnParam, dst: Option<SocketAddr>) -> u32 {
-        self.payloads.insert(Payload { param, dst })
+    fn new_payload(&mut self, payload: Payload) -> u32 {
+        self.payloads.insert(payload)
     }
 
     /// A REJ's payload: its private data, zero-padded to the 148 bytes the receiver sees.
     fn rej_payload(&mut self, data: &[u8]) -> u32 {
-        let pd = PrivateData::new(data).padded(PortSpace::Tcp.private_data_limit(PrivateDataSlot::Reject));
-        self.new_payload(
-            ConnParam {
-                private_data: pd,
-                ..NO_PARAM
-            },
-            None,
-        )
+        let len = PortSpace::Tcp.private_data_limit(PrivateDataSlot::Reject);
+        self.new_payload(Payload {
+            wire: NO_WIRE_PARAM,
+            private_data: WirePrivateData::new(data, len),
+            dst: None,
+        })
     }
 
     fn take_payload(&mut self, payload: u32) -> Option<Payload> {
@@ -475,11 +577,14 @@ impl Fabric {
                     self.take_payload(payload);
                 }
             }
-            Action::Timer { id, epoch, kind } => {
-                if self.ids.get(id).is_some_and(|s| s.epoch == epoch) {
+            Action::Timer { id, epoch, kind } => match self.ids.get_mut(id) {
+                Some(s) if s.epoch == epoch => {
+                    s.timers -= 1;
                     self.on_timer(id, kind);
                 }
-            }
+                // Saturating: a timer of an id dropped without `release` was never counted.
+                _ => self.stale_timers = self.stale_timers.saturating_sub(1),
+            },
         }
     }
 
@@ -607,8 +712,10 @@ impl Fabric {
             .as_ref()
             .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog);
         if full {
-            self.take_payload(payload);
-            self.reply_without_id(host, from, refuse(false));
+            // The kernel drops a request its listener has no room for, without an answer; the
+            // sender's IB CM sends it again after its response timeout, until it gives up.
+            let retry = self.now.saturating_add(nanos(self.cfg.cm_response_timeout()));
+            self.schedule(retry, Action::Req { host, from, payload });
             return;
         }
         let child = self.ids.insert(IdSlot {
@@ -621,12 +728,12 @@ impl Fabric {
             wire: Wire::ReqRcvd,
             remote: from,
             epoch: 0,
+            timers: 0,
             queued: 0,
             last_arrival: 0,
             disconnected: false,
             connect_error: false,
             visible: false,
-            parent: listener,
             qp: None,
             listener: None,
         });
@@ -691,10 +798,12 @@ impl Fabric {
                     } else {
                         CmEventType::Unreachable
                     };
-                    let payload = if connected { payload } else { NO_PAYLOAD };
-                    if !connected {
+                    let payload = if connected {
+                        payload
+                    } else {
                         self.take_payload(payload);
-                    }
+                        NO_PAYLOAD
+                    };
                     self.queue_event(to, SlotRef::NONE, event, status, payload);
                     return;
                 }
@@ -721,7 +830,7 @@ impl Fabric {
 
     // ---- retrieval ------------------------------------------------------------------------
 
-    fn pop_event(&mut self, ch: SlotRef) -> Option<CmEvent> {
+    fn pop_event(&mut self, ch: SlotRef) -> Option<Taken> {
         loop {
             let q = self.channels.get_mut(ch)?.queue.pop_front()?;
             let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
@@ -733,8 +842,8 @@ impl Fabric {
             let host = self.slot(q.id).host;
             self.slot(q.id).queued -= 1;
             self.hosts[host as usize].counts.queued -= 1;
-            let param = self.take_payload(q.payload).map_or(NO_PARAM, |p| p.param);
-            if let Some(ev) = self.retrieve(q, param) {
+            let payload = self.take_payload(q.payload);
+            if let Some(ev) = self.retrieve(q, payload) {
                 self.hosts[host as usize].counts.unacked += 1;
                 return Some(ev);
             }
@@ -742,7 +851,7 @@ impl Fabric {
     }
 
     /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it.
-    fn retrieve(&mut self, q: Queued, param: ConnParam) -> Option<CmEvent> {
+    fn retrieve(&mut self, q: Queued, payload: Option<Payload>) -> Option<Taken> {
         let mut event = q.event;
         let mut status = q.status;
         let mut listen_id = None;
@@ -751,7 +860,6 @@ impl Fabric {
                 let listener = q.listen;
                 let child = self.slot(q.id);
                 child.visible = true;
-                child.parent = SlotRef::NONE;
                 let popped = self
                     .slot(listener)
                     .listener
@@ -800,14 +908,14 @@ impl Fabric {
         });
         self.set_machine(counted, next);
         self.next_token += 1;
-        Some(CmEvent::new(
-            self.id_handle(q.id),
+        Some(Taken {
+            id: self.id_handle(q.id),
             listen_id,
             event,
             status,
-            param,
-            self.next_token,
-        ))
+            payload,
+            token: self.next_token,
+        })
     }
 
     /// Stores a new machine for `id`, flushing the QP if it just went to ERR.
@@ -920,12 +1028,12 @@ impl Fabric {
             wire: Wire::Idle,
             remote: SlotRef::NONE,
             epoch: 0,
+            timers: 0,
             queued: 0,
             last_arrival: 0,
             disconnected: false,
             connect_error: false,
             visible: true,
-            parent: SlotRef::NONE,
             qp: None,
             listener: None,
         });
@@ -973,16 +1081,18 @@ impl Fabric {
             Wire::DreqRcvd => self.send(r, remote, MsgKind::Drep, 0, NO_PAYLOAD),
             _ => {}
         }
-        let slot = self.ids.remove(r).expect("live id");
-        if slot.port_bound {
-            if let Some(local) = slot.local {
-                self.ports.unbind(slot.host, slot.m.port_space(), local.port(), r);
-            }
+        let s = self.slot(r);
+        let (host, ps, channel, queued, timers) = (s.host, s.m.port_space(), s.channel, s.queued, s.timers);
+        let bound = s.local.filter(|_| s.port_bound);
+        self.ids.discard(r);
+        self.timers_cancelled(timers);
+        if let Some(local) = bound {
+            self.ports.unbind(host, ps, local.port(), r);
         }
-        let counts = &mut self.hosts[slot.host as usize].counts;
+        let counts = &mut self.hosts[host as usize].counts;
         counts.ids -= 1;
-        counts.queued -= slot.queued as usize;
-        if let Some(c) = self.channels.get_mut(slot.channel) {
+        counts.queued -= queued as usize;
+        if let Some(c) = self.channels.get_mut(channel) {
             c.ids -= 1;
         }
     }
@@ -1091,7 +1201,10 @@ impl Fabric {
         if slot.m.port_space().is_connected() && cm_exchange_over {
             // The peer ended the exchange before the application saw it (e.g. a child whose
             // requester went away): the kernel has no QP attributes to give.
-            return Err(CmError::Os { call, errno: errno::EINVAL });
+            return Err(CmError::Os {
+                call,
+                errno: errno::EINVAL,
+            });
         }
         let max_wr = self.cfg.max_qp_wr;
         if !(1..=max_wr).contains(&caps.max_send_wr) || !(1..=max_wr).contains(&caps.max_recv_wr) {
@@ -1115,7 +1228,7 @@ impl Fabric {
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         let slot = self.slot(r);
-        slot.qp = Some(Box::new(Qp::new(qpn, caps)));
+        slot.qp = Some(Qp::new(qpn, caps));
         slot.m = next;
         self.hosts[host as usize].counts.qps += 1;
         Ok(caps)
@@ -1185,10 +1298,7 @@ impl Fabric {
         let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
         // The receiver sees the request from its own point of view: our initiator depth is
         // its responder resources and the other way round.
-        let wire_param = ConnParam {
-            private_data: param
-                .private_data
-                .padded(ps.private_data_limit(PrivateDataSlot::Connect)),
+        let wire = WireParam {
             responder_resources: depth,
             initiator_depth: rr,
             flow_control: param.flow_control,
@@ -1197,13 +1307,21 @@ impl Fabric {
             srq: false,
             qp_num,
         };
+        let private_data = WirePrivateData::new(
+            param.private_data.as_slice(),
+            ps.private_data_limit(PrivateDataSlot::Connect),
+        );
         slot.m = next;
         slot.wire = Wire::ReqSent;
         slot.remote = SlotRef::NONE;
         self.cancel_timers(r);
         let timeout = nanos(self.cfg.cm_timeout);
         self.timer(r, timeout, TimerKind::ReqTimeout);
-        let payload = self.new_payload(wire_param, Some(dst));
+        let payload = self.new_payload(Payload {
+            wire,
+            private_data,
+            dst: Some(dst),
+        });
         let lat = self.latency();
         match self.host_of_ip(dst.ip()) {
             Some(to_host) => {
@@ -1243,10 +1361,7 @@ impl Fabric {
         let ps = slot.m.port_space();
         let remote = slot.remote;
         let qp_num = slot.qp.as_ref().map_or(0, |q| q.qpn);
-        let wire_param = ConnParam {
-            private_data: param
-                .private_data
-                .padded(ps.private_data_limit(PrivateDataSlot::Accept)),
+        let wire = WireParam {
             responder_resources: depth,
             initiator_depth: rr,
             flow_control: param.flow_control,
@@ -1255,6 +1370,10 @@ impl Fabric {
             srq: false,
             qp_num,
         };
+        let private_data = WirePrivateData::new(
+            param.private_data.as_slice(),
+            ps.private_data_limit(PrivateDataSlot::Accept),
+        );
         self.set_machine(r, next);
         self.cancel_timers(r);
         if ps.is_connected() {
@@ -1264,7 +1383,11 @@ impl Fabric {
         } else {
             self.slot(r).wire = Wire::Closed;
         }
-        let payload = self.new_payload(wire_param, None);
+        let payload = self.new_payload(Payload {
+            wire,
+            private_data,
+            dst: None,
+        });
         self.send(r, remote, MsgKind::Rep, 0, payload);
         Ok(())
     }
@@ -1326,8 +1449,27 @@ impl Fabric {
         let r = self.channel_ref(host, ch, Call::GetCmEvent)?;
         let deadline = self.deadline(timeout);
         loop {
-            if let Some(ev) = self.pop_event(r) {
-                return Ok(Some(ev));
+            if let Some(t) = self.pop_event(r) {
+                // Built in what is returned, one return per kind of parameters: an event is
+                // over 300 bytes and every copy of it showed in profiles.
+                let Some(p) = t.payload else {
+                    return Ok(Some(CmEvent::new(
+                        t.id,
+                        t.listen_id,
+                        t.event,
+                        t.status,
+                        NO_PARAM,
+                        t.token,
+                    )));
+                };
+                return Ok(Some(CmEvent::new(
+                    t.id,
+                    t.listen_id,
+                    t.event,
+                    t.status,
+                    p.conn_param(),
+                    t.token,
+                )));
             }
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
             if !self.run_until(deadline, &has_event) {
@@ -1599,5 +1741,13 @@ impl SimFabric {
             .iter()
             .map(|r| Trace::line(r, &hosts).to_string())
             .collect()
+    }
+
+    /// The kept trace as a Mermaid sequence diagram (see [`TraceMode`](crate::TraceMode)): a
+    /// participant per host, an arrow per CM message, a note per event.
+    pub fn trace_mermaid(&self) -> String {
+        let fab = self.inner.borrow();
+        let hosts: Vec<IpAddr> = fab.hosts.iter().map(|h| h.addrs[0]).collect();
+        crate::mermaid::render(fab.trace.records(), &hosts)
     }
 }

@@ -45,15 +45,19 @@
 
 mod builder;
 mod fabric;
+mod faults;
 mod host;
+mod mermaid;
 mod ports;
 mod qp;
+mod sched;
 mod slab;
 mod time;
 mod trace;
 
 pub use builder::{parse_seed, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
 pub use fabric::SimFabric;
+pub use faults::{Fault, FaultAt, FaultSchedule, Swarm};
 pub use host::SimHost;
 pub use time::SimTime;
 pub use trace::{MsgKind, TraceMode, TraceRecord, TraceWhat};

@@ -67,6 +67,44 @@ struct Binding {
     listening: bool,
 }
 
+/// The bindings of one port. Nearly always there is one, kept inline: a `Vec` would cost an
+/// allocation per bind.
+#[derive(Default)]
+struct Bindings {
+    first: Option<Binding>,
+    rest: Vec<Binding>,
+}
+
+impl Bindings {
+    fn iter(&self) -> impl Iterator<Item = &Binding> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Binding> {
+        self.first.iter_mut().chain(&mut self.rest)
+    }
+
+    fn push(&mut self, b: Binding) {
+        match self.first {
+            None => self.first = Some(b),
+            Some(_) => self.rest.push(b),
+        }
+    }
+
+    /// Removes `id`'s binding, keeping the others in order.
+    fn remove(&mut self, id: SlotRef) {
+        if self.first.is_some_and(|b| b.id == id) {
+            self.first = (!self.rest.is_empty()).then(|| self.rest.remove(0));
+        } else {
+            self.rest.retain(|b| b.id != id);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
 /// Why a bind failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BindError {
@@ -75,7 +113,7 @@ pub(crate) enum BindError {
 }
 
 pub(crate) struct Ports {
-    map: HashMap<PortKey, Vec<Binding>, FxBuild>,
+    map: HashMap<PortKey, Bindings, FxBuild>,
     cursors: Vec<u16>,
     range: RangeInclusive<u16>,
 }
@@ -89,7 +127,7 @@ impl Ports {
         }
     }
 
-    fn conflict(bindings: &[Binding], ip: Option<IpAddr>) -> Option<BindError> {
+    fn conflict(bindings: &Bindings, ip: Option<IpAddr>) -> Option<BindError> {
         bindings.iter().find_map(|b| match (b.ip, ip) {
             (None, _) | (_, None) => Some(BindError::NotAvailable),
             (Some(a), Some(c)) if a == c => Some(BindError::InUse),
@@ -139,7 +177,7 @@ impl Ports {
     pub(crate) fn unbind(&mut self, host: u16, ps: PortSpace, port: u16, id: SlotRef) {
         let key = PortKey { host, ps, port };
         if let Some(bindings) = self.map.get_mut(&key) {
-            bindings.retain(|b| b.id != id);
+            bindings.remove(id);
             if bindings.is_empty() {
                 self.map.remove(&key);
             }

@@ -22,11 +22,18 @@ pub(crate) struct PostedSend {
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) caps: QpCaps,
+    send_slots: u32,
+    recv_slots: u32,
+    /// Made by the first work request: most QPs of a connection-management workload never
+    /// see one, and the QP lives inside its id, where three empty queues would cost 96 bytes.
+    queues: Option<Box<Queues>>,
+}
+
+#[derive(Default)]
+struct Queues {
     recvs: VecDeque<PostedRecv>,
     sends: VecDeque<PostedSend>,
     cq: VecDeque<WorkCompletion>,
-    send_slots: u32,
-    recv_slots: u32,
 }
 
 /// What happened when a send met a receive.
@@ -42,12 +49,14 @@ impl Qp {
         Qp {
             qpn,
             caps,
-            recvs: VecDeque::new(),
-            sends: VecDeque::new(),
-            cq: VecDeque::new(),
             send_slots: 0,
             recv_slots: 0,
+            queues: None,
         }
+    }
+
+    fn queues(&mut self) -> &mut Queues {
+        self.queues.get_or_insert_with(Box::default)
     }
 
     pub(crate) fn send_slots(&self) -> u32 {
@@ -60,7 +69,7 @@ impl Qp {
 
     pub(crate) fn push_send(&mut self, wr_id: u64, data: &[u8]) {
         self.send_slots += 1;
-        self.sends.push_back(PostedSend {
+        self.queues().sends.push_back(PostedSend {
             wr_id,
             data: data.to_vec(),
         });
@@ -68,7 +77,7 @@ impl Qp {
 
     pub(crate) fn push_recv(&mut self, wr_id: u64, len: u32) {
         self.recv_slots += 1;
-        self.recvs.push_back(PostedRecv { wr_id, len });
+        self.queues().recvs.push_back(PostedRecv { wr_id, len });
     }
 
     /// A work request posted while the QP is in ERR: it completes at once, flushed.
@@ -77,28 +86,29 @@ impl Qp {
             WcOpcode::Send => self.send_slots += 1,
             WcOpcode::Recv => self.recv_slots += 1,
         }
-        self.cq.push_back(flushed(wr_id, opcode));
+        self.queues().cq.push_back(flushed(wr_id, opcode));
     }
 
     pub(crate) fn has_pending_send(&self) -> bool {
-        !self.sends.is_empty()
+        self.queues.as_ref().is_some_and(|q| !q.sends.is_empty())
     }
 
     pub(crate) fn has_recv(&self) -> bool {
-        !self.recvs.is_empty()
+        self.queues.as_ref().is_some_and(|q| !q.recvs.is_empty())
     }
 
     pub(crate) fn pop_send(&mut self) -> Option<PostedSend> {
-        self.sends.pop_front()
+        self.queues.as_mut()?.sends.pop_front()
     }
 
     /// Lands `send` in this QP's next receive; returns what happened, with the receive's
     /// completion queued here. The caller queues the sender's completion.
     pub(crate) fn land(&mut self, send: &PostedSend) -> Option<Landing> {
-        let recv = self.recvs.pop_front()?;
+        let q = self.queues.as_mut()?;
+        let recv = q.recvs.pop_front()?;
         let len = send.data.len();
         if len > recv.len as usize {
-            self.cq.push_back(WorkCompletion {
+            q.cq.push_back(WorkCompletion {
                 wr_id: recv.wr_id,
                 status: WcStatus::LocLenErr,
                 opcode: WcOpcode::Recv,
@@ -107,7 +117,7 @@ impl Qp {
             });
             return Some(Landing::TooLong);
         }
-        self.cq.push_back(WorkCompletion {
+        q.cq.push_back(WorkCompletion {
             wr_id: recv.wr_id,
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
@@ -124,7 +134,7 @@ impl Qp {
         } else {
             0
         };
-        self.cq.push_back(WorkCompletion {
+        self.queues().cq.push_back(WorkCompletion {
             wr_id: send.wr_id,
             status,
             opcode: WcOpcode::Send,
@@ -136,19 +146,21 @@ impl Qp {
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each
     /// exactly once, in posting order within its queue; receives first, as rxe flushes them.
     pub(crate) fn flush(&mut self) {
-        let recvs = self.recvs.drain(..).map(|r| flushed(r.wr_id, WcOpcode::Recv));
-        let sends = self.sends.drain(..).map(|s| flushed(s.wr_id, WcOpcode::Send));
-        self.cq.extend(recvs.chain(sends));
+        let Some(q) = self.queues.as_mut() else { return };
+        let recvs = q.recvs.drain(..).map(|r| flushed(r.wr_id, WcOpcode::Recv));
+        let sends = q.sends.drain(..).map(|s| flushed(s.wr_id, WcOpcode::Send));
+        q.cq.extend(recvs.chain(sends));
     }
 
     pub(crate) fn cq_is_empty(&self) -> bool {
-        self.cq.is_empty()
+        self.queues.as_ref().is_none_or(|q| q.cq.is_empty())
     }
 
     /// Moves up to `max` completions to `out`, freeing their queue slots.
     pub(crate) fn poll(&mut self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
-        let n = max.min(self.cq.len());
-        for wc in self.cq.drain(..n) {
+        let Some(q) = self.queues.as_mut() else { return 0 };
+        let n = max.min(q.cq.len());
+        for wc in q.cq.drain(..n) {
             match wc.opcode {
                 WcOpcode::Send => self.send_slots -= 1,
                 WcOpcode::Recv => self.recv_slots -= 1,

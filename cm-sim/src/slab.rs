@@ -84,6 +84,20 @@ impl<T> Slab<T> {
         self.get(r).is_some()
     }
 
+    /// Drops the value in its slot. Unlike [`remove`](Self::remove) nothing is moved out: the
+    /// caller reads the few fields it needs first, where reading them from a just-moved copy
+    /// stalled on the copy's stores.
+    pub(crate) fn discard(&mut self, r: SlotRef) {
+        if let Some(e) = self.entries.get_mut(r.index as usize) {
+            if e.generation == r.generation && e.value.is_some() {
+                e.value = None;
+                e.generation = e.generation.wrapping_add(1);
+                self.free.push(r.index);
+                self.len -= 1;
+            }
+        }
+    }
+
     pub(crate) fn remove(&mut self, r: SlotRef) -> Option<T> {
         let e = self.entries.get_mut(r.index as usize)?;
         if e.generation != r.generation {
@@ -139,6 +153,18 @@ impl<T> Pool<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discard_frees_the_slot_like_remove() {
+        let mut s = Slab::new();
+        let a = s.insert(String::from("a"));
+        s.discard(a);
+        s.discard(a);
+        assert_eq!(s.len(), 0);
+        assert!(s.get(a).is_none());
+        let b = s.insert(String::from("b"));
+        assert_eq!((b.index, b.generation), (a.index, a.generation + 1));
+    }
 
     #[test]
     fn stale_references_miss_after_reuse() {

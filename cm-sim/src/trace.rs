@@ -69,6 +69,15 @@ pub enum TraceWhat {
         /// Index of the receiving host.
         to: u16,
     },
+    /// A message from the id to the host at `to` was lost (partition, loss, host down).
+    Lost {
+        /// The message.
+        msg: MsgKind,
+        /// Index of the host it was for.
+        to: u16,
+    },
+    /// A fault struck the host (`id` is `u32::MAX`); the name is [`Fault::kind`](crate::Fault::kind).
+    Fault(&'static str),
 }
 
 /// One line of the trace.
@@ -102,6 +111,17 @@ impl TraceRecord {
                 b[15] = msg.code();
                 b[16..18].copy_from_slice(&to.to_le_bytes());
             }
+            TraceWhat::Lost { msg, to } => {
+                b[14] = 2;
+                b[15] = msg.code();
+                b[16..18].copy_from_slice(&to.to_le_bytes());
+            }
+            TraceWhat::Fault(kind) => {
+                b[14] = 3;
+                // The kind's bytes fold into the hash through a small stable digest.
+                let digest = kind.bytes().fold(0u16, |h, c| h.rotate_left(5) ^ u16::from(c));
+                b[16..18].copy_from_slice(&digest.to_le_bytes());
+            }
         }
         b[18..22].copy_from_slice(&self.status.to_le_bytes());
         b
@@ -121,14 +141,33 @@ impl fmt::Display for TraceLine<'_> {
             .hosts
             .get(r.host as usize)
             .map_or_else(|| format!("host{}", r.host), |ip| ip.to_string());
+        let id = if r.id == u32::MAX {
+            "-".to_string()
+        } else {
+            r.id.to_string()
+        };
+        let host_of = |i: u16| {
+            self.hosts
+                .get(i as usize)
+                .map_or_else(|| format!("host{i}"), |ip| ip.to_string())
+        };
         match r.what {
-            TraceWhat::Event(ev) => write!(f, "{} {} id#{} {} status={}", r.time, host, r.id, ev, r.status),
+            TraceWhat::Event(ev) => write!(f, "{} {} id#{id} {} status={}", r.time, host, ev, r.status),
+            TraceWhat::Lost { msg, to } => write!(
+                f,
+                "{} {} id#{id} lost {} to {}",
+                r.time,
+                host,
+                msg.name(),
+                host_of(to)
+            ),
+            TraceWhat::Fault(kind) => write!(f, "{} {} fault {}", r.time, host, kind),
             TraceWhat::Sent { msg, to } => {
                 let to = self
                     .hosts
                     .get(to as usize)
                     .map_or_else(|| format!("host{to}"), |ip| ip.to_string());
-                write!(f, "{} {} id#{} sent {} to {}", r.time, host, r.id, msg.name(), to)?;
+                write!(f, "{} {} id#{id} sent {} to {}", r.time, host, msg.name(), to)?;
                 if msg == MsgKind::Rej {
                     write!(f, " reason={}", r.status)?;
                 }

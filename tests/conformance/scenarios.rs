@@ -41,10 +41,22 @@ fn bind_reports_addr_in_use_not_available_and_wrong_state() {
     // id's earlier failed bind and then answers ENODEV instead).
     let third = b.create_id(ch, PortSpace::Tcp).unwrap();
     let not_local = SocketAddr::new(bed.unreachable_ip, 0);
-    assert_eq!(bed.server.bind_addr(third, not_local).unwrap_err().errno(), errno::EADDRNOTAVAIL);
+    assert_eq!(
+        bed.server.bind_addr(third, not_local).unwrap_err().errno(),
+        errno::EADDRNOTAVAIL
+    );
     let b = &mut bed.server;
     let err = b.bind_addr(first, addr).unwrap_err();
-    assert!(matches!(err, CmError::WrongState { state: IdState::AddrBound, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CmError::WrongState {
+                state: IdState::AddrBound,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(err.errno(), errno::EINVAL);
     // Port 0 picks a free port.
     b.bind_addr(second, SocketAddr::new(addr.ip(), 0)).unwrap();
@@ -215,10 +227,19 @@ fn disconnect_flushes_posted_work_and_disconnects_both_sides() {
         "QP to ERR at once"
     );
     let flushed = completions(c, conn.client.id, 4);
-    assert!(flushed.iter().all(|wc| wc.status == WcStatus::WrFlushErr), "{flushed:?}");
+    assert!(
+        flushed.iter().all(|wc| wc.status == WcStatus::WrFlushErr),
+        "{flushed:?}"
+    );
     // Every posted work request completes once, flushed, in posting order within its queue
     // (providers differ in how they interleave the two queues: rxe flushes receives first).
-    let of = |op| flushed.iter().filter(|wc| wc.opcode == op).map(|wc| wc.wr_id).collect::<Vec<_>>();
+    let of = |op| {
+        flushed
+            .iter()
+            .filter(|wc| wc.opcode == op)
+            .map(|wc| wc.wr_id)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(of(WcOpcode::Recv), [1, 2, 4]);
     assert_eq!(of(WcOpcode::Send), [3]);
     let mut more = Vec::new();
