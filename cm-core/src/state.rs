@@ -634,6 +634,8 @@ impl IdMachine {
             TimewaitExit if s == IdState::Disconnect => {}
             DeviceRemoval if !matches!(s, IdState::DeviceRemoval | IdState::Destroying) => {
                 next.state = IdState::DeviceRemoval;
+                // The device is gone: nothing posted will ever complete normally.
+                next.qp = self.qp.map(|_| QpState::Err);
             }
             AddrChange if self.device && s != IdState::Destroying => {}
             _ => return Err(illegal),
@@ -644,7 +646,10 @@ impl IdMachine {
     /// The machine after an event that [`on_event`](Self::on_event) refused was delivered
     /// anyway (a backend never hides a real event): counted as unacked, nothing else changes.
     pub fn count_event(&self) -> IdMachine {
-        IdMachine { unacked: self.unacked + 1, ..*self }
+        IdMachine {
+            unacked: self.unacked + 1,
+            ..*self
+        }
     }
 
     /// The machine after one of its events was acked.

@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use crate::fabric::SimFabric;
+use crate::faults::FaultSchedule;
 use crate::trace::TraceMode;
 
 /// The environment variable a seed is read from when the builder is not given one.
@@ -24,6 +25,10 @@ pub struct SimConfig {
     pub cm_timeout: Duration,
     /// How many times the IB CM sends an unanswered message again within `cm_timeout`.
     pub cm_retries: u32,
+    /// The receiver-not-ready timer: how long a send waits between two tries when the
+    /// receiver has no receive posted (librdmacm leaves the minimum RNR timer at 0, which the
+    /// IB spec reads as 655.36 ms). Only matters under [`Fault::RnrRetries`](crate::Fault::RnrRetries).
+    pub rnr_timer: Duration,
     /// How long after a disconnect completes `TIMEWAIT_EXIT` is delivered.
     pub timewait: Duration,
     /// `net.rdma_ucm.max_backlog`: the backlog used when `rdma_listen` gets 0 or less, and its cap.
@@ -55,6 +60,7 @@ impl Default for SimConfig {
             // CMA_CM_RESPONSE_TIMEOUT 20 => 4.096 us * 2^20 per try, CMA_MAX_CM_RETRIES 15 retries.
             cm_timeout: Duration::from_nanos(4_096 * (1 << 20) * 16),
             cm_retries: 15,
+            rnr_timer: Duration::from_micros(655_360),
             timewait: Duration::from_secs(2),
             max_backlog: 1024,
             ephemeral_ports: 32768..=60999,
@@ -130,6 +136,7 @@ pub struct SimBuilder {
     seed: Option<u64>,
     hosts: Vec<Vec<IpAddr>>,
     config: SimConfig,
+    faults: FaultSchedule,
 }
 
 impl Default for SimBuilder {
@@ -145,6 +152,7 @@ impl SimBuilder {
             seed: None,
             hosts: Vec::new(),
             config: SimConfig::default(),
+            faults: FaultSchedule::new(),
         }
     }
 
@@ -260,14 +268,22 @@ impl SimBuilder {
         }
     }
 
+    /// Faults to strike during the run (see [`Fault`](crate::Fault)); several calls add up.
+    pub fn faults(mut self, schedule: FaultSchedule) -> Self {
+        self.faults.faults.extend(schedule.faults);
+        self
+    }
+
     /// Builds the fabric.
     ///
     /// # Panics
-    /// If no host was added.
+    /// If no host was added, or a fault names a host the fabric does not have.
     pub fn build(self) -> SimFabric {
         assert!(!self.hosts.is_empty(), "a fabric needs at least one host");
         let seed = self.resolve_seed();
-        SimFabric::new(seed, self.hosts, self.config)
+        let fabric = SimFabric::new(seed, self.hosts, self.config);
+        fabric.schedule_faults(self.faults);
+        fabric
     }
 }
 

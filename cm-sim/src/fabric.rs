@@ -28,6 +28,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
+use crate::faults::{Fault, FaultSchedule, FaultStats};
 use crate::host::SimHost;
 use crate::ports::{BindError, Ports};
 use crate::qp::{Landing, Qp};
@@ -114,6 +115,8 @@ struct IdSlot {
     last_arrival: u64,
     disconnected: bool,
     connect_error: bool,
+    /// Status of the `ADDR_ERROR` / `ROUTE_ERROR` a pending resolution timer delivers.
+    pending_status: i32,
     /// Whether the application knows the id (false for a child until its request is retrieved).
     visible: bool,
     qp: Option<Qp>,
@@ -231,6 +234,7 @@ enum TimerKind {
     AddrResolved,
     AddrError,
     RouteResolved,
+    RouteError,
     ReqTimeout,
     RepTimeout,
     DreqTimeout,
@@ -243,7 +247,28 @@ enum Action {
         host: u16,
         from: SlotRef,
         payload: u32,
+        attempt: u8,
     },
+    /// The IB CM sends a lost REQ again.
+    ResendReq {
+        host: u16,
+        from: SlotRef,
+        payload: u32,
+        attempt: u8,
+    },
+    /// The IB CM sends a lost REP or DREQ again.
+    Resend {
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    },
+    /// Fault number `n` of the fabric's list strikes.
+    Fault(u32),
+    /// A send has found no receive for as long as the receiver-not-ready retries allow.
+    Rnr { id: SlotRef, sends_done: u64 },
     Msg {
         kind: MsgKind,
         to: SlotRef,
@@ -271,6 +296,50 @@ struct Host {
     addrs: Vec<IpAddr>,
     tag: u32,
     counts: HostCounts,
+    /// Not crashed.
+    up: bool,
+    /// Bumped by every crash: the application's handles of an earlier incarnation are gone.
+    incarnation: u32,
+    /// The RDMA device is registered.
+    device: bool,
+    /// Injected resolution failures still to come: (status, how many).
+    fail_addr: (i32, u32),
+    fail_route: (i32, u32),
+    /// Cap on every listener's backlog.
+    backlog_cap: u32,
+    /// Receiver-not-ready retries before a send gives up (`None`: for ever).
+    rnr_retries: Option<u8>,
+}
+
+impl Host {
+    fn new(addrs: Vec<IpAddr>) -> Self {
+        Host {
+            addrs,
+            tag: next_backend_tag(),
+            counts: HostCounts::default(),
+            up: true,
+            incarnation: 0,
+            device: true,
+            fail_addr: (0, 0),
+            fail_route: (0, 0),
+            backlog_cap: u32::MAX,
+            rnr_retries: None,
+        }
+    }
+
+    /// Whether CM messages can reach or leave the host.
+    fn reachable(&self) -> bool {
+        self.up && self.device
+    }
+}
+
+/// The state of the link between two hosts, as faults leave it.
+#[derive(Clone, Copy, Default)]
+struct Link {
+    partitioned: bool,
+    loss_per_mille: u16,
+    /// Extra latency range in nanoseconds (0..=0: none).
+    delay: (u64, u64),
 }
 
 pub(crate) struct Fabric {
@@ -294,6 +363,11 @@ pub(crate) struct Fabric {
     trace: Trace,
     next_qpn: u32,
     next_token: u64,
+    /// `links[a * hosts + b]`: what faults did to messages from host `a` to host `b`.
+    links: Vec<Link>,
+    /// Every fault scheduled or injected, in that order (actions refer to them by index).
+    faults: Vec<Fault>,
+    stats: FaultStats,
 }
 
 type R<T> = Result<T, CmError>;
@@ -306,14 +380,10 @@ impl Fabric {
             seed,
             now: 0,
             rng: ChaCha8Rng::seed_from_u64(seed.value),
-            hosts: hosts
-                .into_iter()
-                .map(|addrs| Host {
-                    addrs,
-                    tag: next_backend_tag(),
-                    counts: HostCounts::default(),
-                })
-                .collect(),
+            links: vec![Link::default(); hosts.len() * hosts.len()],
+            hosts: hosts.into_iter().map(Host::new).collect(),
+            faults: Vec::new(),
+            stats: FaultStats::default(),
             ids: Slab::new(),
             channels: Slab::new(),
             sched: Queue::new(),
@@ -396,7 +466,10 @@ impl Fabric {
         let lane = match kind {
             TimerKind::ReqTimeout | TimerKind::RepTimeout | TimerKind::DreqTimeout => Lane::Fifo(0),
             TimerKind::TimewaitExit => Lane::Fifo(1),
-            TimerKind::AddrResolved | TimerKind::AddrError | TimerKind::RouteResolved => Lane::Heap,
+            TimerKind::AddrResolved
+            | TimerKind::AddrError
+            | TimerKind::RouteResolved
+            | TimerKind::RouteError => Lane::Heap,
         };
         let time = self.now.saturating_add(after);
         self.sched.push(time, Action::Timer { id, epoch, kind }, lane);
@@ -528,17 +601,97 @@ impl Fabric {
         });
     }
 
+    fn trace_lost(&mut self, from_host: u16, from: SlotRef, msg: MsgKind, to_host: u16) {
+        self.stats.messages_lost += 1;
+        self.trace.record(TraceRecord {
+            time: SimTime::from_nanos(self.now),
+            host: from_host,
+            id: from.index,
+            what: TraceWhat::Lost { msg, to: to_host },
+            status: 0,
+        });
+    }
+
+    /// Whether a message from host `a` to host `b` is lost now (draws only when a loss fault
+    /// is on, so runs without faults draw exactly what they always did).
+    fn lost(&mut self, a: u16, b: u16) -> bool {
+        let n = self.hosts.len();
+        let (Some(ha), Some(hb)) = (self.hosts.get(a as usize), self.hosts.get(b as usize)) else {
+            return false;
+        };
+        if !ha.reachable() || !hb.reachable() {
+            return true;
+        }
+        let link = self.links[a as usize * n + b as usize];
+        link.partitioned
+            || (link.loss_per_mille > 0 && self.rng.next_u64() % 1000 < u64::from(link.loss_per_mille))
+    }
+
+    /// Extra latency a delay fault adds between hosts `a` and `b`.
+    fn extra_delay(&mut self, a: u16, b: u16) -> u64 {
+        let n = self.hosts.len();
+        let Some(link) = self.links.get(a as usize * n + b as usize) else {
+            return 0;
+        };
+        let (lo, hi) = link.delay;
+        if hi == 0 {
+            return 0;
+        }
+        self.stats.messages_delayed += 1;
+        lo + self.rng.next_u64() % (hi - lo + 1)
+    }
+
+    /// The IB CM retransmits REQs, REPs and DREQs until answered; RTUs, REJs and DREPs are
+    /// sent once.
+    fn retried(kind: MsgKind) -> bool {
+        matches!(kind, MsgKind::Req | MsgKind::Rep | MsgKind::Dreq)
+    }
+
     /// Sends an IB CM message from `from` to the id `to` (which may be gone: then it is lost).
     fn send(&mut self, from: SlotRef, to: SlotRef, kind: MsgKind, status: i32, payload: u32) {
+        self.send_attempt(from, to, kind, status, payload, 0);
+    }
+
+    fn send_attempt(
+        &mut self,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    ) {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
         let lat = self.latency();
-        let Some(dest) = self.ids.get_mut(to) else {
+        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
             self.take_payload(payload);
             return;
         };
-        let arrival = (self.now + lat).max(dest.last_arrival);
+        if self.lost(from_host, to_host) {
+            self.trace_lost(from_host, from, kind, to_host);
+            if Self::retried(kind) && u32::from(attempt) < self.cfg.cm_retries {
+                let again = self.now.saturating_add(nanos(self.cfg.cm_response_timeout()));
+                let attempt = attempt + 1;
+                self.schedule(
+                    again,
+                    Action::Resend {
+                        kind,
+                        to,
+                        from,
+                        status,
+                        payload,
+                        attempt,
+                    },
+                );
+            } else {
+                self.take_payload(payload);
+            }
+            return;
+        }
+        let extra = self.extra_delay(from_host, to_host);
+        let dest = self.ids.get_mut(to).expect("checked");
+        let arrival = (self.now + lat + extra).max(dest.last_arrival);
         dest.last_arrival = arrival;
-        let to_host = dest.host;
         self.trace_send(from_host, from, kind, to_host, status);
         self.schedule(
             arrival,
@@ -552,6 +705,48 @@ impl Fabric {
         );
     }
 
+    /// Sends the REQ of `from` to the host that owns its destination.
+    fn send_req(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
+        let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+        let lat = self.latency();
+        if self.lost(from_host, to_host) {
+            self.trace_lost(from_host, from, MsgKind::Req, to_host);
+            self.resend_req_later(from, to_host, payload, attempt);
+            return;
+        }
+        let extra = self.extra_delay(from_host, to_host);
+        self.trace_send(from_host, from, MsgKind::Req, to_host, 0);
+        self.schedule(
+            self.now + lat + extra,
+            Action::Req {
+                host: to_host,
+                from,
+                payload,
+                attempt,
+            },
+        );
+    }
+
+    /// A REQ got no answer (lost, or dropped by a full backlog): the sender's IB CM sends it
+    /// again after its response timeout, until its retries run out.
+    fn resend_req_later(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
+        if u32::from(attempt) < self.cfg.cm_retries {
+            let again = self.now.saturating_add(nanos(self.cfg.cm_response_timeout()));
+            let attempt = attempt + 1;
+            self.schedule(
+                again,
+                Action::ResendReq {
+                    host: to_host,
+                    from,
+                    payload,
+                    attempt,
+                },
+            );
+        } else {
+            self.take_payload(payload);
+        }
+    }
+
     fn host_of_ip(&self, ip: IpAddr) -> Option<u16> {
         self.hosts
             .iter()
@@ -563,7 +758,49 @@ impl Fabric {
 
     fn dispatch(&mut self, action: Action) {
         match action {
-            Action::Req { host, from, payload } => self.on_req(host, from, payload),
+            Action::Req {
+                host,
+                from,
+                payload,
+                attempt,
+            } => self.on_req(host, from, payload, attempt),
+            Action::ResendReq {
+                host,
+                from,
+                payload,
+                attempt,
+            } => {
+                if self.ids.get(from).is_some_and(|s| s.wire == Wire::ReqSent) {
+                    self.stats.messages_resent += 1;
+                    self.send_req(from, host, payload, attempt);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Resend {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+                attempt,
+            } => {
+                let waiting = match kind {
+                    MsgKind::Rep => Wire::RepSent,
+                    _ => Wire::DreqSent,
+                };
+                if self.ids.get(from).is_some_and(|s| s.wire == waiting) {
+                    self.stats.messages_resent += 1;
+                    self.send_attempt(from, to, kind, status, payload, attempt);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Fault(n) => {
+                let fault = self.faults[n as usize].clone();
+                self.strike(&fault);
+            }
+            Action::Rnr { id, sends_done } => self.on_rnr(id, sends_done),
             Action::Msg {
                 kind,
                 to,
@@ -606,18 +843,20 @@ impl Fabric {
                 }
                 self.queue_event(id, SlotRef::NONE, CmEventType::AddrResolved, 0, NO_PAYLOAD);
             }
-            TimerKind::AddrError => self.queue_event(
-                id,
-                SlotRef::NONE,
-                CmEventType::AddrError,
-                -errno::ETIMEDOUT,
-                NO_PAYLOAD,
-            ),
+            TimerKind::AddrError => {
+                let status = self.slot(id).pending_status;
+                self.queue_event(id, SlotRef::NONE, CmEventType::AddrError, status, NO_PAYLOAD)
+            }
             TimerKind::RouteResolved => {
                 self.queue_event(id, SlotRef::NONE, CmEventType::RouteResolved, 0, NO_PAYLOAD)
             }
+            TimerKind::RouteError => {
+                let status = self.slot(id).pending_status;
+                self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
+            }
             TimerKind::ReqTimeout => {
                 if self.slot(id).wire == Wire::ReqSent {
+                    self.stats.req_timeouts += 1;
                     self.slot(id).wire = Wire::Closed;
                     let remote = self.slot(id).remote;
                     if !remote.is_none() {
@@ -635,6 +874,7 @@ impl Fabric {
             }
             TimerKind::RepTimeout => {
                 if self.slot(id).wire == Wire::RepSent {
+                    self.stats.rep_timeouts += 1;
                     self.slot(id).wire = Wire::Closed;
                     self.queue_event(
                         id,
@@ -647,6 +887,7 @@ impl Fabric {
             }
             TimerKind::DreqTimeout => {
                 if self.slot(id).wire == Wire::DreqSent {
+                    self.stats.dreq_timeouts += 1;
                     self.enter_timewait(id);
                     self.deliver_disconnected(id, -errno::ETIMEDOUT);
                 }
@@ -677,12 +918,13 @@ impl Fabric {
         }
     }
 
-    fn on_req(&mut self, host: u16, from: SlotRef, payload: u32) {
+    fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
         let Some(active) = self.ids.get(from) else {
             self.take_payload(payload);
             return;
         };
-        if active.wire != Wire::ReqSent {
+        // A host that crashed or lost its device while the REQ flew does not answer.
+        if active.wire != Wire::ReqSent || !self.hosts[host as usize].reachable() {
             self.take_payload(payload);
             return;
         }
@@ -707,15 +949,16 @@ impl Fabric {
         };
         let l = self.ids.get(listener).expect("listening ids are bound and alive");
         let channel = l.channel;
+        let cap = self.hosts[host as usize].backlog_cap;
         let full = l
             .listener
             .as_ref()
-            .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog);
+            .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog.min(cap));
         if full {
             // The kernel drops a request its listener has no room for, without an answer; the
             // sender's IB CM sends it again after its response timeout, until it gives up.
-            let retry = self.now.saturating_add(nanos(self.cfg.cm_response_timeout()));
-            self.schedule(retry, Action::Req { host, from, payload });
+            self.stats.backlog_drops += 1;
+            self.resend_req_later(from, host, payload, attempt);
             return;
         }
         let child = self.ids.insert(IdSlot {
@@ -733,6 +976,7 @@ impl Fabric {
             last_arrival: 0,
             disconnected: false,
             connect_error: false,
+            pending_status: 0,
             visible: false,
             qp: None,
             listener: None,
@@ -753,10 +997,17 @@ impl Fabric {
     /// A REJ (or SIDR REP with an error status) from a host with no id to answer for.
     fn reply_without_id(&mut self, host: u16, to: SlotRef, status: i32) {
         let lat = self.latency();
-        let Some(dest) = self.ids.get_mut(to) else { return };
-        let arrival = (self.now + lat).max(dest.last_arrival);
+        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
+            return;
+        };
+        if self.lost(host, to_host) {
+            self.trace_lost(host, SlotRef::NONE, MsgKind::Rej, to_host);
+            return;
+        }
+        let extra = self.extra_delay(host, to_host);
+        let dest = self.ids.get_mut(to).expect("checked");
+        let arrival = (self.now + lat + extra).max(dest.last_arrival);
         dest.last_arrival = arrival;
-        let to_host = dest.host;
         self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
         let pd = self.rej_payload(&[]);
         self.schedule(
@@ -951,7 +1202,11 @@ impl Fabric {
                 matches!(r.m.qp(), Some(QpState::Rtr | QpState::Rts))
                     && r.qp.as_ref().is_some_and(|q| q.has_recv())
             });
-            if !sender_ready || !receiver_ready {
+            if !sender_ready {
+                return;
+            }
+            if !receiver_ready {
+                self.arm_rnr(sender);
                 return;
             }
             let send = self
@@ -975,6 +1230,7 @@ impl Fabric {
                         .complete_send(send, WcStatus::Success);
                 }
                 Landing::TooLong => {
+                    self.stats.length_errors += 1;
                     self.slot(sender)
                         .qp
                         .as_mut()
@@ -990,9 +1246,248 @@ impl Fabric {
         }
     }
 
+    /// The send at the head of `sender`'s queue found no receive: under a receiver-not-ready
+    /// retry limit, it gives up once the retries have run out (if it is still waiting then).
+    fn arm_rnr(&mut self, sender: SlotRef) {
+        let host = self.slot(sender).host;
+        let Some(retries) = self.hosts[host as usize].rnr_retries else {
+            return;
+        };
+        let timer = nanos(self.cfg.rnr_timer);
+        let Some(qp) = self.slot(sender).qp.as_mut() else {
+            return;
+        };
+        if qp.rnr_armed {
+            return;
+        }
+        qp.rnr_armed = true;
+        let sends_done = qp.sends_done;
+        let at = self
+            .now
+            .saturating_add(timer.saturating_mul(u64::from(retries) + 1));
+        self.schedule(
+            at,
+            Action::Rnr {
+                id: sender,
+                sends_done,
+            },
+        );
+    }
+
+    fn on_rnr(&mut self, id: SlotRef, sends_done: u64) {
+        let Some(slot) = self.ids.get_mut(id) else { return };
+        let rts = slot.m.qp() == Some(QpState::Rts);
+        let Some(qp) = slot.qp.as_mut() else { return };
+        if !rts || !qp.rnr_armed || qp.sends_done != sends_done || !qp.has_pending_send() {
+            return;
+        }
+        let send = qp.pop_send().expect("checked");
+        qp.complete_send(send, WcStatus::RnrRetryExcErr);
+        self.stats.rnr_retries_exceeded += 1;
+        let next = self.slot(id).m.qp_error();
+        self.set_machine(id, next);
+    }
+
+    // ---- faults ---------------------------------------------------------------------------
+
+    fn check_fault(&self, fault: &Fault) {
+        let n = self.hosts.len();
+        for h in fault.hosts() {
+            assert!(
+                (h as usize) < n,
+                "fault `{fault}` names host {h}, the fabric has {n}"
+            );
+        }
+    }
+
+    fn trace_fault(&mut self, host: u16, fault: &Fault) {
+        self.trace.record(TraceRecord {
+            time: SimTime::from_nanos(self.now),
+            host,
+            id: u32::MAX,
+            what: TraceWhat::Fault(fault.kind()),
+            status: 0,
+        });
+    }
+
+    fn set_link(&mut self, a: u16, b: u16, change: impl Fn(&mut Link)) {
+        let n = self.hosts.len();
+        change(&mut self.links[a as usize * n + b as usize]);
+        change(&mut self.links[b as usize * n + a as usize]);
+    }
+
+    /// Ids living on `host`, the application's and those it does not know yet.
+    fn ids_on(&self, host: u16) -> Vec<SlotRef> {
+        self.ids
+            .refs()
+            .into_iter()
+            .filter(|r| self.ids.get(*r).is_some_and(|s| s.host == host))
+            .collect()
+    }
+
+    /// Drops an id without a word on the wire (its host crashed, or its device went).
+    fn vanish(&mut self, r: SlotRef) {
+        let s = self.slot(r);
+        let (host, ps, channel, queued, timers) = (s.host, s.m.port_space(), s.channel, s.queued, s.timers);
+        let bound = s.local.filter(|_| s.port_bound);
+        self.ids.discard(r);
+        self.timers_cancelled(timers);
+        if let Some(local) = bound {
+            self.ports.unbind(host, ps, local.port(), r);
+        }
+        let counts = &mut self.hosts[host as usize].counts;
+        counts.ids -= 1;
+        counts.queued -= queued as usize;
+        if let Some(c) = self.channels.get_mut(channel) {
+            c.ids -= 1;
+        }
+    }
+
+    /// Strikes `fault` now.
+    fn strike(&mut self, fault: &Fault) {
+        let first_host = fault.hosts()[0];
+        self.trace_fault(first_host, fault);
+        match *fault {
+            Fault::Partition { a, b } => {
+                self.stats.partitions += 1;
+                self.set_link(a, b, |l| l.partitioned = true);
+            }
+            Fault::Heal { a, b } => self.set_link(a, b, |l| l.partitioned = false),
+            Fault::Loss { a, b, per_mille } => {
+                self.set_link(a, b, |l| l.loss_per_mille = per_mille.min(1000))
+            }
+            Fault::Delay { a, b, min, max } => {
+                let (lo, hi) = (nanos(min.min(max)), nanos(min.max(max)));
+                self.set_link(a, b, |l| l.delay = (lo, hi));
+            }
+            Fault::Crash { host } => self.crash(host),
+            Fault::Restart { host } => {
+                let h = &mut self.hosts[host as usize];
+                if !h.up {
+                    // Back with nothing, faults on it forgotten; the tag stays (handles of the
+                    // old incarnation are unknown anyway: their slots are gone).
+                    *h = Host {
+                        incarnation: h.incarnation,
+                        tag: h.tag,
+                        ..Host::new(std::mem::take(&mut h.addrs))
+                    };
+                    self.stats.restarts += 1;
+                }
+            }
+            Fault::RemoveDevice { host } => self.remove_device(host),
+            Fault::RestoreDevice { host } => self.hosts[host as usize].device = true,
+            Fault::AddrChange { host } => {
+                for r in self.ids_on(host) {
+                    let s = self.slot(r);
+                    let waiting_child = s.m.phase() == cm_core::ConnPhase::Requested;
+                    let live = !matches!(
+                        s.m.state(),
+                        cm_core::IdState::DeviceRemoval | cm_core::IdState::Destroying
+                    );
+                    if s.visible && s.m.has_device() && live && !waiting_child {
+                        self.stats.addr_changes += 1;
+                        self.queue_event(r, SlotRef::NONE, CmEventType::AddrChange, 0, NO_PAYLOAD);
+                    }
+                }
+            }
+            Fault::FailAddrResolution { host, status, count } => {
+                self.hosts[host as usize].fail_addr = (status, count)
+            }
+            Fault::FailRouteResolution { host, status, count } => {
+                self.hosts[host as usize].fail_route = (status, count)
+            }
+            Fault::Backlog { host, backlog } => self.hosts[host as usize].backlog_cap = backlog,
+            Fault::RnrRetries { host, retries } => {
+                self.hosts[host as usize].rnr_retries = (retries < 7).then_some(retries);
+            }
+        }
+    }
+
+    /// The host goes down: its ids, channels and QPs vanish, nothing is said on the wire.
+    fn crash(&mut self, host: u16) {
+        if !self.hosts[host as usize].up {
+            return;
+        }
+        self.stats.crashes += 1;
+        let h = &mut self.hosts[host as usize];
+        h.up = false;
+        h.incarnation += 1;
+        for r in self.ids_on(host) {
+            self.vanish(r);
+        }
+        for ch in self.channels.refs() {
+            if self.channels.get(ch).is_some_and(|c| c.host == host) {
+                let c = self.channels.remove(ch).expect("live");
+                for q in c.queue {
+                    self.take_payload(q.payload);
+                }
+            }
+        }
+        self.hosts[host as usize].counts = HostCounts::default();
+    }
+
+    /// The host's device is unregistered: `DEVICE_REMOVAL` on each id bound to it; their
+    /// connections end without a word on the wire.
+    fn remove_device(&mut self, host: u16) {
+        if !self.hosts[host as usize].device {
+            return;
+        }
+        self.stats.device_removals += 1;
+        self.hosts[host as usize].device = false;
+        for r in self.ids_on(host) {
+            let s = self.slot(r);
+            if !s.visible {
+                // A request nobody retrieved yet: its child goes with the device.
+                if let Some(listener) = self.ids.refs().into_iter().find(|l| {
+                    self.ids
+                        .get(*l)
+                        .and_then(|x| x.listener.as_ref())
+                        .is_some_and(|x| x.pending.contains(&r))
+                }) {
+                    self.slot(listener)
+                        .listener
+                        .as_mut()
+                        .expect("listener")
+                        .pending
+                        .retain(|c| *c != r);
+                }
+                self.vanish(r);
+                continue;
+            }
+            let (state, phase, device) = (s.m.state(), s.m.phase(), s.m.has_device());
+            if matches!(
+                state,
+                cm_core::IdState::DeviceRemoval | cm_core::IdState::Destroying
+            ) {
+                continue;
+            }
+            self.cancel_timers(r);
+            let s = self.slot(r);
+            s.wire = Wire::Closed;
+            if state == cm_core::IdState::AddrQuery && !device {
+                // Resolving from a wildcard bind: the resolution fails instead.
+                s.pending_status = -errno::ENODEV;
+                self.queue_event(
+                    r,
+                    SlotRef::NONE,
+                    CmEventType::AddrError,
+                    -errno::ENODEV,
+                    NO_PAYLOAD,
+                );
+            } else if device && phase != cm_core::ConnPhase::Requested {
+                // A child not accepted yet gets no event (the kernel drops them), only a dead id.
+                self.queue_event(r, SlotRef::NONE, CmEventType::DeviceRemoval, 0, NO_PAYLOAD);
+            }
+        }
+    }
+
     // ---- calls ----------------------------------------------------------------------------
 
     pub(crate) fn create_event_channel(&mut self, host: u16) -> R<ChannelHandle> {
+        if !self.hosts[host as usize].up {
+            // The host crashed: as far as its processes go, there is no RDMA device.
+            return Err(CmError::NoRdmaDevice);
+        }
         let r = self.channels.insert(Channel {
             host,
             queue: VecDeque::new(),
@@ -1033,6 +1528,7 @@ impl Fabric {
             last_arrival: 0,
             disconnected: false,
             connect_error: false,
+            pending_status: 0,
             visible: true,
             qp: None,
             listener: None,
@@ -1103,6 +1599,13 @@ impl Fabric {
         if !wildcard && !self.hosts[host as usize].addrs.contains(&ip) {
             return Err(CmError::AddrNotAvailable { call });
         }
+        if !wildcard && !self.hosts[host as usize].device {
+            // The address is local but no RDMA device carries it (removed).
+            return Err(CmError::Os {
+                call,
+                errno: errno::ENODEV,
+            });
+        }
         let ps = self.slot(r).m.port_space();
         let port = self
             .ports
@@ -1164,15 +1667,31 @@ impl Fabric {
             };
             self.bind_port(host, r, src, call)?;
         }
-        let reachable = self.host_of_ip(target).is_some();
+        let reachable = self
+            .host_of_ip(target)
+            .is_some_and(|h| self.hosts[h as usize].reachable());
         let slot = self.slot(r);
         slot.peer = Some(SocketAddr::new(target, dst.port()));
         slot.m = next;
         self.cancel_timers(r);
-        if reachable {
+        let h = &mut self.hosts[host as usize];
+        if h.fail_addr.1 > 0 {
+            h.fail_addr.1 -= 1;
+            let status = h.fail_addr.0;
+            self.stats.addr_errors += 1;
+            self.slot(r).pending_status = status;
+            let lat = self.latency();
+            self.timer(r, lat, TimerKind::AddrError);
+        } else if !h.device {
+            self.slot(r).pending_status = -errno::ENODEV;
+            let lat = self.latency();
+            self.timer(r, lat, TimerKind::AddrError);
+        } else if reachable {
             let lat = self.latency();
             self.timer(r, lat, TimerKind::AddrResolved);
         } else {
+            // Neighbour resolution gets no answer until the caller's timeout.
+            self.slot(r).pending_status = -errno::ETIMEDOUT;
             self.timer(r, nanos(timeout), TimerKind::AddrError);
         }
         Ok(())
@@ -1185,7 +1704,16 @@ impl Fabric {
         let next = self.slot(r).m.resolve_route()?;
         self.slot(r).m = next;
         let lat = self.latency();
-        self.timer(r, lat, TimerKind::RouteResolved);
+        let h = &mut self.hosts[host as usize];
+        if h.fail_route.1 > 0 {
+            h.fail_route.1 -= 1;
+            let status = h.fail_route.0;
+            self.stats.route_errors += 1;
+            self.slot(r).pending_status = status;
+            self.timer(r, lat, TimerKind::RouteError);
+        } else {
+            self.timer(r, lat, TimerKind::RouteResolved);
+        }
         Ok(())
     }
 
@@ -1322,20 +1850,10 @@ impl Fabric {
             private_data,
             dst: Some(dst),
         });
-        let lat = self.latency();
         match self.host_of_ip(dst.ip()) {
-            Some(to_host) => {
-                self.trace_send(host, r, MsgKind::Req, to_host, 0);
-                self.schedule(
-                    self.now + lat,
-                    Action::Req {
-                        host: to_host,
-                        from: r,
-                        payload,
-                    },
-                );
-            }
+            Some(to_host) => self.send_req(r, to_host, payload, 0),
             None => {
+                self.latency();
                 self.take_payload(payload);
             }
         }
@@ -1741,6 +2259,63 @@ impl SimFabric {
             .iter()
             .map(|r| Trace::line(r, &hosts).to_string())
             .collect()
+    }
+
+    /// Schedules the faults of `schedule` at their times.
+    ///
+    /// # Panics
+    /// If a fault names a host the fabric does not have.
+    pub(crate) fn schedule_faults(&self, schedule: FaultSchedule) {
+        let mut fab = self.inner.borrow_mut();
+        for fa in schedule.faults {
+            fab.check_fault(&fa.fault);
+            let n = u32::try_from(fab.faults.len()).expect("fault count");
+            fab.faults.push(fa.fault);
+            let at = nanos(fa.at);
+            fab.schedule(at, Action::Fault(n));
+        }
+    }
+
+    /// Strikes `fault` now (see [`Fault`] for what each does).
+    ///
+    /// # Panics
+    /// If the fault names a host the fabric does not have.
+    pub fn inject(&self, fault: Fault) {
+        let mut fab = self.inner.borrow_mut();
+        fab.check_fault(&fault);
+        fab.faults.push(fault.clone());
+        fab.strike(&fault);
+    }
+
+    /// How often each fault path fired so far.
+    pub fn fault_stats(&self) -> FaultStats {
+        self.inner.borrow().stats
+    }
+
+    /// Whether host number `index` is up (not crashed).
+    pub fn host_is_up(&self, index: usize) -> bool {
+        self.inner.borrow().hosts[index].up
+    }
+
+    /// How many times host number `index` has crashed: an application on it must forget every
+    /// handle of an earlier incarnation.
+    pub fn host_incarnation(&self, index: usize) -> u32 {
+        self.inner.borrow().hosts[index].incarnation
+    }
+
+    /// Writes the kept trace, one line per record, to `<dir>/<label>.trace`, where `dir` is
+    /// `CM_SIM_TRACE_DIR` or else `cm-sim-traces` in the system's temporary directory; returns
+    /// the path. For failing runs: print the path with the seed.
+    pub fn write_trace_file(&self, label: &str) -> std::io::Result<std::path::PathBuf> {
+        let dir = std::env::var_os("CM_SIM_TRACE_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join("cm-sim-traces"));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("{label}.trace"));
+        let mut text = self.trace_lines().join("\n");
+        text.push('\n');
+        std::fs::write(&path, text)?;
+        Ok(path)
     }
 
     /// The kept trace as a Mermaid sequence diagram (see [`TraceMode`](crate::TraceMode)): a

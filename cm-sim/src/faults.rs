@@ -389,6 +389,68 @@ impl Swarm {
     }
 }
 
+/// How often each fault path fired in a run: what coverage tests check (each path at least
+/// once across their runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FaultStats {
+    /// CM messages lost (partition, loss, host or device down).
+    pub messages_lost: u64,
+    /// Lost REQs, REPs and DREQs the IB CM sent again.
+    pub messages_resent: u64,
+    /// Messages slowed by a [`Fault::Delay`].
+    pub messages_delayed: u64,
+    /// Requests that ended in `UNREACHABLE` (`-ETIMEDOUT`) on the active side.
+    pub req_timeouts: u64,
+    /// Replies never answered: `UNREACHABLE` (`-ETIMEDOUT`) on the passive side.
+    pub rep_timeouts: u64,
+    /// Disconnects whose DREP never came: `DISCONNECTED` (`-ETIMEDOUT`).
+    pub dreq_timeouts: u64,
+    /// Partitions struck.
+    pub partitions: u64,
+    /// Hosts crashed.
+    pub crashes: u64,
+    /// Hosts restarted.
+    pub restarts: u64,
+    /// Devices removed.
+    pub device_removals: u64,
+    /// `ADDR_CHANGE` events delivered.
+    pub addr_changes: u64,
+    /// Address resolutions failed on purpose.
+    pub addr_errors: u64,
+    /// Route resolutions failed on purpose.
+    pub route_errors: u64,
+    /// Requests dropped by a full backlog.
+    pub backlog_drops: u64,
+    /// Sends that gave up on a receiver that was not ready (`RNR_RETRY_EXC_ERR`).
+    pub rnr_retries_exceeded: u64,
+    /// Messages longer than the receive buffer (`LOC_LEN_ERR`).
+    pub length_errors: u64,
+}
+
+impl FaultStats {
+    /// Every path with its count.
+    pub fn paths(&self) -> [(&'static str, u64); 16] {
+        [
+            ("messages_lost", self.messages_lost),
+            ("messages_resent", self.messages_resent),
+            ("messages_delayed", self.messages_delayed),
+            ("req_timeouts", self.req_timeouts),
+            ("rep_timeouts", self.rep_timeouts),
+            ("dreq_timeouts", self.dreq_timeouts),
+            ("partitions", self.partitions),
+            ("crashes", self.crashes),
+            ("restarts", self.restarts),
+            ("device_removals", self.device_removals),
+            ("addr_changes", self.addr_changes),
+            ("addr_errors", self.addr_errors),
+            ("route_errors", self.route_errors),
+            ("backlog_drops", self.backlog_drops),
+            ("rnr_retries_exceeded", self.rnr_retries_exceeded),
+            ("length_errors", self.length_errors),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

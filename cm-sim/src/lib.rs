@@ -57,7 +57,7 @@ mod trace;
 
 pub use builder::{parse_seed, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
 pub use fabric::SimFabric;
-pub use faults::{Fault, FaultAt, FaultSchedule, Swarm};
+pub use faults::{Fault, FaultAt, FaultSchedule, FaultStats, Swarm};
 pub use host::SimHost;
 pub use time::SimTime;
 pub use trace::{MsgKind, TraceMode, TraceRecord, TraceWhat};

@@ -24,6 +24,11 @@ pub(crate) struct Qp {
     pub(crate) caps: QpCaps,
     send_slots: u32,
     recv_slots: u32,
+    /// Sends that left the send queue so far: names the head send for a receiver-not-ready
+    /// timer, which gives up only if the send it was armed for is still at the head.
+    pub(crate) sends_done: u64,
+    /// Whether a receiver-not-ready timer is armed for the head send.
+    pub(crate) rnr_armed: bool,
     /// Made by the first work request: most QPs of a connection-management workload never
     /// see one, and the QP lives inside its id, where three empty queues would cost 96 bytes.
     queues: Option<Box<Queues>>,
@@ -51,6 +56,8 @@ impl Qp {
             caps,
             send_slots: 0,
             recv_slots: 0,
+            sends_done: 0,
+            rnr_armed: false,
             queues: None,
         }
     }
@@ -98,7 +105,10 @@ impl Qp {
     }
 
     pub(crate) fn pop_send(&mut self) -> Option<PostedSend> {
-        self.queues.as_mut()?.sends.pop_front()
+        let send = self.queues.as_mut()?.sends.pop_front()?;
+        self.sends_done += 1;
+        self.rnr_armed = false;
+        Some(send)
     }
 
     /// Lands `send` in this QP's next receive; returns what happened, with the receive's

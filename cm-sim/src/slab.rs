@@ -98,6 +98,20 @@ impl<T> Slab<T> {
         }
     }
 
+    /// References to every live value, in index order: for faults that sweep a whole host,
+    /// never for a per-call path.
+    pub(crate) fn refs(&self) -> Vec<SlotRef> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.value.is_some())
+            .map(|(i, e)| SlotRef {
+                index: i as u32,
+                generation: e.generation,
+            })
+            .collect()
+    }
+
     pub(crate) fn remove(&mut self, r: SlotRef) -> Option<T> {
         let e = self.entries.get_mut(r.index as usize)?;
         if e.generation != r.generation {

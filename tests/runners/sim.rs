@@ -69,3 +69,6 @@ mod props;
 
 #[path = "../conformance/sim_only.rs"]
 mod sim_only;
+
+#[path = "../conformance/faults.rs"]
+mod faults;
