@@ -34,6 +34,12 @@ const STEPS: [&str; 8] = [
 ];
 const BIND: usize = 1;
 
+/// How long the one thread waits on the client's channel when neither side has an event
+/// queued: short, so the server side is pumped again soon (on the simulator this bounds how far
+/// virtual time runs ahead of a request the server has not retrieved yet; the least message
+/// latency is 5 us).
+const IDLE_WAIT: Duration = Duration::from_micros(5);
+
 /// Connections one client address can carry (its ephemeral ports, with room to spare).
 const PER_ADDRESS: usize = 20_000;
 
@@ -47,11 +53,13 @@ struct Options {
     timeout: Duration,
     retries: u32,
     trace: Option<String>,
+    mermaid: Option<String>,
 }
 
 fn usage() -> &'static str {
     "usage: cmtime [--backend sim|hw] [--connections N] [--seed S] [--bind ADDR] [--server ADDR]\n\
      \x20             [--port P] [--timeout MS] [--retries R] [--trace FILE]\n\
+     \x20             [--trace-mermaid FILE]\n\
      \x20 --backend     sim (default): the deterministic simulator; hw: librdmacm (feature `hw`)\n\
      \x20 --connections connections to open (default 1000)\n\
      \x20 --seed        simulator seed (default: CM_SIM_SEED, else drawn and printed)\n\
@@ -61,7 +69,8 @@ fn usage() -> &'static str {
      \x20 --port        server port (default 7471)\n\
      \x20 --timeout     resolve timeout in ms (default 2000)\n\
      \x20 --retries     resolve retries after ADDR_ERROR/ROUTE_ERROR (default 2)\n\
-     \x20 --trace       simulator only: write the trace, one line per event, to FILE"
+     \x20 --trace       simulator only: write the trace, one line per event, to FILE\n\
+     \x20 --trace-mermaid  simulator only: write the trace as a Mermaid sequence diagram to FILE"
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -75,6 +84,7 @@ fn parse_args() -> Result<Options, String> {
         timeout: Duration::from_millis(2000),
         retries: 2,
         trace: None,
+        mermaid: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -95,6 +105,7 @@ fn parse_args() -> Result<Options, String> {
             }
             "--retries" | "-r" => o.retries = value.parse().map_err(|_| bad("a number"))?,
             "--trace" => o.trace = Some(value),
+            "--trace-mermaid" => o.mermaid = Some(value),
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -237,7 +248,7 @@ fn run_step<B: CmBackend>(
         if !progressed {
             // Nothing queued on either side: wait a little on the client's channel (on the
             // simulator this moves virtual time to the next thing that happens).
-            if let Some(ev) = client_b.get_cm_event(cch, Duration::from_millis(1))? {
+            if let Some(ev) = client_b.get_cm_event(cch, IDLE_WAIT)? {
                 let (ty, id, status) = (ev.event(), ev.id(), ev.status());
                 client_b.ack_cm_event(ev)?;
                 if handle(client_b, ty, id, status)? {
@@ -405,7 +416,7 @@ fn cmtime<B: CmBackend>(
     while server.children > 0 && Instant::now() < limit {
         if !server.pump(server_b)? {
             let _ = client_b
-                .get_cm_event(cch, Duration::from_millis(1))?
+                .get_cm_event(cch, IDLE_WAIT)?
                 .map(|ev| client_b.ack_cm_event(ev));
         }
     }
@@ -429,13 +440,14 @@ fn run_sim(o: &Options) -> Result<(), String> {
     // requests from another thread; this one-thread version retrieves them between waits, so
     // the simulated net.rdma_ucm.max_backlog is raised to hold a whole burst.
     let backlog = u32::try_from(o.connections).unwrap_or(u32::MAX).max(1024);
-    let mut builder = SimFabric::builder()
-        .max_backlog(backlog)
-        .trace(if o.trace.is_some() {
-            TraceMode::Full
-        } else {
-            TraceMode::HashOnly
-        });
+    let mut builder =
+        SimFabric::builder()
+            .max_backlog(backlog)
+            .trace(if o.trace.is_some() || o.mermaid.is_some() {
+                TraceMode::Full
+            } else {
+                TraceMode::HashOnly
+            });
     if let Some(seed) = o.seed {
         builder = builder.seed(seed);
     }
@@ -462,6 +474,9 @@ fn run_sim(o: &Options) -> Result<(), String> {
     show_perf(&t, o.connections, o.bind.is_some());
     if let Some(path) = &o.trace {
         std::fs::write(path, fabric.trace_lines().join("\n") + "\n").map_err(|e| format!("{path}: {e}"))?;
+    }
+    if let Some(path) = &o.mermaid {
+        std::fs::write(path, fabric.trace_mermaid()).map_err(|e| format!("{path}: {e}"))?;
     }
     println!("virtual time: {:.6} s", fabric.now().since_start().as_secs_f64());
     println!("seed: {}", fabric.seed());
