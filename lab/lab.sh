@@ -434,7 +434,9 @@ build_initramfs() {
   put /etc/libibverbs.d/rxe.driver
   # glibc dlopen()s libgcc_s for pthread_exit/cancel unwinding (rping needs it);
   # ldd does not list it for C programs.
-  local gcc_s; gcc_s=$(ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ { print $NF; exit }')
+  # awk stops reading at the first match; under pipefail ldconfig's SIGPIPE would fail the
+  # assignment, so the first match is taken from the whole listing instead.
+  local gcc_s; gcc_s=$(ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ && !found { print $NF; found = 1 }')
   [[ -n $gcc_s ]] || die "libgcc_s.so.1 not found"
   put "$gcc_s"
 

@@ -516,6 +516,12 @@ impl IdMachine {
     pub fn post_send(&self) -> Result<(), CmError> {
         match self.qp {
             None => Err(CmError::NoQp { call: Call::PostSend }),
+            // A UD send needs an address handle and remote QP number per work request, which
+            // the trait's data path does not carry (verbs providers would dereference none).
+            Some(_) if !self.ps.is_connected() => Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "sends on datagram (UD) QPs need an address handle, which post_send does not carry",
+            }),
             Some(qp) if !qp.can_post_send() => Err(CmError::WrongQpState {
                 call: Call::PostSend,
                 state: qp,

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     next_backend_tag, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
-    IdHandle, IdMachine, LiveResources, PortSpace, QpCaps, Result, Role, WcOpcode, WcStatus, WorkCompletion,
+    IdHandle, IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, Role, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
@@ -35,9 +36,6 @@ struct IdEntry {
     /// Slab index of the channel the id is on.
     channel: u32,
     machine: IdMachine,
-    /// Events retrieved for this id that its machine refused as illegal (see
-    /// [`HwBackend`]'s docs): delivered and counted here instead.
-    strays: u32,
     qp: Option<QpEntry>,
 }
 
@@ -56,8 +54,6 @@ struct Outstanding {
     /// Slab index of the id the event counts against.
     counted: u32,
     channel: u32,
-    /// Whether the counted id's machine counted it (false: counted in `strays`).
-    in_machine: bool,
 }
 
 /// The hardware backend: every `CmBackend` call checked against the id's [`IdMachine`] and this
@@ -76,6 +72,12 @@ struct Outstanding {
 ///   completion order) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
 ///   `max_message_size` bytes, on a protection domain the backend owns per device context (made
 ///   with the first QP on the device, freed with the last).
+/// * A work request posted while the id's machine has the QP in ERR is not posted to the
+///   hardware (rxe on Linux 6.1, for one, never completes a receive posted then): the backend
+///   completes it with `WR_FLUSH_ERR` itself, once the requests of the same queue posted earlier
+///   to the hardware have completed, so every provider honours the contract and each queue
+///   completes in posting order. It occupies a slot of its queue until its completion is polled,
+///   as in the simulator.
 /// * Dropping the backend releases everything in librdmacm's order: acks every held event,
 ///   destroys QPs (with their CQs and buffers), the protection domains, ids (child ids first),
 ///   then channels.
@@ -84,9 +86,9 @@ struct Outstanding {
 /// against ([`CmEvent::counted_id`]: the listener for `CONNECT_REQUEST`) when it is retrieved,
 /// and [`IdMachine::on_ack`] releases it. A real event the machine calls illegal (for instance
 /// `UNREACHABLE` that newer kernels send after a connection was established) is still delivered
-/// — a real event is never hidden — and still blocks `destroy_id` until acked, but leaves the
-/// machine's state unchanged (except that `REJECTED` moves the QP to ERR, as librdmacm does), so
-/// the machine's [`unacked`](IdMachine::unacked) count does not include it.
+/// — a real event is never hidden — and counted with [`IdMachine::count_event`], so it blocks
+/// `destroy_id` until acked and [`unacked`](IdMachine::unacked) stays exact, but it leaves the
+/// machine's state unchanged (except that `REJECTED` moves the QP to ERR, as librdmacm does).
 ///
 /// The backend is single-threaded (`&mut self` everywhere) and not `Send`.
 pub struct HwBackend {
@@ -170,7 +172,6 @@ impl HwBackend {
             raw,
             channel,
             machine,
-            strays: 0,
             qp: None,
         });
         self.by_addr.insert(addr, index);
@@ -218,18 +219,14 @@ impl HwBackend {
         let entry = self.ids.at_mut(counted).expect("live");
         let bound = raw.bind(&entry.raw);
         debug_assert!(bound, "the counted id is the one looked up by address");
-        let in_machine = match entry.machine.on_event(ty) {
-            Ok(next) => {
-                entry.machine = next;
-                true
+        entry.machine = match entry.machine.on_event(ty) {
+            Ok(next) => next,
+            // Delivered all the same (a real event is never hidden) and counted as unacked.
+            Err(_illegal) if ty == CmEventType::Rejected => {
+                // librdmacm moves the QP to ERR when it hands out REJECTED, legal or not.
+                entry.machine.count_event().qp_error()
             }
-            Err(_illegal) => {
-                entry.strays += 1;
-                if ty == CmEventType::Rejected {
-                    entry.machine = entry.machine.qp_error();
-                }
-                false
-            }
+            Err(_illegal) => entry.machine.count_event(),
         };
         self.channels.at_mut(channel).expect("live channel").unacked += 1;
         let token = convert::event_token(self.tag, self.next_seq);
@@ -244,7 +241,6 @@ impl HwBackend {
                 ty,
                 counted,
                 channel,
-                in_machine,
             },
         );
         Some(CmEvent::new(id, listen_id, ty, data.status, data.param, token))
@@ -264,6 +260,16 @@ impl HwBackend {
             self.pds.insert(context, pd);
         }
     }
+}
+
+/// `QueueFull` for `call` (`PostSend` or `PostRecv`) on a QP with `pool`.
+fn queue_full(call: Call, pool: &SlotPool) -> CmError {
+    let outstanding = if call == Call::PostSend {
+        pool.sends_outstanding()
+    } else {
+        pool.recvs_outstanding()
+    };
+    CmError::QueueFull { call, outstanding }
 }
 
 /// `EAGAIN` (= `EWOULDBLOCK` on Linux).
@@ -328,22 +334,7 @@ impl CmBackend for HwBackend {
     fn destroy_id(&mut self, id: IdHandle) -> Result<()> {
         let index = self.id_index(Call::DestroyId, id)?;
         let entry = self.ids.at(index).expect("checked");
-        match entry.machine.destroy() {
-            Ok(_) if entry.strays > 0 => {
-                return Err(CmError::UnackedEvents {
-                    call: Call::DestroyId,
-                    count: entry.strays,
-                })
-            }
-            Ok(_) => {}
-            Err(CmError::UnackedEvents { call, count }) => {
-                return Err(CmError::UnackedEvents {
-                    call,
-                    count: count + entry.strays,
-                })
-            }
-            Err(e) => return Err(e),
-        }
+        entry.machine.destroy()?;
         if entry.qp.is_some() || entry.raw.has_qp() {
             return Err(CmError::QpAttached);
         }
@@ -353,7 +344,6 @@ impl CmBackend for HwBackend {
                 raw,
                 channel,
                 machine,
-                strays,
                 qp,
             } = entry;
             raw.destroy().map_err(|(raw, errno)| {
@@ -362,7 +352,6 @@ impl CmBackend for HwBackend {
                     raw,
                     channel,
                     machine,
-                    strays,
                     qp,
                 };
                 (entry, errno)
@@ -633,12 +622,8 @@ impl CmBackend for HwBackend {
             ch.unacked = ch.unacked.saturating_sub(1);
         }
         if let Some(e) = self.ids.at_mut(rec.counted) {
-            if rec.in_machine {
-                if let Ok(next) = e.machine.on_ack() {
-                    e.machine = next;
-                }
-            } else {
-                e.strays = e.strays.saturating_sub(1);
+            if let Ok(next) = e.machine.on_ack() {
+                e.machine = next;
             }
         }
         result
@@ -655,62 +640,68 @@ impl CmBackend for HwBackend {
     }
 
     fn post_send(&mut self, id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()> {
-        let e = self.id(Call::PostSend, id)?;
+        let call = Call::PostSend;
+        let e = self.id(call, id)?;
+        // The machine also refuses sends on datagram QPs, whose missing address handle a
+        // provider would dereference.
         e.machine.post_send()?;
-        let connected = e.machine.port_space().is_connected();
+        let in_err = e.machine.qp() == Some(QpState::Err);
         let Some(q) = e.qp.as_mut() else {
-            return Err(CmError::NoQp { call: Call::PostSend });
+            return Err(CmError::NoQp { call });
         };
-        if !connected {
-            // A UD send needs an address handle, which this API does not carry; providers
-            // dereference the missing one.
-            return Err(CmError::InvalidArgument {
-                call: Call::PostSend,
-                reason:
-                    "sends on datagram (UD) QPs need an address handle, which this backend does not support",
-            });
-        }
         if data.len() > q.max_message_size as usize {
             return Err(CmError::InvalidArgument {
-                call: Call::PostSend,
+                call,
                 reason: "message longer than max_message_size",
             });
         }
-        let len = data.len() as u32;
-        let Some(slot) = q.pool.take_send(wr_id, len) else {
-            return Err(CmError::QueueFull {
-                call: Call::PostSend,
-                outstanding: q.pool.sends_outstanding(),
-            });
+        if in_err {
+            // Not every provider completes a request posted on a QP in ERR (see the pool's
+            // docs): it is flushed here, never posted.
+            return if q.pool.flush(WcOpcode::Send, wr_id) {
+                Ok(())
+            } else {
+                Err(queue_full(call, &q.pool))
+            };
+        }
+        let Some(slot) = q.pool.post(WcOpcode::Send, wr_id, data.len() as u32) else {
+            return Err(queue_full(call, &q.pool));
         };
         if let Err(err) = q.raw.post_send(slot, data) {
-            q.pool.release(u64::from(slot));
-            return Err(os_error(Call::PostSend, err));
+            q.pool.unpost(slot);
+            return Err(os_error(call, err));
         }
         Ok(())
     }
 
     fn post_recv(&mut self, id: IdHandle, wr_id: u64, len: u32) -> Result<()> {
-        let e = self.id(Call::PostRecv, id)?;
+        let call = Call::PostRecv;
+        let e = self.id(call, id)?;
         e.machine.post_recv()?;
+        let in_err = e.machine.qp() == Some(QpState::Err);
         let Some(q) = e.qp.as_mut() else {
-            return Err(CmError::NoQp { call: Call::PostRecv });
+            return Err(CmError::NoQp { call });
         };
         if len > q.max_message_size {
             return Err(CmError::InvalidArgument {
-                call: Call::PostRecv,
+                call,
                 reason: "receive buffer longer than max_message_size",
             });
         }
-        let Some(slot) = q.pool.take_recv(wr_id, len) else {
-            return Err(CmError::QueueFull {
-                call: Call::PostRecv,
-                outstanding: q.pool.recvs_outstanding(),
-            });
+        if in_err {
+            // rxe (Linux 6.1) never completes a receive posted on a QP in ERR: flush it here.
+            return if q.pool.flush(WcOpcode::Recv, wr_id) {
+                Ok(())
+            } else {
+                Err(queue_full(call, &q.pool))
+            };
+        }
+        let Some(slot) = q.pool.post(WcOpcode::Recv, wr_id, len) else {
+            return Err(queue_full(call, &q.pool));
         };
         if let Err(err) = q.raw.post_recv(slot, len) {
-            q.pool.release(u64::from(slot));
-            return Err(os_error(Call::PostRecv, err));
+            q.pool.unpost(slot);
+            return Err(os_error(call, err));
         }
         Ok(())
     }
@@ -729,6 +720,7 @@ impl CmBackend for HwBackend {
         if max == 0 {
             return Ok(0);
         }
+        // One deadline for the whole wait, however many times the CQ is polled.
         let deadline = convert::deadline(Instant::now(), timeout);
         let mut raw = Vec::with_capacity(16);
         let mut appended = 0;
@@ -736,17 +728,19 @@ impl CmBackend for HwBackend {
         loop {
             let e = self.ids.at_mut(id.index()).expect("checked");
             let q = e.qp.as_mut().expect("checked");
+            // The hardware's completions first: a flushed request waits for those of its queue
+            // posted before it (see the pool's docs).
             raw.clear();
-            let want = max - appended;
+            let asked = (max - appended).min(sys::POLL_BATCH);
             let got = q
                 .raw
-                .poll(want, &mut raw)
+                .poll(asked, &mut raw)
                 .map_err(|err| os_error(Call::PollCq, err))?;
             let mut failed = false;
             for c in &raw {
                 // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
                 // else is ignored rather than trusted.
-                let Some((opcode, posted)) = q.pool.release(c.wr_id) else {
+                let Some((opcode, posted)) = q.pool.complete(c.wr_id) else {
                     continue;
                 };
                 // The status of an unknown value is reported as a general error.
@@ -773,10 +767,27 @@ impl CmBackend for HwBackend {
                 // Any error completion puts a QP in ERR.
                 e.machine = e.machine.qp_error();
             }
-            if appended >= max || (appended > 0 && got < want.min(16)) {
+            while appended < max {
+                let Some((opcode, wr_id)) = q.pool.next_flushed() else {
+                    break;
+                };
+                out.push(WorkCompletion {
+                    wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode,
+                    byte_len: 0,
+                    data: Vec::new(),
+                });
+                appended += 1;
+            }
+            if appended >= max {
                 return Ok(appended);
             }
-            if appended == 0 {
+            if got < asked {
+                // The CQ is drained for now.
+                if appended > 0 {
+                    return Ok(appended);
+                }
                 if Instant::now() >= deadline {
                     return Ok(0);
                 }

@@ -590,6 +590,9 @@ impl Buffer {
     }
 }
 
+/// The most completions one [`Qp::poll`] retrieves.
+pub(crate) const POLL_BATCH: usize = 16;
+
 /// One completion as polled: the internal wr_id (slot), status and length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RawCompletion {
@@ -821,9 +824,10 @@ impl Qp {
         }
     }
 
-    /// `ibv_poll_cq` for at most `max` (at most 16 per call) completions, appended to `out`.
+    /// `ibv_poll_cq` for at most `max` (at most [`POLL_BATCH`] per call) completions, appended
+    /// to `out`; how many were appended.
     pub(crate) fn poll(&self, max: usize, out: &mut Vec<RawCompletion>) -> Result<usize, Errno> {
-        const BATCH: usize = 16;
+        const BATCH: usize = POLL_BATCH;
         let n = max.min(BATCH);
         if n == 0 {
             return Ok(0);
