@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::error::{Call, CmError};
+
 /// `enum rdma_port_space`, with librdmacm's numeric values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
@@ -106,6 +108,48 @@ impl QpCaps {
             max_inline_data: 0,
             max_message_size: 4096,
         }
+    }
+}
+
+impl QpCaps {
+    /// Checks asked-for capabilities against a device allowing `max_qp_wr` work requests each
+    /// way and message buffers of at most `max_message_size` bytes (`rdma_create_qp`'s
+    /// `EINVAL`s, with the reason).
+    pub fn check(&self, max_qp_wr: u32, max_message_size: u32) -> Result<(), CmError> {
+        let invalid = |reason| {
+            Err(CmError::InvalidArgument {
+                call: Call::CreateQp,
+                reason,
+            })
+        };
+        if !(1..=max_qp_wr).contains(&self.max_send_wr) || !(1..=max_qp_wr).contains(&self.max_recv_wr) {
+            return invalid("max_send_wr and max_recv_wr must be 1..=max_qp_wr");
+        }
+        if self.max_send_sge == 0 || self.max_recv_sge == 0 {
+            return invalid("max_send_sge and max_recv_sge must be at least 1");
+        }
+        if !(1..=max_message_size).contains(&self.max_message_size) {
+            return invalid("max_message_size out of range");
+        }
+        Ok(())
+    }
+
+    /// Checks the length of a work request against the QP's message buffers: a send's message,
+    /// or a receive's buffer, may not exceed [`max_message_size`](Self::max_message_size).
+    pub fn check_length(&self, opcode: WcOpcode, len: usize) -> Result<(), CmError> {
+        if len <= self.max_message_size as usize {
+            return Ok(());
+        }
+        Err(match opcode {
+            WcOpcode::Send => CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "message longer than max_message_size",
+            },
+            WcOpcode::Recv => CmError::InvalidArgument {
+                call: Call::PostRecv,
+                reason: "receive buffer longer than max_message_size",
+            },
+        })
     }
 }
 
@@ -294,6 +338,46 @@ mod tests {
         assert_eq!(PortSpace::Tcp.private_data_limit(Reject), 148);
         assert_eq!(PortSpace::Udp.private_data_limit(Connect), 180);
         assert_eq!(PortSpace::Udp.private_data_limit(Accept), 136);
+    }
+
+    #[test]
+    fn caps_and_lengths_are_checked_alike_for_every_backend() {
+        let caps = QpCaps::new();
+        assert_eq!(caps.check(16384, 1 << 20), Ok(()));
+        let none = QpCaps {
+            max_recv_wr: 0,
+            ..caps
+        };
+        assert!(matches!(
+            none.check(16384, 1 << 20),
+            Err(CmError::InvalidArgument {
+                call: Call::CreateQp,
+                ..
+            })
+        ));
+        let big = QpCaps {
+            max_message_size: 2 << 20,
+            ..caps
+        };
+        assert!(big.check(16384, 1 << 20).is_err());
+        assert!(QpCaps {
+            max_send_sge: 0,
+            ..caps
+        }
+        .check(16384, 1 << 20)
+        .is_err());
+        assert_eq!(caps.check_length(WcOpcode::Send, 4096), Ok(()));
+        let err = caps.check_length(WcOpcode::Recv, 4097).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CmError::InvalidArgument {
+                    call: Call::PostRecv,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -43,7 +43,8 @@ struct IdEntry {
 struct QpEntry {
     raw: sys::Qp,
     pool: SlotPool,
-    max_message_size: u32,
+    /// What the QP was created with (its message buffers are `caps.max_message_size` long).
+    caps: QpCaps,
 }
 
 /// One retrieved, unacked event.
@@ -425,15 +426,7 @@ impl CmBackend for HwBackend {
         };
         // The simulator's checks, with its reasons; the limit on work requests is the device's.
         let max_wr = e.raw.max_qp_wr().map_err(|err| os_error(Call::CreateQp, err))?;
-        if !(1..=max_wr).contains(&caps.max_send_wr) || !(1..=max_wr).contains(&caps.max_recv_wr) {
-            return Err(invalid("max_send_wr and max_recv_wr must be 1..=max_qp_wr"));
-        }
-        if caps.max_send_sge == 0 || caps.max_recv_sge == 0 {
-            return Err(invalid("max_send_sge and max_recv_sge must be at least 1"));
-        }
-        if !(1..=MAX_MESSAGE_SIZE).contains(&caps.max_message_size) {
-            return Err(invalid("max_message_size out of range"));
-        }
+        caps.check(max_wr, MAX_MESSAGE_SIZE)?;
         // Both at most max_qp_wr (a u32 from the device, in practice far below 2^31 / 2).
         let slots = caps
             .max_send_wr
@@ -457,7 +450,7 @@ impl CmBackend for HwBackend {
                 e.qp = Some(QpEntry {
                     raw,
                     pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
-                    max_message_size: caps.max_message_size,
+                    caps,
                 });
                 e.machine = next;
                 self.qps += 1;
@@ -484,12 +477,7 @@ impl CmBackend for HwBackend {
         let index = self.id_index(Call::DestroyQp, id)?;
         let e = self.ids.at_mut(index).expect("checked");
         let next = e.machine.destroy_qp()?;
-        let Some(QpEntry {
-            raw,
-            pool,
-            max_message_size,
-        }) = e.qp.take()
-        else {
+        let Some(QpEntry { raw, pool, caps }) = e.qp.take() else {
             return Err(CmError::NoQp {
                 call: Call::DestroyQp,
             });
@@ -499,11 +487,7 @@ impl CmBackend for HwBackend {
             Ok(_pd) => Ok(()),
             Err((Some(raw), errno)) => {
                 // Not attached to this id (cannot happen): keep everything as it was.
-                e.qp = Some(QpEntry {
-                    raw,
-                    pool,
-                    max_message_size,
-                });
+                e.qp = Some(QpEntry { raw, pool, caps });
                 return Err(os_error(Call::DestroyQp, errno));
             }
             // The QP is gone; its CQ or buffers could not be released and were leaked.
@@ -649,12 +633,7 @@ impl CmBackend for HwBackend {
         let Some(q) = e.qp.as_mut() else {
             return Err(CmError::NoQp { call });
         };
-        if data.len() > q.max_message_size as usize {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "message longer than max_message_size",
-            });
-        }
+        q.caps.check_length(WcOpcode::Send, data.len())?;
         if in_err {
             // Not every provider completes a request posted on a QP in ERR (see the pool's
             // docs): it is flushed here, never posted.
@@ -682,12 +661,7 @@ impl CmBackend for HwBackend {
         let Some(q) = e.qp.as_mut() else {
             return Err(CmError::NoQp { call });
         };
-        if len > q.max_message_size {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "receive buffer longer than max_message_size",
-            });
-        }
+        q.caps.check_length(WcOpcode::Recv, len as usize)?;
         if in_err {
             // rxe (Linux 6.1) never completes a receive posted on a QP in ERR: flush it here.
             return if q.pool.flush(WcOpcode::Recv, wr_id) {

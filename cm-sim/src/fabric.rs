@@ -1735,24 +1735,7 @@ impl Fabric {
             });
         }
         let max_wr = self.cfg.max_qp_wr;
-        if !(1..=max_wr).contains(&caps.max_send_wr) || !(1..=max_wr).contains(&caps.max_recv_wr) {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "max_send_wr and max_recv_wr must be 1..=max_qp_wr",
-            });
-        }
-        if caps.max_send_sge == 0 || caps.max_recv_sge == 0 {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "max_send_sge and max_recv_sge must be at least 1",
-            });
-        }
-        if !(1..=self.cfg.max_message_size).contains(&caps.max_message_size) {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "max_message_size out of range",
-            });
-        }
+        caps.check(max_wr, self.cfg.max_message_size)?;
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         let slot = self.slot(r);
@@ -2031,12 +2014,7 @@ impl Fabric {
         self.slot(r).m.post_send()?;
         let in_err = self.slot(r).m.qp() == Some(QpState::Err);
         let qp = self.slot(r).qp.as_mut().expect("checked");
-        if data.len() > qp.caps.max_message_size as usize {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "message longer than max_message_size",
-            });
-        }
+        qp.caps.check_length(WcOpcode::Send, data.len())?;
         if qp.send_slots() >= qp.caps.max_send_wr {
             return Err(CmError::QueueFull {
                 call,
@@ -2058,12 +2036,7 @@ impl Fabric {
         self.slot(r).m.post_recv()?;
         let in_err = self.slot(r).m.qp() == Some(QpState::Err);
         let qp = self.slot(r).qp.as_mut().expect("checked");
-        if len > qp.caps.max_message_size {
-            return Err(CmError::InvalidArgument {
-                call,
-                reason: "receive buffer longer than max_message_size",
-            });
-        }
+        qp.caps.check_length(WcOpcode::Recv, len as usize)?;
         if qp.recv_slots() >= qp.caps.max_recv_wr {
             return Err(CmError::QueueFull {
                 call,
