@@ -57,6 +57,7 @@ PROJECT_BINS=(
   "hw-test|libtest|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
   "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 hw"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --bind @ADDR --server @ADDR --connections @N"
+  "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
 )
 
 # Suites registered for this run (filled by add_suite, in run order).
@@ -666,26 +667,35 @@ summarize() {
   ((failed == 0 && VM_TIMED_OUT == 0))
 }
 
-# Project cmtime (left) next to rdma-core's (right), both verbatim.
-print_cmtime_tables() {
-  local left right
-  left=$(cmtime_table "$OUT/cmtime.log"); right=$(cmtime_table "$OUT/rdmacore-cmtime.log")
-  [[ -n $left || -n $right ]] || return 0
-  echo
-  if [[ -z ${SUITE_KIND[cmtime]:-} ]]; then   # project cmtime not part of this run
-    log "cmtime, $CONNECTIONS connections: rdma-core v44"
-    sed 's/^/  /' <<<"${right:-(no rdma-core cmtime table)}"
-    return 0
-  fi
-  log "cmtime, $CONNECTIONS connections: project (left) | rdma-core v44 (right)"
-  [[ -n $left ]] || left="(no project cmtime table)"
-  [[ -n $right ]] || right="(no rdma-core cmtime table)"
-  awk -v L="$left" -v R="$right" 'BEGIN {
+# Two blocks of lines side by side, the left one padded to its widest line.
+side_by_side() {
+  awk -v L="$1" -v R="$2" 'BEGIN {
       nl = split(L, l, "\n"); nr = split(R, r, "\n"); w = 0
       for (i = 1; i <= nl; i++) if (length(l[i]) > w) w = length(l[i])
       n = nl > nr ? nl : nr
-      for (i = 1; i <= n; i++) printf "  %-" w "s | %s\n", (i <= nl ? l[i] : ""), (i <= nr ? r[i] : "")
+      for (i = 1; i <= n; i++) printf "%-" w "s | %s\n", (i <= nl ? l[i] : ""), (i <= nr ? r[i] : "")
     }'
+}
+
+# The cmtime tables of one run side by side, verbatim: the project's cmtime on the simulator
+# and on the hw backend (when they ran), then rdma-core's.
+print_cmtime_tables() {
+  local titles=() blocks=() suite table
+  local -A title=([sim-cmtime]="project, simulator" [cmtime]="project, hw backend" [rdmacore-cmtime]="rdma-core v44")
+  for suite in sim-cmtime cmtime rdmacore-cmtime; do
+    [[ -n ${SUITE_KIND[$suite]:-} ]] || continue
+    table=$(cmtime_table "$OUT/$suite.log")
+    titles+=("${title[$suite]}")
+    blocks+=("${table:-(no $suite table)}")
+  done
+  ((${#blocks[@]})) || return 0
+  echo
+  local heading out i
+  heading=$(printf ' | %s' "${titles[@]}"); heading=${heading:3}
+  log "cmtime, $CONNECTIONS connections: $heading"
+  out=${blocks[0]}
+  for ((i = 1; i < ${#blocks[@]}; i++)); do out=$(side_by_side "$out" "${blocks[i]}"); done
+  sed 's/^/  /' <<<"$out"
 }
 
 # --------------------------------------------------------------------- main --
