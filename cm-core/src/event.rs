@@ -220,6 +220,19 @@ pub struct ConnParam {
 }
 
 impl ConnParam {
+    /// All zero and no private data: what events that carry no connection parameters report
+    /// (the kernel zeroes them).
+    pub const ZERO: ConnParam = ConnParam {
+        private_data: PrivateData::EMPTY,
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: 0,
+        retry_count: 0,
+        rnr_retry_count: 0,
+        srq: false,
+        qp_num: 0,
+    };
+
     /// librdmacm's defaults for a NULL `conn_param`: device maximum resources, 7 retries each.
     pub const fn new() -> Self {
         ConnParam {

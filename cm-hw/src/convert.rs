@@ -108,13 +108,8 @@ pub(crate) fn conn_param_from_conn(private: &[u8], fields: [u8; 6], qp_num: u32)
 pub(crate) fn conn_param_from_ud(private: &[u8], qp_num: u32) -> ConnParam {
     ConnParam {
         private_data: PrivateData::new(private),
-        responder_resources: 0,
-        initiator_depth: 0,
-        flow_control: 0,
-        retry_count: 0,
-        rnr_retry_count: 0,
-        srq: false,
         qp_num,
+        ..ConnParam::ZERO
     }
 }
 

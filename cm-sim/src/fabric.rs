@@ -51,17 +51,8 @@ mod reason {
     pub(super) const SIDR_REJECT: i32 = 2;
 }
 
-/// Parameters of events that carry none (the kernel zeroes them).
-const NO_PARAM: ConnParam = ConnParam {
-    private_data: PrivateData::EMPTY,
-    responder_resources: 0,
-    initiator_depth: 0,
-    flow_control: 0,
-    retry_count: 0,
-    rnr_retry_count: 0,
-    srq: false,
-    qp_num: 0,
-};
+/// Parameters of events that carry none.
+const NO_PARAM: ConnParam = ConnParam::ZERO;
 
 const NO_PAYLOAD: u32 = u32::MAX;
 
@@ -1335,7 +1326,8 @@ impl Fabric {
             .collect()
     }
 
-    /// Drops an id without a word on the wire (its host crashed, or its device went).
+    /// Drops an id without a word on the wire: the end of every destroy, and all of it when
+    /// the id's host crashed or its device went.
     fn vanish(&mut self, r: SlotRef) {
         let s = self.slot(r);
         let (host, ps, channel, queued, timers) = (s.host, s.m.port_space(), s.channel, s.queued, s.timers);
@@ -1597,20 +1589,7 @@ impl Fabric {
             Wire::DreqRcvd => self.send(r, remote, MsgKind::Drep, 0, NO_PAYLOAD),
             _ => {}
         }
-        let s = self.slot(r);
-        let (host, ps, channel, queued, timers) = (s.host, s.m.port_space(), s.channel, s.queued, s.timers);
-        let bound = s.local.filter(|_| s.port_bound);
-        self.ids.discard(r);
-        self.timers_cancelled(timers);
-        if let Some(local) = bound {
-            self.ports.unbind(host, ps, local.port(), r);
-        }
-        let counts = &mut self.hosts[host as usize].counts;
-        counts.ids -= 1;
-        counts.queued -= queued as usize;
-        if let Some(c) = self.channels.get_mut(channel) {
-            c.ids -= 1;
-        }
+        self.vanish(r);
     }
 
     fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {

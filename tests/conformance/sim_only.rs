@@ -85,6 +85,19 @@ fn storm(fabric: &SimFabric, n: usize) -> Vec<(CmEventType, u32)> {
     seen
 }
 
+/// The usual two-host test bed on `fabric` (whose seed a test chose).
+fn bed_on(fabric: &SimFabric) -> Bed<SimHost> {
+    Bed::new(
+        fabric.host(0),
+        fabric.host(1),
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.99".parse().unwrap(),
+        7000,
+        fabric.repro_line(),
+    )
+}
+
 fn two_hosts(seed: u64) -> SimFabric {
     SimFabric::builder()
         .seed(seed)
@@ -130,15 +143,7 @@ fn different_seeds_explore_different_interleavings() {
 #[test]
 fn trace_lines_name_time_host_id_event_and_status() {
     let fabric = two_hosts(3);
-    let mut bed = Bed::new(
-        fabric.host(0),
-        fabric.host(1),
-        "10.0.0.1".parse().unwrap(),
-        "10.0.0.2".parse().unwrap(),
-        "10.0.0.99".parse().unwrap(),
-        7000,
-        fabric.repro_line(),
-    );
+    let mut bed = bed_on(&fabric);
     let conn = establish(&mut bed);
     let (client_id, child) = (conn.client.id, conn.child);
     teardown(&mut bed, conn);
@@ -171,15 +176,7 @@ fn trace_lines_name_time_host_id_event_and_status() {
 #[test]
 fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
     let fabric = two_hosts(11);
-    let mut bed = Bed::new(
-        fabric.host(0),
-        fabric.host(1),
-        "10.0.0.1".parse().unwrap(),
-        "10.0.0.2".parse().unwrap(),
-        "10.0.0.99".parse().unwrap(),
-        7000,
-        fabric.repro_line(),
-    );
+    let mut bed = bed_on(&fabric);
     let conn = establish(&mut bed);
     let start = fabric.now();
     bed.client.disconnect(conn.client.id).unwrap();
@@ -211,15 +208,7 @@ fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
 #[test]
 fn a_request_nobody_accepts_becomes_unreachable() {
     let fabric = two_hosts(5);
-    let mut bed = Bed::new(
-        fabric.host(0),
-        fabric.host(1),
-        "10.0.0.1".parse().unwrap(),
-        "10.0.0.2".parse().unwrap(),
-        "10.0.0.99".parse().unwrap(),
-        7000,
-        fabric.repro_line(),
-    );
+    let mut bed = bed_on(&fabric);
     let server = listen(&mut bed, 0);
     let client = resolved_client(&mut bed, server.addr, true);
     bed.client.connect(client.id, &ConnParam::new()).unwrap();
