@@ -864,26 +864,14 @@ impl Fabric {
                         let pd = self.rej_payload(&[]);
                         self.send(id, remote, MsgKind::Rej, reason::TIMEOUT, pd);
                     }
-                    self.queue_event(
-                        id,
-                        SlotRef::NONE,
-                        CmEventType::Unreachable,
-                        -errno::ETIMEDOUT,
-                        NO_PAYLOAD,
-                    );
+                    self.unreachable(id);
                 }
             }
             TimerKind::RepTimeout => {
                 if self.slot(id).wire == Wire::RepSent {
                     self.stats.rep_timeouts += 1;
                     self.slot(id).wire = Wire::Closed;
-                    self.queue_event(
-                        id,
-                        SlotRef::NONE,
-                        CmEventType::Unreachable,
-                        -errno::ETIMEDOUT,
-                        NO_PAYLOAD,
-                    );
+                    self.unreachable(id);
                 }
             }
             TimerKind::DreqTimeout => {
@@ -902,6 +890,17 @@ impl Fabric {
                 }
             }
         }
+    }
+
+    /// The IB CM gave up on an unanswered REQ or REP.
+    fn unreachable(&mut self, id: SlotRef) {
+        self.queue_event(
+            id,
+            SlotRef::NONE,
+            CmEventType::Unreachable,
+            -errno::ETIMEDOUT,
+            NO_PAYLOAD,
+        );
     }
 
     fn enter_timewait(&mut self, id: SlotRef) {

@@ -9,16 +9,22 @@ use cm::sim::{SeedSource, SimFabric, SimHost, TraceMode, SEED_ENV};
 
 use crate::support::*;
 
+/// A channel and a listener on `addr`.
+fn listening(server: &mut SimHost, addr: std::net::SocketAddr) -> (cm::core::ChannelHandle, IdHandle) {
+    let ch = server.create_event_channel().unwrap();
+    let listener = server.create_id(ch, PortSpace::Tcp).unwrap();
+    server.bind_addr(listener, addr).unwrap();
+    server.listen(listener, 0).unwrap();
+    (ch, listener)
+}
+
 /// `n` clients connect to one listener, all ids of a side on one channel; both sides drive
 /// every event until every id reached TIMEWAIT_EXIT, then tear down. Returns the order in which
 /// the client saw its events (event, id).
 fn storm(fabric: &SimFabric, n: usize) -> Vec<(CmEventType, u32)> {
     let (mut server, mut client) = (fabric.host(0), fabric.host(1));
     let addr = "10.0.0.1:7471".parse().unwrap();
-    let sch = server.create_event_channel().unwrap();
-    let listener = server.create_id(sch, PortSpace::Tcp).unwrap();
-    server.bind_addr(listener, addr).unwrap();
-    server.listen(listener, 0).unwrap();
+    let (sch, listener) = listening(&mut server, addr);
     let cch = client.create_event_channel().unwrap();
     let ids: Vec<IdHandle> = (0..n)
         .map(|_| client.create_id(cch, PortSpace::Tcp).unwrap())
@@ -259,10 +265,7 @@ fn a_hundred_thousand_live_connections() {
         .build();
     let (mut server, mut client): (SimHost, SimHost) = (fabric.host(0), fabric.host(1));
     let addr = "10.0.0.1:7471".parse().unwrap();
-    let sch = server.create_event_channel().unwrap();
-    let listener = server.create_id(sch, PortSpace::Tcp).unwrap();
-    server.bind_addr(listener, addr).unwrap();
-    server.listen(listener, 0).unwrap();
+    let (sch, listener) = listening(&mut server, addr);
     let cch = client.create_event_channel().unwrap();
     let mut pairs = Vec::with_capacity(N);
     for n in 0..N {
