@@ -140,6 +140,14 @@ pub trait CmBackend {
     /// `rdma_get_cm_event`, waiting at most `timeout`; `Ok(None)` when no event came in time.
     fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>>;
 
+    /// Non-blocking [`get_cm_event`](CmBackend::get_cm_event): the next queued event, or
+    /// `Ok(None)` at once when none is queued. A simulator runs only what is due at its current
+    /// virtual instant and never moves its clock; the hardware backend reads the non-blocking
+    /// channel fd once. Event loops (the async layer) wait for readiness elsewhere and call this.
+    fn try_get_cm_event(&mut self, channel: ChannelHandle) -> Result<Option<CmEvent>> {
+        self.get_cm_event(channel, Duration::ZERO)
+    }
+
     /// `rdma_ack_cm_event`: gives the event back.
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()>;
 
@@ -164,6 +172,12 @@ pub trait CmBackend {
         max: usize,
         timeout: Duration,
     ) -> Result<usize>;
+
+    /// Non-blocking [`poll_cq`](CmBackend::poll_cq): appends up to `max` completions that are
+    /// already there and returns at once (never moves a simulator's clock).
+    fn try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        self.poll_cq(id, out, max, Duration::ZERO)
+    }
 
     /// The id's legality state as this backend tracks it.
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine>;
