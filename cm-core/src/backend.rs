@@ -148,7 +148,10 @@ pub trait CmBackend {
         self.get_cm_event(channel, Duration::ZERO)
     }
 
-    /// `rdma_ack_cm_event`: gives the event back.
+    /// `rdma_ack_cm_event`: gives the event back. An event of another backend is refused with
+    /// [`CmError::ForeignEvent`], which hands it back so it can still be acked where it came
+    /// from; one this backend never handed out with this id, type and token (forged, or
+    /// rebuilt with [`CmEvent::new`]) with [`CmError::EventNotOutstanding`].
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()>;
 
     /// `rdma_get_local_addr`: the bound local address, if any.

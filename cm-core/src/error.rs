@@ -7,7 +7,10 @@
 //! nothing, and report the errno named in the variant's docs.
 
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
+use crate::event::CmEvent;
 use crate::handle::HandleKind;
 use crate::state::{IdState, QpState};
 
@@ -237,6 +240,22 @@ pub enum CmError {
     #[error("rdma_ack_cm_event: the event is not outstanding on this backend")]
     EventNotOutstanding,
 
+    /// The event belongs to another backend (another host, fabric or process): the ack is
+    /// refused and the event is handed back in the error, so the caller can still ack it where
+    /// it came from ([`ReturnedEvent::take`]). `EINVAL`, like [`CmError::EventNotOutstanding`].
+    #[error("rdma_ack_cm_event: {0} was handed out by another backend; it is given back in this error, ack it there")]
+    ForeignEvent(ReturnedEvent),
+
+    /// The (simulated) host crashed: its process and everything it had are gone until it
+    /// restarts (`ENODEV`, what a process sees when its device disappears).
+    #[error("{call}: the host crashed at virtual time {}.{:09} s; its ids, channels and QPs are gone", .at.as_secs(), .at.subsec_nanos())]
+    HostCrashed {
+        /// The call.
+        call: Call,
+        /// When it crashed, in virtual time since the fabric was built.
+        at: Duration,
+    },
+
     /// There is no RDMA device on this machine (`ENODEV`).
     #[error("no RDMA device: load a driver or add a software device, e.g. `rdma link add rxe0 type rxe netdev <interface>` (Soft-RoCE)")]
     NoRdmaDevice,
@@ -278,6 +297,8 @@ impl CmError {
             CmError::InvalidArgument { .. } => EINVAL,
             CmError::QueueFull { .. } => ENOMEM,
             CmError::EventNotOutstanding => EINVAL,
+            CmError::ForeignEvent(_) => EINVAL,
+            CmError::HostCrashed { .. } => ENODEV,
             CmError::NoRdmaDevice => ENODEV,
             CmError::Os { errno, .. } => *errno,
         }
@@ -292,11 +313,68 @@ impl CmError {
                 | CmError::UnackedEvents { .. }
                 | CmError::ChannelBusy { .. }
                 | CmError::EventNotOutstanding
+                | CmError::ForeignEvent(_)
                 | CmError::NoDevice { .. }
                 | CmError::NoQp {
                     call: Call::DestroyQp | Call::Accept
                 }
         )
+    }
+}
+
+/// An event handed back by a refused ack ([`CmError::ForeignEvent`]).
+///
+/// The error is `Clone`, the event is not: every clone of the error shares one cell, so the
+/// event can be taken out exactly once and the "ack at most once" guarantee holds.
+#[derive(Clone)]
+pub struct ReturnedEvent(Arc<Mutex<Option<CmEvent>>>);
+
+impl ReturnedEvent {
+    /// Wraps `event` for the error.
+    pub fn new(event: CmEvent) -> Self {
+        ReturnedEvent(Arc::new(Mutex::new(Some(event))))
+    }
+
+    /// The event, the first time it is asked for (from any clone of the error); `None` after.
+    ///
+    /// ```
+    /// use cm_core::{CmBackend, CmError};
+    /// # fn ack_where_it_belongs<B: CmBackend>(wrong: &mut B, right: &mut B, ev: cm_core::CmEvent) -> cm_core::Result<()> {
+    /// match wrong.ack_cm_event(ev) {
+    ///     Err(CmError::ForeignEvent(back)) => right.ack_cm_event(back.take().expect("first take")),
+    ///     other => other,
+    /// }
+    /// # }
+    /// ```
+    pub fn take(&self) -> Option<CmEvent> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+impl PartialEq for ReturnedEvent {
+    /// Equal when they share the cell: the same refusal.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ReturnedEvent {}
+
+impl fmt::Debug for ReturnedEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(ev) => write!(f, "ReturnedEvent({ev:?})"),
+            None => f.write_str("ReturnedEvent(taken)"),
+        }
+    }
+}
+
+impl fmt::Display for ReturnedEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(ev) => write!(f, "{ev}"),
+            None => f.write_str("an event (taken back since)"),
+        }
     }
 }
 
@@ -400,6 +478,13 @@ mod tests {
             (CmError::EventNotOutstanding, EINVAL),
             (CmError::NoRdmaDevice, ENODEV),
             (
+                CmError::HostCrashed {
+                    call: Call::CreateId,
+                    at: Duration::from_secs(1),
+                },
+                ENODEV,
+            ),
+            (
                 CmError::Os {
                     call: Call::Connect,
                     errno: ETIMEDOUT,
@@ -410,6 +495,34 @@ mod tests {
         for (err, want) in cases {
             assert_eq!(err.errno(), want, "{err}");
         }
+    }
+
+    #[test]
+    fn a_foreign_event_error_gives_the_event_back_once_across_clones() {
+        use crate::event::{CmEventType, ConnParam};
+        use crate::handle::IdHandle;
+        let ev = CmEvent::new(
+            IdHandle::new(1, 2, 3),
+            None,
+            CmEventType::AddrResolved,
+            0,
+            ConnParam::ZERO,
+            9,
+        );
+        let err = CmError::ForeignEvent(ReturnedEvent::new(ev));
+        let copy = err.clone();
+        assert_eq!(err, copy);
+        assert_eq!(err.errno(), errno::EINVAL);
+        assert!(err.to_string().contains("RDMA_CM_EVENT_ADDR_RESOLVED"), "{err}");
+        let (CmError::ForeignEvent(a), CmError::ForeignEvent(b)) = (err, copy) else {
+            unreachable!("built as ForeignEvent")
+        };
+        let back = a.take().expect("the event comes back");
+        assert_eq!((back.token(), back.event()), (9, CmEventType::AddrResolved));
+        assert!(
+            b.take().is_none(),
+            "a clone of the error cannot hand it out twice"
+        );
     }
 
     #[test]
@@ -432,6 +545,14 @@ mod tests {
             .to_string()
             .contains("rdma link add rxe0 type rxe netdev"));
         assert!(e.is_guarded_misuse());
+        let crashed = CmError::HostCrashed {
+            call: Call::GetCmEvent,
+            at: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            crashed.to_string(),
+            "rdma_get_cm_event: the host crashed at virtual time 1.500000000 s; its ids, channels and QPs are gone"
+        );
         assert!(!CmError::AddrInUse { call: Call::BindAddr }.is_guarded_misuse());
     }
 }

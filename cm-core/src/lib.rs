@@ -22,7 +22,7 @@ mod state;
 mod types;
 
 pub use backend::{CmBackend, Result};
-pub use error::{errno, errno_text, Call, CmError};
+pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
 pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
 pub use handle::{next_backend_tag, ChannelHandle, HandleKind, IdHandle};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};

@@ -42,6 +42,15 @@ pub struct SimConfig {
     pub max_qp_wr: u32,
     /// The largest message buffer a QP may ask for.
     pub max_message_size: u32,
+    /// The device's `max_sge`: the most scatter/gather entries per work request (rxe: 32).
+    pub max_sge: u32,
+    /// The most bytes a QP may ask to send inline (rxe: 400).
+    pub max_inline_data: u32,
+    /// The QP's local ACK timeout: a send the peer never acknowledges (crashed, partitioned,
+    /// gone) is sent again after it, `retry_count` times (from [`ConnParam`](cm_core::ConnParam)),
+    /// then completes with `RETRY_EXC_ERR`. Default 4.096 us x 2^19 = 2.1 s: RoCE's packet
+    /// lifetime 18 doubled, the timeout the IB CM gives a QP on rxe.
+    pub ack_timeout: Duration,
     /// How much of the trace is kept.
     pub trace: TraceMode,
 }
@@ -49,9 +58,117 @@ pub struct SimConfig {
 impl SimConfig {
     /// The time between two sends of an unanswered IB CM message: `cm_timeout / (cm_retries + 1)`.
     pub fn cm_response_timeout(&self) -> Duration {
-        self.cm_timeout / (self.cm_retries + 1)
+        self.cm_timeout / self.cm_retries.saturating_add(1)
+    }
+
+    /// Checks every field: what [`SimBuilder::try_build`] refuses.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad = |field, reason| Err(ConfigError::BadConfig { field, reason });
+        if self.latency.start() > self.latency.end() {
+            return bad("latency", "the range is empty (start after end)");
+        }
+        if self.cm_retries > MAX_CM_RETRIES {
+            return bad("cm_retries", "at most 15 (the REQ's 4-bit Max CM Retries field)");
+        }
+        if self.max_backlog == 0 {
+            return bad("max_backlog", "must be at least 1");
+        }
+        if *self.ephemeral_ports.start() == 0 || self.ephemeral_ports.start() > self.ephemeral_ports.end() {
+            return bad(
+                "ephemeral_ports",
+                "must be a non-empty range not starting at port 0",
+            );
+        }
+        if self.max_qp_wr == 0 || self.max_message_size == 0 || self.max_sge == 0 {
+            return bad(
+                "max_qp_wr / max_message_size / max_sge",
+                "a device allows at least 1",
+            );
+        }
+        Ok(())
     }
 }
+
+/// The IB CM's limit on retries: the REQ carries them in 4 bits.
+const MAX_CM_RETRIES: u32 = 15;
+
+/// Why a [`SimBuilder`] cannot build a fabric.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No host was added.
+    NoHosts,
+    /// A host was added with an empty address list.
+    HostWithoutAddress {
+        /// The host's number.
+        host: usize,
+    },
+    /// An address does not parse as IPv4 or IPv6.
+    NotAnAddress {
+        /// The host's number.
+        host: usize,
+        /// What was given.
+        text: String,
+    },
+    /// A loopback or wildcard address (`127.0.0.1`, `0.0.0.0`, `::1`, `::`) given to a host:
+    /// those resolve to the resolving host itself and are nobody's address on a fabric.
+    NotUnicast {
+        /// The host's number.
+        host: usize,
+        /// The address.
+        addr: IpAddr,
+    },
+    /// The same address given twice.
+    AddressTwice {
+        /// The address.
+        addr: IpAddr,
+    },
+    /// `CM_SIM_SEED` holds something that is not a number.
+    BadSeed {
+        /// The variable's value.
+        text: String,
+    },
+    /// A [`SimConfig`] field is out of range.
+    BadConfig {
+        /// The field.
+        field: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
+    /// A scheduled fault names a host the fabric does not have.
+    FaultHost {
+        /// The fault.
+        fault: String,
+        /// The host it names.
+        host: u16,
+        /// How many hosts the fabric has.
+        hosts: usize,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NoHosts => f.write_str("a fabric needs at least one host"),
+            ConfigError::HostWithoutAddress { host } => write!(f, "host {host} needs at least one address"),
+            ConfigError::NotAnAddress { host, text } => write!(f, "host {host}: not an IP address: {text:?}"),
+            ConfigError::NotUnicast { host, addr } => write!(
+                f,
+                "host {host}: address {addr} must be a unicast address (loopback and wildcard destinations already resolve to the resolving host)"
+            ),
+            ConfigError::AddressTwice { addr } => write!(f, "address {addr} given twice"),
+            ConfigError::BadSeed { text } => {
+                write!(f, "{SEED_ENV}={text:?} is not a number (decimal or 0x hex)")
+            }
+            ConfigError::BadConfig { field, reason } => write!(f, "bad configuration: {field}: {reason}"),
+            ConfigError::FaultHost { fault, host, hosts } => {
+                write!(f, "fault `{fault}` names host {host}, the fabric has {hosts}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -67,6 +184,9 @@ impl Default for SimConfig {
             max_rd_atomic: 128,
             max_qp_wr: 16384,
             max_message_size: 1 << 20,
+            max_sge: 32,
+            max_inline_data: 400,
+            ack_timeout: Duration::from_nanos(4_096 << 19),
             trace: TraceMode::Full,
         }
     }
@@ -114,7 +234,26 @@ fn draw_seed() -> u64 {
     h.finish()
 }
 
-/// Builds a [`SimFabric`].
+/// The seed `CM_SIM_SEED` (its value `env`) gives, or a drawn one when it is not set.
+fn seed_from_env(env: Option<std::ffi::OsString>) -> Result<Seed, ConfigError> {
+    let Some(text) = env else {
+        return Ok(Seed {
+            value: draw_seed(),
+            source: SeedSource::Drawn,
+        });
+    };
+    let text = text.to_string_lossy().into_owned();
+    match parse_seed(&text) {
+        Some(value) => Ok(Seed {
+            value,
+            source: SeedSource::Environment,
+        }),
+        None => Err(ConfigError::BadSeed { text }),
+    }
+}
+
+/// Builds a [`SimFabric`]. Nothing is checked until [`try_build`](SimBuilder::try_build) (or
+/// [`build`](SimBuilder::build), which panics with the same message).
 ///
 /// ```
 /// use std::time::Duration;
@@ -134,7 +273,7 @@ fn draw_seed() -> u64 {
 #[derive(Clone, Debug)]
 pub struct SimBuilder {
     seed: Option<u64>,
-    hosts: Vec<Vec<IpAddr>>,
+    hosts: Vec<Vec<String>>,
     config: SimConfig,
     faults: FaultSchedule,
 }
@@ -163,41 +302,21 @@ impl SimBuilder {
         self
     }
 
-    /// Adds a host with one address.
-    ///
-    /// # Panics
-    /// If `addr` is not an IP address.
+    /// Adds a host with one address (checked by [`try_build`](Self::try_build)).
     pub fn host(self, addr: &str) -> Self {
         self.host_with_addrs(&[addr])
     }
 
-    /// Adds a host with several addresses (its first is where unbound ids resolve from).
-    ///
-    /// # Panics
-    /// If an address does not parse, the list is empty, or an address is already used.
+    /// Adds a host with several addresses (its first is where unbound ids resolve from). Each
+    /// must be a unicast IPv4 or IPv6 address no other host has; [`try_build`](Self::try_build)
+    /// checks.
     pub fn host_with_addrs(mut self, addrs: &[&str]) -> Self {
-        assert!(!addrs.is_empty(), "a host needs at least one address");
-        let ips: Vec<IpAddr> = addrs
-            .iter()
-            .map(|a| a.parse().unwrap_or_else(|_| panic!("not an IP address: {a}")))
-            .collect();
-        for ip in &ips {
-            assert!(
-                !self.hosts.iter().flatten().any(|other| other == ip),
-                "address {ip} given twice"
-            );
-            assert!(
-                !ip.is_unspecified() && !ip.is_loopback(),
-                "host address {ip} must be a unicast address"
-            );
-        }
-        self.hosts.push(ips);
+        self.hosts.push(addrs.iter().map(|a| (*a).to_owned()).collect());
         self
     }
 
     /// One-way CM message latency range (also the time address and route resolution take).
     pub fn latency(mut self, range: RangeInclusive<Duration>) -> Self {
-        assert!(range.start() <= range.end(), "empty latency range");
         self.config.latency = range;
         self
     }
@@ -214,19 +333,14 @@ impl SimBuilder {
         self
     }
 
-    /// `net.rdma_ucm.max_backlog`.
+    /// `net.rdma_ucm.max_backlog` (at least 1).
     pub fn max_backlog(mut self, backlog: u32) -> Self {
-        assert!(backlog > 0, "max_backlog must be positive");
         self.config.max_backlog = backlog;
         self
     }
 
-    /// The ephemeral port range.
+    /// The ephemeral port range (non-empty, not starting at 0).
     pub fn ephemeral_ports(mut self, range: RangeInclusive<u16>) -> Self {
-        assert!(
-            *range.start() > 0 && range.start() <= range.end(),
-            "bad ephemeral port range"
-        );
         self.config.ephemeral_ports = range;
         self
     }
@@ -237,35 +351,53 @@ impl SimBuilder {
         self
     }
 
-    /// Replaces the whole configuration.
+    /// Replaces the whole configuration (checked by [`try_build`](Self::try_build) like the
+    /// setters' values).
     pub fn config(mut self, config: SimConfig) -> Self {
         self.config = config;
         self
     }
 
     /// The seed this builder will use, resolving `CM_SIM_SEED` or drawing one if needed.
-    fn resolve_seed(&self) -> Seed {
+    fn resolve_seed(&self) -> Result<Seed, ConfigError> {
         if let Some(value) = self.seed {
-            return Seed {
+            return Ok(Seed {
                 value,
                 source: SeedSource::Builder,
-            };
+            });
         }
-        if let Ok(text) = std::env::var(SEED_ENV) {
-            match parse_seed(&text) {
-                Some(value) => {
-                    return Seed {
-                        value,
-                        source: SeedSource::Environment,
-                    }
-                }
-                None => panic!("{SEED_ENV}={text:?} is not a number (decimal or 0x hex)"),
+        seed_from_env(std::env::var_os(SEED_ENV))
+    }
+
+    /// The hosts' addresses, parsed and checked.
+    fn host_addrs(&self) -> Result<Vec<Vec<IpAddr>>, ConfigError> {
+        if self.hosts.is_empty() {
+            return Err(ConfigError::NoHosts);
+        }
+        let mut seen: Vec<IpAddr> = Vec::new();
+        let mut hosts = Vec::with_capacity(self.hosts.len());
+        for (host, texts) in self.hosts.iter().enumerate() {
+            if texts.is_empty() {
+                return Err(ConfigError::HostWithoutAddress { host });
             }
+            let mut ips = Vec::with_capacity(texts.len());
+            for text in texts {
+                let addr: IpAddr = text.trim().parse().map_err(|_| ConfigError::NotAnAddress {
+                    host,
+                    text: text.clone(),
+                })?;
+                if addr.is_unspecified() || addr.is_loopback() {
+                    return Err(ConfigError::NotUnicast { host, addr });
+                }
+                if seen.contains(&addr) {
+                    return Err(ConfigError::AddressTwice { addr });
+                }
+                seen.push(addr);
+                ips.push(addr);
+            }
+            hosts.push(ips);
         }
-        Seed {
-            value: draw_seed(),
-            source: SeedSource::Drawn,
-        }
+        Ok(hosts)
     }
 
     /// Faults to strike during the run (see [`Fault`](crate::Fault)); several calls add up.
@@ -274,16 +406,44 @@ impl SimBuilder {
         self
     }
 
-    /// Builds the fabric.
+    /// Builds the fabric, or says what is wrong: no host, an address that does not parse, is
+    /// loopback or wildcard, or is given twice, a `CM_SIM_SEED` that is not a number, a
+    /// [`SimConfig`] field out of range ([`SimConfig::check`]), a fault naming a host the fabric
+    /// does not have.
+    ///
+    /// ```
+    /// use cm_sim::{ConfigError, SimFabric};
+    ///
+    /// let err = SimFabric::builder().seed(1).host("127.0.0.1").try_build().unwrap_err();
+    /// assert!(matches!(err, ConfigError::NotUnicast { host: 0, .. }));
+    /// let fabric = SimFabric::builder().seed(1).host("10.0.0.1").try_build()?;
+    /// assert_eq!(fabric.seed(), 1);
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn try_build(self) -> Result<SimFabric, ConfigError> {
+        let hosts = self.host_addrs()?;
+        self.config.check()?;
+        for fa in &self.faults.faults {
+            if let Some(&host) = fa.fault.hosts().iter().find(|&&h| usize::from(h) >= hosts.len()) {
+                return Err(ConfigError::FaultHost {
+                    fault: fa.fault.to_string(),
+                    host,
+                    hosts: hosts.len(),
+                });
+            }
+        }
+        let seed = self.resolve_seed()?;
+        let fabric = SimFabric::new(seed, hosts, self.config);
+        fabric.schedule_faults(self.faults);
+        Ok(fabric)
+    }
+
+    /// Builds the fabric: [`try_build`](Self::try_build) for code whose configuration is fixed.
     ///
     /// # Panics
-    /// If no host was added, or a fault names a host the fabric does not have.
+    /// Where `try_build` returns an error, with its message.
     pub fn build(self) -> SimFabric {
-        assert!(!self.hosts.is_empty(), "a fabric needs at least one host");
-        let seed = self.resolve_seed();
-        let fabric = SimFabric::new(seed, self.hosts, self.config);
-        fabric.schedule_faults(self.faults);
-        fabric
+        self.try_build().unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -303,16 +463,128 @@ mod tests {
         let b = SimBuilder::new().seed(9).host("10.0.0.1");
         assert_eq!(
             b.resolve_seed(),
-            Seed {
+            Ok(Seed {
                 value: 9,
                 source: SeedSource::Builder
-            }
+            })
         );
     }
 
     #[test]
+    fn a_seed_variable_that_is_not_a_number_is_an_error_not_a_panic() {
+        let err = seed_from_env(Some("abc".into())).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "CM_SIM_SEED=\"abc\" is not a number (decimal or 0x hex)"
+        );
+        assert_eq!(
+            seed_from_env(Some("0x10".into())),
+            Ok(Seed {
+                value: 16,
+                source: SeedSource::Environment
+            })
+        );
+        assert_eq!(seed_from_env(None).map(|s| s.source), Ok(SeedSource::Drawn));
+    }
+
+    #[test]
     #[should_panic(expected = "given twice")]
-    fn duplicate_addresses_are_refused() {
-        let _ = SimBuilder::new().host("10.0.0.1").host("10.0.0.1");
+    fn build_panics_with_the_message_try_build_returns() {
+        let _ = SimBuilder::new()
+            .seed(1)
+            .host("10.0.0.1")
+            .host("10.0.0.1")
+            .build();
+    }
+
+    fn refusal(b: SimBuilder) -> ConfigError {
+        b.seed(1).try_build().expect_err("must be refused")
+    }
+
+    #[test]
+    fn try_build_refuses_bad_addresses_instead_of_panicking() {
+        for addr in ["127.0.0.1", "0.0.0.0", "::1", "::"] {
+            let err = refusal(SimBuilder::new().host("10.0.0.1").host(addr));
+            assert!(
+                matches!(err, ConfigError::NotUnicast { host: 1, .. }),
+                "{addr}: {err}"
+            );
+        }
+        let err = refusal(SimBuilder::new().host("10.0.0.300"));
+        assert_eq!(err.to_string(), "host 0: not an IP address: \"10.0.0.300\"");
+        assert_eq!(refusal(SimBuilder::new()), ConfigError::NoHosts);
+        assert_eq!(
+            refusal(SimBuilder::new().host_with_addrs(&[])),
+            ConfigError::HostWithoutAddress { host: 0 }
+        );
+        assert_eq!(
+            refusal(
+                SimBuilder::new()
+                    .host("10.0.0.1")
+                    .host_with_addrs(&["10.0.0.2", "10.0.0.1"])
+            ),
+            ConfigError::AddressTwice {
+                addr: "10.0.0.1".parse().unwrap()
+            }
+        );
+        assert!(SimBuilder::new().seed(1).host("fd00::1").try_build().is_ok());
+    }
+
+    #[test]
+    fn try_build_checks_every_config_field_the_setters_would() {
+        let with = |change: fn(&mut SimConfig)| {
+            let mut cfg = SimConfig::default();
+            change(&mut cfg);
+            refusal(SimBuilder::new().host("10.0.0.1").config(cfg))
+        };
+        let field = |e: ConfigError| match e {
+            ConfigError::BadConfig { field, .. } => field,
+            other => panic!("not a config error: {other}"),
+        };
+        assert_eq!(field(with(|c| c.cm_retries = u32::MAX)), "cm_retries");
+        assert_eq!(field(with(|c| c.cm_retries = 256)), "cm_retries");
+        assert_eq!(field(with(|c| c.cm_retries = 16)), "cm_retries");
+        assert_eq!(
+            field(with(|c| c.ephemeral_ports = 61000..=32768)),
+            "ephemeral_ports"
+        );
+        assert_eq!(field(with(|c| c.ephemeral_ports = 0..=10)), "ephemeral_ports");
+        assert_eq!(field(with(|c| c.max_backlog = 0)), "max_backlog");
+        assert_eq!(
+            field(with(
+                |c| c.latency = Duration::from_micros(2)..=Duration::from_micros(1)
+            )),
+            "latency"
+        );
+        assert!(field(with(|c| c.max_qp_wr = 0)).contains("max_qp_wr"));
+        assert!(field(with(|c| c.max_sge = 0)).contains("max_sge"));
+        let setter = refusal(SimBuilder::new().host("10.0.0.1").max_backlog(0));
+        assert_eq!(field(setter), "max_backlog");
+        let mut cfg = SimConfig::default();
+        cfg.cm_retries = 15;
+        assert!(cfg.check().is_ok());
+        cfg.cm_retries = u32::MAX;
+        assert_eq!(
+            cfg.cm_response_timeout(),
+            cfg.cm_timeout / u32::MAX,
+            "no overflow, unchecked"
+        );
+    }
+
+    #[test]
+    fn try_build_refuses_a_fault_on_a_missing_host() {
+        let faults = FaultSchedule::new().with(Duration::ZERO, crate::Fault::Crash { host: 2 });
+        let err = refusal(SimBuilder::new().host("10.0.0.1").faults(faults));
+        assert!(
+            matches!(
+                err,
+                ConfigError::FaultHost {
+                    host: 2,
+                    hosts: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }

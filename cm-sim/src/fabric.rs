@@ -366,6 +366,15 @@ pub(crate) struct Fabric {
 
 type R<T> = Result<T, CmError>;
 
+/// A value drawn uniformly from `lo..=hi` (`lo <= hi`). The range `0..=u64::MAX` (a range
+/// ending at `Duration::MAX`) has no width that fits a `u64`: every value is in it.
+fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
+    match (hi - lo).checked_add(1) {
+        Some(width) => lo + rng.next_u64() % width,
+        None => rng.next_u64(),
+    }
+}
+
 impl Fabric {
     fn new(seed: Seed, hosts: Vec<Vec<IpAddr>>, cfg: SimConfig) -> Self {
         let ports = Ports::new(hosts.len(), cfg.ephemeral_ports.clone());
@@ -444,7 +453,7 @@ impl Fabric {
         if hi <= lo {
             return lo;
         }
-        lo + self.rng.next_u64() % (hi - lo + 1)
+        draw_between(&mut self.rng, lo, hi)
     }
 
     fn schedule(&mut self, time: u64, action: Action) {
@@ -639,7 +648,7 @@ impl Fabric {
             return 0;
         }
         self.stats.messages_delayed += 1;
-        lo + self.rng.next_u64() % (hi - lo + 1)
+        draw_between(&mut self.rng, lo, hi)
     }
 
     /// The IB CM retransmits REQs, REPs and DREQs until answered; RTUs, REJs and DREPs are
@@ -691,7 +700,11 @@ impl Fabric {
         }
         let extra = self.extra_delay(from_host, to_host);
         let dest = self.ids.get_mut(to).expect("checked");
-        let arrival = (self.now + lat + extra).max(dest.last_arrival);
+        let arrival = self
+            .now
+            .saturating_add(lat)
+            .saturating_add(extra)
+            .max(dest.last_arrival);
         dest.last_arrival = arrival;
         self.trace_send(from_host, from, kind, to_host, status);
         self.schedule(
@@ -718,7 +731,7 @@ impl Fabric {
         let extra = self.extra_delay(from_host, to_host);
         self.trace_send(from_host, from, MsgKind::Req, to_host, 0);
         self.schedule(
-            self.now + lat + extra,
+            self.now.saturating_add(lat).saturating_add(extra),
             Action::Req {
                 host: to_host,
                 from,
@@ -1006,7 +1019,11 @@ impl Fabric {
         }
         let extra = self.extra_delay(host, to_host);
         let dest = self.ids.get_mut(to).expect("checked");
-        let arrival = (self.now + lat + extra).max(dest.last_arrival);
+        let arrival = self
+            .now
+            .saturating_add(lat)
+            .saturating_add(extra)
+            .max(dest.last_arrival);
         dest.last_arrival = arrival;
         self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
         let pd = self.rej_payload(&[]);

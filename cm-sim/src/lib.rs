@@ -55,7 +55,7 @@ mod slab;
 mod time;
 mod trace;
 
-pub use builder::{parse_seed, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
+pub use builder::{parse_seed, ConfigError, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
 pub use fabric::SimFabric;
 pub use faults::{Fault, FaultAt, FaultSchedule, FaultStats, Swarm};
 pub use host::SimHost;

@@ -1,7 +1,9 @@
 //! Generational slab: O(1) insert, remove and lookup, with stale-handle detection.
 //!
 //! Freed slots are reused last-in first-out, which keeps indices small and the order of reuse a
-//! pure function of the calls made, as determinism needs.
+//! pure function of the calls made, as determinism needs. A slot whose generation reached
+//! `u32::MAX` is retired when freed instead of wrapping to 0, where a handle 2^32 reuses old
+//! would have matched the newest value.
 
 /// A slot reference: index plus the generation it was issued with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,9 +93,7 @@ impl<T> Slab<T> {
         if let Some(e) = self.entries.get_mut(r.index as usize) {
             if e.generation == r.generation && e.value.is_some() {
                 e.value = None;
-                e.generation = e.generation.wrapping_add(1);
-                self.free.push(r.index);
-                self.len -= 1;
+                self.free_slot(r.index);
             }
         }
     }
@@ -118,10 +118,32 @@ impl<T> Slab<T> {
             return None;
         }
         let value = e.value.take()?;
-        e.generation = e.generation.wrapping_add(1);
-        self.free.push(r.index);
-        self.len -= 1;
+        self.free_slot(r.index);
         Some(value)
+    }
+
+    /// Moves a just-emptied slot to the next generation and makes it reusable, or retires it
+    /// for good when its generations are used up (4 bytes of slab per 2^32 frees).
+    fn free_slot(&mut self, index: u32) {
+        let e = &mut self.entries[index as usize];
+        self.len -= 1;
+        if let Some(next) = e.generation.checked_add(1) {
+            e.generation = next;
+            self.free.push(index);
+        }
+    }
+
+    /// A slab whose first slot is free at `generation`, as 2^32 frees would leave it.
+    #[cfg(test)]
+    pub(crate) fn with_free_slot_at(generation: u32) -> Self {
+        Slab {
+            entries: vec![Entry {
+                generation,
+                value: None,
+            }],
+            free: vec![0],
+            len: 0,
+        }
     }
 }
 
@@ -178,6 +200,34 @@ mod tests {
         assert!(s.get(a).is_none());
         let b = s.insert(String::from("b"));
         assert_eq!((b.index, b.generation), (a.index, a.generation + 1));
+    }
+
+    #[test]
+    fn a_slot_whose_generations_are_used_up_is_retired_not_wrapped() {
+        let mut s = Slab::with_free_slot_at(u32::MAX - 1);
+        let a = s.insert("a");
+        assert_eq!((a.index, a.generation), (0, u32::MAX - 1));
+        assert_eq!(s.remove(a), Some("a"));
+        let b = s.insert("b");
+        assert_eq!((b.index, b.generation), (0, u32::MAX));
+        s.discard(b);
+        assert_eq!(s.len(), 0);
+        let c = s.insert("c");
+        assert_eq!(c.index, 1, "the exhausted slot is not reused");
+        for stale in [
+            a,
+            b,
+            SlotRef {
+                index: 0,
+                generation: 0,
+            },
+        ] {
+            assert!(s.get(stale).is_none());
+            assert_eq!(s.remove(stale), None);
+        }
+        assert_eq!(s.get(c), Some(&"c"));
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.refs(), vec![c]);
     }
 
     #[test]
