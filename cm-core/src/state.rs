@@ -210,6 +210,9 @@ pub struct IdMachine {
     device: bool,
     qp: Option<QpState>,
     unacked: u32,
+    /// The device went away ([`device_removed`](IdMachine::device_removed)) and the
+    /// `DEVICE_REMOVAL` event announcing it has not been retrieved yet.
+    removal_pending: bool,
 }
 
 type Step = Result<IdMachine, CmError>;
@@ -225,6 +228,7 @@ impl IdMachine {
             device: false,
             qp: None,
             unacked: 0,
+            removal_pending: false,
         }
     }
 
@@ -239,6 +243,7 @@ impl IdMachine {
             device: true,
             qp: None,
             unacked: 0,
+            removal_pending: false,
         }
     }
 
@@ -565,6 +570,33 @@ impl IdMachine {
         }
     }
 
+    /// The id's device was unregistered: the kernel moves the id to `RDMA_CM_DEVICE_REMOVAL` at
+    /// once and refuses every call but destroy from then on, even before the application
+    /// retrieves the `DEVICE_REMOVAL` event, which is then the one event still legal (it moves
+    /// the QP to ERR). A backend that sees the removal when it happens calls this, so work started
+    /// in that window cannot produce events after `DEVICE_REMOVAL`. Unchanged for an id already
+    /// removed or being destroyed.
+    ///
+    /// ```
+    /// use cm_core::{CmEventType, IdMachine, IdState, PortSpace};
+    ///
+    /// let id = IdMachine::new(PortSpace::Tcp).bind_addr(false).unwrap().device_removed();
+    /// assert_eq!(id.state(), IdState::DeviceRemoval);
+    /// assert!(id.listen().is_err(), "refused before DEVICE_REMOVAL is retrieved");
+    /// let id = id.on_event(CmEventType::DeviceRemoval).unwrap();
+    /// assert!(id.check_event(CmEventType::DeviceRemoval).is_err(), "announced once");
+    /// ```
+    pub fn device_removed(&self) -> IdMachine {
+        if matches!(self.state, IdState::DeviceRemoval | IdState::Destroying) {
+            return *self;
+        }
+        IdMachine {
+            state: IdState::DeviceRemoval,
+            removal_pending: true,
+            ..*self
+        }
+    }
+
     /// Checks that `event` may be delivered to this id now, without changing anything.
     pub fn check_event(&self, event: CmEventType) -> Result<(), IllegalEvent> {
         self.on_event(event).map(|_| ())
@@ -587,6 +619,15 @@ impl IdMachine {
         };
         let active = self.role == Role::Active;
         let passive = self.role == Role::Passive;
+        if self.removal_pending {
+            // After the removal only its announcement can come.
+            if event != DeviceRemoval {
+                return Err(illegal);
+            }
+            next.removal_pending = false;
+            next.qp = self.qp.map(|_| QpState::Err);
+            return Ok(next);
+        }
         match event {
             AddrResolved if s == IdState::AddrQuery => {
                 next.state = IdState::AddrResolved;
@@ -941,6 +982,48 @@ mod tests {
         assert!(m.check_event(DeviceRemoval).is_err());
         let m = m.destroy_qp().unwrap();
         assert!(m.destroy().is_ok());
+    }
+
+    #[test]
+    fn after_a_device_removal_only_its_announcement_and_destroy_are_legal() {
+        let m = established_active().device_removed();
+        assert_eq!(m.state(), IdState::DeviceRemoval);
+        assert_eq!(
+            m.qp(),
+            Some(QpState::Rts),
+            "the QP goes to ERR when the event is retrieved"
+        );
+        assert!(matches!(
+            m.resolve_route(),
+            Err(CmError::WrongState {
+                state: IdState::DeviceRemoval,
+                ..
+            })
+        ));
+        assert!(m.disconnect().is_err() && m.connect(0).is_err() && m.create_qp().is_err());
+        for late in [
+            RouteResolved,
+            RouteError,
+            Unreachable,
+            ConnectRequest,
+            Disconnected,
+            Established,
+        ] {
+            assert!(m.check_event(late).is_err(), "{late}");
+        }
+        assert_eq!(m.device_removed(), m, "a second removal changes nothing");
+        let m = m.on_event(DeviceRemoval).unwrap();
+        assert_eq!((m.qp(), m.unacked()), (Some(QpState::Err), 1));
+        assert!(m.check_event(DeviceRemoval).is_err());
+        assert!(m.on_ack().unwrap().destroy_qp().unwrap().destroy().is_ok());
+        let resolving = IdMachine::new(PortSpace::Udp)
+            .bind_addr(false)
+            .unwrap()
+            .resolve_addr()
+            .unwrap()
+            .device_removed();
+        assert!(resolving.check_event(AddrResolved).is_err());
+        assert!(resolving.check_event(AddrError).is_err());
     }
 
     #[test]

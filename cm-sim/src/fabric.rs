@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use cm_core::{
     errno, next_backend_tag, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
-    IdHandle, IdMachine, LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState, WcOpcode,
-    WcStatus, WorkCompletion, MAX_PRIVATE_DATA,
+    IdHandle, IdMachine, LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState,
+    ReturnedEvent, WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA,
 };
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -108,6 +108,9 @@ struct IdSlot {
     connect_error: bool,
     /// Status of the `ADDR_ERROR` / `ROUTE_ERROR` a pending resolution timer delivers.
     pending_status: i32,
+    /// The connection's transport retries (the REQ's `retry_count`, both sides use it): how
+    /// many times an unacknowledged send is sent again before it fails.
+    retry_count: u8,
     /// Whether the application knows the id (false for a child until its request is retrieved).
     visible: bool,
     qp: Option<Qp>,
@@ -135,6 +138,26 @@ struct Payload {
     wire: WireParam,
     private_data: WirePrivateData,
     dst: Option<SocketAddr>,
+}
+
+/// An event handed out and not acked yet; its slab reference is the event's token.
+struct Outstanding {
+    host: u16,
+    /// The id it counts against (the listener for `CONNECT_REQUEST`).
+    counted: SlotRef,
+    id: IdHandle,
+    event: CmEventType,
+}
+
+fn token_of(r: SlotRef) -> u64 {
+    (u64::from(r.generation) << 32) | u64::from(r.index)
+}
+
+fn token_ref(token: u64) -> SlotRef {
+    SlotRef {
+        index: token as u32,
+        generation: (token >> 32) as u32,
+    }
 }
 
 /// An event retrieved, before it becomes the [`CmEvent`] handed out.
@@ -260,6 +283,9 @@ enum Action {
     Fault(u32),
     /// A send has found no receive for as long as the receiver-not-ready retries allow.
     Rnr { id: SlotRef, sends_done: u64 },
+    /// A send has gone unacknowledged (peer crashed, partitioned or gone) for as long as the
+    /// transport retries allow.
+    TransportRetry { id: SlotRef, sends_done: u64 },
     Msg {
         kind: MsgKind,
         to: SlotRef,
@@ -291,6 +317,8 @@ struct Host {
     up: bool,
     /// Bumped by every crash: the application's handles of an earlier incarnation are gone.
     incarnation: u32,
+    /// When it last crashed (virtual nanoseconds), for the errors its calls answer while down.
+    crashed_at: u64,
     /// The RDMA device is registered.
     device: bool,
     /// Injected resolution failures still to come: (status, how many).
@@ -310,6 +338,7 @@ impl Host {
             counts: HostCounts::default(),
             up: true,
             incarnation: 0,
+            crashed_at: 0,
             device: true,
             fail_addr: (0, 0),
             fail_route: (0, 0),
@@ -353,7 +382,8 @@ pub(crate) struct Fabric {
     ports: Ports,
     trace: Trace,
     next_qpn: u32,
-    next_token: u64,
+    /// Events handed out and not acked, on every host.
+    outstanding: Slab<Outstanding>,
     /// `links[a * hosts + b]`: what faults did to messages from host `a` to host `b`.
     links: Vec<Link>,
     /// Every fault scheduled or injected, in that order (actions refer to them by index).
@@ -397,18 +427,39 @@ impl Fabric {
             ports,
             trace,
             next_qpn: 0x11,
-            next_token: 0,
+            outstanding: Slab::new(),
             cfg,
         }
     }
 
     // ---- handles -------------------------------------------------------------------------
 
+    /// Host number `index`, for the fabric's public accessors.
+    fn host_at(&self, index: usize) -> &Host {
+        let n = self.hosts.len();
+        self.hosts
+            .get(index)
+            .unwrap_or_else(|| panic!("no host {index}: the fabric has {n}"))
+    }
+
     pub(crate) fn tag(&self, host: u16) -> u32 {
         self.hosts[host as usize].tag
     }
 
+    /// Refuses every call of a crashed host, saying so (its handles are gone with it).
+    fn host_up(&self, host: u16, call: Call) -> R<()> {
+        let h = &self.hosts[host as usize];
+        if h.up {
+            return Ok(());
+        }
+        Err(CmError::HostCrashed {
+            call,
+            at: Duration::from_nanos(h.crashed_at),
+        })
+    }
+
     fn id_ref(&self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {
+        self.host_up(host, call)?;
         let r = SlotRef {
             index: id.index(),
             generation: id.generation(),
@@ -423,6 +474,7 @@ impl Fabric {
     }
 
     fn channel_ref(&self, host: u16, ch: ChannelHandle, call: Call) -> R<SlotRef> {
+        self.host_up(host, call)?;
         let r = SlotRef {
             index: ch.index(),
             generation: ch.generation(),
@@ -815,6 +867,7 @@ impl Fabric {
                 self.strike(&fault);
             }
             Action::Rnr { id, sends_done } => self.on_rnr(id, sends_done),
+            Action::TransportRetry { id, sends_done } => self.on_transport_retry(id, sends_done),
             Action::Msg {
                 kind,
                 to,
@@ -948,6 +1001,7 @@ impl Fabric {
             .get(payload)
             .and_then(|p| p.dst)
             .expect("REQ carries its destination");
+        let retry_count = self.payloads.get(payload).map_or(0, |p| p.wire.retry_count);
         let listener = self.ports.listener(host, ps, dst.ip(), dst.port());
         let refuse = |no_listener: bool| match (ps.is_connected(), no_listener) {
             (true, true) => reason::INVALID_SERVICE_ID,
@@ -990,6 +1044,7 @@ impl Fabric {
             disconnected: false,
             connect_error: false,
             pending_status: 0,
+            retry_count,
             visible: false,
             qp: None,
             listener: None,
@@ -1175,14 +1230,21 @@ impl Fabric {
             )
         });
         self.set_machine(counted, next);
-        self.next_token += 1;
+        let id = self.id_handle(q.id);
+        let host = self.slot(counted).host;
+        let token = token_of(self.outstanding.insert(Outstanding {
+            host,
+            counted,
+            id,
+            event,
+        }));
         Some(Taken {
-            id: self.id_handle(q.id),
+            id,
             listen_id,
             event,
             status,
             payload,
-            token: self.next_token,
+            token,
         })
     }
 
@@ -1220,6 +1282,10 @@ impl Fabric {
                     && r.qp.as_ref().is_some_and(|q| q.has_recv())
             });
             if !sender_ready {
+                return;
+            }
+            if self.path_broken(sender) {
+                self.arm_transport_retry(sender);
                 return;
             }
             if !receiver_ready {
@@ -1289,6 +1355,83 @@ impl Fabric {
                 sends_done,
             },
         );
+    }
+
+    /// Whether nothing `sender` sends can be acknowledged: its peer is gone (destroyed, or
+    /// vanished with a crashed host or a removed device), either host is unreachable, or the
+    /// link between them is partitioned.
+    fn path_broken(&self, sender: SlotRef) -> bool {
+        let Some(s) = self.ids.get(sender) else {
+            return false;
+        };
+        let Some(r) = self.ids.get(s.remote) else {
+            return true;
+        };
+        if !self.links_faulted {
+            return false;
+        }
+        let (a, b) = (s.host as usize, r.host as usize);
+        let n = self.hosts.len();
+        !self.hosts[a].reachable() || !self.hosts[b].reachable() || self.links[a * n + b].partitioned
+    }
+
+    /// The send at the head of `sender`'s queue goes unacknowledged: the transport sends it
+    /// again every local ACK timeout, `retry_count` times, then gives up.
+    fn arm_transport_retry(&mut self, sender: SlotRef) {
+        let per_try = nanos(self.cfg.ack_timeout);
+        let tries = u64::from(self.slot(sender).retry_count) + 1;
+        let Some(qp) = self.slot(sender).qp.as_mut() else {
+            return;
+        };
+        if qp.retry_armed {
+            return;
+        }
+        qp.retry_armed = true;
+        let sends_done = qp.sends_done;
+        let at = self.now.saturating_add(per_try.saturating_mul(tries));
+        self.schedule(
+            at,
+            Action::TransportRetry {
+                id: sender,
+                sends_done,
+            },
+        );
+    }
+
+    fn on_transport_retry(&mut self, id: SlotRef, sends_done: u64) {
+        let Some(slot) = self.ids.get_mut(id) else { return };
+        let rts = slot.m.qp() == Some(QpState::Rts);
+        let Some(qp) = slot.qp.as_mut() else { return };
+        if !rts || !qp.retry_armed || qp.sends_done != sends_done || !qp.has_pending_send() {
+            return;
+        }
+        qp.retry_armed = false;
+        if !self.path_broken(id) {
+            // The path healed in time: one of the retries gets through.
+            self.deliver_sends(id);
+            return;
+        }
+        let qp = self.slot(id).qp.as_mut().expect("checked");
+        let send = qp.pop_send().expect("checked");
+        qp.complete_send(send, WcStatus::RetryExcErr);
+        self.stats.transport_retries_exceeded += 1;
+        let next = self.slot(id).m.qp_error();
+        self.set_machine(id, next);
+    }
+
+    /// After a fault that may have cut paths: sends already waiting (for a receive, say) learn
+    /// that their peer no longer answers. Fault path only: scans every id.
+    fn recheck_waiting_sends(&mut self) {
+        for r in self.ids.refs() {
+            if self
+                .ids
+                .get(r)
+                .and_then(|s| s.qp.as_ref())
+                .is_some_and(|q| q.has_pending_send())
+            {
+                self.deliver_sends(r);
+            }
+        }
     }
 
     fn on_rnr(&mut self, id: SlotRef, sends_done: u64) {
@@ -1379,6 +1522,7 @@ impl Fabric {
             Fault::Partition { a, b } => {
                 self.stats.partitions += 1;
                 self.set_link(a, b, |l| l.partitioned = true);
+                self.recheck_waiting_sends();
             }
             Fault::Heal { a, b } => self.set_link(a, b, |l| l.partitioned = false),
             Fault::Loss { a, b, per_mille } => {
@@ -1388,7 +1532,10 @@ impl Fabric {
                 let (lo, hi) = (nanos(min.min(max)), nanos(min.max(max)));
                 self.set_link(a, b, |l| l.delay = (lo, hi));
             }
-            Fault::Crash { host } => self.crash(host),
+            Fault::Crash { host } => {
+                self.crash(host);
+                self.recheck_waiting_sends();
+            }
             Fault::Restart { host } => {
                 let h = &mut self.hosts[host as usize];
                 if !h.up {
@@ -1402,7 +1549,10 @@ impl Fabric {
                     self.stats.restarts += 1;
                 }
             }
-            Fault::RemoveDevice { host } => self.remove_device(host),
+            Fault::RemoveDevice { host } => {
+                self.remove_device(host);
+                self.recheck_waiting_sends();
+            }
             Fault::RestoreDevice { host } => self.hosts[host as usize].device = true,
             Fault::AddrChange { host } => {
                 for r in self.ids_on(host) {
@@ -1439,9 +1589,15 @@ impl Fabric {
         self.stats.crashes += 1;
         let h = &mut self.hosts[host as usize];
         h.up = false;
+        h.crashed_at = self.now;
         h.incarnation += 1;
         for r in self.ids_on(host) {
             self.vanish(r);
+        }
+        for o in self.outstanding.refs() {
+            if self.outstanding.get(o).is_some_and(|x| x.host == host) {
+                self.outstanding.discard(o);
+            }
         }
         for ch in self.channels.refs() {
             if self.channels.get(ch).is_some_and(|c| c.host == host) {
@@ -1454,14 +1610,35 @@ impl Fabric {
         self.hosts[host as usize].counts = HostCounts::default();
     }
 
-    /// The host's device is unregistered: `DEVICE_REMOVAL` on each id bound to it; their
-    /// connections end without a word on the wire.
+    /// Discards every event queued on `host`'s channels and not retrieved: what the device's
+    /// removal leaves of them could follow `DEVICE_REMOVAL` (an `ADDR_RESOLVED` with an
+    /// `ADDR_ERROR` after it, say), which no id may see.
+    fn discard_queued_events(&mut self, host: u16) {
+        for ch in self.channels.refs() {
+            let Some(c) = self.channels.get_mut(ch).filter(|c| c.host == host) else {
+                continue;
+            };
+            for q in std::mem::take(&mut c.queue) {
+                // Events of destroyed ids were uncounted when their id went.
+                if let Some(slot) = self.ids.get_mut(q.id) {
+                    slot.queued -= 1;
+                    self.hosts[host as usize].counts.queued -= 1;
+                }
+                self.take_payload(q.payload);
+            }
+        }
+    }
+
+    /// The host's device is unregistered: `DEVICE_REMOVAL` on each id bound to it, after which
+    /// it takes no call but destroy; events not retrieved yet are discarded; a listener bound to
+    /// the device stops listening; connections end without a word on the wire.
     fn remove_device(&mut self, host: u16) {
         if !self.hosts[host as usize].device {
             return;
         }
         self.stats.device_removals += 1;
         self.hosts[host as usize].device = false;
+        self.discard_queued_events(host);
         for r in self.ids_on(host) {
             let s = self.slot(r);
             if !s.visible {
@@ -1504,6 +1681,11 @@ impl Fabric {
                 );
             } else if device && phase != cm_core::ConnPhase::Requested {
                 // A child not accepted yet gets no event (the kernel drops them), only a dead id.
+                s.m = s.m.device_removed();
+                if s.listener.take().is_some() {
+                    let (ps, port) = (s.m.port_space(), s.local.map_or(0, |l| l.port()));
+                    self.ports.set_listening(host, ps, port, r, false);
+                }
                 self.queue_event(r, SlotRef::NONE, CmEventType::DeviceRemoval, 0, NO_PAYLOAD);
             }
         }
@@ -1512,10 +1694,7 @@ impl Fabric {
     // ---- calls ----------------------------------------------------------------------------
 
     pub(crate) fn create_event_channel(&mut self, host: u16) -> R<ChannelHandle> {
-        if !self.hosts[host as usize].up {
-            // The host crashed: as far as its processes go, there is no RDMA device.
-            return Err(CmError::NoRdmaDevice);
-        }
+        self.host_up(host, Call::CreateEventChannel)?;
         let r = self.channels.insert(Channel {
             host,
             queue: VecDeque::new(),
@@ -1557,6 +1736,7 @@ impl Fabric {
             disconnected: false,
             connect_error: false,
             pending_status: 0,
+            retry_count: 0,
             visible: true,
             qp: None,
             listener: None,
@@ -1751,6 +1931,18 @@ impl Fabric {
         }
         let max_wr = self.cfg.max_qp_wr;
         caps.check(max_wr, self.cfg.max_message_size)?;
+        if caps.max_send_sge > self.cfg.max_sge || caps.max_recv_sge > self.cfg.max_sge {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_send_sge / max_recv_sge above the device's max_sge",
+            });
+        }
+        if caps.max_inline_data > self.cfg.max_inline_data {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_inline_data above the device maximum",
+            });
+        }
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         let slot = self.slot(r);
@@ -1789,7 +1981,7 @@ impl Fabric {
             pending: VecDeque::new(),
         }));
         slot.m = next;
-        self.ports.set_listening(host, ps, port, r);
+        self.ports.set_listening(host, ps, port, r, true);
         Ok(())
     }
 
@@ -1840,6 +2032,7 @@ impl Fabric {
         slot.m = next;
         slot.wire = Wire::ReqSent;
         slot.remote = SlotRef::NONE;
+        slot.retry_count = wire.retry_count;
         self.cancel_timers(r);
         let timeout = nanos(self.cfg.cm_timeout);
         self.timer(r, timeout, TimerKind::ReqTimeout);
@@ -1995,12 +2188,20 @@ impl Fabric {
     }
 
     pub(crate) fn ack_cm_event(&mut self, host: u16, event: CmEvent) -> R<()> {
-        let counted = event.counted_id();
-        let r = self
-            .id_ref(host, counted, Call::AckCmEvent)
-            .map_err(|_| CmError::EventNotOutstanding)?;
-        let next = self.slot(r).m.on_ack()?;
-        self.slot(r).m = next;
+        if event.counted_id().owner() != self.tag(host) {
+            // Another host's, fabric's or backend's: refused, and handed back so that the id
+            // it counts against can still be acked and destroyed where it lives.
+            return Err(CmError::ForeignEvent(ReturnedEvent::new(event)));
+        }
+        self.host_up(host, Call::AckCmEvent)?;
+        let r = token_ref(event.token());
+        let counted = match self.outstanding.get(r) {
+            Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
+            _ => return Err(CmError::EventNotOutstanding),
+        };
+        let next = self.slot(counted).m.on_ack()?;
+        self.outstanding.discard(r);
+        self.slot(counted).m = next;
         self.hosts[host as usize].counts.unacked -= 1;
         Ok(())
     }
@@ -2174,8 +2375,11 @@ impl SimFabric {
     }
 
     /// The addresses of host number `index`.
+    ///
+    /// # Panics
+    /// If there is no such host.
     pub fn host_addrs(&self, index: usize) -> Vec<IpAddr> {
-        self.inner.borrow().hosts[index].addrs.clone()
+        self.inner.borrow().host_at(index).addrs.clone()
     }
 
     /// The seed.
@@ -2281,14 +2485,20 @@ impl SimFabric {
     }
 
     /// Whether host number `index` is up (not crashed).
+    ///
+    /// # Panics
+    /// If there is no such host.
     pub fn host_is_up(&self, index: usize) -> bool {
-        self.inner.borrow().hosts[index].up
+        self.inner.borrow().host_at(index).up
     }
 
     /// How many times host number `index` has crashed: an application on it must forget every
     /// handle of an earlier incarnation.
+    ///
+    /// # Panics
+    /// If there is no such host.
     pub fn host_incarnation(&self, index: usize) -> u32 {
-        self.inner.borrow().hosts[index].incarnation
+        self.inner.borrow().host_at(index).incarnation
     }
 
     /// Writes the kept trace, one line per record, to `<dir>/<label>.trace`, where `dir` is

@@ -423,13 +423,16 @@ pub struct FaultStats {
     pub backlog_drops: u64,
     /// Sends that gave up on a receiver that was not ready (`RNR_RETRY_EXC_ERR`).
     pub rnr_retries_exceeded: u64,
+    /// Sends to a crashed, partitioned or vanished peer that gave up after the transport
+    /// retries (`RETRY_EXC_ERR`).
+    pub transport_retries_exceeded: u64,
     /// Messages longer than the receive buffer (`LOC_LEN_ERR`).
     pub length_errors: u64,
 }
 
 impl FaultStats {
     /// Every path with its count.
-    pub fn paths(&self) -> [(&'static str, u64); 16] {
+    pub fn paths(&self) -> [(&'static str, u64); 17] {
         [
             ("messages_lost", self.messages_lost),
             ("messages_resent", self.messages_resent),
@@ -446,6 +449,7 @@ impl FaultStats {
             ("route_errors", self.route_errors),
             ("backlog_drops", self.backlog_drops),
             ("rnr_retries_exceeded", self.rnr_retries_exceeded),
+            ("transport_retries_exceeded", self.transport_retries_exceeded),
             ("length_errors", self.length_errors),
         ]
     }

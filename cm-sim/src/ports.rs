@@ -184,13 +184,21 @@ impl Ports {
         }
     }
 
-    pub(crate) fn set_listening(&mut self, host: u16, ps: PortSpace, port: u16, id: SlotRef) {
+    /// Starts (or, `listening` false, stops) `id` taking requests on its port.
+    pub(crate) fn set_listening(
+        &mut self,
+        host: u16,
+        ps: PortSpace,
+        port: u16,
+        id: SlotRef,
+        listening: bool,
+    ) {
         if let Some(b) = self
             .map
             .get_mut(&PortKey { host, ps, port })
             .and_then(|v| v.iter_mut().find(|b| b.id == id))
         {
-            b.listening = true;
+            b.listening = listening;
         }
     }
 
@@ -265,11 +273,11 @@ mod tests {
             None,
             "bound but not listening"
         );
-        p.set_listening(0, PortSpace::Tcp, 1, id(1));
+        p.set_listening(0, PortSpace::Tcp, 1, id(1), true);
         assert_eq!(p.listener(0, PortSpace::Tcp, a, 1), Some(id(1)));
         assert_eq!(p.listener(0, PortSpace::Tcp, b, 1), None);
         p.bind(0, PortSpace::Tcp, None, 2, id(2)).unwrap();
-        p.set_listening(0, PortSpace::Tcp, 2, id(2));
+        p.set_listening(0, PortSpace::Tcp, 2, id(2), true);
         assert_eq!(p.listener(0, PortSpace::Tcp, b, 2), Some(id(2)));
     }
 }

@@ -29,6 +29,8 @@ pub(crate) struct Qp {
     pub(crate) sends_done: u64,
     /// Whether a receiver-not-ready timer is armed for the head send.
     pub(crate) rnr_armed: bool,
+    /// Whether a transport retry timer (no acknowledgement) is armed for the head send.
+    pub(crate) retry_armed: bool,
     /// Made by the first work request: most QPs of a connection-management workload never
     /// see one, and the QP lives inside its id, where three empty queues would cost 96 bytes.
     queues: Option<Box<Queues>>,
@@ -58,6 +60,7 @@ impl Qp {
             recv_slots: 0,
             sends_done: 0,
             rnr_armed: false,
+            retry_armed: false,
             queues: None,
         }
     }
@@ -108,6 +111,7 @@ impl Qp {
         let send = self.queues.as_mut()?.sends.pop_front()?;
         self.sends_done += 1;
         self.rnr_armed = false;
+        self.retry_armed = false;
         Some(send)
     }
 

@@ -4,7 +4,8 @@
 use std::net::SocketAddr;
 
 use cm::core::{
-    errno, Call, CmBackend, CmError, CmEventType, ConnParam, HandleKind, IdHandle, IdState, PortSpace, QpCaps,
+    errno, Call, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdState,
+    PortSpace, QpCaps,
 };
 
 use crate::support::*;
@@ -298,7 +299,7 @@ fn destroy_event_channel_with_ids_on_it_is_refused() {
 }
 
 #[test]
-fn an_event_can_only_be_acked_by_the_backend_that_gave_it() {
+fn an_event_acked_on_another_backend_is_refused_and_given_back() {
     let mut bed = bed!();
     let dst = bed.server_addr();
     let src = SocketAddr::new(bed.client_ip, 0);
@@ -307,19 +308,52 @@ fn an_event_can_only_be_acked_by_the_backend_that_gave_it() {
     let id = c.create_id(ch, PortSpace::Tcp).unwrap();
     c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
     let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
-    assert_err(bed.server.ack_cm_event(ev), CmError::EventNotOutstanding);
-    // The event was consumed by the failed ack: it stays counted, as a lost event would in
-    // librdmacm, and the id can no longer be destroyed. Nothing else changed.
+    let err = bed.server.ack_cm_event(ev).unwrap_err();
+    assert_eq!(err.errno(), errno::EINVAL, "{err}");
+    let CmError::ForeignEvent(back) = err else {
+        panic!("not handed back: {err}")
+    };
+    let ev = back.take().expect("the refused event comes back");
+    assert_eq!(ev.id(), id);
+    assert!(back.take().is_none(), "handed back once");
+    // Nothing changed on either side: the event is still outstanding where it came from.
     let c = &mut bed.client;
     assert_eq!(c.id_machine(id).unwrap().unacked(), 1);
-    assert_err(
-        c.destroy_id(id),
-        CmError::UnackedEvents {
-            call: Call::DestroyId,
-            count: 1,
-        },
+    c.ack_cm_event(ev).unwrap();
+    destroy_all(c, &[id], ch);
+    assert_clean(&bed);
+}
+
+#[test]
+fn a_forged_event_is_refused_and_the_real_one_still_acks() {
+    let mut bed = bed!();
+    let dst = bed.server_addr();
+    let src = SocketAddr::new(bed.client_ip, 0);
+    let c = &mut bed.client;
+    let ch = c.create_event_channel().unwrap();
+    let id = c.create_id(ch, PortSpace::Tcp).unwrap();
+    c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
+    let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
+    let forge = |event, token| CmEvent::new(id, None, event, 0, ConnParam::ZERO, token);
+    // A copy of the real event with another token, and one with the real token but another type.
+    for forged in [
+        forge(ev.event(), ev.token().wrapping_add(1)),
+        forge(CmEventType::RouteResolved, ev.token()),
+    ] {
+        assert_err(c.ack_cm_event(forged), CmError::EventNotOutstanding);
+    }
+    assert_eq!(
+        c.id_machine(id).unwrap().unacked(),
+        1,
+        "the forgeries acked nothing"
     );
-    assert_err(c.destroy_event_channel(ch), CmError::ChannelBusy { ids: 1 });
+    c.ack_cm_event(ev).unwrap();
+    assert_err(
+        c.ack_cm_event(forge(CmEventType::AddrResolved, 0)),
+        CmError::EventNotOutstanding,
+    );
+    destroy_all(c, &[id], ch);
+    assert_clean(&bed);
 }
 
 #[test]

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use cm::core::{CmBackend, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
+use cm::core::{
+    errno, Call, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdState, PortSpace, QpCaps, QpState,
+    WcStatus,
+};
 use cm::sim::{SeedSource, SimFabric, SimHost, TraceMode, SEED_ENV};
 
 use crate::support::*;
@@ -300,4 +303,261 @@ fn a_hundred_thousand_live_connections() {
     server.destroy_event_channel(sch).unwrap();
     client.destroy_event_channel(cch).unwrap();
     assert!(fabric.live_resources().is_clean());
+}
+
+/// Every event still to come on `ch` (acked), waiting out every timer.
+fn last_events(b: &mut SimHost, ch: cm::core::ChannelHandle) -> Vec<CmEventType> {
+    let mut seen = Vec::new();
+    while let Some(ev) = next_event(b, ch, Duration::from_secs(600)) {
+        seen.push(ev.event);
+    }
+    seen
+}
+
+/// Needs a device removal (a fault) struck between two calls.
+#[test]
+fn work_started_before_device_removal_is_retrieved_gives_no_event_after_it() {
+    let fabric = two_hosts(11);
+    let mut bed = bed_on(&fabric);
+    let dst = bed.server_addr();
+    // (b, c): resolve_route after the removal, before DEVICE_REMOVAL is retrieved.
+    let client = resolved_client(&mut bed, dst, false);
+    fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+    let c = &mut bed.client;
+    let err = c.resolve_route(client.id, WAIT).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CmError::WrongState {
+                state: IdState::DeviceRemoval,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(last_events(c, client.ch), [CmEventType::DeviceRemoval]);
+    // (a): ADDR_RESOLVED already queued when the device goes.
+    fabric.inject(cm::sim::Fault::RestoreDevice { host: 1 });
+    let resolving = c.create_id(client.ch, PortSpace::Tcp).unwrap();
+    c.resolve_addr(resolving, None, dst, WAIT).unwrap();
+    fabric.advance(Duration::from_secs(1));
+    assert_eq!(c.live_resources().queued_events, 1, "ADDR_RESOLVED is queued");
+    fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+    assert_eq!(last_events(c, client.ch), [CmEventType::AddrError]);
+    destroy_all(c, &[client.id, resolving], client.ch);
+    assert_clean(&bed);
+}
+
+/// Needs a device removal (a fault) struck between two calls.
+#[test]
+fn a_datagram_connect_after_device_removal_is_refused() {
+    let fabric = two_hosts(12);
+    let mut bed = bed_on(&fabric);
+    let dst = bed.server_addr();
+    let c = &mut bed.client;
+    let ch = c.create_event_channel().unwrap();
+    let id = c.create_id(ch, PortSpace::Udp).unwrap();
+    c.resolve_addr(id, Some(std::net::SocketAddr::new(bed.client_ip, 0)), dst, WAIT)
+        .unwrap();
+    expect(c, ch, CmEventType::AddrResolved);
+    c.resolve_route(id, WAIT).unwrap();
+    expect(c, ch, CmEventType::RouteResolved);
+    fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+    assert!(c.connect(id, &ConnParam::new()).is_err());
+    assert_eq!(last_events(c, ch), [CmEventType::DeviceRemoval]);
+    destroy_all(c, &[id], ch);
+    assert_clean(&bed);
+}
+
+/// Needs a device removal and restore (faults).
+#[test]
+fn a_listener_that_saw_device_removal_no_longer_listens_after_restore() {
+    let fabric = two_hosts(13);
+    let mut bed = bed_on(&fabric);
+    let server = listen(&mut bed, 0);
+    fabric.inject(cm::sim::Fault::RemoveDevice { host: 0 });
+    expect(&mut bed.server, server.ch, CmEventType::DeviceRemoval);
+    fabric.inject(cm::sim::Fault::RestoreDevice { host: 0 });
+    let client = resolved_client(&mut bed, server.addr, true);
+    bed.client.connect(client.id, &ConnParam::new()).unwrap();
+    let rej = expect(&mut bed.client, client.ch, CmEventType::Rejected);
+    assert_eq!(rej.status, 8, "no listener: IB_CM_REJ_INVALID_SERVICE_ID");
+    assert!(last_events(&mut bed.server, server.ch).is_empty());
+    destroy_all(&mut bed.client, &[client.id], client.ch);
+    destroy_all(&mut bed.server, &[server.listener], server.ch);
+    assert_clean(&bed);
+}
+
+/// Needs virtual time's far end.
+#[test]
+fn the_clock_stops_at_the_end_of_virtual_time_instead_of_wrapping() {
+    let fabric = two_hosts(14);
+    let mut bed = bed_on(&fabric);
+    let (dst, nobody) = (bed.server_addr(), bed.unreachable_ip);
+    let c = &mut bed.client;
+    let ch = c.create_event_channel().unwrap();
+    let lost = c.create_id(ch, PortSpace::Tcp).unwrap();
+    c.resolve_addr(lost, None, std::net::SocketAddr::new(nobody, 1), Duration::MAX)
+        .unwrap();
+    let ev = next_event(c, ch, Duration::MAX).expect("ADDR_ERROR at the end of time");
+    assert_eq!((ev.event, ev.status), (CmEventType::AddrError, -errno::ETIMEDOUT));
+    assert_eq!(fabric.now().as_nanos(), u64::MAX);
+    // Nothing is scheduled in the past: messages and timers set now are all due at this last
+    // instant, so the REQ's timeout (set first) fires before the REQ lands.
+    let server = listen(&mut bed, 0);
+    let client = resolved_client(&mut bed, server.addr, true);
+    bed.client.connect(client.id, &ConnParam::new()).unwrap();
+    let ev = expect(&mut bed.client, client.ch, CmEventType::Unreachable);
+    assert_eq!(ev.status, -errno::ETIMEDOUT);
+    assert_eq!(fabric.now().as_nanos(), u64::MAX);
+    let _ = dst;
+}
+
+/// Needs the builder's latency range and an injected delay.
+#[test]
+fn latency_and_delay_ranges_ending_at_duration_max_work() {
+    let fabric = SimFabric::builder()
+        .seed(15)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .latency(Duration::ZERO..=Duration::MAX)
+        .build();
+    fabric.inject(cm::sim::Fault::Delay {
+        a: 0,
+        b: 1,
+        min: Duration::ZERO,
+        max: Duration::MAX,
+    });
+    let mut bed = bed_on(&fabric);
+    let server = listen(&mut bed, 0);
+    let c = &mut bed.client;
+    let ch = c.create_event_channel().unwrap();
+    let id = c.create_id(ch, PortSpace::Tcp).unwrap();
+    c.resolve_addr(id, None, server.addr, WAIT).unwrap();
+    let ev = next_event(c, ch, Duration::MAX).expect("ADDR_RESOLVED");
+    assert_eq!(ev.event, CmEventType::AddrResolved);
+    c.resolve_route(id, WAIT).unwrap();
+    assert_eq!(
+        next_event(c, ch, Duration::MAX).map(|e| e.event),
+        Some(CmEventType::RouteResolved)
+    );
+    c.create_qp(id, QpCaps::new()).unwrap();
+    c.connect(id, &ConnParam::new()).unwrap();
+    let req = next_event(&mut bed.server, server.ch, Duration::MAX);
+    assert!(fabric.fault_stats().messages_delayed > 0);
+    assert!(req.is_none_or(|r| r.event == CmEventType::ConnectRequest));
+}
+
+/// Needs a crash (a fault) and virtual time.
+#[test]
+fn a_crashed_hosts_calls_say_it_crashed_and_when() {
+    let fabric = two_hosts(16);
+    let mut c = fabric.host(1);
+    let ch = c.create_event_channel().unwrap();
+    fabric.advance(Duration::from_millis(1500));
+    fabric.inject(cm::sim::Fault::Crash { host: 1 });
+    let crashed = |call| CmError::HostCrashed {
+        call,
+        at: Duration::from_millis(1500),
+    };
+    assert_err(c.create_event_channel(), crashed(Call::CreateEventChannel));
+    assert_err(c.get_cm_event(ch, WAIT), crashed(Call::GetCmEvent));
+    let err = c.create_id(ch, PortSpace::Tcp).unwrap_err();
+    assert_eq!(err.errno(), errno::ENODEV);
+    assert!(
+        err.to_string().contains("crashed at virtual time 1.500000000 s"),
+        "{err}"
+    );
+    fabric.inject(cm::sim::Fault::Restart { host: 1 });
+    assert!(matches!(
+        c.get_cm_event(ch, WAIT),
+        Err(CmError::UnknownHandle { .. })
+    ));
+    let fresh = c.create_event_channel().unwrap();
+    c.destroy_event_channel(fresh).unwrap();
+}
+
+/// Needs a crash and a partition (faults) and virtual time to run out the transport's retries.
+#[test]
+fn a_send_to_a_crashed_or_partitioned_peer_fails_after_the_transport_retries() {
+    for fault in [
+        cm::sim::Fault::Crash { host: 0 },
+        cm::sim::Fault::Partition { a: 0, b: 1 },
+    ] {
+        let fabric = two_hosts(17);
+        let mut bed = bed_on(&fabric);
+        let conn = establish(&mut bed);
+        fabric.inject(fault.clone());
+        let c = &mut bed.client;
+        let start = fabric.now();
+        c.post_send(conn.client.id, 1, b"hello").unwrap();
+        c.post_send(conn.client.id, 2, b"again").unwrap();
+        let mut wcs = Vec::new();
+        while wcs.len() < 2
+            && c.poll_cq(conn.client.id, &mut wcs, 2, Duration::from_secs(60))
+                .unwrap()
+                > 0
+        {}
+        let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            statuses,
+            [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)],
+            "{fault}"
+        );
+        // ConnParam::new() asks for 7 retries: 8 tries, each an ACK timeout long.
+        let waited = fabric.now().since_start() - start.since_start();
+        assert_eq!(waited, fabric.config().ack_timeout * 8, "{fault}");
+        assert_eq!(c.id_machine(conn.client.id).unwrap().qp(), Some(QpState::Err));
+        assert_eq!(fabric.fault_stats().transport_retries_exceeded, 1);
+    }
+}
+
+/// The simulated device's maxima are configuration (rxe's by default).
+#[test]
+fn qp_capabilities_above_the_device_maxima_are_refused_with_einval() {
+    let fabric = two_hosts(18);
+    let mut bed = bed_on(&fabric);
+    let dst = bed.server_addr();
+    let client = resolved_client(&mut bed, dst, false);
+    let cfg = fabric.config();
+    let over = [
+        QpCaps {
+            max_send_wr: u32::MAX,
+            ..QpCaps::new()
+        },
+        QpCaps {
+            max_recv_wr: cfg.max_qp_wr + 1,
+            ..QpCaps::new()
+        },
+        QpCaps {
+            max_send_sge: cfg.max_sge + 1,
+            ..QpCaps::new()
+        },
+        QpCaps {
+            max_recv_sge: u32::MAX,
+            ..QpCaps::new()
+        },
+        QpCaps {
+            max_inline_data: cfg.max_inline_data + 1,
+            ..QpCaps::new()
+        },
+        QpCaps {
+            max_message_size: u32::MAX,
+            ..QpCaps::new()
+        },
+    ];
+    for caps in over {
+        let err = bed.client.create_qp(client.id, caps).unwrap_err();
+        assert_eq!(err.errno(), errno::EINVAL, "{caps:?}: {err}");
+    }
+    let most = QpCaps {
+        max_send_wr: cfg.max_qp_wr,
+        max_recv_wr: cfg.max_qp_wr,
+        max_send_sge: cfg.max_sge,
+        max_recv_sge: cfg.max_sge,
+        max_inline_data: cfg.max_inline_data,
+        max_message_size: cfg.max_message_size,
+    };
+    assert_eq!(bed.client.create_qp(client.id, most), Ok(most));
+    destroy_all(&mut bed.client, &[client.id], client.ch);
 }
