@@ -434,7 +434,9 @@ fn total_us(t: &Times) -> f64 {
     }
 }
 
-fn run_sim(o: &Options) -> Result<(), String> {
+/// The fabric `o` asks for, with the client's addresses; a bad option (`--bind 127.0.0.1`,
+/// `CM_SIM_SEED=abc`) is an error to report, not a panic.
+fn sim_fabric(o: &Options) -> Result<(SimFabric, Vec<String>), cm::sim::ConfigError> {
     let client = o.bind.unwrap_or_else(|| "10.0.0.2".parse().expect("literal"));
     // cmtime listens with backlog 0 (the system maximum) and its server keeps up with the
     // requests from another thread; this one-thread version retrieves them between waits, so
@@ -462,7 +464,12 @@ fn run_sim(o: &Options) -> Result<(), String> {
     } else {
         builder.host(&o.server.to_string()).host_with_addrs(&refs)
     };
-    let fabric = builder.build();
+    Ok((builder.try_build()?, client_addrs))
+}
+
+fn run_sim(o: &Options, fabric: SimFabric, client_addrs: Vec<String>) -> Result<(), String> {
+    // One host serves both ends when the client binds the server's address.
+    let one_host = fabric.host_count() == 1;
     let (mut server, mut client_b) = if one_host {
         (fabric.host(0), fabric.host(0))
     } else {
@@ -523,7 +530,13 @@ fn main() -> ExitCode {
         }
     };
     let result = match o.backend.as_str() {
-        "sim" => run_sim(&o),
+        "sim" => match sim_fabric(&o) {
+            Ok((fabric, client_addrs)) => run_sim(&o, fabric, client_addrs),
+            Err(e) => {
+                eprintln!("cmtime: {e}");
+                return ExitCode::from(2);
+            }
+        },
         "hw" => run_hw(&o),
         other => Err(format!("unknown backend {other} (sim or hw)")),
     };

@@ -545,7 +545,7 @@ mod tests {
         assert_eq!(field(with(|c| c.cm_retries = 256)), "cm_retries");
         assert_eq!(field(with(|c| c.cm_retries = 16)), "cm_retries");
         assert_eq!(
-            field(with(|c| c.ephemeral_ports = 61000..=32768)),
+            field(with(|c| c.ephemeral_ports = RangeInclusive::new(61000, 32768))),
             "ephemeral_ports"
         );
         assert_eq!(field(with(|c| c.ephemeral_ports = 0..=10)), "ephemeral_ports");
@@ -560,10 +560,15 @@ mod tests {
         assert!(field(with(|c| c.max_sge = 0)).contains("max_sge"));
         let setter = refusal(SimBuilder::new().host("10.0.0.1").max_backlog(0));
         assert_eq!(field(setter), "max_backlog");
-        let mut cfg = SimConfig::default();
-        cfg.cm_retries = 15;
-        assert!(cfg.check().is_ok());
-        cfg.cm_retries = u32::MAX;
+        let most = SimConfig {
+            cm_retries: 15,
+            ..SimConfig::default()
+        };
+        assert!(most.check().is_ok());
+        let cfg = SimConfig {
+            cm_retries: u32::MAX,
+            ..most
+        };
         assert_eq!(
             cfg.cm_response_timeout(),
             cfg.cm_timeout / u32::MAX,

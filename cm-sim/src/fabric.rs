@@ -1786,6 +1786,8 @@ impl Fabric {
             _ => {}
         }
         self.vanish(r);
+        // Sends the peer has waiting will not be acknowledged by a QP that is gone.
+        self.deliver_sends(remote);
     }
 
     fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {
@@ -2366,6 +2368,11 @@ impl SimFabric {
         let hosts = self.inner.borrow().hosts.len();
         assert!(index < hosts, "no host {index}: the fabric has {hosts}");
         SimHost::new(self.clone(), index as u16)
+    }
+
+    /// How many hosts the fabric has (numbered from 0).
+    pub fn host_count(&self) -> usize {
+        self.inner.borrow().hosts.len()
     }
 
     /// The backend for the host that owns `addr`.

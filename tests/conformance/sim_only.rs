@@ -477,38 +477,61 @@ fn a_crashed_hosts_calls_say_it_crashed_and_when() {
     c.destroy_event_channel(fresh).unwrap();
 }
 
-/// Needs a crash and a partition (faults) and virtual time to run out the transport's retries.
+/// How the peer of an established connection stops answering.
+#[derive(Clone, Copy, Debug)]
+enum Silence {
+    Crash,
+    Partition,
+    Destroy,
+}
+
+/// Needs crashes and partitions (faults) and virtual time to run out the transport's retries.
 #[test]
-fn a_send_to_a_crashed_or_partitioned_peer_fails_after_the_transport_retries() {
-    for fault in [
-        cm::sim::Fault::Crash { host: 0 },
-        cm::sim::Fault::Partition { a: 0, b: 1 },
-    ] {
-        let fabric = two_hosts(17);
-        let mut bed = bed_on(&fabric);
-        let conn = establish(&mut bed);
-        fabric.inject(fault.clone());
-        let c = &mut bed.client;
-        let start = fabric.now();
-        c.post_send(conn.client.id, 1, b"hello").unwrap();
-        c.post_send(conn.client.id, 2, b"again").unwrap();
-        let mut wcs = Vec::new();
-        while wcs.len() < 2
-            && c.poll_cq(conn.client.id, &mut wcs, 2, Duration::from_secs(60))
-                .unwrap()
-                > 0
-        {}
-        let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(
-            statuses,
-            [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)],
-            "{fault}"
-        );
-        // ConnParam::new() asks for 7 retries: 8 tries, each an ACK timeout long.
-        let waited = fabric.now().since_start() - start.since_start();
-        assert_eq!(waited, fabric.config().ack_timeout * 8, "{fault}");
-        assert_eq!(c.id_machine(conn.client.id).unwrap().qp(), Some(QpState::Err));
-        assert_eq!(fabric.fault_stats().transport_retries_exceeded, 1);
+fn a_send_to_a_crashed_partitioned_or_destroyed_peer_fails_after_the_transport_retries() {
+    for silence in [Silence::Crash, Silence::Partition, Silence::Destroy] {
+        // The first send is posted before the peer goes silent (it waits for a receive the
+        // peer never posted) or after.
+        for posted_before in [false, true] {
+            let fabric = two_hosts(17);
+            let mut bed = bed_on(&fabric);
+            let conn = establish(&mut bed);
+            if posted_before {
+                bed.client.post_send(conn.client.id, 1, b"hello").unwrap();
+            }
+            match silence {
+                Silence::Crash => fabric.inject(cm::sim::Fault::Crash { host: 0 }),
+                Silence::Partition => fabric.inject(cm::sim::Fault::Partition { a: 0, b: 1 }),
+                Silence::Destroy => {
+                    let s = &mut bed.server;
+                    s.destroy_qp(conn.child).unwrap();
+                    s.destroy_id(conn.child).unwrap();
+                }
+            }
+            let c = &mut bed.client;
+            let start = fabric.now();
+            if !posted_before {
+                c.post_send(conn.client.id, 1, b"hello").unwrap();
+            }
+            c.post_send(conn.client.id, 2, b"again").unwrap();
+            let mut wcs = Vec::new();
+            while wcs.len() < 2
+                && c.poll_cq(conn.client.id, &mut wcs, 2, Duration::from_secs(60))
+                    .unwrap()
+                    > 0
+            {}
+            let statuses: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+            let case = format!("{silence:?}, posted before: {posted_before}");
+            assert_eq!(
+                statuses,
+                [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)],
+                "{case}"
+            );
+            // ConnParam::new() asks for 7 retries: 8 tries, each an ACK timeout long.
+            let waited = fabric.now().since_start() - start.since_start();
+            assert_eq!(waited, fabric.config().ack_timeout * 8, "{case}");
+            assert_eq!(c.id_machine(conn.client.id).unwrap().qp(), Some(QpState::Err));
+            assert_eq!(fabric.fault_stats().transport_retries_exceeded, 1, "{case}");
+        }
     }
 }
 
