@@ -111,6 +111,9 @@ struct IdSlot {
     /// The connection's transport retries (the REQ's `retry_count`, both sides use it): how
     /// many times an unacknowledged send is sent again before it fails.
     retry_count: u8,
+    /// The peer's QP went away without a word on the wire (its host crashed or its device was
+    /// removed): nothing sent to it will be acknowledged.
+    peer_lost: bool,
     /// Whether the application knows the id (false for a child until its request is retrieved).
     visible: bool,
     qp: Option<Qp>,
@@ -1045,6 +1048,7 @@ impl Fabric {
             connect_error: false,
             pending_status: 0,
             retry_count,
+            peer_lost: false,
             visible: false,
             qp: None,
             listener: None,
@@ -1357,19 +1361,23 @@ impl Fabric {
         );
     }
 
-    /// Whether nothing `sender` sends can be acknowledged: its peer is gone (destroyed, or
-    /// vanished with a crashed host or a removed device), either host is unreachable, or the
-    /// link between them is partitioned.
+    /// Whether nothing `sender` sends can be acknowledged: its peer vanished with a crashed
+    /// host or a removed device, either host is unreachable, or the link between them is
+    /// partitioned. (A peer that destroyed its id told the IB CM; its sends still wait, as
+    /// README's departures say.)
     fn path_broken(&self, sender: SlotRef) -> bool {
-        let Some(s) = self.ids.get(sender) else {
-            return false;
-        };
-        let Some(r) = self.ids.get(s.remote) else {
-            return true;
-        };
         if !self.links_faulted {
             return false;
         }
+        let Some(s) = self.ids.get(sender) else {
+            return false;
+        };
+        if s.peer_lost {
+            return true;
+        }
+        let Some(r) = self.ids.get(s.remote) else {
+            return false;
+        };
         let (a, b) = (s.host as usize, r.host as usize);
         let n = self.hosts.len();
         !self.hosts[a].reachable() || !self.hosts[b].reachable() || self.links[a * n + b].partitioned
@@ -1485,6 +1493,17 @@ impl Fabric {
             .collect()
     }
 
+    /// `r`'s connection ends without a word on the wire: its peer learns only that nothing it
+    /// sends is acknowledged.
+    fn lose_peer_of(&mut self, r: SlotRef) {
+        let remote = self.slot(r).remote;
+        if let Some(peer) = self.ids.get_mut(remote) {
+            if peer.remote == r {
+                peer.peer_lost = true;
+            }
+        }
+    }
+
     /// Drops an id without a word on the wire: the end of every destroy, and all of it when
     /// the id's host crashed or its device went.
     fn vanish(&mut self, r: SlotRef) {
@@ -1592,6 +1611,7 @@ impl Fabric {
         h.crashed_at = self.now;
         h.incarnation += 1;
         for r in self.ids_on(host) {
+            self.lose_peer_of(r);
             self.vanish(r);
         }
         for o in self.outstanding.refs() {
@@ -1667,6 +1687,7 @@ impl Fabric {
                 continue;
             }
             self.cancel_timers(r);
+            self.lose_peer_of(r);
             let s = self.slot(r);
             s.wire = Wire::Closed;
             if state == cm_core::IdState::AddrQuery && !device {
@@ -1737,6 +1758,7 @@ impl Fabric {
             connect_error: false,
             pending_status: 0,
             retry_count: 0,
+            peer_lost: false,
             visible: true,
             qp: None,
             listener: None,
@@ -1786,8 +1808,6 @@ impl Fabric {
             _ => {}
         }
         self.vanish(r);
-        // Sends the peer has waiting will not be acknowledged by a QP that is gone.
-        self.deliver_sends(remote);
     }
 
     fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {

@@ -482,13 +482,14 @@ fn a_crashed_hosts_calls_say_it_crashed_and_when() {
 enum Silence {
     Crash,
     Partition,
-    Destroy,
+    RemoveDevice,
 }
 
-/// Needs crashes and partitions (faults) and virtual time to run out the transport's retries.
+/// Needs crashes, partitions and device removals (faults) and virtual time to run out the
+/// transport's retries.
 #[test]
-fn a_send_to_a_crashed_partitioned_or_destroyed_peer_fails_after_the_transport_retries() {
-    for silence in [Silence::Crash, Silence::Partition, Silence::Destroy] {
+fn a_send_to_a_crashed_partitioned_or_removed_peer_fails_after_the_transport_retries() {
+    for silence in [Silence::Crash, Silence::Partition, Silence::RemoveDevice] {
         // The first send is posted before the peer goes silent (it waits for a receive the
         // peer never posted) or after.
         for posted_before in [false, true] {
@@ -501,10 +502,14 @@ fn a_send_to_a_crashed_partitioned_or_destroyed_peer_fails_after_the_transport_r
             match silence {
                 Silence::Crash => fabric.inject(cm::sim::Fault::Crash { host: 0 }),
                 Silence::Partition => fabric.inject(cm::sim::Fault::Partition { a: 0, b: 1 }),
-                Silence::Destroy => {
+                Silence::RemoveDevice => {
+                    // The peer's application destroys its id at once; the device is back later.
+                    fabric.inject(cm::sim::Fault::RemoveDevice { host: 0 });
                     let s = &mut bed.server;
+                    expect(s, conn.server.ch, CmEventType::DeviceRemoval);
                     s.destroy_qp(conn.child).unwrap();
                     s.destroy_id(conn.child).unwrap();
+                    fabric.inject(cm::sim::Fault::RestoreDevice { host: 0 });
                 }
             }
             let c = &mut bed.client;
