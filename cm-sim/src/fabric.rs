@@ -1630,22 +1630,32 @@ impl Fabric {
         self.hosts[host as usize].counts = HostCounts::default();
     }
 
-    /// Discards every event queued on `host`'s channels and not retrieved: what the device's
-    /// removal leaves of them could follow `DEVICE_REMOVAL` (an `ADDR_RESOLVED` with an
-    /// `ADDR_ERROR` after it, say), which no id may see.
+    /// Discards every event queued on `host`'s channels and not retrieved, but the
+    /// `DEVICE_REMOVAL`s of an earlier removal: what the device's removal leaves of them could
+    /// follow `DEVICE_REMOVAL` (an `ADDR_RESOLVED` with an `ADDR_ERROR` after it, say), which no
+    /// id may see.
     fn discard_queued_events(&mut self, host: u16) {
         for ch in self.channels.refs() {
             let Some(c) = self.channels.get_mut(ch).filter(|c| c.host == host) else {
                 continue;
             };
-            for q in std::mem::take(&mut c.queue) {
-                // Events of destroyed ids were uncounted when their id went.
-                if let Some(slot) = self.ids.get_mut(q.id) {
-                    slot.queued -= 1;
-                    self.hosts[host as usize].counts.queued -= 1;
+            let queue = std::mem::take(&mut c.queue);
+            let mut kept = VecDeque::new();
+            for q in queue {
+                let Some(slot) = self.ids.get_mut(q.id) else {
+                    // Its id was destroyed, and its events uncounted then.
+                    self.take_payload(q.payload);
+                    continue;
+                };
+                if q.event == CmEventType::DeviceRemoval {
+                    kept.push_back(q);
+                    continue;
                 }
+                slot.queued -= 1;
+                self.hosts[host as usize].counts.queued -= 1;
                 self.take_payload(q.payload);
             }
+            self.channels.get_mut(ch).expect("live").queue = kept;
         }
     }
 

@@ -348,6 +348,23 @@ fn work_started_before_device_removal_is_retrieved_gives_no_event_after_it() {
     assert_clean(&bed);
 }
 
+/// Needs device removals and a restore (faults) struck before the application looks.
+#[test]
+fn a_device_removed_twice_before_the_event_is_retrieved_announces_it_once() {
+    let fabric = two_hosts(19);
+    let mut bed = bed_on(&fabric);
+    let dst = bed.server_addr();
+    let client = resolved_client(&mut bed, dst, true);
+    fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+    fabric.inject(cm::sim::Fault::RestoreDevice { host: 1 });
+    fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+    let c = &mut bed.client;
+    assert_eq!(last_events(c, client.ch), [CmEventType::DeviceRemoval]);
+    assert_eq!(c.id_machine(client.id).unwrap().qp(), Some(QpState::Err));
+    destroy_all(c, &[client.id], client.ch);
+    assert_clean(&bed);
+}
+
 /// Needs a device removal (a fault) struck between two calls.
 #[test]
 fn a_datagram_connect_after_device_removal_is_refused() {
