@@ -596,6 +596,11 @@ fn run_hw(o: &Options) -> Result<(), String> {
     use cm::hw::HwBackend;
 
     let new_backend = || HwBackend::new().map_err(|e| e.to_string());
+    // Each QP holds a file descriptor (its completion channel); with both ends in this process,
+    // 1000 connections are 2000 QPs, past the usual soft limit of 1024.
+    if let Err(e) = cm::hw::raise_fd_limit() {
+        eprintln!("cmtime: could not raise the open-file limit: {e}");
+    }
     if o.role == Role::Server {
         // Like rdma-core's server, it listens on the -b address.
         let addr = SocketAddr::new(o.bind.unwrap_or(o.server), o.port);
@@ -648,7 +653,8 @@ fn run_hw(o: &Options) -> Result<(), String> {
         match handle.join() {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if result.is_ok() => return Err(format!("server: {e}")),
-            Ok(Err(_)) => {}
+            // The client's failure may well be the server's doing: say both.
+            Ok(Err(e)) => eprintln!("cmtime: server: {e}"),
             Err(_) => return Err("server thread panicked".into()),
         }
     }

@@ -72,7 +72,8 @@ struct Outstanding {
 ///   completion queues are polled, yielding for a while and then waiting on the CQ's completion
 ///   channel, until the timeout.
 /// * Each QP gets its own completion queue (for sends and receives, so completions come back in
-///   completion order) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
+///   completion order) with a completion channel (one file descriptor per QP: mind
+///   `RLIMIT_NOFILE`, see [`raise_fd_limit`](crate::raise_fd_limit)) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
 ///   `max_message_size` bytes, on a protection domain the backend owns per device context (made
 ///   with the first QP on the device, freed with the last).
 /// * A work request posted while the id's machine has the QP in ERR is not posted to the

@@ -118,3 +118,20 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<b
     sys::poll_readable(fd.as_raw_fd(), convert::millis_ceil(timeout))
         .map_err(std::io::Error::from_raw_os_error)
 }
+
+/// Raises this process's soft limit on open file descriptors (`RLIMIT_NOFILE`) to its hard limit
+/// and returns the new soft limit.
+///
+/// Every QP of [`HwBackend`] holds one file descriptor, its CQ's completion channel (see
+/// [`HwBackend::cq_fd`]), besides the device's own. With the usual soft limit of 1024 a process
+/// runs out of descriptors near a thousand QPs, where the hard limit (often 4096 or more) would
+/// allow more: a program that opens many connections calls this first.
+///
+/// ```no_run
+/// let limit = cm_hw::raise_fd_limit()?;
+/// println!("up to {limit} open files");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    sys::raise_nofile_limit().map_err(std::io::Error::from_raw_os_error)
+}

@@ -748,15 +748,8 @@ impl Qp {
             undo_create(buf, Some(mr), Some(comp), None);
             return Err(err);
         };
-        // Armed from the start, so that the channel's fd turns readable with the first
-        // completion even before anyone polled.
-        // SAFETY: the CQ is alive.
-        let ret = unsafe { ffi::ibv_req_notify_cq(cq.as_ptr(), 0) };
-        if ret != 0 {
-            undo_create(buf, Some(mr), Some(comp), Some(cq));
-            // verbs returns the errno itself.
-            return Err(ret);
-        }
+        // Not armed yet: the first `rearm` (when a poll finds nothing) does it, which keeps a
+        // kernel call out of every QP's creation.
         // SAFETY: the id is alive; reading its QP type.
         let qp_type = unsafe { (*id.raw()).qp_type };
         let mut attr = ffi::ibv_qp_init_attr {
@@ -1056,3 +1049,27 @@ impl RawSockAddr {
 //   with the backend and no two threads can touch one count.
 // The backend is deliberately not `Sync` (see its docs).
 unsafe impl Send for crate::backend::HwBackend {}
+
+// ------------------------------------------------------------------------------------------------
+// Process limits
+
+/// Raises the soft limit on open file descriptors (`RLIMIT_NOFILE`) to the hard limit; returns
+/// the new soft limit.
+pub(crate) fn raise_nofile_limit() -> Result<u64, Errno> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer to an rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(last_errno());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: a valid rlimit; raising the soft limit up to the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(last_errno());
+        }
+    }
+    Ok(lim.rlim_cur)
+}
