@@ -73,9 +73,10 @@ struct Outstanding {
 ///   channel, until the timeout.
 /// * Each QP gets its own completion queue (for sends and receives, so completions come back in
 ///   completion order) with a completion channel (one file descriptor per QP: mind
-///   `RLIMIT_NOFILE`, see [`raise_fd_limit`](crate::raise_fd_limit)) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
-///   `max_message_size` bytes, on a protection domain the backend owns per device context (made
-///   with the first QP on the device, freed with the last).
+///   `RLIMIT_NOFILE`, see [`raise_fd_limit`](crate::raise_fd_limit)), and a registered buffer
+///   pool of `max_send_wr + max_recv_wr` slots of `max_message_size` bytes, on a protection
+///   domain the backend owns per device context (made with the first QP on the device, freed
+///   with the last).
 /// * A work request posted while the id's machine has the QP in ERR is not posted to the
 ///   hardware (rxe on Linux 6.1, for one, never completes a receive posted then): the backend
 ///   completes it with `WR_FLUSH_ERR` itself, once the requests of the same queue posted earlier
@@ -161,7 +162,6 @@ impl HwBackend {
     ///
     /// ```no_run
     /// use std::os::fd::AsRawFd;
-    /// use std::time::Duration;
     /// use cm_core::CmBackend;
     ///
     /// # fn main() -> cm_core::Result<()> {
