@@ -12,7 +12,7 @@ use cm_core::{
 };
 
 use crate::convert::{self, os_error};
-use crate::pool::SlotPool;
+use crate::pool::{Prefetched, SlotPool};
 use crate::slab::Slab;
 use crate::sys::{self, Errno};
 
@@ -45,6 +45,26 @@ struct QpEntry {
     pool: SlotPool,
     /// What the QP was created with (its message buffers are `caps.max_message_size` long).
     caps: QpCaps,
+    /// Completions taken from the CQ by a post, not yet handed out by `poll_cq`.
+    early: Prefetched,
+}
+
+impl QpEntry {
+    /// Whether the device has put the QP in ERR by itself, as far as its CQ tells: moves the
+    /// completions the CQ holds into `early` (see the pool's docs, "Errors the device produced").
+    fn device_failed(&mut self) -> std::result::Result<bool, Errno> {
+        let mut polled = Vec::new();
+        loop {
+            polled.clear();
+            let got = self.raw.poll(sys::POLL_BATCH, &mut polled)?;
+            let failed = self.early.keep(&polled);
+            // Bounded: the CQ holds at most one completion per request posted, and none is
+            // posted meanwhile.
+            if got < sys::POLL_BATCH {
+                return Ok(failed);
+            }
+        }
+    }
 }
 
 /// One retrieved, unacked event.
@@ -73,7 +93,8 @@ struct Outstanding {
 ///   completion order) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
 ///   `max_message_size` bytes, on a protection domain the backend owns per device context (made
 ///   with the first QP on the device, freed with the last).
-/// * A work request posted while the id's machine has the QP in ERR is not posted to the
+/// * A work request posted while the QP is in ERR — by the id's machine, or by the device itself
+///   as an error completion still in the CQ shows — is not posted to the
 ///   hardware (rxe on Linux 6.1, for one, never completes a receive posted then): the backend
 ///   completes it with `WR_FLUSH_ERR` itself, once the requests of the same queue posted earlier
 ///   to the hardware have completed, so every provider honours the contract and each queue
@@ -451,6 +472,7 @@ impl CmBackend for HwBackend {
                     raw,
                     pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
                     caps,
+                    early: Prefetched::default(),
                 });
                 e.machine = next;
                 self.qps += 1;
@@ -477,7 +499,13 @@ impl CmBackend for HwBackend {
         let index = self.id_index(Call::DestroyQp, id)?;
         let e = self.ids.at_mut(index).expect("checked");
         let next = e.machine.destroy_qp()?;
-        let Some(QpEntry { raw, pool, caps }) = e.qp.take() else {
+        let Some(QpEntry {
+            raw,
+            pool,
+            caps,
+            early,
+        }) = e.qp.take()
+        else {
             return Err(CmError::NoQp {
                 call: Call::DestroyQp,
             });
@@ -487,7 +515,12 @@ impl CmBackend for HwBackend {
             Ok(_pd) => Ok(()),
             Err((Some(raw), errno)) => {
                 // Not attached to this id (cannot happen): keep everything as it was.
-                e.qp = Some(QpEntry { raw, pool, caps });
+                e.qp = Some(QpEntry {
+                    raw,
+                    pool,
+                    caps,
+                    early,
+                });
                 return Err(os_error(Call::DestroyQp, errno));
             }
             // The QP is gone; its CQ or buffers could not be released and were leaked.
@@ -629,12 +662,14 @@ impl CmBackend for HwBackend {
         // The machine also refuses sends on datagram QPs, whose missing address handle a
         // provider would dereference.
         e.machine.post_send()?;
-        let in_err = e.machine.qp() == Some(QpState::Err);
         let Some(q) = e.qp.as_mut() else {
             return Err(CmError::NoQp { call });
         };
         q.caps.check_length(WcOpcode::Send, data.len())?;
-        if in_err {
+        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
+            e.machine = e.machine.qp_error();
+        }
+        if e.machine.qp() == Some(QpState::Err) {
             // Not every provider completes a request posted on a QP in ERR (see the pool's
             // docs): it is flushed here, never posted.
             return if q.pool.flush(WcOpcode::Send, wr_id) {
@@ -657,12 +692,16 @@ impl CmBackend for HwBackend {
         let call = Call::PostRecv;
         let e = self.id(call, id)?;
         e.machine.post_recv()?;
-        let in_err = e.machine.qp() == Some(QpState::Err);
         let Some(q) = e.qp.as_mut() else {
             return Err(CmError::NoQp { call });
         };
         q.caps.check_length(WcOpcode::Recv, len as usize)?;
-        if in_err {
+        // The device may have put the QP in ERR without a call of ours (an error completion
+        // not polled yet): that counts as ERR too.
+        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
+            e.machine = e.machine.qp_error();
+        }
+        if e.machine.qp() == Some(QpState::Err) {
             // rxe (Linux 6.1) never completes a receive posted on a QP in ERR: flush it here.
             return if q.pool.flush(WcOpcode::Recv, wr_id) {
                 Ok(())
@@ -704,12 +743,16 @@ impl CmBackend for HwBackend {
             let q = e.qp.as_mut().expect("checked");
             // The hardware's completions first: a flushed request waits for those of its queue
             // posted before it (see the pool's docs).
+            // Completions a post took from the CQ came out of it first, so they go first.
             raw.clear();
             let asked = (max - appended).min(sys::POLL_BATCH);
-            let got = q
-                .raw
-                .poll(asked, &mut raw)
-                .map_err(|err| os_error(Call::PollCq, err))?;
+            let mut got = q.early.hand_out(asked, &mut raw);
+            if got < asked {
+                got += q
+                    .raw
+                    .poll(asked - got, &mut raw)
+                    .map_err(|err| os_error(Call::PollCq, err))?;
+            }
             let mut failed = false;
             for c in &raw {
                 // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
