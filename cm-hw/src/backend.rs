@@ -213,6 +213,11 @@ impl HwBackend {
     }
 
     /// Turns a retrieved event into a `CmEvent` and records it; None when it was discarded.
+    ///
+    /// Until `raw` is in `self.events`, only this frame owns it. Should anything here panic,
+    /// the unwinding drops `raw`, which acks it (see `sys::Event`), so that `Drop` of the backend
+    /// does not block in `rdma_destroy_id` on an event nobody can ack; at worst a child id taken
+    /// from a `CONNECT_REQUEST` and not yet registered is leaked (with its channel), never a hang.
     fn admit(&mut self, channel: u32, mut raw: sys::Event) -> Option<CmEvent> {
         let Some(ty) = CmEventType::from_raw(raw.event_type()) else {
             self.discard(channel, raw);
