@@ -116,6 +116,50 @@ mod misuse;
 #[path = "../conformance/props.rs"]
 mod props;
 
+/// Behaviour only a real device shows the way it matters here.
+mod hw_only {
+    use cm::core::{CmBackend, QpState, WcOpcode, WcStatus};
+
+    use crate::support::{completions, establish, let_time_pass, teardown};
+
+    /// rxe on Linux 6.1 never completes a receive posted on a QP that the device itself has put
+    /// in ERR; the backend must see the unpolled error completion and flush the receive.
+    #[test]
+    fn a_receive_posted_after_the_device_failed_the_qp_completes_flushed() {
+        let mut bed = bed!();
+        let conn = establish(&mut bed);
+        // A receive too short for the message: the device fails it and puts the client's QP in
+        // ERR, telling only through an error completion on the client's CQ.
+        bed.client.post_recv(conn.client.id, 1, 4).unwrap();
+        bed.server.post_send(conn.child, 2, &[7; 64]).unwrap();
+        let sent = completions(&mut bed.server, conn.child, 1);
+        assert_eq!(
+            sent.len(),
+            1,
+            "the server's send completes (with the NAK's error)"
+        );
+        let_time_pass(&mut bed.client);
+        assert_ne!(
+            bed.client.id_machine(conn.client.id).unwrap().qp(),
+            Some(QpState::Err),
+            "nothing was polled yet: only the device knows"
+        );
+
+        bed.client.post_recv(conn.client.id, 3, 64).unwrap();
+        let got = completions(&mut bed.client, conn.client.id, 2);
+        let seen: Vec<_> = got.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+        assert_eq!(seen.len(), 2, "both receives complete: {seen:?}");
+        assert_eq!((seen[0].0, seen[0].1), (1, WcOpcode::Recv));
+        assert_ne!(seen[0].2, WcStatus::Success, "the short receive failed: {seen:?}");
+        assert_eq!(seen[1], (3, WcOpcode::Recv, WcStatus::WrFlushErr));
+        assert_eq!(
+            bed.client.id_machine(conn.client.id).unwrap().qp(),
+            Some(QpState::Err)
+        );
+        teardown(&mut bed, conn);
+    }
+}
+
 /// Per-test outcomes, for the summary line libtest cannot print.
 ///
 /// Why not a custom harness (`harness = false`): the conformance files are shared with the
