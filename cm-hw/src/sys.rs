@@ -124,7 +124,7 @@ impl Channel {
         check(unsafe { ffi::rdma_get_cm_event(self.inner.ptr.as_ptr(), &mut ev) })?;
         let ptr = NonNull::new(ev).ok_or(libc::EIO)?;
         Ok(Event {
-            raw: Guarded::new(ptr, ack_event),
+            ptr: Guarded::new(ptr, ack_event),
             counted: None,
             child_taken: false,
         })
@@ -384,7 +384,7 @@ pub(crate) struct EventData {
 /// when it is dropped unacked (see the module docs).
 pub(crate) struct Event {
     /// Declared first, so that a dropped event is acked before `counted` lets its id go.
-    raw: Guarded<NonNull<ffi::rdma_cm_event>, i32>,
+    ptr: Guarded<NonNull<ffi::rdma_cm_event>, i32>,
     /// The anchor of the id the event counts against, once bound.
     counted: Option<Rc<()>>,
     child_taken: bool,
@@ -403,7 +403,7 @@ fn ack_event(ev: &mut NonNull<ffi::rdma_cm_event>) -> i32 {
 
 impl Event {
     fn raw(&self) -> *mut ffi::rdma_cm_event {
-        self.raw.get().as_ptr()
+        self.ptr.get().as_ptr()
     }
 
     /// The event type's raw value.
@@ -512,8 +512,8 @@ impl Event {
 
     /// `rdma_ack_cm_event`: frees the event and releases the id it counted against.
     pub(crate) fn ack(self) -> Result<(), Errno> {
-        let Event { raw, counted, .. } = self;
-        let ret = raw.finish();
+        let Event { ptr, counted, .. } = self;
+        let ret = ptr.finish();
         // Only now may the id be destroyed.
         drop(counted);
         check(ret)
