@@ -49,12 +49,13 @@ ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 
 # Project binaries, data driven.  One row per binary:
 #   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments
-# kind selects how the summary reads the output: libtest, criterion, cmtime, plain.
+# kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, plain.
 # In guest arguments @ADDR and @N are replaced by the guest address and --connections.
 # hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
-# (which libtest reports as passed and would otherwise swallow) reach the console.
+# (which libtest reports as passed and would otherwise swallow) reach the console; its
+# counts come from the runner's own `hw: N passed, M failed, K skipped` line (hwrunner).
 PROJECT_BINS=(
-  "hw-test|libtest|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
+  "hw-test|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
   "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 hw"
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
@@ -372,6 +373,12 @@ EOF
 declare -A PROJECT_EXE=()
 build_project() {
   command -v cargo >/dev/null || die "cargo not found (needed unless --no-project)"
+  # rdma-sys 0.3 pins bindgen 0.59, which panics ("... is not a valid Ident") with libclang 16
+  # and later; clang-sys takes the newest installed, so prefer an older one when there is one.
+  local dir
+  if [[ -z ${LIBCLANG_PATH:-} ]]; then
+    for dir in /usr/lib/llvm-1[0-5]/lib; do [[ -e $dir/libclang.so.1 ]] && export LIBCLANG_PATH=$dir; done
+  fi
   log "building project binaries in $CARGO_DIR (bound ${BUILD_TIMEOUT}s)"
   local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs json exe tkind tname
   for row in "${PROJECT_BINS[@]}"; do
@@ -649,6 +656,17 @@ count_libtest() {
   echo "$((p > s ? p - s : 0)) $f_ $((i + s))"
 }
 
+# The hardware runner's own tally (tests/runners/hw.rs prints it last, because libtest
+# reports a test that skipped at run time as passed): "N M K" from
+# "hw: N passed, M failed, K skipped"; fails when the line is missing.
+count_hwrunner() {
+  local r
+  r=$(grep -E '^hw: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$1" | tail -1 \
+      | sed -E 's/^hw: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/')
+  [[ -n $r ]] || return 1
+  echo "$r"
+}
+
 # Names listed under libtest's final "failures:" heading.
 libtest_failures() {
   awk '/^failures:$/ { grab = 1; names = ""; next }
@@ -685,6 +703,23 @@ summarize() {
       res="NOT RUN"; failed=$((failed + 1))
     elif [[ -z $rc ]]; then
       res="NO END (VM died or timed out)"; failed=$((failed + 1)); secs="?"
+    elif [[ $kind == hwrunner ]]; then
+      # A hardware suite that skipped everything proves nothing: it counts as failed.
+      local lf=0
+      r=$(count_libtest "$OUT/$name.log") && read -r _ lf _ <<<"$r"
+      if r=$(count_hwrunner "$OUT/$name.log"); then
+        read -r p f s <<<"$r"
+        ((lf > f)) && f=$lf
+        passed=$((passed + p)); failed=$((failed + f))
+        detail="hw: $p passed, $f failed, $s skipped"
+        if ((p == 0 && f == 0)); then failed=$((failed + 1)); detail+=" (the hardware suite did not run)"; fi
+        if ((rc != 0 && f == 0)); then failed=$((failed + 1)); detail+=" (but exit code $rc)"; fi
+        ((rc == 0 && f == 0 && p > 0)) && res=ok || res=FAIL
+      else
+        res=FAIL; failed=$((failed + 1 + lf))
+        detail="no 'hw: N passed, M failed, K skipped' line from the runner"
+        ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s; $detail"
+      fi
     elif [[ $kind == libtest ]] && r=$(count_libtest "$OUT/$name.log"); then
       read -r p f s <<<"$r"
       passed=$((passed + p)); failed=$((failed + f))
@@ -699,7 +734,7 @@ summarize() {
     log "$(printf 'suite %-18s %-5s rc=%-4s %7ss  %s' "$name" "$res" "${rc:--}" "$secs" "$detail")"
     if [[ $res != ok && -f $OUT/$name.log ]]; then
       sed 's/^/      | /' "$OUT/$name.log" | tail -n 20
-      [[ $kind == libtest ]] && libtest_failures "$OUT/$name.log"
+      [[ $kind == libtest || $kind == hwrunner ]] && libtest_failures "$OUT/$name.log"
     fi
     if [[ $kind == criterion && -f $OUT/$name.log ]]; then
       # criterion: "<id>  time: [lo est hi]" (the id is on its own line when long)

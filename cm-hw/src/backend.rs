@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     next_backend_tag, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
-    IdHandle, IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, Role, WcOpcode, WcStatus,
-    WorkCompletion,
+    IdHandle, IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, ReturnedEvent, Role, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
-use crate::pool::SlotPool;
+use crate::pool::{Prefetched, SlotPool};
 use crate::slab::Slab;
 use crate::sys::{self, Errno};
 
@@ -46,6 +46,26 @@ struct QpEntry {
     pool: SlotPool,
     /// What the QP was created with (its message buffers are `caps.max_message_size` long).
     caps: QpCaps,
+    /// Completions taken from the CQ by a post, not yet handed out by `poll_cq`.
+    early: Prefetched,
+}
+
+impl QpEntry {
+    /// Whether the device has put the QP in ERR by itself, as far as its CQ tells: moves the
+    /// completions the CQ holds into `early` (see the pool's docs, "Errors the device produced").
+    fn device_failed(&mut self) -> std::result::Result<bool, Errno> {
+        let mut polled = Vec::new();
+        loop {
+            polled.clear();
+            let got = self.raw.poll(sys::POLL_BATCH, &mut polled)?;
+            let failed = self.early.keep(&polled);
+            // Bounded: the CQ holds at most one completion per request posted, and none is
+            // posted meanwhile.
+            if got < sys::POLL_BATCH {
+                return Ok(failed);
+            }
+        }
+    }
 }
 
 /// One retrieved, unacked event.
@@ -77,7 +97,8 @@ struct Outstanding {
 ///   pool of `max_send_wr + max_recv_wr` slots of `max_message_size` bytes, on a protection
 ///   domain the backend owns per device context (made with the first QP on the device, freed
 ///   with the last).
-/// * A work request posted while the id's machine has the QP in ERR is not posted to the
+/// * A work request posted while the QP is in ERR — by the id's machine, or by the device itself
+///   as an error completion still in the CQ shows — is not posted to the
 ///   hardware (rxe on Linux 6.1, for one, never completes a receive posted then): the backend
 ///   completes it with `WR_FLUSH_ERR` itself, once the requests of the same queue posted earlier
 ///   to the hardware have completed, so every provider honours the contract and each queue
@@ -274,6 +295,11 @@ impl HwBackend {
     }
 
     /// Turns a retrieved event into a `CmEvent` and records it; None when it was discarded.
+    ///
+    /// Until `raw` is in `self.events`, only this frame owns it. Should anything here panic,
+    /// the unwinding drops `raw`, which acks it (see `sys::Event`), so that `Drop` of the backend
+    /// does not block in `rdma_destroy_id` on an event nobody can ack; at worst a child id taken
+    /// from a `CONNECT_REQUEST` and not yet registered is leaked (with its channel), never a hang.
     fn admit(&mut self, channel: u32, mut raw: sys::Event) -> Option<CmEvent> {
         let Some(ty) = CmEventType::from_raw(raw.event_type()) else {
             self.discard(channel, raw);
@@ -351,10 +377,14 @@ impl HwBackend {
             // posted before it (see the pool's docs).
             raw.clear();
             let asked = (max - appended).min(sys::POLL_BATCH);
-            let got = q
-                .raw
-                .poll(asked, &mut raw)
-                .map_err(|err| os_error(Call::PollCq, err))?;
+            // Completions a post took from the CQ came out of it first, so they go first.
+            let mut got = q.early.hand_out(asked, &mut raw);
+            if got < asked {
+                got += q
+                    .raw
+                    .poll(asked - got, &mut raw)
+                    .map_err(|err| os_error(Call::PollCq, err))?;
+            }
             for c in &raw {
                 // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
                 // else is ignored rather than trusted.
@@ -602,6 +632,7 @@ impl CmBackend for HwBackend {
                     raw,
                     pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
                     caps,
+                    early: Prefetched::default(),
                 });
                 e.machine = next;
                 self.qps += 1;
@@ -628,7 +659,13 @@ impl CmBackend for HwBackend {
         let index = self.id_index(Call::DestroyQp, id)?;
         let e = self.ids.at_mut(index).expect("checked");
         let next = e.machine.destroy_qp()?;
-        let Some(QpEntry { raw, pool, caps }) = e.qp.take() else {
+        let Some(QpEntry {
+            raw,
+            pool,
+            caps,
+            early,
+        }) = e.qp.take()
+        else {
             return Err(CmError::NoQp {
                 call: Call::DestroyQp,
             });
@@ -638,7 +675,12 @@ impl CmBackend for HwBackend {
             Ok(_pd) => Ok(()),
             Err((Some(raw), errno)) => {
                 // Not attached to this id (cannot happen): keep everything as it was.
-                e.qp = Some(QpEntry { raw, pool, caps });
+                e.qp = Some(QpEntry {
+                    raw,
+                    pool,
+                    caps,
+                    early,
+                });
                 return Err(os_error(Call::DestroyQp, errno));
             }
             // The QP is gone; its CQ or buffers could not be released and were leaked.
@@ -762,6 +804,11 @@ impl CmBackend for HwBackend {
     }
 
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()> {
+        if event.counted_id().owner() != self.tag {
+            // Another backend's: refused before anything is consumed, and handed back so that it
+            // can still be acked where it came from.
+            return Err(CmError::ForeignEvent(ReturnedEvent::new(event)));
+        }
         let token = event.token();
         match self.events.get(&token) {
             Some(rec) if rec.id == event.id() && rec.ty == event.event() => {}
@@ -797,12 +844,14 @@ impl CmBackend for HwBackend {
         // The machine also refuses sends on datagram QPs, whose missing address handle a
         // provider would dereference.
         e.machine.post_send()?;
-        let in_err = e.machine.qp() == Some(QpState::Err);
         let Some(q) = e.qp.as_mut() else {
             return Err(CmError::NoQp { call });
         };
         q.caps.check_length(WcOpcode::Send, data.len())?;
-        if in_err {
+        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
+            e.machine = e.machine.qp_error();
+        }
+        if e.machine.qp() == Some(QpState::Err) {
             // Not every provider completes a request posted on a QP in ERR (see the pool's
             // docs): it is flushed here, never posted.
             return if q.pool.flush(WcOpcode::Send, wr_id) {
@@ -825,12 +874,16 @@ impl CmBackend for HwBackend {
         let call = Call::PostRecv;
         let e = self.id(call, id)?;
         e.machine.post_recv()?;
-        let in_err = e.machine.qp() == Some(QpState::Err);
         let Some(q) = e.qp.as_mut() else {
             return Err(CmError::NoQp { call });
         };
         q.caps.check_length(WcOpcode::Recv, len as usize)?;
-        if in_err {
+        // The device may have put the QP in ERR without a call of ours (an error completion
+        // not polled yet): that counts as ERR too.
+        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
+            e.machine = e.machine.qp_error();
+        }
+        if e.machine.qp() == Some(QpState::Err) {
             // rxe (Linux 6.1) never completes a receive posted on a QP in ERR: flush it here.
             return if q.pool.flush(WcOpcode::Recv, wr_id) {
                 Ok(())

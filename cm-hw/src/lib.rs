@@ -71,6 +71,7 @@
 
 mod backend;
 mod convert;
+mod guard;
 mod pool;
 mod slab;
 mod sys;

@@ -18,10 +18,26 @@
 //! does this: a flushed completion is held back while requests of its queue posted earlier to
 //! the hardware have not completed (they were all posted before, since a QP never leaves ERR).
 //! Flushed completions that are ready come out in posting order across both queues.
+//!
+//! # Errors the device produced
+//!
+//! The QP also goes to ERR without any call of ours: the device does it when a request fails
+//! (retries exhausted, a receive too short, a protection error), and says so only with an error
+//! completion on the CQ. libibverbs' cached QP state does not change, so until that completion is
+//! polled the backend would still post to the hardware — where rxe on Linux 6.1 never completes
+//! a receive. Before posting, the backend therefore moves whatever the CQ holds into
+//! [`Prefetched`] (polling a CQ is a user-space read, no system call) and flushes the request
+//! when one of those completions is an error. `poll_cq` hands the prefetched completions out
+//! first, in CQ order, so the user sees exactly what an immediate poll would have shown.
+//!
+//! What remains is the device failing a request between that look and the post: a race with the
+//! hardware that no check in user space closes (querying the QP's state has the same window).
 
 use std::collections::VecDeque;
 
-use cm_core::WcOpcode;
+use cm_core::{WcOpcode, WcStatus};
+
+use crate::sys::RawCompletion;
 
 /// What a taken slot carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +216,41 @@ impl SlotPool {
     }
 }
 
+/// Completions taken from a QP's CQ before the user polled for them (see the
+/// [module docs](self)), in CQ order. At most one per request posted to the hardware, so bounded
+/// by the QP's work requests.
+#[derive(Debug, Default)]
+pub(crate) struct Prefetched {
+    completions: VecDeque<RawCompletion>,
+    /// Whether any completion stored so far reported an error.
+    error: bool,
+}
+
+impl Prefetched {
+    /// Keeps `polled` (just taken from the CQ) for a later poll; whether the device has reported
+    /// an error completion so far, which means it has put the QP in ERR.
+    pub(crate) fn keep(&mut self, polled: &[RawCompletion]) -> bool {
+        self.error |= polled
+            .iter()
+            .any(|c| WcStatus::from_raw(c.status) != Some(WcStatus::Success));
+        self.completions.extend(polled.iter().copied());
+        self.error
+    }
+
+    /// Moves at most `max` of the kept completions, oldest first, to `out`; how many.
+    pub(crate) fn hand_out(&mut self, max: usize, out: &mut Vec<RawCompletion>) -> usize {
+        let n = max.min(self.completions.len());
+        out.extend(self.completions.drain(..n));
+        n
+    }
+
+    /// Completions kept and not handed out yet.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.completions.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,5 +364,41 @@ mod tests {
         assert_eq!(p.sends_outstanding(), 1, "nor can it be unposted");
         assert_eq!(p.next_flushed(), Some((Send, 1)));
         assert_eq!(p.sends_outstanding(), 0);
+    }
+
+    fn raw(wr_id: u64, status: WcStatus) -> RawCompletion {
+        RawCompletion {
+            wr_id,
+            status: status as u32,
+            byte_len: 0,
+        }
+    }
+
+    #[test]
+    fn an_unpolled_error_completion_from_the_device_is_seen_before_posting() {
+        let mut early = Prefetched::default();
+        assert!(!early.keep(&[]), "an empty CQ shows no error");
+        assert!(!early.keep(&[raw(0, WcStatus::Success)]));
+        // The device failed a send (retries exhausted) and flushed the receive behind it.
+        assert!(early.keep(&[raw(1, WcStatus::RetryExcErr), raw(2, WcStatus::WrFlushErr)]));
+        assert!(early.keep(&[]), "the error is remembered until the QP is gone");
+        assert_eq!(early.len(), 3);
+        let mut out = Vec::new();
+        assert_eq!(early.hand_out(2, &mut out), 2);
+        assert_eq!(early.hand_out(5, &mut out), 1);
+        assert_eq!(early.hand_out(5, &mut out), 0);
+        let ids: Vec<u64> = out.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, [0, 1, 2], "handed out in CQ order");
+    }
+
+    #[test]
+    fn a_status_verbs_does_not_name_counts_as_an_error() {
+        let mut early = Prefetched::default();
+        let unknown = RawCompletion {
+            wr_id: 0,
+            status: 999,
+            byte_len: 0,
+        };
+        assert!(early.keep(&[unknown]));
     }
 }

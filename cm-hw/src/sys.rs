@@ -2,10 +2,12 @@
 //! the two libc calls the event loop needs.
 //!
 //! Every wrapper owns one C object and is created only here, so a value of the type proves the C
-//! object is alive. None of them implements `Drop`: C objects are released explicitly, in
-//! librdmacm's order, by methods that consume the wrapper. Dropping a wrapper without releasing it
-//! leaks the C object, which is safe; releasing in the wrong order is refused, because the order
-//! is encoded in reference counts rather than left to the caller:
+//! object is alive. C objects are released explicitly, in librdmacm's order, by methods that
+//! consume the wrapper. Dropping a wrapper without releasing it leaks the C object, which is safe
+//! — except an [`Event`]: a leaked event would make `rdma_destroy_id` of its id block forever, so
+//! an event dropped unacked (a panic between retrieving and recording it, say) is acked by its
+//! drop ([`Guarded`]). Releasing in the wrong order is refused, because the order is encoded in
+//! reference counts rather than left to the caller:
 //!
 //! * every [`Id`] holds a counted reference to its [`Channel`]; [`Channel::destroy`] refuses while
 //!   any exists (librdmacm would free the channel under them);
@@ -32,6 +34,7 @@ use libc::c_void;
 use rdma_sys as ffi;
 
 use crate::convert::{self, RawSockAddr};
+use crate::guard::Guarded;
 
 /// An errno value.
 pub(crate) type Errno = i32;
@@ -143,7 +146,7 @@ impl Channel {
         check(unsafe { ffi::rdma_get_cm_event(self.inner.ptr.as_ptr(), &mut ev) })?;
         let ptr = NonNull::new(ev).ok_or(libc::EIO)?;
         Ok(Event {
-            ptr,
+            ptr: Guarded::new(ptr, ack_event),
             counted: None,
             child_taken: false,
         })
@@ -399,17 +402,30 @@ pub(crate) struct EventData {
     pub(crate) param: ConnParam,
 }
 
-/// A retrieved `rdma_cm_event`, not yet acked.
+/// A retrieved `rdma_cm_event`, not yet acked. Acked by [`ack`](Event::ack), or by its drop
+/// when it is dropped unacked (see the module docs).
 pub(crate) struct Event {
-    ptr: NonNull<ffi::rdma_cm_event>,
+    /// Declared first, so that a dropped event is acked before `counted` lets its id go.
+    ptr: Guarded<NonNull<ffi::rdma_cm_event>, i32>,
     /// The anchor of the id the event counts against, once bound.
     counted: Option<Rc<()>>,
     child_taken: bool,
 }
 
+/// `rdma_ack_cm_event`: the release of an [`Event`]'s guard, so it runs exactly once per event.
+fn ack_event(ev: &mut NonNull<ffi::rdma_cm_event>) -> i32 {
+    // SAFETY: the event is alive and acked once (the guard runs its release once). librdmacm
+    // touches the id it counts against, which is alive: librdmacm hands out no event for a
+    // destroyed id, and `rdma_destroy_id` of that id cannot have returned since, because it
+    // waits for this ack. A bound event keeps Id::destroy from even being called; an unbound
+    // one exists only inside the backend's retrieval of it, where no id is destroyed, and is
+    // dropped there (acked here) when that retrieval unwinds.
+    unsafe { ffi::rdma_ack_cm_event(ev.as_ptr()) }
+}
+
 impl Event {
     fn raw(&self) -> *mut ffi::rdma_cm_event {
-        self.ptr.as_ptr()
+        self.ptr.get().as_ptr()
     }
 
     /// The event type's raw value.
@@ -518,11 +534,10 @@ impl Event {
 
     /// `rdma_ack_cm_event`: frees the event and releases the id it counted against.
     pub(crate) fn ack(self) -> Result<(), Errno> {
-        // SAFETY: the event is alive and acked once (consumed here). librdmacm touches the id it
-        // counts against, which is alive: librdmacm hands out no event for a destroyed id, and
-        // `rdma_destroy_id` of that id cannot have returned since, because it waits for this ack
-        // (a bound event also keeps Id::destroy from even being called).
-        let ret = unsafe { ffi::rdma_ack_cm_event(self.raw()) };
+        let Event { ptr, counted, .. } = self;
+        let ret = ptr.finish();
+        // Only now may the id be destroyed.
+        drop(counted);
         check(ret)
     }
 }

@@ -7,8 +7,13 @@
 //! names an address nobody answers for (default: the `.254` host of `CM_HW_ADDR`'s /24).
 //! Without a device every test prints `skipped: <reason>` and passes.
 //!
+//! libtest has no run-time skip, so a skipped test shows as passed in its summary. The runner
+//! therefore keeps its own tally and its last test, [`zz_hw_summary`], prints
+//! `hw: N passed, M failed, K skipped` (the line the lab's summary reads; see [`tally`]).
+//!
 //! Not included here: `sim_only.rs`, whose tests need the simulator's seeds, virtual time or
-//! scale. Run with `--test-threads=1`: the tests share one device and one address.
+//! scale. Run with `--test-threads=1`: the tests share one device and one address, and the
+//! tally is complete only when the summary runs after every other test.
 
 #![cfg(feature = "hw")]
 #![allow(unreachable_pub)] // a test crate: `pub` only shares items between its modules
@@ -42,9 +47,11 @@ mod bed {
 
     pub fn new_bed() -> Option<Bed<Backend>> {
         if let Some(why) = unavailable() {
+            crate::tally::skipped();
             println!("skipped: {why}");
             return None;
         }
+        crate::tally::ran();
         let ip: IpAddr = std::env::var("CM_HW_ADDR").ok()?.parse().ok()?;
         let unreachable = match std::env::var("CM_HW_UNREACHABLE_ADDR") {
             Ok(a) => a.parse().expect("CM_HW_UNREACHABLE_ADDR is an IP address"),
@@ -108,3 +115,145 @@ mod misuse;
 
 #[path = "../conformance/props.rs"]
 mod props;
+
+/// Behaviour only a real device shows the way it matters here.
+mod hw_only {
+    use cm::core::{CmBackend, QpState, WcOpcode, WcStatus};
+
+    use crate::support::{completions, establish, let_time_pass, teardown};
+
+    /// rxe on Linux 6.1 never completes a receive posted on a QP that the device itself has put
+    /// in ERR; the backend must see the unpolled error completion and flush the receive.
+    #[test]
+    fn a_receive_posted_after_the_device_failed_the_qp_completes_flushed() {
+        let mut bed = bed!();
+        let conn = establish(&mut bed);
+        // A receive too short for the message: the device fails it and puts the client's QP in
+        // ERR, telling only through an error completion on the client's CQ.
+        bed.client.post_recv(conn.client.id, 1, 4).unwrap();
+        bed.server.post_send(conn.child, 2, &[7; 64]).unwrap();
+        let sent = completions(&mut bed.server, conn.child, 1);
+        assert_eq!(
+            sent.len(),
+            1,
+            "the server's send completes (with the NAK's error)"
+        );
+        let_time_pass(&mut bed.client);
+        assert_ne!(
+            bed.client.id_machine(conn.client.id).unwrap().qp(),
+            Some(QpState::Err),
+            "nothing was polled yet: only the device knows"
+        );
+
+        bed.client.post_recv(conn.client.id, 3, 64).unwrap();
+        let got = completions(&mut bed.client, conn.client.id, 2);
+        let seen: Vec<_> = got.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+        assert_eq!(seen.len(), 2, "both receives complete: {seen:?}");
+        assert_eq!((seen[0].0, seen[0].1), (1, WcOpcode::Recv));
+        assert_ne!(seen[0].2, WcStatus::Success, "the short receive failed: {seen:?}");
+        assert_eq!(seen[1], (3, WcOpcode::Recv, WcStatus::WrFlushErr));
+        assert_eq!(
+            bed.client.id_machine(conn.client.id).unwrap().qp(),
+            Some(QpState::Err)
+        );
+        teardown(&mut bed, conn);
+    }
+}
+
+/// Per-test outcomes, for the summary line libtest cannot print.
+///
+/// Why not a custom harness (`harness = false`): the conformance files are shared with the
+/// simulator runner and declare ordinary `#[test]` and `proptest!` tests, which only libtest
+/// collects. Instead every test that asks for a bed is recorded here by its thread's name
+/// (libtest runs each test on a thread named after it): skipped when the bed was refused, run
+/// otherwise, and failed when that thread panics (a panic hook; a failing proptest case ends in
+/// a panic too). [`zz_hw_summary`] sorts after every other test, and libtest runs tests in
+/// name order, so with `--test-threads=1` it sees them all.
+mod tally {
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, Once};
+
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Outcome {
+        Ran,
+        Skipped,
+        Failed,
+    }
+
+    static OUTCOMES: Mutex<BTreeMap<String, Outcome>> = Mutex::new(BTreeMap::new());
+
+    fn test_name() -> String {
+        std::thread::current()
+            .name()
+            .unwrap_or("(unnamed thread)")
+            .to_string()
+    }
+
+    fn outcomes() -> std::sync::MutexGuard<'static, BTreeMap<String, Outcome>> {
+        // A panic while the lock was held (none can happen inside) must not hide the tally.
+        OUTCOMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records `outcome` for the running test unless it already failed (a property test asks
+    /// for a bed once per case).
+    fn record(outcome: Outcome) {
+        static HOOK: Once = Once::new();
+        HOOK.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                outcomes().insert(test_name(), Outcome::Failed);
+                previous(info);
+            }));
+        });
+        let mut all = outcomes();
+        let entry = all.entry(test_name()).or_insert(outcome);
+        if *entry != Outcome::Failed {
+            *entry = outcome;
+        }
+    }
+
+    /// The running test got a bed.
+    pub fn ran() {
+        record(Outcome::Ran);
+    }
+
+    /// The running test was refused a bed and returns without testing anything.
+    pub fn skipped() {
+        record(Outcome::Skipped);
+    }
+
+    /// `(passed, failed, skipped)` so far.
+    pub fn counts() -> (usize, usize, usize) {
+        let all = outcomes();
+        let n = |o| all.values().filter(|&&v| v == o).count();
+        (n(Outcome::Ran), n(Outcome::Failed), n(Outcome::Skipped))
+    }
+
+    /// The summary line: `hw: N passed, M failed, K skipped`.
+    pub fn line((passed, failed, skipped): (usize, usize, usize)) -> String {
+        format!("hw: {passed} passed, {failed} failed, {skipped} skipped")
+    }
+
+    #[test]
+    fn the_summary_line_has_the_format_the_lab_reads() {
+        assert_eq!(line((29, 1, 2)), "hw: 29 passed, 1 failed, 2 skipped");
+    }
+}
+
+/// Prints the runner's own summary (see [`tally`]). Named to sort after every other test.
+#[test]
+fn zz_hw_summary() {
+    use std::io::Write;
+
+    let single_threaded = std::env::args().any(|a| a == "--test-threads=1")
+        || std::env::var("RUST_TEST_THREADS").is_ok_and(|v| v == "1");
+    let mut line = tally::line(tally::counts());
+    if !single_threaded {
+        line.push_str(" (incomplete: run with --test-threads=1 to count every test)");
+    }
+    // Straight to the process's stdout, past libtest's capture of `println!`, so the line shows
+    // without --nocapture too; on a line of its own after libtest's "test zz_hw_summary ... ".
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\n{line}").expect("stdout");
+    out.flush().expect("stdout");
+}
