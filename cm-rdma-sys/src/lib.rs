@@ -4,7 +4,8 @@
 // newer compiler or bindgen adds one. The code below is upstream's, kept as it is, so the lints
 // that its generated and hand-ported FFI code trips are allowed rather than rewritten.
 #![allow(non_snake_case, non_camel_case_types, non_upper_case_globals)]
-#![allow(deref_nullptr, unnecessary_transmutes, missing_docs)]
+// `unknown_lints`: the oldest supported compiler (rust-version) predates `unnecessary_transmutes`.
+#![allow(unknown_lints, deref_nullptr, unnecessary_transmutes, missing_docs)]
 #![allow(clippy::all)]
 
 use libc::*;
