@@ -1,9 +1,10 @@
 //! rdma-sys 0.3.0's build script on bindgen 0.73 (0.59 panics on libclang 16 and newer).
 //!
-//! Changes from upstream: the bindgen options that bindgen removed (`rustfmt_bindings`,
-//! `size_t_is_usize`, `disable_untagged_union`) are replaced by their current spelling (`bindgen_wrapper_union(".*")`), and a
-//! docs.rs build (`DOCS_RS` set, no rdma-core headers and no libclang there) uses bindings
-//! generated ahead of time from rdma-core v44 instead of running bindgen and pkg-config.
+//! Changes from upstream, for options bindgen has since removed: `size_t_is_usize` is now the
+//! default, `rustfmt_bindings` gave way to the default formatter (prettyplease, no rustfmt
+//! needed), and `disable_untagged_union` is spelt `bindgen_wrapper_union(".*")`. New: a docs.rs
+//! build (`DOCS_RS` set, no rdma-core headers and no libclang there) uses bindings generated
+//! ahead of time from rdma-core v44 instead of running bindgen and pkg-config.
 use std::env;
 use std::path::Path;
 
