@@ -46,7 +46,10 @@ pub mod errno {
 }
 
 /// The librdmacm call (or verbs call of the data path) an error is about.
+///
+/// `#[non_exhaustive]`: the trait gains calls as it covers more of librdmacm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 #[allow(missing_docs)] // one variant per call, named after it
 pub enum Call {
     CreateEventChannel,
