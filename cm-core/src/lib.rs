@@ -27,3 +27,8 @@ pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
 pub use handle::{next_backend_tag, ChannelHandle, HandleKind, IdHandle};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
