@@ -465,6 +465,23 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_event_changes_no_state_and_is_only_counted() {
+        // What a backend does with an event from a newer librdmacm: the machine refuses it as a
+        // transition, and the backend records it with count_event so destroy waits for its ack.
+        let m = crate::IdMachine::new(crate::PortSpace::Tcp);
+        for ty in [
+            CmEventType::Unknown(42),
+            CmEventType::User,
+            CmEventType::AddrinfoResolved,
+        ] {
+            assert!(m.on_event(ty).is_err(), "{ty}");
+            let counted = m.count_event();
+            assert_eq!(counted.unacked(), m.unacked() + 1);
+            assert_eq!(counted.state(), m.state());
+        }
+    }
+
+    #[test]
     fn private_data_pads_with_zeros_and_keeps_true_length() {
         let pd = PrivateData::new(b"hello");
         assert_eq!(pd.len(), 5);
