@@ -21,6 +21,9 @@ ROOT=$WORK/root                 # initramfs staging tree
 OUT=$WORK/out                   # console log split per suite
 CONSOLE_LOG=$WORK/console.log
 MULTIARCH=x86_64-linux-gnu
+# as_root: root directly, or through sudo.
+# shellcheck source=../scripts/as-root.sh
+. "$REPO/scripts/as-root.sh"
 
 MODE=run
 CONNECTIONS=1000
@@ -158,7 +161,8 @@ cleanup() {
 }
 
 # ---------------------------------------------------------------- host setup --
-# Install what is missing (as root, non-interactively) so a fresh CI machine works.
+# Install what is missing (non-interactively, as root or through sudo) so a fresh CI machine
+# works.
 # Entries are "probe:package"; a probe is a command name or an absolute file path.
 ensure_host_tools() {
   [[ $(uname -m) == x86_64 ]] || die "host must be x86_64 (its binaries are copied into the guest)"
@@ -184,11 +188,11 @@ ensure_host_tools() {
     [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
   done
   ((${#missing[@]} == 0)) && return 0
-  [[ $EUID -eq 0 ]] || die "missing packages: ${missing[*]} (run as root, or apt-get install them)"
   log "installing ${missing[*]}"
-  timeout "$APT_TIMEOUT" apt-get update -qq || die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive timeout "$APT_TIMEOUT" \
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" || die "apt-get install failed"
+  as_root timeout "$APT_TIMEOUT" apt-get update -qq \
+    || die "apt-get update failed (missing packages: ${missing[*]}; run as root or with sudo, or apt-get install them)"
+  as_root env DEBIAN_FRONTEND=noninteractive timeout "$APT_TIMEOUT" \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" || die "apt-get install ${missing[*]} failed"
 }
 
 # ------------------------------------------------------------------- kernel --
@@ -242,8 +246,8 @@ fetch_kernel() {
 resolve_kernel_pkg() {
   local p
   p=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }')
-  if [[ -z $p && $EUID -eq 0 ]]; then
-    timeout "$APT_TIMEOUT" apt-get update -qq >&2 || return 1
+  if [[ -z $p ]]; then
+    as_root timeout "$APT_TIMEOUT" apt-get update -qq >&2 || return 1
     p=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }')
   fi
   [[ -n $p ]] && echo "$p"
@@ -801,4 +805,7 @@ main() {
   summarize
 }
 
-main "$@"
+# Sourcing the script (for its functions) runs nothing.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+  main "$@"
+fi

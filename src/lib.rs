@@ -3,10 +3,20 @@
 //!
 //! * [`core`]: the [`CmBackend`] trait, librdmacm's types, the shared [`CmError`] and the
 //!   id/QP state machine.
-//! * [`sim`]: the seeded in-memory fabric ([`SimFabric`]), for property tests without hardware.
-//! * `hw` (feature `hw`): the same trait over the real librdmacm (`cm_hw::HwBackend`).
+//! * `sim` (default feature `sim`): the seeded in-memory fabric ([`SimFabric`], [`SimHost`]), for
+//!   tests without hardware.
+//! * `hw` (feature `hw`): the same trait over the real librdmacm ([`HwBackend`]); needs the
+//!   rdma-core development packages and libclang to build.
+//!
+//! A hardware-only user turns the simulator off: `cm = { version = "0.1", default-features =
+//! false, features = ["hw"] }`.
+//!
+//! Errors convert into [`std::io::Error`] with the kind of their errno, for code that speaks
+//! `io::Result`.
 //!
 //! ```
+//! # #[cfg(feature = "sim")]
+//! # fn main() -> Result<(), cm::CmError> {
 //! use std::time::Duration;
 //! use cm::{CmBackend, CmEventType, PortSpace, SimFabric};
 //!
@@ -21,24 +31,42 @@
 //! client.destroy_id(id)?;
 //! client.destroy_event_channel(ch)?;
 //! assert!(client.live_resources().is_clean());
-//! # Ok::<(), cm::CmError>(())
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sim"))]
+//! # fn main() {}
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// docs.rs builds with `--cfg docsrs` on nightly: show which feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use cm_core as core;
+
+/// The deterministic simulator (`cm-sim`).
+#[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub use cm_sim as sim;
 
+/// The hardware backend over librdmacm (`cm-hw`).
 #[cfg(feature = "hw")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hw")))]
 pub use cm_hw as hw;
 
 pub use cm_core::{
-    ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, PortSpace, QpCaps,
-    QpState, WcStatus, WorkCompletion,
+    ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, LiveResources,
+    PortSpace, PrivateData, QpCaps, QpState, Result, WcOpcode, WcStatus, WorkCompletion,
 };
+
+#[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub use cm_sim::{SimFabric, SimHost};
+
+#[cfg(feature = "hw")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hw")))]
+pub use cm_hw::HwBackend;
 
 /// The README's Rust examples, compiled and run as doc tests so they stay true.
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "sim"))]
 pub struct ReadmeDoctests;

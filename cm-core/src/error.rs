@@ -49,7 +49,10 @@ pub mod errno {
 }
 
 /// The librdmacm call (or verbs call of the data path) an error is about.
+///
+/// `#[non_exhaustive]`: the trait gains calls as it covers more of librdmacm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 #[allow(missing_docs)] // one variant per call, named after it
 pub enum Call {
     CreateEventChannel,
@@ -402,9 +405,105 @@ pub fn errno_text(errno: i32) -> String {
     text.to_owned()
 }
 
+impl CmError {
+    /// The [`std::io::ErrorKind`] of [`errno`](Self::errno), by Linux numbering (the one librdmacm
+    /// reports in) whatever the host, so the answer does not depend on the platform's libc.
+    pub const fn io_error_kind(&self) -> std::io::ErrorKind {
+        use errno::*;
+        use std::io::ErrorKind as K;
+        match self.errno() {
+            ENOENT => K::NotFound,
+            ENOMEM => K::OutOfMemory,
+            EBUSY => K::ResourceBusy,
+            EINVAL | EBADF => K::InvalidInput,
+            ENOSYS | EOPNOTSUPP => K::Unsupported,
+            EADDRINUSE => K::AddrInUse,
+            EADDRNOTAVAIL => K::AddrNotAvailable,
+            ENETUNREACH => K::NetworkUnreachable,
+            EHOSTUNREACH => K::HostUnreachable,
+            ETIMEDOUT => K::TimedOut,
+            ECONNREFUSED => K::ConnectionRefused,
+            _ => K::Other,
+        }
+    }
+}
+
+/// An `io::Error` whose kind follows the errno ([`CmError::io_error_kind`]) and which carries the
+/// `CmError` itself, so its message and [`CmError::errno`] stay reachable through
+/// [`std::io::Error::get_ref`].
+///
+/// ```
+/// use std::io;
+/// use cm_core::{Call, CmError};
+///
+/// let err = CmError::AddrInUse { call: Call::BindAddr };
+/// let io: io::Error = err.clone().into();
+/// assert_eq!(io.kind(), io::ErrorKind::AddrInUse);
+/// assert_eq!(io.to_string(), err.to_string());
+/// assert_eq!(io.get_ref().and_then(|e| e.downcast_ref::<CmError>()), Some(&err));
+/// ```
+impl From<CmError> for std::io::Error {
+    fn from(err: CmError) -> Self {
+        std::io::Error::new(err.io_error_kind(), err)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_errors_take_their_kind_from_the_errno_and_keep_the_cm_error() {
+        use std::io::ErrorKind as K;
+        let cases = [
+            (CmError::AddrInUse { call: Call::BindAddr }, K::AddrInUse),
+            (
+                CmError::AddrNotAvailable {
+                    call: Call::ResolveAddr,
+                },
+                K::AddrNotAvailable,
+            ),
+            (CmError::QpAttached, K::ResourceBusy),
+            (CmError::EventNotOutstanding, K::InvalidInput),
+            (
+                CmError::Os {
+                    call: Call::Connect,
+                    errno: errno::ETIMEDOUT,
+                },
+                K::TimedOut,
+            ),
+            (
+                CmError::Os {
+                    call: Call::Connect,
+                    errno: errno::ECONNREFUSED,
+                },
+                K::ConnectionRefused,
+            ),
+            (
+                CmError::Os {
+                    call: Call::ResolveAddr,
+                    errno: errno::EHOSTUNREACH,
+                },
+                K::HostUnreachable,
+            ),
+            (
+                CmError::Os {
+                    call: Call::Connect,
+                    errno: 4242,
+                },
+                K::Other,
+            ),
+        ];
+        for (err, kind) in cases {
+            let io = std::io::Error::from(err.clone());
+            assert_eq!(io.kind(), kind, "{err}");
+            assert_eq!(io.to_string(), err.to_string());
+            let inner = io.into_inner().expect("the CmError is kept");
+            let back = inner.downcast::<CmError>().expect("it is a CmError");
+            assert_eq!(back.errno(), err.errno());
+            assert_eq!(*back, err);
+        }
+    }
 
     #[test]
     fn every_variant_knows_its_errno() {

@@ -4,49 +4,79 @@ use std::fmt;
 
 use crate::handle::IdHandle;
 
-/// The event types of `enum rdma_cm_event_type` in rdma-core v44, with the same numeric values.
+/// The event types of `enum rdma_cm_event_type`, with rdma-core's numeric values: the sixteen
+/// of rdma-core v44 and the four newer ones (`ADDRINFO_RESOLVED`, `ADDRINFO_ERROR`, `USER`,
+/// `INTERNAL`).
 ///
-/// `Display` prints the name `rdma_event_str` prints (`RDMA_CM_EVENT_ADDR_RESOLVED`, ...).
+/// librdmacm still grows this enum, so it is `#[non_exhaustive]`, and a number this crate does
+/// not know (from a newer librdmacm) is kept as [`CmEventType::Unknown`] rather than dropped.
+///
+/// `Display` prints the name `rdma_event_str` prints (`RDMA_CM_EVENT_ADDR_RESOLVED`, ...); for an
+/// unknown number it adds the number to `rdma_event_str`'s `UNKNOWN EVENT`.
+///
+/// ```
+/// use cm_core::CmEventType;
+///
+/// assert_eq!(CmEventType::from(9), CmEventType::Established);
+/// assert_eq!(CmEventType::from(18), CmEventType::User);
+/// let newer = CmEventType::from(42);
+/// assert_eq!(newer, CmEventType::Unknown(42));
+/// assert_eq!(newer.raw(), 42);
+/// assert_eq!(newer.to_string(), "UNKNOWN EVENT (42)");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
+#[non_exhaustive]
 pub enum CmEventType {
-    /// Address resolution finished; the id now has a device.
-    AddrResolved = 0,
-    /// Address resolution failed or timed out (status is a negative errno).
-    AddrError = 1,
-    /// Route resolution finished.
-    RouteResolved = 2,
-    /// Route resolution failed.
-    RouteError = 3,
-    /// A connection request arrived on a listener; the event's id is the new child id.
-    ConnectRequest = 4,
-    /// A reply arrived on an id without a QP (the application must establish by itself).
-    ConnectResponse = 5,
-    /// Establishing the connection failed locally.
-    ConnectError = 6,
-    /// The remote end did not answer (status is `-ETIMEDOUT` or a SIDR status).
-    Unreachable = 7,
-    /// The remote end rejected the connection (status is the IB CM reject reason).
-    Rejected = 8,
-    /// The connection is established.
-    Established = 9,
-    /// The connection is disconnected.
-    Disconnected = 10,
-    /// The RDMA device went away; only `rdma_destroy_id` is legal afterwards.
-    DeviceRemoval = 11,
-    /// A multicast join finished.
-    MulticastJoin = 12,
-    /// A multicast join failed or the group was lost.
-    MulticastError = 13,
-    /// The address of the bound net device changed (bonding fail-over).
-    AddrChange = 14,
-    /// The IB CM timewait period after a disconnect has ended.
-    TimewaitExit = 15,
+    /// Address resolution finished; the id now has a device (0).
+    AddrResolved,
+    /// Address resolution failed or timed out (status is a negative errno) (1).
+    AddrError,
+    /// Route resolution finished (2).
+    RouteResolved,
+    /// Route resolution failed (3).
+    RouteError,
+    /// A connection request arrived on a listener; the event's id is the new child id (4).
+    ConnectRequest,
+    /// A reply arrived on an id without a QP (the application must establish by itself) (5).
+    ConnectResponse,
+    /// Establishing the connection failed locally (6).
+    ConnectError,
+    /// The remote end did not answer (status is `-ETIMEDOUT` or a SIDR status) (7).
+    Unreachable,
+    /// The remote end rejected the connection (status is the IB CM reject reason) (8).
+    Rejected,
+    /// The connection is established (9).
+    Established,
+    /// The connection is disconnected (10).
+    Disconnected,
+    /// The RDMA device went away; only `rdma_destroy_id` is legal afterwards (11).
+    DeviceRemoval,
+    /// A multicast join finished (12).
+    MulticastJoin,
+    /// A multicast join failed or the group was lost (13).
+    MulticastError,
+    /// The address of the bound net device changed (bonding fail-over) (14).
+    AddrChange,
+    /// The IB CM timewait period after a disconnect has ended (15).
+    TimewaitExit,
+    /// `rdma_resolve_addrinfo` finished (16; rdma-core after v44).
+    AddrinfoResolved,
+    /// `rdma_resolve_addrinfo` failed (17; rdma-core after v44).
+    AddrinfoError,
+    /// An event the application queued itself with `rdma_write_cm_event` (18; rdma-core after
+    /// v44).
+    User,
+    /// librdmacm's internal step of address-info resolution, never handed out by librdmacm
+    /// itself (19; rdma-core after v44).
+    Internal,
+    /// A number this crate does not know, from a newer librdmacm; handed out rather than dropped
+    /// so that the application can still ack it and log it.
+    Unknown(u32),
 }
 
 impl CmEventType {
-    /// Every event type, in numeric order.
-    pub const ALL: [CmEventType; 16] = [
+    /// Every event type this crate knows, in numeric order (without [`CmEventType::Unknown`]).
+    pub const ALL: [CmEventType; 20] = [
         CmEventType::AddrResolved,
         CmEventType::AddrError,
         CmEventType::RouteResolved,
@@ -63,19 +93,47 @@ impl CmEventType {
         CmEventType::MulticastError,
         CmEventType::AddrChange,
         CmEventType::TimewaitExit,
+        CmEventType::AddrinfoResolved,
+        CmEventType::AddrinfoError,
+        CmEventType::User,
+        CmEventType::Internal,
     ];
 
-    /// The event type with librdmacm's numeric value `value`, if there is one.
+    /// The known event type with librdmacm's numeric value `value`, if this crate knows it; see
+    /// `From<u32>` for a conversion that keeps unknown numbers.
     pub fn from_raw(value: u32) -> Option<Self> {
         Self::ALL.get(value as usize).copied()
     }
 
     /// librdmacm's numeric value.
     pub const fn raw(self) -> u32 {
-        self as u32
+        match self {
+            CmEventType::AddrResolved => 0,
+            CmEventType::AddrError => 1,
+            CmEventType::RouteResolved => 2,
+            CmEventType::RouteError => 3,
+            CmEventType::ConnectRequest => 4,
+            CmEventType::ConnectResponse => 5,
+            CmEventType::ConnectError => 6,
+            CmEventType::Unreachable => 7,
+            CmEventType::Rejected => 8,
+            CmEventType::Established => 9,
+            CmEventType::Disconnected => 10,
+            CmEventType::DeviceRemoval => 11,
+            CmEventType::MulticastJoin => 12,
+            CmEventType::MulticastError => 13,
+            CmEventType::AddrChange => 14,
+            CmEventType::TimewaitExit => 15,
+            CmEventType::AddrinfoResolved => 16,
+            CmEventType::AddrinfoError => 17,
+            CmEventType::User => 18,
+            CmEventType::Internal => 19,
+            CmEventType::Unknown(raw) => raw,
+        }
     }
 
-    /// The name `rdma_event_str` gives this event.
+    /// The name `rdma_event_str` gives this event (`UNKNOWN EVENT` for an unknown number, as
+    /// there).
     pub const fn name(self) -> &'static str {
         match self {
             CmEventType::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
@@ -94,13 +152,29 @@ impl CmEventType {
             CmEventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
             CmEventType::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
             CmEventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+            CmEventType::AddrinfoResolved => "RDMA_CM_EVENT_ADDRINFO_RESOLVED",
+            CmEventType::AddrinfoError => "RDMA_CM_EVENT_ADDRINFO_ERROR",
+            CmEventType::User => "RDMA_CM_EVENT_USER",
+            CmEventType::Internal => "RDMA_CM_EVENT_INTERNAL",
+            CmEventType::Unknown(_) => "UNKNOWN EVENT",
         }
+    }
+}
+
+impl From<u32> for CmEventType {
+    /// The event type with librdmacm's numeric value `raw`; [`CmEventType::Unknown`] when this
+    /// crate does not know the number.
+    fn from(raw: u32) -> Self {
+        Self::from_raw(raw).unwrap_or(CmEventType::Unknown(raw))
     }
 }
 
 impl fmt::Display for CmEventType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            CmEventType::Unknown(raw) => write!(f, "{} ({raw})", self.name()),
+            known => f.write_str(known.name()),
+        }
     }
 }
 
@@ -353,7 +427,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_numbers_and_names_match_rdma_core_v44() {
+    fn event_numbers_and_names_match_rdma_core() {
         assert_eq!(CmEventType::AddrResolved.raw(), 0);
         assert_eq!(CmEventType::ConnectRequest.raw(), 4);
         assert_eq!(CmEventType::Rejected.raw(), 8);
@@ -364,11 +438,47 @@ mod tests {
             assert_eq!(CmEventType::from_raw(n as u32), Some(*ty));
             assert!(ty.to_string().starts_with("RDMA_CM_EVENT_"));
         }
-        assert_eq!(CmEventType::from_raw(16), None);
+        assert_eq!(CmEventType::AddrinfoResolved.raw(), 16);
+        assert_eq!(CmEventType::AddrinfoError.raw(), 17);
+        assert_eq!(CmEventType::User.raw(), 18);
+        assert_eq!(CmEventType::Internal.raw(), 19);
+        assert_eq!(CmEventType::User.to_string(), "RDMA_CM_EVENT_USER");
+        assert_eq!(CmEventType::from_raw(20), None);
         assert_eq!(
             CmEventType::Disconnected.to_string(),
             "RDMA_CM_EVENT_DISCONNECTED"
         );
+    }
+
+    #[test]
+    fn numbers_from_a_newer_librdmacm_are_kept_not_dropped() {
+        for raw in [20, 21, 255, u32::MAX] {
+            let ty = CmEventType::from(raw);
+            assert_eq!(ty, CmEventType::Unknown(raw));
+            assert_eq!(ty.raw(), raw);
+            assert_eq!(ty.name(), "UNKNOWN EVENT");
+            assert_eq!(ty.to_string(), format!("UNKNOWN EVENT ({raw})"));
+        }
+        for ty in CmEventType::ALL {
+            assert_eq!(CmEventType::from(ty.raw()), ty);
+        }
+    }
+
+    #[test]
+    fn an_unknown_event_changes_no_state_and_is_only_counted() {
+        // What a backend does with an event from a newer librdmacm: the machine refuses it as a
+        // transition, and the backend records it with count_event so destroy waits for its ack.
+        let m = crate::IdMachine::new(crate::PortSpace::Tcp);
+        for ty in [
+            CmEventType::Unknown(42),
+            CmEventType::User,
+            CmEventType::AddrinfoResolved,
+        ] {
+            assert!(m.on_event(ty).is_err(), "{ty}");
+            let counted = m.count_event();
+            assert_eq!(counted.unacked(), m.unacked() + 1);
+            assert_eq!(counted.state(), m.state());
+        }
     }
 
     #[test]

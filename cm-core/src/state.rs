@@ -35,7 +35,10 @@ use crate::event::CmEventType;
 use crate::types::{PortSpace, PrivateDataSlot};
 
 /// `enum rdma_cm_state` of the kernel's `cma.c`.
+///
+/// `#[non_exhaustive]`: newer kernels add states (`ADDRINFO_QUERY`, `ADDRINFO_RESOLVED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum IdState {
     /// Created, nothing bound.
     Idle,
@@ -200,7 +203,7 @@ impl fmt::Display for IllegalEvent {
 
 impl std::error::Error for IllegalEvent {}
 
-/// The legality state of one id and its QP; see the [module docs](self).
+/// The legality state of one id and its QP: which calls and events are legal in which state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IdMachine {
     state: IdState,

@@ -5,8 +5,12 @@ use std::fmt;
 use crate::error::{Call, CmError};
 
 /// `enum rdma_port_space`, with librdmacm's numeric values.
+///
+/// `#[non_exhaustive]`: the kernel's list of port spaces is longer (and may grow) than the four
+/// librdmacm exposes today.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
+#[non_exhaustive]
 pub enum PortSpace {
     /// `RDMA_PS_IPOIB`: unreliable datagram, IB links only.
     IpoIb = 0x0002,
@@ -160,8 +164,12 @@ impl Default for QpCaps {
 }
 
 /// `enum ibv_wc_status` with verbs' numeric values; `Display` prints `ibv_wc_status_str`'s text.
+///
+/// `#[non_exhaustive]` because verbs adds statuses (the tag-matching ones came in rdma-core v20);
+/// a backend reports a status it does not know as [`WcStatus::GeneralErr`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
+#[non_exhaustive]
 #[allow(missing_docs)] // one-to-one with ibv_wc_status; the strings below document them
 pub enum WcStatus {
     Success = 0,

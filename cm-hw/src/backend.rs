@@ -282,7 +282,7 @@ impl HwBackend {
         index
     }
 
-    /// Acks an event the backend does not hand out (unknown type or id), destroying the child a
+    /// Acks an event the backend does not hand out (an id it does not know), destroying the child a
     /// `CONNECT_REQUEST` brought (its request is then never seen by anyone).
     fn discard(&mut self, channel: u32, mut raw: sys::Event) {
         if let Some(ch) = self.channels.at(channel) {
@@ -301,10 +301,9 @@ impl HwBackend {
     /// does not block in `rdma_destroy_id` on an event nobody can ack; at worst a child id taken
     /// from a `CONNECT_REQUEST` and not yet registered is leaked (with its channel), never a hang.
     fn admit(&mut self, channel: u32, mut raw: sys::Event) -> Option<CmEvent> {
-        let Some(ty) = CmEventType::from_raw(raw.event_type()) else {
-            self.discard(channel, raw);
-            return None;
-        };
+        // A number from a newer librdmacm is handed out as `Unknown`, not dropped: the id's
+        // machine refuses it as an event, so it is only counted, like any illegal real event.
+        let ty = CmEventType::from(raw.event_type());
         let counted = match self.by_addr.get(&raw.counted_addr()) {
             Some(&i) if self.ids.at(i).is_some_and(|e| e.channel == channel) => i,
             _ => {

@@ -61,3 +61,8 @@ pub use faults::{Fault, FaultAt, FaultSchedule, FaultStats, Swarm};
 pub use host::SimHost;
 pub use time::SimTime;
 pub use trace::{MsgKind, TraceMode, TraceRecord, TraceWhat};
+
+/// The README's examples, compiled and run as doc tests so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
