@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub use cm_async as app;
 pub use cm_core as core;
 pub use cm_sim as sim;
 

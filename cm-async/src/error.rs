@@ -89,3 +89,9 @@ impl Error {
 
 /// Result of the layer's operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::runtime::Elapsed> for Error {
+    fn from(_: crate::runtime::Elapsed) -> Self {
+        Error::TimedOut { op: "operation" }
+    }
+}
