@@ -22,8 +22,8 @@ pub struct ConnOptions {
     pub private_data: Vec<u8>,
     /// Given to `rdma_resolve_addr` / `rdma_resolve_route`: `ADDR_ERROR` / `ROUTE_ERROR` after it.
     pub resolve_timeout: Duration,
-    /// Bound on the whole of [`Cm::connect`]; the IB CM's own retries end sooner on a healthy
-    /// fabric (`UNREACHABLE` after its response timeouts).
+    /// Bound on the whole of [`Cm::connect`]. The default, 120 s, lets the IB CM's own retries
+    /// end first (`UNREACHABLE` after 15 response timeouts of about 4.3 s).
     pub connect_timeout: Duration,
     /// Bound on [`Connection::disconnect`]: the wait for `DISCONNECTED` and the flush.
     pub disconnect_timeout: Duration,
@@ -38,8 +38,8 @@ impl Default for ConnOptions {
         ConnOptions {
             private_data: Vec::new(),
             resolve_timeout: Duration::from_secs(2),
-            connect_timeout: Duration::from_secs(60),
-            disconnect_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(120),
+            disconnect_timeout: Duration::from_secs(120),
             recv_depth: 4,
             caps: QpCaps::new(),
         }
@@ -168,12 +168,9 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
         Ok(self.sh.st.borrow_mut().b.get_local_addr(self.id)?)
     }
 
-    /// The next connection: waits for a `CONNECT_REQUEST`, gives the new id a QP with its
-    /// receives posted, and accepts it. Returns the connection and the request's private data
-    /// (padded by the IB CM to 56 bytes). A request whose set-up fails is refused and the wait
-    /// goes on; the passive side's `ESTABLISHED` is taken by the connection's first operation.
-    /// Dropping the future halfway leaves nothing behind.
-    pub async fn accept(&self) -> Result<(Connection<B, R>, Vec<u8>)> {
+    /// The next connection request, to accept or reject. Dropping the future halfway leaves
+    /// nothing behind; dropping the [`Request`] rejects it.
+    pub async fn request(&self) -> Result<Request<B, R>> {
         loop {
             let ev = next_event(&self.sh, self.id).await?;
             match ev.ty {
@@ -182,13 +179,76 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
                 _ => continue,
             }
             let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.opts);
-            let accepted = conn.set_up_qp(&self.opts).and_then(|()| {
-                let param = ConnParam::new().with_private_data(&self.opts.private_data);
-                Ok(self.sh.st.borrow_mut().b.accept(ev.id, &param)?)
+            conn.peer_data = ev.private_data;
+            return Ok(Request {
+                conn: Some(conn),
+                opts: self.opts.clone(),
             });
-            if accepted.is_ok() {
-                conn.peer_data = ev.private_data.clone();
-                return Ok((conn, ev.private_data));
+        }
+    }
+
+    /// The next connection: waits for a `CONNECT_REQUEST`, gives the new id a QP with its
+    /// receives posted, and accepts it. Returns the connection and the request's private data
+    /// (padded by the IB CM to 56 bytes). A request whose set-up fails is refused and the wait
+    /// goes on; the passive side's `ESTABLISHED` is taken by the connection's first operation.
+    /// Dropping the future halfway leaves nothing behind.
+    pub async fn accept(&self) -> Result<(Connection<B, R>, Vec<u8>)> {
+        loop {
+            let req = self.request().await?;
+            let data = req.private_data().to_vec();
+            if let Ok(conn) = req.accept() {
+                return Ok((conn, data));
+            }
+        }
+    }
+}
+
+/// A connection request not answered yet. Dropping it rejects it (without private data).
+#[must_use = "dropping a Request rejects it"]
+pub struct Request<B: CmBackend, R: Runtime> {
+    conn: Option<Connection<B, R>>,
+    opts: ConnOptions,
+}
+
+impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
+    fn conn(&self) -> &Connection<B, R> {
+        self.conn.as_ref().expect("a request holds its id until answered")
+    }
+
+    /// The private data of the request (padded by the IB CM to 56 bytes).
+    pub fn private_data(&self) -> &[u8] {
+        &self.conn().peer_data
+    }
+
+    /// The requester's address.
+    pub fn peer_addr(&self) -> Result<Option<SocketAddr>> {
+        self.conn().peer_addr()
+    }
+
+    /// Gives the new id a QP with its receives posted and accepts (`rdma_accept`, with the
+    /// listener's private data). On failure the id is released.
+    pub fn accept(mut self) -> Result<Connection<B, R>> {
+        let mut conn = self.conn.take().expect("a request holds its id until answered");
+        conn.set_up_qp(&self.opts)?;
+        let param = ConnParam::new().with_private_data(&self.opts.private_data);
+        conn.sh.st.borrow_mut().b.accept(conn.id, &param)?;
+        Ok(conn)
+    }
+
+    /// Rejects (`rdma_reject` with `private_data`: the requester gets [`Error::Rejected`] with it)
+    /// and releases the id.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        let conn = self.conn.take().expect("a request holds its id until answered");
+        let r = conn.sh.st.borrow_mut().b.reject(conn.id, private_data);
+        Ok(r?)
+    }
+}
+
+impl<B: CmBackend, R: Runtime> Drop for Request<B, R> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if let Ok(mut st) = conn.sh.st.try_borrow_mut() {
+                let _ = st.b.reject(conn.id, &[]);
             }
         }
     }

@@ -9,6 +9,6 @@ mod error;
 mod runtime;
 pub mod sim;
 
-pub use conn::{Closed, Cm, ConnOptions, Connection, Listener};
+pub use conn::{Closed, Cm, ConnOptions, Connection, Listener, Request};
 pub use error::{Error, Result};
 pub use runtime::{Elapsed, JoinHandle, Runtime};
