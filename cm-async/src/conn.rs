@@ -23,7 +23,7 @@ pub struct ConnOptions {
     /// Given to `rdma_resolve_addr` / `rdma_resolve_route`: `ADDR_ERROR` / `ROUTE_ERROR` after it.
     pub resolve_timeout: Duration,
     /// Bound on the whole of [`Cm::connect`]. The default, 120 s, lets the IB CM's own retries
-    /// end first (`UNREACHABLE` after 15 response timeouts of about 4.3 s).
+    /// end first (`UNREACHABLE` after 16 tries of about 4.3 s each).
     pub connect_timeout: Duration,
     /// Bound on [`Connection::disconnect`]: the wait for `DISCONNECTED` and the flush.
     pub disconnect_timeout: Duration,
