@@ -2,14 +2,22 @@
 //!
 //! N connections from a client to a listener, each step run for all connections at once and
 //! timed the way cmtime (v44) times it: the whole step (`total ms`), the slowest and fastest
-//! single connection (`max ms`, `min us`) and `total / N` (`us / conn`). Both ends run in this
-//! process on one thread; the server accepts every request and, on `DISCONNECTED`, disconnects
-//! and destroys its id, as cmtime's server threads do.
+//! single connection (`max ms`, `min us`) and `total / N` (`us / conn`). The server accepts every
+//! request and, on `DISCONNECTED`, disconnects and destroys its id, as cmtime's server threads do.
+//!
+//! On the simulator both ends run in this process on one thread, on the raw trait, so that a seed
+//! gives one trace. On hardware the server runs on a thread of its own with its own backend while
+//! the client runs on the main thread, as rdma-core's cmtime runs its server and client
+//! concurrently, so the two tables compare step by step. `--role server` runs the server alone
+//! (it serves `--connections` connections, then exits) and `--role client` the client alone, each
+//! interoperating with rdma-core's `cmtime` as the other end.
 //!
 //! ```text
 //! cargo run --release --example cmtime                          # simulator, 1000 connections
 //! cargo run --release --example cmtime -- --connections 100000 --seed 7
 //! cargo run --release --features hw --example cmtime -- --backend hw --bind 10.0.0.1 --server 10.0.0.1
+//! cargo run --release --features hw --example cmtime -- --backend hw --role server --bind 10.0.0.1
+//! cargo run --release --features hw --example cmtime -- --backend hw --role client --bind 10.0.0.1 --server 10.0.0.1
 //! ```
 //!
 //! The last lines are `seed: S`, `trace-hash: <hex>` (simulator only) and `connections/s: <n>`.
@@ -40,11 +48,27 @@ const BIND: usize = 1;
 /// latency is 5 us).
 const IDLE_WAIT: Duration = Duration::from_micros(5);
 
+/// How long the client waits on its channel when its server runs elsewhere (another thread or
+/// process): a wait that ends as soon as an event arrives, so only a bound.
+const REMOTE_WAIT: Duration = Duration::from_millis(100);
+
 /// Connections one client address can carry (its ephemeral ports, with room to spare).
 const PER_ADDRESS: usize = 20_000;
 
+/// Which ends of the benchmark this process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Server and client (concurrently on hardware, interleaved on one thread on the simulator).
+    Both,
+    /// The server alone (rdma-core's `cmtime` without `-s`).
+    Server,
+    /// The client alone (rdma-core's `cmtime -s ADDR`).
+    Client,
+}
+
 struct Options {
     backend: String,
+    role: Role,
     connections: usize,
     seed: Option<u64>,
     bind: Option<IpAddr>,
@@ -57,10 +81,12 @@ struct Options {
 }
 
 fn usage() -> &'static str {
-    "usage: cmtime [--backend sim|hw] [--connections N] [--seed S] [--bind ADDR] [--server ADDR]\n\
-     \x20             [--port P] [--timeout MS] [--retries R] [--trace FILE]\n\
-     \x20             [--trace-mermaid FILE]\n\
+    "usage: cmtime [--backend sim|hw] [--role both|server|client] [--connections N] [--seed S]\n\
+     \x20             [--bind ADDR] [--server ADDR] [--port P] [--timeout MS] [--retries R]\n\
+     \x20             [--trace FILE] [--trace-mermaid FILE]\n\
      \x20 --backend     sim (default): the deterministic simulator; hw: librdmacm (feature `hw`)\n\
+     \x20 --role        hw only: both (default; server thread + client), server (listens on\n\
+     \x20               --bind, else --server; serves N connections, then exits) or client\n\
      \x20 --connections connections to open (default 1000)\n\
      \x20 --seed        simulator seed (default: CM_SIM_SEED, else drawn and printed)\n\
      \x20 --bind        client address (cmtime -b); sim default 10.0.0.2. With more than 20000\n\
@@ -76,6 +102,7 @@ fn usage() -> &'static str {
 fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         backend: "sim".into(),
+        role: Role::Both,
         connections: 1000,
         seed: None,
         bind: None,
@@ -95,6 +122,14 @@ fn parse_args() -> Result<Options, String> {
         let bad = |what: &str| format!("{flag}: not {what}: {value}");
         match flag.as_str() {
             "--backend" => o.backend = value,
+            "--role" => {
+                o.role = match value.as_str() {
+                    "both" => Role::Both,
+                    "server" => Role::Server,
+                    "client" => Role::Client,
+                    _ => return Err(bad("both, server or client")),
+                }
+            }
             "--connections" | "-c" => o.connections = value.parse().map_err(|_| bad("a number"))?,
             "--seed" => o.seed = Some(cm::sim::parse_seed(&value).ok_or_else(|| bad("a seed"))?),
             "--bind" | "-b" => o.bind = Some(value.parse().map_err(|_| bad("an IP address"))?),
@@ -183,33 +218,99 @@ fn show_perf(t: &Times, n: usize, bound: bool) {
 struct Server {
     ch: ChannelHandle,
     listener: IdHandle,
+    /// Children accepted and not yet destroyed.
     children: usize,
+    /// Requests accepted so far.
+    accepted: usize,
 }
 
 impl Server {
+    /// Creates the listener on `addr` (backlog 0: the system's maximum, as cmtime).
+    fn listen<B: CmBackend>(b: &mut B, addr: SocketAddr) -> Result<Server, CmError> {
+        let ch = b.create_event_channel()?;
+        let listener = b.create_id(ch, PortSpace::Tcp)?;
+        b.bind_addr(listener, addr)?;
+        b.listen(listener, 0)?;
+        Ok(Server {
+            ch,
+            listener,
+            children: 0,
+            accepted: 0,
+        })
+    }
+
+    /// Handles every event queued now; whether there was one.
     fn pump<B: CmBackend>(&mut self, b: &mut B) -> Result<bool, CmError> {
         let mut progressed = false;
         while let Some(ev) = b.get_cm_event(self.ch, Duration::ZERO)? {
             progressed = true;
-            let (ty, id, status) = (ev.event(), ev.id(), ev.status());
-            b.ack_cm_event(ev)?;
-            match ty {
-                CmEventType::ConnectRequest => {
-                    b.create_qp(id, qp_caps())?;
-                    b.accept(id, &ConnParam::new())?;
-                    self.children += 1;
-                }
-                CmEventType::Established | CmEventType::TimewaitExit => {}
-                CmEventType::Disconnected => {
-                    b.disconnect(id)?;
-                    b.destroy_qp(id)?;
-                    b.destroy_id(id)?;
-                    self.children -= 1;
-                }
-                other => eprintln!("server: unexpected {other} (status {status}) on {id}"),
-            }
+            self.handle(b, ev)?;
         }
         Ok(progressed)
+    }
+
+    fn handle<B: CmBackend>(&mut self, b: &mut B, ev: cm::core::CmEvent) -> Result<(), CmError> {
+        let (ty, id, status) = (ev.event(), ev.id(), ev.status());
+        b.ack_cm_event(ev)?;
+        match ty {
+            CmEventType::ConnectRequest => {
+                b.create_qp(id, qp_caps())?;
+                b.accept(id, &ConnParam::new())?;
+                self.children += 1;
+                self.accepted += 1;
+            }
+            CmEventType::Established | CmEventType::TimewaitExit => {}
+            CmEventType::Disconnected => {
+                b.disconnect(id)?;
+                b.destroy_qp(id)?;
+                b.destroy_id(id)?;
+                self.children -= 1;
+            }
+            other => eprintln!("server: unexpected {other} (status {status}) on {id}"),
+        }
+        Ok(())
+    }
+
+    /// Destroys the listener and its channel (events still queued for destroyed children die
+    /// with them).
+    fn close<B: CmBackend>(self, b: &mut B) -> Result<(), CmError> {
+        b.destroy_id(self.listener)?;
+        b.destroy_event_channel(self.ch)
+    }
+}
+
+/// The server side when it runs on its own (a thread, or `--role server`): serves `n`
+/// connections, until each was accepted and torn down, or `stop` is raised, or 600 s passed.
+/// `ready` is called once the listener listens. Returns how many it accepted.
+#[cfg(feature = "hw")]
+fn serve<B: CmBackend>(
+    b: &mut B,
+    addr: SocketAddr,
+    n: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    ready: impl FnOnce(),
+) -> Result<usize, CmError> {
+    let mut server = Server::listen(b, addr)?;
+    ready();
+    let limit = Instant::now() + Duration::from_secs(600);
+    while server.accepted < n || server.children > 0 {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > limit {
+            return Err(timed_out(cm::core::Call::GetCmEvent));
+        }
+        // Blocks until an event arrives (bounded, to look at `stop` now and then).
+        if let Some(ev) = b.get_cm_event(server.ch, REMOTE_WAIT)? {
+            server.handle(b, ev)?;
+        }
+    }
+    let accepted = server.accepted;
+    server.close(b)?;
+    Ok(accepted)
+}
+
+fn timed_out(call: cm::core::Call) -> CmError {
+    CmError::Os {
+        call,
+        errno: cm::core::errno::ETIMEDOUT,
     }
 }
 
@@ -224,19 +325,27 @@ fn qp_caps() -> QpCaps {
     }
 }
 
-/// Drives both ends until `done` says the client has what it waits for. The client's
-/// `handle` gets each client event and returns whether it completed one connection's step.
+/// The server when it shares the client's thread: its backend and its state.
+type Local<'a, B> = Option<(&'a mut B, Server)>;
+
+/// Drives the client (and the server, when it shares this thread) until `remaining` connections
+/// completed the step. The client's `handle` gets each client event and returns whether it
+/// completed one connection's step.
 fn run_step<B: CmBackend>(
-    server_b: &mut B,
+    local: &mut Local<'_, B>,
     client_b: &mut B,
-    server: &mut Server,
     cch: ChannelHandle,
     mut remaining: usize,
     mut handle: impl FnMut(&mut B, CmEventType, IdHandle, i32) -> Result<bool, CmError>,
 ) -> Result<(), CmError> {
     let limit = Instant::now() + Duration::from_secs(600);
+    // With the server elsewhere, nothing but the client's channel needs this thread.
+    let idle_wait = if local.is_some() { IDLE_WAIT } else { REMOTE_WAIT };
     while remaining > 0 {
-        let mut progressed = server.pump(server_b)?;
+        let mut progressed = match local {
+            Some((server_b, server)) => server.pump(&mut **server_b)?,
+            None => false,
+        };
         while let Some(ev) = client_b.get_cm_event(cch, Duration::ZERO)? {
             progressed = true;
             let (ty, id, status) = (ev.event(), ev.id(), ev.status());
@@ -248,7 +357,7 @@ fn run_step<B: CmBackend>(
         if !progressed {
             // Nothing queued on either side: wait a little on the client's channel (on the
             // simulator this moves virtual time to the next thing that happens).
-            if let Some(ev) = client_b.get_cm_event(cch, IDLE_WAIT)? {
+            if let Some(ev) = client_b.get_cm_event(cch, idle_wait)? {
                 let (ty, id, status) = (ev.event(), ev.id(), ev.status());
                 client_b.ack_cm_event(ev)?;
                 if handle(client_b, ty, id, status)? {
@@ -257,31 +366,28 @@ fn run_step<B: CmBackend>(
             }
         }
         if Instant::now() > limit {
-            return Err(CmError::Os {
-                call: cm::core::Call::GetCmEvent,
-                errno: cm::core::errno::ETIMEDOUT,
-            });
+            return Err(timed_out(cm::core::Call::GetCmEvent));
         }
     }
     Ok(())
 }
 
+/// The client's steps, with the server on `server_b` interleaved on this thread when given
+/// (None: the server runs elsewhere and listens on `--server`).
 fn cmtime<B: CmBackend>(
-    server_b: &mut B,
+    server_b: Option<&mut B>,
     client_b: &mut B,
     o: &Options,
     sources: &[IpAddr],
 ) -> Result<Times, CmError> {
     let n = o.connections;
     let dst = SocketAddr::new(o.server, o.port);
-    let sch = server_b.create_event_channel()?;
-    let listener = server_b.create_id(sch, PortSpace::Tcp)?;
-    server_b.bind_addr(listener, dst)?;
-    server_b.listen(listener, 0)?;
-    let mut server = Server {
-        ch: sch,
-        listener,
-        children: 0,
+    let mut local: Local<'_, B> = match server_b {
+        Some(b) => {
+            let server = Server::listen(b, dst)?;
+            Some((b, server))
+        }
+        None => None,
     };
     let cch = client_b.create_event_channel()?;
     let mut t = Times::new(n);
@@ -327,7 +433,7 @@ fn cmtime<B: CmBackend>(
             (CmEventType::AddrResolved, CmEventType::AddrError)
         };
         let timeout = o.timeout;
-        run_step(server_b, client_b, &mut server, cch, n, |b, ty, id, status| {
+        run_step(&mut local, client_b, cch, n, |b, ty, id, status| {
             let c = index[&id];
             if ty == ok {
                 t.stop(c, step);
@@ -364,7 +470,7 @@ fn cmtime<B: CmBackend>(
         t.start(c, 5);
         client_b.connect(id, &ConnParam::new())?;
     }
-    run_step(server_b, client_b, &mut server, cch, n, |_, ty, id, status| {
+    run_step(&mut local, client_b, cch, n, |_, ty, id, status| {
         if ty == CmEventType::Established {
             t.stop(index[&id], 5);
             return Ok(true);
@@ -382,25 +488,18 @@ fn cmtime<B: CmBackend>(
         t.start(c, 6);
         client_b.disconnect(id)?;
     }
-    run_step(
-        server_b,
-        client_b,
-        &mut server,
-        cch,
-        n,
-        |b, ty, id, status| match ty {
-            CmEventType::Disconnected => {
-                b.destroy_qp(id)?;
-                t.stop(index[&id], 6);
-                Ok(true)
-            }
-            CmEventType::TimewaitExit => Ok(false),
-            _ => {
-                eprintln!("client: {ty} (status {status}) on {id} while disconnecting");
-                Ok(false)
-            }
-        },
-    )?;
+    run_step(&mut local, client_b, cch, n, |b, ty, id, status| match ty {
+        CmEventType::Disconnected => {
+            b.destroy_qp(id)?;
+            t.stop(index[&id], 6);
+            Ok(true)
+        }
+        CmEventType::TimewaitExit => Ok(false),
+        _ => {
+            eprintln!("client: {ty} (status {status}) on {id} while disconnecting");
+            Ok(false)
+        }
+    })?;
     t.end(6);
 
     t.begin(7);
@@ -411,18 +510,19 @@ fn cmtime<B: CmBackend>(
     }
     t.end(7);
 
-    // The server destroys each child when it sees DISCONNECTED; wait for the last ones.
-    let limit = Instant::now() + Duration::from_secs(60);
-    while server.children > 0 && Instant::now() < limit {
-        if !server.pump(server_b)? {
-            let _ = client_b
-                .get_cm_event(cch, IDLE_WAIT)?
-                .map(|ev| client_b.ack_cm_event(ev));
+    if let Some((server_b, mut server)) = local {
+        // The server destroys each child when it sees DISCONNECTED; wait for the last ones.
+        let limit = Instant::now() + Duration::from_secs(60);
+        while server.children > 0 && Instant::now() < limit {
+            if !server.pump(server_b)? {
+                let _ = client_b
+                    .get_cm_event(cch, IDLE_WAIT)?
+                    .map(|ev| client_b.ack_cm_event(ev));
+            }
         }
+        // TIMEWAIT_EXIT events may still be queued for destroyed ids; they die with them.
+        server.close(server_b)?;
     }
-    // TIMEWAIT_EXIT events may still be queued for destroyed ids; they die with them.
-    server_b.destroy_id(server.listener)?;
-    server_b.destroy_event_channel(sch)?;
     client_b.destroy_event_channel(cch)?;
     Ok(t)
 }
@@ -469,7 +569,7 @@ fn run_sim(o: &Options) -> Result<(), String> {
         (fabric.host(0), fabric.host(1))
     };
     let sources: Vec<IpAddr> = client_addrs.iter().map(|a| a.parse().expect("address")).collect();
-    let t = cmtime(&mut server, &mut client_b, o, &sources)
+    let t = cmtime(Some(&mut server), &mut client_b, o, &sources)
         .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
     show_perf(&t, o.connections, o.bind.is_some());
     if let Some(path) = &o.trace {
@@ -490,10 +590,69 @@ fn run_sim(o: &Options) -> Result<(), String> {
 
 #[cfg(feature = "hw")]
 fn run_hw(o: &Options) -> Result<(), String> {
-    let mut server = cm::hw::HwBackend::new().map_err(|e| e.to_string())?;
-    let mut client = cm::hw::HwBackend::new().map_err(|e| e.to_string())?;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Arc};
+
+    use cm::hw::HwBackend;
+
+    let new_backend = || HwBackend::new().map_err(|e| e.to_string());
+    if o.role == Role::Server {
+        // Like rdma-core's server, it listens on the -b address.
+        let addr = SocketAddr::new(o.bind.unwrap_or(o.server), o.port);
+        let mut b = new_backend()?;
+        let never = AtomicBool::new(false);
+        let accepted = serve(&mut b, addr, o.connections, &never, || {
+            println!("server: listening on {addr}")
+        })
+        .map_err(|e| format!("server: {e}"))?;
+        println!("server: {accepted} connections accepted and torn down");
+        return Ok(());
+    }
+    let server_thread = if o.role == Role::Both {
+        // The server gets a backend of its own and runs concurrently on its own thread, as
+        // rdma-core's cmtime server does; the client starts once it listens.
+        let mut b = new_backend()?;
+        let addr = SocketAddr::new(o.server, o.port);
+        let n = o.connections;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread_stop = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("cmtime-server".into())
+            .spawn(move || {
+                serve(&mut b, addr, n, &thread_stop, || {
+                    // The main thread stops waiting after 30 s; a send after that finds no receiver.
+                    let _ = ready_tx.send(());
+                })
+            })
+            .map_err(|e| format!("server thread: {e}"))?;
+        if ready_rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            stop.store(true, Ordering::Relaxed);
+            let why = match handle.join() {
+                Ok(Err(e)) => e.to_string(),
+                _ => "not listening within 30 s".into(),
+            };
+            return Err(format!("server: {why}"));
+        }
+        Some((handle, stop))
+    } else {
+        None
+    };
+    let mut client = new_backend()?;
     let sources: Vec<IpAddr> = o.bind.into_iter().collect();
-    let t = cmtime(&mut server, &mut client, o, &sources).map_err(|e| e.to_string())?;
+    let result = cmtime(None, &mut client, o, &sources);
+    if let Some((handle, stop)) = server_thread {
+        if result.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        match handle.join() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if result.is_ok() => return Err(format!("server: {e}")),
+            Ok(Err(_)) => {}
+            Err(_) => return Err("server thread panicked".into()),
+        }
+    }
+    let t = result.map_err(|e| e.to_string())?;
     show_perf(&t, o.connections, o.bind.is_some());
     println!(
         "connections/s: {:.0}",
@@ -523,6 +682,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match o.backend.as_str() {
+        "sim" if o.role != Role::Both => Err("--role server|client needs --backend hw".into()),
         "sim" => run_sim(&o),
         "hw" => run_hw(&o),
         other => Err(format!("unknown backend {other} (sim or hw)")),

@@ -56,9 +56,14 @@ ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 PROJECT_BINS=(
   "hw-test|libtest|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
   "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 hw"
-  "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --bind @ADDR --server @ADDR --connections @N"
+  "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
+  "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
 )
+
+# Suites that run the project's cmtime against rdma-core's (see add_interop_suites); they need
+# the cmtime binary built even when its own suite is not selected.
+INTEROP_SUITES=(interop-client interop-server)
 
 # Suites registered for this run (filled by add_suite, in run order).
 SUITE_NAMES=()
@@ -371,7 +376,9 @@ build_project() {
   local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs json exe tkind tname
   for row in "${PROJECT_BINS[@]}"; do
     IFS='|' read -r suite kind tmo args sel gargs <<<"$row"
-    if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]]; then continue; fi
+    if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]] && ! { [[ $suite == cmtime ]] && interop_selected; }; then
+      continue
+    fi
     tkind=${sel%%:*}; tname=${sel#*:}
     json=$WORK/cargo-$suite.json
     log "  $suite: cargo $args"
@@ -400,6 +407,44 @@ add_project_suites() {
 exec /lab/bin/$suite $(subst "$gargs")
 EOF
   done
+}
+
+interop_selected() {
+  local s
+  [[ -z $ONLY ]] && return 0
+  for s in "${INTEROP_SUITES[@]}"; do [[ ",$ONLY," == *",$s,"* ]] && return 0; done
+  return 1
+}
+
+# The project's cmtime against rdma-core's v44 cmtime, each as the other's peer: a check by a
+# program nobody here wrote.  interop-client: ours as client, theirs as server (which never
+# exits; stopped after the client).  interop-server: ours as server (it exits once it served
+# N connections), theirs as client.  The client of each prints the table.
+add_interop_suites() {
+  [[ -n ${PROJECT_EXE[cmtime]:-} ]] || return 0
+  add_suite interop-client cmtime 180 <<EOF
+cmtime -b $ADDR -c $CONNECTIONS > /tmp/cmtime-server.log 2>&1 &
+srv=\$!
+wait_listen 7471 || { cat /tmp/cmtime-server.log; exit 1; }
+timeout 150 /lab/bin/cmtime --backend hw --role client --bind $ADDR --server $ADDR --connections $CONNECTIONS
+rc=\$?
+echo
+usleep 200000; kill \$srv 2>/dev/null; wait_pid \$srv 2
+echo "--- rdma-core server (stopped by the suite)"; cat /tmp/cmtime-server.log
+exit \$rc
+EOF
+  add_suite interop-server cmtime 180 <<EOF
+/lab/bin/cmtime --backend hw --role server --bind $ADDR --connections $CONNECTIONS > /tmp/cmtime-server.log 2>&1 &
+srv=\$!
+wait_listen 7471 || { cat /tmp/cmtime-server.log; exit 1; }
+timeout 150 cmtime -s $ADDR -b $ADDR -c $CONNECTIONS
+rc=\$?
+echo
+# Ours exits by itself once every connection was torn down.
+wait_pid \$srv 20 || { echo "lab: the project's cmtime server did not finish"; rc=1; }
+echo "--- project server"; cat /tmp/cmtime-server.log
+exit \$rc
+EOF
 }
 
 add_extra_suites() {
@@ -445,7 +490,7 @@ build_initramfs() {
   cp "$KDIR/modules.load" "$ROOT/lab/modules.load"
 
   add_rdmacore_suites
-  ((PROJECT)) && add_project_suites
+  ((PROJECT)) && add_project_suites && add_interop_suites
   add_extra_suites
   [[ $MODE == shell || ${#SUITE_NAMES[@]} -gt 0 ]] || die "no suites selected (--only '$ONLY')"
 
@@ -681,8 +726,9 @@ side_by_side() {
 # and on the hw backend (when they ran), then rdma-core's.
 print_cmtime_tables() {
   local titles=() blocks=() suite table
-  local -A title=([sim-cmtime]="project, simulator" [cmtime]="project, hw backend" [rdmacore-cmtime]="rdma-core v44")
-  for suite in sim-cmtime cmtime rdmacore-cmtime; do
+  local -A title=([sim-cmtime]="project, simulator" [cmtime]="project, hw backend" [rdmacore-cmtime]="rdma-core v44"
+                  [interop-client]="project client, rdma-core server" [interop-server]="rdma-core client, project server")
+  for suite in sim-cmtime cmtime rdmacore-cmtime interop-client interop-server; do
     [[ -n ${SUITE_KIND[$suite]:-} ]] || continue
     table=$(cmtime_table "$OUT/$suite.log")
     titles+=("${title[$suite]}")

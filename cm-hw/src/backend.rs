@@ -3,6 +3,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use cm_core::{
@@ -68,7 +69,8 @@ struct Outstanding {
 ///   own failures are [`CmError::Os`], except `EADDRINUSE` ([`CmError::AddrInUse`]) and
 ///   `EADDRNOTAVAIL` ([`CmError::AddrNotAvailable`]).
 /// * Nothing blocks without a bound: channel fds are non-blocking and waited on with `poll(2)`;
-///   completion queues are polled, yielding and then sleeping briefly, until the timeout.
+///   completion queues are polled, yielding for a while and then waiting on the CQ's completion
+///   channel, until the timeout.
 /// * Each QP gets its own completion queue (for sends and receives, so completions come back in
 ///   completion order) and a registered buffer pool of `max_send_wr + max_recv_wr` slots of
 ///   `max_message_size` bytes, on a protection domain the backend owns per device context (made
@@ -91,7 +93,20 @@ struct Outstanding {
 /// `destroy_id` until acked and [`unacked`](IdMachine::unacked) stays exact, but it leaves the
 /// machine's state unchanged (except that `REJECTED` moves the QP to ERR, as librdmacm does).
 ///
-/// The backend is single-threaded (`&mut self` everywhere) and not `Send`.
+/// # Threads and event loops
+///
+/// `HwBackend` is `Send`: it may move to another thread (a server on one thread, a client on
+/// another, each with its own backend, as `cmtime` does), because librdmacm and verbs objects may
+/// be used from any thread, and every object the backend refers to is owned by it alone. It is
+/// not `Sync`: every call that does anything takes `&mut self`, so sharing `&HwBackend` between
+/// threads would buy nothing; to share one backend, put it in a `Mutex` (which needs only
+/// `Send`).
+///
+/// An event loop waits for readiness on file descriptors instead of blocking in a call:
+/// [`channel_fd`](HwBackend::channel_fd) is readable when
+/// [`try_get_cm_event`](CmBackend::try_get_cm_event) would return an event, and
+/// [`cq_fd`](HwBackend::cq_fd) turns readable when a completion arrives after
+/// [`try_poll_cq`](CmBackend::try_poll_cq) returned 0. Both calls return at once.
 pub struct HwBackend {
     tag: u32,
     channels: Slab<ChannelEntry>,
@@ -133,6 +148,72 @@ impl HwBackend {
     /// Same as [`crate::probe`]: whether an RDMA device answers.
     pub fn probe() -> Result<()> {
         crate::probe()
+    }
+
+    /// The event channel's file descriptor, for an event loop to wait on (`BorrowedFd` is
+    /// `AsFd` and `AsRawFd`; register `as_raw_fd()` with epoll, mio or tokio's `AsyncFd` for no
+    /// longer than the channel lives). It is non-blocking and readable when
+    /// [`try_get_cm_event`](CmBackend::try_get_cm_event) would return an event; the backend
+    /// never blocks on it. Readiness is level-triggered: drain with `try_get_cm_event` until
+    /// `Ok(None)` before waiting again. [`CmError::UnknownHandle`] for a channel not (or no
+    /// longer) of this backend.
+    ///
+    /// ```no_run
+    /// use std::os::fd::AsRawFd;
+    /// use std::time::Duration;
+    /// use cm_core::CmBackend;
+    ///
+    /// # fn main() -> cm_core::Result<()> {
+    /// let mut hw = cm_hw::HwBackend::new()?;
+    /// let ch = hw.create_event_channel()?;
+    /// let fd = hw.channel_fd(ch)?.as_raw_fd();
+    /// // An event loop (epoll, mio, tokio's AsyncFd) waits here, for all its fds at once, until
+    /// // `fd` is readable; then it drains the channel:
+    /// # let _ = fd;
+    /// while let Some(event) = hw.try_get_cm_event(ch)? {
+    ///     // ... hand the event to the task that owns event.id() ...
+    ///     hw.ack_cm_event(event)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn channel_fd(&self, channel: ChannelHandle) -> Result<BorrowedFd<'_>> {
+        let index = self.channel_index(Call::GetCmEvent, channel)?;
+        Ok(self.channels.at(index).expect("checked").raw.borrowed_fd())
+    }
+
+    /// The file descriptor of the completion channel of `id`'s CQ, for an event loop to wait on
+    /// (`AsFd`, `AsRawFd`). It is non-blocking and edge-like: once
+    /// [`try_poll_cq`](CmBackend::try_poll_cq) has returned 0 the CQ is armed, and the fd turns
+    /// readable when a new completion arrives; then call `try_poll_cq` again (which takes and
+    /// acks the CQ's events, arms it again when it finds nothing, and polls once more so that
+    /// no completion slips between the two). A work request posted on a QP in ERR is completed
+    /// (flushed) by the backend itself, without the fd turning readable: call `try_poll_cq`
+    /// after posting, before waiting. The fd lives as long as the QP. [`CmError::NoQp`] without
+    /// a QP, [`CmError::UnknownHandle`] for an id not of this backend.
+    ///
+    /// ```no_run
+    /// use std::os::fd::{AsRawFd, RawFd};
+    /// use cm_core::{CmBackend, IdHandle, WorkCompletion};
+    ///
+    /// /// The completions there are now, or the fd to wait on before asking again.
+    /// fn completions_or_fd(
+    ///     hw: &mut cm_hw::HwBackend,
+    ///     id: IdHandle,
+    ///     out: &mut Vec<WorkCompletion>,
+    /// ) -> cm_core::Result<Option<RawFd>> {
+    ///     if hw.try_poll_cq(id, out, 16)? > 0 {
+    ///         return Ok(None);
+    ///     }
+    ///     // Armed: the fd turns readable once a completion arrives.
+    ///     Ok(Some(hw.cq_fd(id)?.as_raw_fd()))
+    /// }
+    /// ```
+    pub fn cq_fd(&self, id: IdHandle) -> Result<BorrowedFd<'_>> {
+        let index = self.id_index(Call::PollCq, id)?;
+        match &self.ids.at(index).expect("checked").qp {
+            Some(q) => Ok(q.raw.cq_fd()),
+            None => Err(CmError::NoQp { call: Call::PollCq }),
+        }
     }
 
     fn channel_index(&self, call: Call, h: ChannelHandle) -> Result<u32> {
@@ -247,6 +328,83 @@ impl HwBackend {
         Some(CmEvent::new(id, listen_id, ty, data.status, data.param, token))
     }
 
+    /// The slab index of a checked id that has a QP (`PollCq`'s errors otherwise).
+    fn qp_index(&self, id: IdHandle) -> Result<u32> {
+        let index = self.id_index(Call::PollCq, id)?;
+        if self.ids.at(index).expect("checked").qp.is_none() {
+            return Err(CmError::NoQp { call: Call::PollCq });
+        }
+        Ok(index)
+    }
+
+    /// Appends up to `max` completions there are now (the hardware's, then those the backend
+    /// flushed itself) without waiting; how many were appended.
+    fn drain_cq(&mut self, index: u32, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        let e = self.ids.at_mut(index).expect("checked");
+        let q = e.qp.as_mut().expect("checked");
+        let mut raw = Vec::with_capacity(sys::POLL_BATCH);
+        let mut appended = 0;
+        let mut failed = false;
+        while appended < max {
+            // The hardware's completions first: a flushed request waits for those of its queue
+            // posted before it (see the pool's docs).
+            raw.clear();
+            let asked = (max - appended).min(sys::POLL_BATCH);
+            let got = q
+                .raw
+                .poll(asked, &mut raw)
+                .map_err(|err| os_error(Call::PollCq, err))?;
+            for c in &raw {
+                // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
+                // else is ignored rather than trusted.
+                let Some((opcode, posted)) = q.pool.complete(c.wr_id) else {
+                    continue;
+                };
+                // The status of an unknown value is reported as a general error.
+                let status = WcStatus::from_raw(c.status).unwrap_or(WcStatus::GeneralErr);
+                // Verbs defines opcode and byte_len only for successful completions; the opcode
+                // comes from the slot instead.
+                let (byte_len, data) = if status == WcStatus::Success && opcode == WcOpcode::Recv {
+                    let n = c.byte_len.min(posted.len);
+                    (n, q.raw.read_slot(c.wr_id as u32, n as usize))
+                } else {
+                    (0, Vec::new())
+                };
+                failed |= status != WcStatus::Success;
+                out.push(WorkCompletion {
+                    wr_id: posted.wr_id,
+                    status,
+                    opcode,
+                    byte_len,
+                    data,
+                });
+                appended += 1;
+            }
+            while appended < max {
+                let Some((opcode, wr_id)) = q.pool.next_flushed() else {
+                    break;
+                };
+                out.push(WorkCompletion {
+                    wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode,
+                    byte_len: 0,
+                    data: Vec::new(),
+                });
+                appended += 1;
+            }
+            if got < asked {
+                // The CQ is drained for now.
+                break;
+            }
+        }
+        if failed {
+            // Any error completion puts a QP in ERR.
+            e.machine = e.machine.qp_error();
+        }
+        Ok(appended)
+    }
+
     /// Deallocates the PD on `context` if no QP uses it any more, with the id at `witness` (on
     /// that device) proving the context is open. A failure keeps the PD for a later try.
     fn release_pd(&mut self, context: usize, witness: u32) {
@@ -278,17 +436,9 @@ fn would_block(e: Errno) -> bool {
     e == libc::EAGAIN || e == libc::EWOULDBLOCK
 }
 
-/// Waits a little before polling a completion queue again: yields for the first rounds, then
-/// sleeps 50 µs doubling to 1.6 ms, never past `deadline`.
-fn pause(round: u32, deadline: Instant) {
-    if round < 64 {
-        std::thread::yield_now();
-        return;
-    }
-    let step = Duration::from_micros(50 << (round - 64).min(5));
-    let left = deadline.saturating_duration_since(Instant::now());
-    std::thread::sleep(step.min(left));
-}
+/// How many times a blocking `poll_cq` yields before it arms the CQ and waits on its completion
+/// channel: a completion is often only microseconds away.
+const YIELD_ROUNDS: u32 = 64;
 
 impl CmBackend for HwBackend {
     fn create_event_channel(&mut self) -> Result<ChannelHandle> {
@@ -593,6 +743,23 @@ impl CmBackend for HwBackend {
         }
     }
 
+    fn try_get_cm_event(&mut self, channel: ChannelHandle) -> Result<Option<CmEvent>> {
+        let ch = self.channel_index(Call::GetCmEvent, channel)?;
+        loop {
+            // The fd is non-blocking: EAGAIN at once when nothing is queued.
+            match self.channels.at(ch).expect("checked").raw.get_event() {
+                Ok(raw) => {
+                    if let Some(event) = self.admit(ch, raw) {
+                        return Ok(Some(event));
+                    }
+                }
+                Err(e) if would_block(e) => return Ok(None),
+                Err(e) if e == libc::EINTR => {}
+                Err(e) => return Err(os_error(Call::GetCmEvent, e)),
+            }
+        }
+    }
+
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()> {
         let token = event.token();
         match self.events.get(&token) {
@@ -687,90 +854,75 @@ impl CmBackend for HwBackend {
         max: usize,
         timeout: Duration,
     ) -> Result<usize> {
-        let e = self.id(Call::PollCq, id)?;
-        if e.qp.is_none() {
-            return Err(CmError::NoQp { call: Call::PollCq });
-        }
+        let index = self.qp_index(id)?;
         if max == 0 {
             return Ok(0);
         }
         // One deadline for the whole wait, however many times the CQ is polled.
         let deadline = convert::deadline(Instant::now(), timeout);
-        let mut raw = Vec::with_capacity(16);
-        let mut appended = 0;
         let mut round = 0;
+        let mut armed = false;
         loop {
-            let e = self.ids.at_mut(id.index()).expect("checked");
-            let q = e.qp.as_mut().expect("checked");
-            // The hardware's completions first: a flushed request waits for those of its queue
-            // posted before it (see the pool's docs).
-            raw.clear();
-            let asked = (max - appended).min(sys::POLL_BATCH);
-            let got = q
-                .raw
-                .poll(asked, &mut raw)
-                .map_err(|err| os_error(Call::PollCq, err))?;
-            let mut failed = false;
-            for c in &raw {
-                // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
-                // else is ignored rather than trusted.
-                let Some((opcode, posted)) = q.pool.complete(c.wr_id) else {
-                    continue;
-                };
-                // The status of an unknown value is reported as a general error.
-                let status = WcStatus::from_raw(c.status).unwrap_or(WcStatus::GeneralErr);
-                // Verbs defines opcode and byte_len only for successful completions; the opcode
-                // comes from the slot instead.
-                let (byte_len, data) = if status == WcStatus::Success && opcode == WcOpcode::Recv {
-                    let n = c.byte_len.min(posted.len);
-                    (n, q.raw.read_slot(c.wr_id as u32, n as usize))
-                } else {
-                    (0, Vec::new())
-                };
-                failed |= status != WcStatus::Success;
-                out.push(WorkCompletion {
-                    wr_id: posted.wr_id,
-                    status,
-                    opcode,
-                    byte_len,
-                    data,
-                });
-                appended += 1;
-            }
-            if failed {
-                // Any error completion puts a QP in ERR.
-                e.machine = e.machine.qp_error();
-            }
-            while appended < max {
-                let Some((opcode, wr_id)) = q.pool.next_flushed() else {
-                    break;
-                };
-                out.push(WorkCompletion {
-                    wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode,
-                    byte_len: 0,
-                    data: Vec::new(),
-                });
-                appended += 1;
-            }
-            if appended >= max {
+            let appended = self.drain_cq(index, out, max)?;
+            if appended > 0 {
                 return Ok(appended);
             }
-            if got < asked {
-                // The CQ is drained for now.
-                if appended > 0 {
-                    return Ok(appended);
-                }
-                if Instant::now() >= deadline {
-                    return Ok(0);
-                }
-                pause(round, deadline);
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(0);
+            }
+            if round < YIELD_ROUNDS {
+                // A completion is often microseconds away: yielding beats a system call.
+                std::thread::yield_now();
                 round += 1;
+                continue;
+            }
+            let q = &self
+                .ids
+                .at(index)
+                .expect("checked")
+                .qp
+                .as_ref()
+                .expect("checked")
+                .raw;
+            if armed {
+                match q.wait_cq_event(convert::millis_ceil(deadline - now)) {
+                    Ok(_) => {}
+                    Err(e) if e == libc::EINTR => {}
+                    Err(e) => return Err(os_error(Call::PollCq, e)),
+                }
+                armed = false;
+            } else {
+                // Armed, then polled once more (the loop's top) before waiting: a completion that
+                // came before the arming raises no event.
+                q.rearm().map_err(|e| os_error(Call::PollCq, e))?;
+                armed = true;
             }
         }
     }
 
+    fn try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        let index = self.qp_index(id)?;
+        if max == 0 {
+            return Ok(0);
+        }
+        let appended = self.drain_cq(index, out, max)?;
+        if appended > 0 {
+            return Ok(appended);
+        }
+        // Nothing there: arm the CQ for the caller's wait on `cq_fd`, then poll once more so that
+        // a completion that came before the arming is not left waiting for an event.
+        let q = &self
+            .ids
+            .at(index)
+            .expect("checked")
+            .qp
+            .as_ref()
+            .expect("checked")
+            .raw;
+        q.rearm().map_err(|e| os_error(Call::PollCq, e))?;
+        self.drain_cq(index, out, max)
+    }
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
         // Calls made only to inspect use the `GetLocalAddr` tag: the trait has no call of its own
         // for this, and UnknownHandle needs one.

@@ -77,6 +77,9 @@ mod sys;
 
 pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_QP_BUFFER_BYTES};
 
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
+
 use cm_core::{Call, CmError};
 
 /// Whether an RDMA device answers: creates an event channel and destroys it again.
@@ -88,4 +91,30 @@ pub fn probe() -> Result<(), CmError> {
     // A fresh channel has no ids, so this is not refused.
     let _ = channel.destroy();
     Ok(())
+}
+
+/// Waits at most `timeout` (rounded up to whole milliseconds) for `fd` to turn readable, with
+/// `poll(2)`: the simplest event loop over [`HwBackend::channel_fd`] or [`HwBackend::cq_fd`].
+/// `Ok(true)` when readable (or in error, which the next read reports), `Ok(false)` when the time
+/// ran out; an error of kind `Interrupted` when a signal cut the wait short.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cm_core::CmBackend;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut hw = cm_hw::HwBackend::new()?;
+/// let ch = hw.create_event_channel()?;
+/// // ... ids on `ch` resolve, listen or connect ...
+/// if cm_hw::wait_readable(hw.channel_fd(ch)?, Duration::from_secs(1))? {
+///     while let Some(event) = hw.try_get_cm_event(ch)? {
+///         println!("{event}");
+///         hw.ack_cm_event(event)?;
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
+    sys::poll_readable(fd.as_raw_fd(), convert::millis_ceil(timeout))
+        .map_err(std::io::Error::from_raw_os_error)
 }

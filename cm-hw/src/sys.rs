@@ -23,6 +23,7 @@
 use std::alloc::Layout;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
 
@@ -41,6 +42,34 @@ fn last_errno() -> Errno {
         Some(0) | None => libc::EIO,
         Some(e) => e,
     }
+}
+
+/// Switches `fd` to non-blocking mode, so that reading it never blocks (waiting is done with
+/// `poll(2)`, bounded, or by an event loop).
+fn set_nonblocking(fd: i32) -> Result<(), Errno> {
+    // SAFETY: fcntl on an open fd; F_GETFL takes no further argument.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above; F_SETFL takes an int.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+/// `poll(2)` of one fd for `POLLIN`, for at most `timeout_ms`; `Ok(true)` when readable (or in
+/// error, which the next read reports). `Err(EINTR)` when a signal interrupted the wait.
+pub(crate) fn poll_readable(fd: i32, timeout_ms: i32) -> Result<bool, Errno> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, count 1.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if n < 0 {
+        return Err(last_errno());
+    }
+    Ok(n > 0)
 }
 
 /// Maps librdmacm's `0` / `-1 + errno` convention.
@@ -74,12 +103,7 @@ impl Channel {
         let channel = Channel {
             inner: Rc::new(ChannelInner { ptr }),
         };
-        let fd = channel.fd();
-        // SAFETY: fcntl on an fd we own; F_GETFL takes no further argument.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above; F_SETFL takes an int.
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            let err = last_errno();
+        if let Err(err) = set_nonblocking(channel.fd()) {
             // No id exists on the new channel, so it can go at once.
             let _ = channel.destroy();
             return Err(err);
@@ -93,6 +117,14 @@ impl Channel {
         unsafe { (*self.inner.ptr.as_ptr()).fd }
     }
 
+    /// The channel's (non-blocking) fd, borrowed for as long as the channel.
+    pub(crate) fn borrowed_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: librdmacm opened the fd with the channel and closes it only in
+        // rdma_destroy_event_channel, which consumes the channel: the borrow of `self` keeps the
+        // fd open for the lifetime of the result.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
+    }
+
     /// How many ids still hold the channel.
     pub(crate) fn ids(&self) -> usize {
         Rc::strong_count(&self.inner) - 1
@@ -101,17 +133,7 @@ impl Channel {
     /// `poll(2)` for `POLLIN` for at most `timeout_ms`; `Ok(true)` when readable (or in error,
     /// which the next retrieval reports). `Err(EINTR)` when a signal interrupted the wait.
     pub(crate) fn wait_readable(&self, timeout_ms: i32) -> Result<bool, Errno> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, count 1.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        if n < 0 {
-            return Err(last_errno());
-        }
-        Ok(n > 0)
+        poll_readable(self.fd(), timeout_ms)
     }
 
     /// `rdma_get_cm_event` on the non-blocking fd: `Err(EAGAIN)` when nothing is queued.
@@ -615,10 +637,17 @@ pub(crate) struct GrantedCaps {
 }
 
 /// A QP made by `rdma_create_qp` on an id, with its own completion queue (shared by sends and
-/// receives) and a registered buffer of `slots` slots of `slot_size` bytes.
+/// receives), the CQ's completion channel, and a registered buffer of `slots` slots of
+/// `slot_size` bytes.
+///
+/// Release order: every CQ event retrieved from the completion channel is acked at once (in
+/// [`Qp::rearm`]), so none is outstanding when the CQ is destroyed (`ibv_destroy_cq` would wait
+/// for it forever); the completion channel goes after the CQ that uses it (`ibv_destroy_comp_channel`
+/// refuses while a CQ does).
 pub(crate) struct Qp {
     qp: NonNull<ffi::ibv_qp>,
     cq: NonNull<ffi::ibv_cq>,
+    comp: NonNull<ffi::ibv_comp_channel>,
     mr: NonNull<ffi::ibv_mr>,
     buf: Buffer,
     slot_size: usize,
@@ -629,10 +658,22 @@ pub(crate) struct Qp {
 
 /// Undo for a failed creation: releases what exists, in reverse order, leaking (never freeing
 /// memory a device may reach) where a release fails.
-fn undo_create(buf: Buffer, mr: Option<NonNull<ffi::ibv_mr>>, cq: Option<NonNull<ffi::ibv_cq>>) {
+fn undo_create(
+    buf: Buffer,
+    mr: Option<NonNull<ffi::ibv_mr>>,
+    comp: Option<NonNull<ffi::ibv_comp_channel>>,
+    cq: Option<NonNull<ffi::ibv_cq>>,
+) {
     if let Some(cq) = cq {
-        // SAFETY: the CQ was created here and no QP uses it (creation failed).
+        // SAFETY: the CQ was created here, no QP uses it (creation failed) and no CQ event was
+        // retrieved from it (nothing was posted).
         if unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) } != 0 {
+            return;
+        }
+    }
+    if let Some(comp) = comp {
+        // SAFETY: the channel was created here and the only CQ on it is gone (above).
+        if unsafe { ffi::ibv_destroy_comp_channel(comp.as_ptr()) } != 0 {
             return;
         }
     }
@@ -679,21 +720,43 @@ impl Qp {
             buf.free();
             return Err(err);
         };
-        // SAFETY: the context is the live id's device context; no completion channel.
+        // SAFETY: the context is the live id's device context, open while the id exists.
+        let comp = unsafe { ffi::ibv_create_comp_channel(pd.context() as *mut ffi::ibv_context) };
+        let Some(comp) = NonNull::new(comp) else {
+            let err = last_errno();
+            undo_create(buf, Some(mr), None, None);
+            return Err(err);
+        };
+        // SAFETY: the channel is alive; reading its fd field.
+        if let Err(err) = set_nonblocking(unsafe { (*comp.as_ptr()).fd }) {
+            undo_create(buf, Some(mr), Some(comp), None);
+            return Err(err);
+        }
+        // SAFETY: the context is the live id's device context; the completion channel is alive
+        // on the same context and outlives the CQ (destroyed after it).
         let cq = unsafe {
             ffi::ibv_create_cq(
                 pd.context() as *mut ffi::ibv_context,
                 cqe,
                 ptr::null_mut(),
-                ptr::null_mut(),
+                comp.as_ptr(),
                 0,
             )
         };
         let Some(cq) = NonNull::new(cq) else {
             let err = last_errno();
-            undo_create(buf, Some(mr), None);
+            undo_create(buf, Some(mr), Some(comp), None);
             return Err(err);
         };
+        // Armed from the start, so that the channel's fd turns readable with the first
+        // completion even before anyone polled.
+        // SAFETY: the CQ is alive.
+        let ret = unsafe { ffi::ibv_req_notify_cq(cq.as_ptr(), 0) };
+        if ret != 0 {
+            undo_create(buf, Some(mr), Some(comp), Some(cq));
+            // verbs returns the errno itself.
+            return Err(ret);
+        }
         // SAFETY: the id is alive; reading its QP type.
         let qp_type = unsafe { (*id.raw()).qp_type };
         let mut attr = ffi::ibv_qp_init_attr {
@@ -714,7 +777,7 @@ impl Qp {
         // SAFETY: the id is alive with a device and no QP; the PD belongs to its device; the
         // attr is valid and names our CQ, so librdmacm creates no CQs of its own.
         if let Err(err) = check(unsafe { ffi::rdma_create_qp(id.raw(), pd.inner.ptr.as_ptr(), &mut attr) }) {
-            undo_create(buf, Some(mr), Some(cq));
+            undo_create(buf, Some(mr), Some(comp), Some(cq));
             return Err(err);
         }
         // SAFETY: rdma_create_qp succeeded, so `id->qp` is the new QP.
@@ -732,6 +795,7 @@ impl Qp {
             Qp {
                 qp,
                 cq,
+                comp,
                 mr,
                 buf,
                 slot_size,
@@ -851,6 +915,60 @@ impl Qp {
         Ok(got)
     }
 
+    /// The completion channel's fd (non-blocking), borrowed for as long as the QP: readable once
+    /// the armed CQ has a new completion.
+    pub(crate) fn cq_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel is alive while `self` exists (destroyed only by consuming `self`);
+        // it closes the fd only in ibv_destroy_comp_channel, so the fd stays open for the borrow.
+        unsafe { BorrowedFd::borrow_raw((*self.comp.as_ptr()).fd) }
+    }
+
+    /// Takes every CQ event waiting on the completion channel, acks them, and arms the CQ again
+    /// (`ibv_req_notify_cq`), so that the channel's fd turns readable with the next completion.
+    /// A completion that arrived before the arming raises no event: the caller polls the CQ
+    /// again afterwards to close that race. Returns how many events were taken.
+    pub(crate) fn rearm(&self) -> Result<u32, Errno> {
+        let mut taken: u32 = 0;
+        loop {
+            let mut cq: *mut ffi::ibv_cq = ptr::null_mut();
+            let mut ctx: *mut c_void = ptr::null_mut();
+            // SAFETY: the channel is alive; both out-pointers are valid. The fd is non-blocking,
+            // so this returns -1 (EAGAIN) at once when no event waits.
+            let ret = unsafe { ffi::ibv_get_cq_event(self.comp.as_ptr(), &mut cq, &mut ctx) };
+            if ret != 0 {
+                let err = last_errno();
+                if err == libc::EAGAIN || err == libc::EWOULDBLOCK {
+                    break;
+                }
+                self.ack_events(taken);
+                return Err(err);
+            }
+            // Only our CQ uses the channel, so every event is for it.
+            taken = taken.saturating_add(1);
+        }
+        self.ack_events(taken);
+        // SAFETY: the CQ is alive.
+        let ret = unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+        if ret != 0 {
+            // verbs returns the errno itself.
+            return Err(ret);
+        }
+        Ok(taken)
+    }
+
+    fn ack_events(&self, n: u32) {
+        if n > 0 {
+            // SAFETY: the CQ is alive and `n` events were retrieved for it and not yet acked.
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), n) };
+        }
+    }
+
+    /// Waits at most `timeout_ms` for the completion channel's fd to turn readable.
+    pub(crate) fn wait_cq_event(&self, timeout_ms: i32) -> Result<bool, Errno> {
+        // SAFETY: the channel is alive; reading its fd field.
+        poll_readable(unsafe { (*self.comp.as_ptr()).fd }, timeout_ms)
+    }
+
     /// Copies the first `len` bytes of slot `slot` (a receive whose completion was polled).
     pub(crate) fn read_slot(&self, slot: u32, len: usize) -> Vec<u8> {
         let len = len.min(self.slot_size);
@@ -877,18 +995,28 @@ impl Qp {
         if !Rc::ptr_eq(&self.id_anchor, &id.anchor) || attached != self.qp.as_ptr() {
             return Err((Some(self), libc::EINVAL));
         }
-        let Qp { cq, mr, buf, pd, .. } = self;
+        let Qp {
+            cq,
+            comp,
+            mr,
+            buf,
+            pd,
+            ..
+        } = self;
         // SAFETY: the id is alive and `id->qp` is our QP; librdmacm destroys it and only the
         // CQs it created itself (none: we passed ours).
         unsafe { ffi::rdma_destroy_qp(id.raw()) };
-        // SAFETY: the QP using the CQ is gone.
+        // SAFETY: the QP using the CQ is gone, and no CQ event is unacked (`rearm` acks every
+        // event it takes before returning), so this does not wait.
         let ret = unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };
         if ret != 0 {
-            // The MR and buffer leak with it (never free what the device may reach), and the
-            // MR keeps the PD busy.
+            // The MR, buffer and completion channel leak with it (never free what the device may
+            // reach), and the MR keeps the PD busy.
             std::mem::forget(pd);
             return Err((None, ret));
         }
+        // SAFETY: its only CQ is gone (above). A failure leaks the channel's fd, nothing more.
+        let _ = unsafe { ffi::ibv_destroy_comp_channel(comp.as_ptr()) };
         // SAFETY: no QP can use the MR any more.
         let ret = unsafe { ffi::ibv_dereg_mr(mr.as_ptr()) };
         if ret != 0 {
@@ -912,3 +1040,19 @@ impl RawSockAddr {
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Threads
+
+// SAFETY: `HwBackend` is not `Send` automatically only because of what this module gives it: raw
+// pointers to librdmacm and verbs objects, and `Rc` reference counts between the wrappers. Both
+// are sound to move to another thread together with the backend:
+// * librdmacm and libibverbs objects are not tied to the thread that created them: any thread may
+//   call into them, one at a time (the libraries lock what they share internally, e.g. librdmacm's
+//   global id table and each channel's fd). `&mut self` on every call that touches them makes the
+//   calls one at a time.
+// * Every `Rc` clone (channel, id anchor, PD) lives inside the backend's own tables: no wrapper and
+//   no clone is ever handed out (callers get plain `Copy` handles), so all holders of a count move
+//   with the backend and no two threads can touch one count.
+// The backend is deliberately not `Sync` (see its docs).
+unsafe impl Send for crate::backend::HwBackend {}
