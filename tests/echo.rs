@@ -120,3 +120,159 @@ proptest! {
         prop_assert_eq!(first, again, "same seed, different trace");
     }
 }
+
+/// The same application on tokio's multi-threaded runtime. Without an RDMA device the backend
+/// is the simulator behind stand-in fds: a ticker task moves the fabric's clock on in real time
+/// and makes every fd readable after each tick, which is what the channel and CQ fds of a real
+/// device do when something arrives. The layer's tokio driver (`AsyncFd` on those fds, pumping
+/// on readiness) and the tokio runtime are exercised for real.
+mod on_tokio {
+        use std::io::Write;
+    use std::net::SocketAddr;
+    use std::os::fd::{AsFd, BorrowedFd};
+    use std::os::unix::net::UnixStream;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use cm::app::tokio::{Readiness, TokioRuntime};
+    use cm::core::{
+        ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpCaps,
+        Result, WorkCompletion,
+    };
+    use cm::sim::{SimFabric, SimHost};
+
+    use super::echo;
+
+    /// One socket pair standing in for every channel and CQ fd: the driver registers a
+    /// duplicate per fd, and a byte written makes all of them readable at once.
+    struct StandIn {
+        reader: UnixStream,
+        writer: UnixStream,
+    }
+
+    impl StandIn {
+        fn new() -> Self {
+            let (reader, writer) = UnixStream::pair().expect("socketpair");
+            reader.set_nonblocking(true).expect("non-blocking");
+            writer.set_nonblocking(true).expect("non-blocking");
+            StandIn { reader, writer }
+        }
+
+        fn tick(&self) {
+            let _ = (&self.writer).write(&[1]);
+        }
+    }
+
+    struct Ticking {
+        host: SimHost,
+        fds: Rc<StandIn>,
+    }
+
+    macro_rules! forward {
+        ($($name:ident(&mut self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+            $(fn $name(&mut self $(, $arg: $ty)*) -> $ret { self.host.$name($($arg),*) })*
+        };
+    }
+
+    impl CmBackend for Ticking {
+        forward! {
+            create_event_channel(&mut self) -> Result<ChannelHandle>;
+            destroy_event_channel(&mut self, ch: ChannelHandle) -> Result<()>;
+            create_id(&mut self, ch: ChannelHandle, ps: PortSpace) -> Result<IdHandle>;
+            destroy_id(&mut self, id: IdHandle) -> Result<()>;
+            bind_addr(&mut self, id: IdHandle, a: SocketAddr) -> Result<()>;
+            resolve_addr(&mut self, id: IdHandle, s: Option<SocketAddr>, d: SocketAddr, t: Duration) -> Result<()>;
+            resolve_route(&mut self, id: IdHandle, t: Duration) -> Result<()>;
+            create_qp(&mut self, id: IdHandle, caps: QpCaps) -> Result<QpCaps>;
+            destroy_qp(&mut self, id: IdHandle) -> Result<()>;
+            listen(&mut self, id: IdHandle, backlog: i32) -> Result<()>;
+            connect(&mut self, id: IdHandle, p: &ConnParam) -> Result<()>;
+            accept(&mut self, id: IdHandle, p: &ConnParam) -> Result<()>;
+            reject(&mut self, id: IdHandle, d: &[u8]) -> Result<()>;
+            disconnect(&mut self, id: IdHandle) -> Result<()>;
+            get_cm_event(&mut self, ch: ChannelHandle, t: Duration) -> Result<Option<CmEvent>>;
+            try_get_cm_event(&mut self, ch: ChannelHandle) -> Result<Option<CmEvent>>;
+            ack_cm_event(&mut self, ev: CmEvent) -> Result<()>;
+            get_local_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>>;
+            get_peer_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>>;
+            post_send(&mut self, id: IdHandle, wr: u64, d: &[u8]) -> Result<()>;
+            post_recv(&mut self, id: IdHandle, wr: u64, len: u32) -> Result<()>;
+            poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize, t: Duration) -> Result<usize>;
+            try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize>;
+        }
+
+        fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
+            self.host.id_machine(id)
+        }
+
+        fn live_resources(&self) -> LiveResources {
+            self.host.live_resources()
+        }
+    }
+
+    impl Readiness for Ticking {
+        fn channel_fd(&self, ch: ChannelHandle) -> Result<BorrowedFd<'_>> {
+            let _ = ch;
+            Ok(self.fds.reader.as_fd())
+        }
+
+        fn cq_fd(&self, id: IdHandle) -> Result<BorrowedFd<'_>> {
+            let _ = id;
+            Ok(self.fds.reader.as_fd())
+        }
+    }
+
+    #[test]
+    fn echo_runs_unchanged_on_tokio_multi_threaded_runtime() {
+        let fabric = SimFabric::builder().seed(21).host("10.0.0.1").host("10.0.0.2").host("10.0.0.3").build();
+        let server: SocketAddr = "10.0.0.1:7471".parse().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let local = tokio::task::LocalSet::new();
+        let results = local.block_on(&rt, async {
+            let tr = TokioRuntime::new();
+            let fds = Rc::new(StandIn::new());
+            let backend = |i: usize| Ticking {
+                host: fabric.host(i),
+                fds: fds.clone(),
+            };
+            let server_cm = tr.cm(backend(0)).expect("channel");
+            let ticker = {
+                let (fabric, fds) = (fabric.clone(), fds.clone());
+                tokio::task::spawn_local(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_micros(100)).await;
+                        fabric.advance(Duration::from_millis(1));
+                        fds.tick();
+                    }
+                })
+            };
+            let srv = tokio::task::spawn_local(echo::app::server(server_cm, server));
+            let mut clients = Vec::new();
+            for c in 1..=2u32 {
+                let cm = tr.cm(backend(c as usize)).expect("channel");
+                let plan = echo::app::Plan {
+                    server,
+                    client: c,
+                    messages: 20,
+                    retries: 3,
+                    op_timeout: Duration::from_secs(10),
+                };
+                clients.push(tokio::task::spawn_local(echo::app::client(cm, plan)));
+            }
+            let mut results = Vec::new();
+            for c in clients {
+                results.push(tokio::time::timeout(Duration::from_secs(60), c).await.expect("bounded").expect("joined"));
+            }
+            srv.abort();
+            let _ = srv.await;
+            tokio::task::yield_now().await;
+            ticker.abort();
+            results
+        });
+        for r in &results {
+            assert_eq!(r.as_ref().map(|r| r.echoed), Ok(20), "{r:?}");
+        }
+        drop(local);
+        assert!(fabric.live_resources().is_clean(), "{:?}", fabric.live_resources());
+    }
+}

@@ -43,7 +43,19 @@ pub(crate) struct State<B: CmBackend> {
     pub(crate) failed: Option<CmError>,
     /// The task that waits for the backend's readiness (tokio), woken when a CQ joins the watch.
     pub(crate) driver: Option<Waker>,
+    /// The runtime's registrations of the backend's fds; dropped before the fds close.
+    pub(crate) regs: Option<Box<dyn Registrations>>,
     scratch: Vec<WorkCompletion>,
+}
+
+/// A runtime's registrations of a channel's fds (tokio's `AsyncFd`s). The driver forgets an
+/// id's before destroying its QP and drops them all before destroying the channel, so that no
+/// registration outlives its fd (a number the kernel may hand out again).
+pub(crate) trait Registrations {
+    /// Drops the registration of `id`'s CQ fd, if any.
+    fn forget(&mut self, id: IdHandle);
+    /// For the runtime to get its own type back.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 /// Shared by the `Cm` handle and every object made from it; the last one dropped destroys the
@@ -65,6 +77,7 @@ impl<B: CmBackend> Shared<B> {
                 cq_watch: BTreeSet::new(),
                 failed: None,
                 driver: None,
+                regs: None,
                 scratch: Vec::new(),
             }),
             deferred: RefCell::new(Vec::new()),
@@ -90,10 +103,7 @@ impl<B: CmBackend> Shared<B> {
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        st.failed = Some(e);
-                        for bx in st.boxes.values_mut() {
-                            bx.wake();
-                        }
+                        st.fail(e);
                         return true;
                     }
                 }
@@ -127,6 +137,19 @@ impl<B: CmBackend> Shared<B> {
 impl<B: CmBackend> State<B> {
     pub(crate) fn open(&mut self, id: IdHandle) {
         self.boxes.entry(id).or_default();
+    }
+
+    /// Marks the channel failed and wakes every waiting task, which then sees the failure.
+    pub(crate) fn fail(&mut self, e: CmError) {
+        self.failed = Some(e);
+        for bx in self.boxes.values_mut() {
+            bx.wake();
+        }
+    }
+
+    /// The ids whose CQ a task waits on.
+    pub(crate) fn watched(&self) -> impl Iterator<Item = IdHandle> + '_ {
+        self.cq_watch.iter().copied()
     }
 
     pub(crate) fn mailbox(&mut self, id: IdHandle) -> Option<&mut Mailbox> {
@@ -211,6 +234,9 @@ impl<B: CmBackend> State<B> {
     /// ignored: on a crashed host or a removed device the handles are already gone.
     pub(crate) fn release(&mut self, id: IdHandle, listener: bool) {
         self.cq_watch.remove(&id);
+        if let Some(r) = &mut self.regs {
+            r.forget(id);
+        }
         let _ = self.b.destroy_qp(id);
         if let Some(mut bx) = self.boxes.remove(&id) {
             for ev in bx.events.drain(..) {
@@ -232,6 +258,7 @@ impl<B: CmBackend> Drop for State<B> {
         for id in left {
             self.release(id, true);
         }
+        self.regs = None;
         let _ = self.b.destroy_event_channel(self.ch);
     }
 }

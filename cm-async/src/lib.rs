@@ -8,6 +8,8 @@ mod driver;
 mod error;
 mod runtime;
 pub mod sim;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use conn::{Closed, Cm, ConnOptions, Connection, Listener, Request};
 pub use error::{Error, Result};
