@@ -5,6 +5,13 @@
 //! cargo run --release --example echo -- --clients 100 --messages 100 --loss 200 --crash-server 5
 //! ```
 //!
+//! On a device (Soft-RoCE or a NIC), on tokio's multi-threaded runtime, the server and the
+//! clients in one process, each side with its own event channel:
+//!
+//! ```text
+//! cargo run --release --features hw --example echo -- --backend hw --server 10.0.0.1 --clients 100 --messages 100
+//! ```
+//!
 //! Prints each client's result, then `seed:` and `trace-hash:`. Options: `--clients N`,
 //! `--messages M`, `--seed S` (or `CM_SIM_SEED`), `--loss PER_MILLE` (CM messages lost between
 //! the server and every client), `--crash-server SECS` (the server host crashes then, and
@@ -19,7 +26,10 @@ pub mod app {
     use cm::CmBackend;
 
     /// Serves echo on `addr` until dropped: every connection in a task of its own.
-    pub async fn server<B: CmBackend + 'static, R: Runtime>(cm: Cm<B, R>, addr: SocketAddr) -> Result<(), Error> {
+    pub async fn server<B: CmBackend + 'static, R: Runtime>(
+        cm: Cm<B, R>,
+        addr: SocketAddr,
+    ) -> Result<(), Error> {
         let listener = cm.listen(addr, ConnOptions::default())?;
         loop {
             let (conn, _hello) = listener.accept().await?;
@@ -70,7 +80,10 @@ pub mod app {
 
     /// Connects, sends `plan.messages` messages checking each echo, disconnects; on a transient
     /// failure starts over on a new connection, at most `plan.retries` times.
-    pub async fn client<B: CmBackend + 'static, R: Runtime>(cm: Cm<B, R>, plan: Plan) -> Result<Report, Error> {
+    pub async fn client<B: CmBackend + 'static, R: Runtime>(
+        cm: Cm<B, R>,
+        plan: Plan,
+    ) -> Result<Report, Error> {
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -95,7 +108,15 @@ pub mod app {
             let msg = format!("client {} message {i}", plan.client).into_bytes();
             rt.timeout(plan.op_timeout, conn.send(&msg)).await??;
             let got = rt.timeout(plan.op_timeout, conn.recv()).await??;
-            assert_eq!(got, msg, "{:?}", Corrupted { sent: msg.clone(), got: got.clone() });
+            assert_eq!(
+                got,
+                msg,
+                "{:?}",
+                Corrupted {
+                    sent: msg.clone(),
+                    got: got.clone()
+                }
+            );
         }
         let closed = conn.disconnect().await?;
         assert!(closed.unread.is_empty(), "echoes nobody asked for: {closed:?}");
@@ -127,6 +148,8 @@ pub struct Args {
     pub trace: Option<String>,
     /// `sim` or `hw`.
     pub backend: String,
+    /// Hardware: the address the server listens on (port 7471 unless given).
+    pub server: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -138,6 +161,7 @@ fn parse_args() -> Result<Args, String> {
         crash_server: None,
         trace: None,
         backend: "sim".into(),
+        server: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -151,6 +175,7 @@ fn parse_args() -> Result<Args, String> {
             "--crash-server" => a.crash_server = Some(Duration::from_secs(val()?.parse().map_err(bad)?)),
             "--trace" => a.trace = Some(val()?),
             "--backend" => a.backend = val()?,
+            "--server" => a.server = Some(val()?),
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -169,7 +194,14 @@ pub fn fabric(args: &Args) -> SimFabric {
     let mut faults = FaultSchedule::new();
     for c in 0..args.clients as u16 {
         if args.loss > 0 {
-            faults = faults.with(Duration::ZERO, Fault::Loss { a: 0, b: c + 1, per_mille: args.loss });
+            faults = faults.with(
+                Duration::ZERO,
+                Fault::Loss {
+                    a: 0,
+                    b: c + 1,
+                    per_mille: args.loss,
+                },
+            );
         }
     }
     if let Some(at) = args.crash_server {
@@ -182,12 +214,18 @@ pub fn fabric(args: &Args) -> SimFabric {
 }
 
 /// Runs the echo application on `fabric`; each client's result by client number.
-pub fn run_sim(fabric: &SimFabric, args: &Args) -> Result<Vec<Result<app::Report, cm::app::Error>>, cm::app::sim::SimFailure> {
+pub fn run_sim(
+    fabric: &SimFabric,
+    args: &Args,
+) -> Result<Vec<Result<app::Report, cm::app::Error>>, cm::app::sim::SimFailure> {
     let server: SocketAddr = "10.0.0.1:7471".parse().expect("address");
     let mut sim = Sim::new(fabric.clone()).deadline(Duration::from_secs(600));
     sim.server(0, move |ctx| async move {
         app::server(ctx.cm()?, server).await?;
-        Ok(app::Report { echoed: 0, attempts: 0 })
+        Ok(app::Report {
+            echoed: 0,
+            attempts: 0,
+        })
     });
     for c in 0..args.clients {
         let plan = app::Plan {
@@ -222,12 +260,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.backend != "sim" {
-        eprintln!(
-            "echo: --backend {} is not wired up yet: the tokio runner needs cm-hw's channel and CQ fds",
-            args.backend
-        );
-        return ExitCode::from(2);
+    match args.backend.as_str() {
+        "sim" => {}
+        "hw" => return run_hw(&args),
+        other => {
+            eprintln!("echo: unknown backend {other} (sim or hw)");
+            return ExitCode::from(2);
+        }
     }
     let fabric = fabric(&args);
     let results = match run_sim(&fabric, &args) {
@@ -257,4 +296,80 @@ fn main() -> ExitCode {
     println!("seed: {}", fabric.seed());
     println!("trace-hash: {:016x}", fabric.trace_hash());
     ExitCode::SUCCESS
+}
+
+/// Runs echo on the RDMA device: the application code above, on tokio.
+#[cfg(feature = "hw")]
+fn run_hw(args: &Args) -> ExitCode {
+    use cm::app::tokio::TokioRuntime;
+    use cm::hw::HwBackend;
+
+    let Some(server) = &args.server else {
+        eprintln!("echo: --backend hw needs --server ADDR (an address of the RDMA device)");
+        return ExitCode::from(2);
+    };
+    let server: SocketAddr = match server.parse().or_else(|_| format!("{server}:7471").parse()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("echo: --server {server}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let local = tokio::task::LocalSet::new();
+    let run = local.block_on(&rt, async {
+        let tr = TokioRuntime::new();
+        let server_cm = tr.cm(HwBackend::new()?)?;
+        let client_cm = tr.cm(HwBackend::new()?)?;
+        let srv = tokio::task::spawn_local(app::server(server_cm, server));
+        // Every client on one event channel: the driver hands each event to its connection.
+        let clients: Vec<_> = (0..args.clients)
+            .map(|c| {
+                let plan = app::Plan {
+                    server,
+                    client: c,
+                    messages: args.messages,
+                    retries: 5,
+                    op_timeout: Duration::from_secs(30),
+                };
+                tokio::task::spawn_local(app::client(client_cm.clone(), plan))
+            })
+            .collect();
+        let mut results = Vec::new();
+        for c in clients {
+            results.push(c.await.expect("client task"));
+        }
+        srv.abort();
+        let _ = srv.await;
+        Ok::<_, cm::app::Error>(results)
+    });
+    let results = match run {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("echo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    for (c, r) in results.iter().enumerate() {
+        match r {
+            Ok(rep) => println!("client {c}: {} echoed, {} attempt(s)", rep.echoed, rep.attempts),
+            Err(e) => println!("client {c}: {e}"),
+        }
+    }
+    println!("clients: {} ok, {failed} failed", results.len() - failed);
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(not(feature = "hw"))]
+fn run_hw(_: &Args) -> ExitCode {
+    eprintln!("echo: --backend hw needs the hardware backend: cargo run --release --features hw --example echo -- --backend hw ...");
+    ExitCode::from(2)
 }

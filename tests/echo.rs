@@ -26,6 +26,7 @@ fn args(seed: u64) -> echo::Args {
         crash_server: None,
         trace: None,
         backend: "sim".into(),
+        server: None,
     }
 }
 
@@ -37,7 +38,11 @@ fn without_faults_every_client_gets_every_echo() {
     for r in &results {
         assert_eq!(r.as_ref().map(|r| r.echoed), Ok(MESSAGES), "{r:?}");
     }
-    assert!(fabric.live_resources().is_clean(), "{:?}", fabric.live_resources());
+    assert!(
+        fabric.live_resources().is_clean(),
+        "{:?}",
+        fabric.live_resources()
+    );
 }
 
 #[test]
@@ -50,8 +55,16 @@ fn loss_and_a_server_crash_are_survived_by_retrying() {
     };
     let fabric = echo::fabric(&a);
     let results = echo::run_sim(&fabric, &a).unwrap_or_else(|f| panic!("{f}"));
-    assert!(results.iter().all(|r| r.as_ref().is_ok_and(|r| r.echoed == a.messages)), "{results:?}");
-    assert!(results.iter().any(|r| r.as_ref().is_ok_and(|r| r.attempts > 1)), "nobody had to retry: {results:?}");
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|r| r.echoed == a.messages)),
+        "{results:?}"
+    );
+    assert!(
+        results.iter().any(|r| r.as_ref().is_ok_and(|r| r.attempts > 1)),
+        "nobody had to retry: {results:?}"
+    );
     assert!(fabric.live_resources().is_clean());
 }
 
@@ -60,17 +73,43 @@ fn fault() -> impl Strategy<Value = (Duration, Fault)> {
     let client = 1..=CLIENTS as u16;
     let at = (0u64..400).prop_map(Duration::from_micros);
     prop_oneof![
-        (client.clone(), 50u16..600).prop_map(|(b, p)| (Duration::ZERO, Fault::Loss { a: 0, b, per_mille: p })),
+        (client.clone(), 50u16..600).prop_map(|(b, p)| (
+            Duration::ZERO,
+            Fault::Loss {
+                a: 0,
+                b,
+                per_mille: p
+            }
+        )),
         (at.clone(), client.clone()).prop_map(|(t, b)| (t, Fault::Partition { a: 0, b })),
         (at.clone(), client.clone()).prop_map(|(t, b)| (t, Fault::Heal { a: 0, b })),
         at.clone().prop_map(|t| (t, Fault::Crash { host: 0 })),
         at.clone().prop_map(|t| (t, Fault::Restart { host: 0 })),
         (client.clone(), 1u64..50).prop_map(|(b, ms)| (
             Duration::ZERO,
-            Fault::Delay { a: 0, b, min: Duration::ZERO, max: Duration::from_millis(ms) }
+            Fault::Delay {
+                a: 0,
+                b,
+                min: Duration::ZERO,
+                max: Duration::from_millis(ms)
+            }
         )),
-        (at.clone(), client.clone()).prop_map(|(t, host)| (t, Fault::FailAddrResolution { host, status: -113, count: 1 })),
-        (at.clone(), client.clone()).prop_map(|(t, host)| (t, Fault::FailRouteResolution { host, status: -110, count: 1 })),
+        (at.clone(), client.clone()).prop_map(|(t, host)| (
+            t,
+            Fault::FailAddrResolution {
+                host,
+                status: -113,
+                count: 1
+            }
+        )),
+        (at.clone(), client.clone()).prop_map(|(t, host)| (
+            t,
+            Fault::FailRouteResolution {
+                host,
+                status: -110,
+                count: 1
+            }
+        )),
         (at.clone(), client.clone()).prop_map(|(t, host)| (t, Fault::AddrChange { host })),
         (at.clone(), client.clone()).prop_map(|(t, host)| (t, Fault::RemoveDevice { host })),
         (at, 0u32..2).prop_map(|(t, backlog)| (t, Fault::Backlog { host: 0, backlog })),
@@ -127,7 +166,7 @@ proptest! {
 /// device do when something arrives. The layer's tokio driver (`AsyncFd` on those fds, pumping
 /// on readiness) and the tokio runtime are exercised for real.
 mod on_tokio {
-        use std::io::Write;
+    use std::io::Write;
     use std::net::SocketAddr;
     use std::os::fd::{AsFd, BorrowedFd};
     use std::os::unix::net::UnixStream;
@@ -224,9 +263,17 @@ mod on_tokio {
 
     #[test]
     fn echo_runs_unchanged_on_tokio_multi_threaded_runtime() {
-        let fabric = SimFabric::builder().seed(21).host("10.0.0.1").host("10.0.0.2").host("10.0.0.3").build();
+        let fabric = SimFabric::builder()
+            .seed(21)
+            .host("10.0.0.1")
+            .host("10.0.0.2")
+            .host("10.0.0.3")
+            .build();
         let server: SocketAddr = "10.0.0.1:7471".parse().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let local = tokio::task::LocalSet::new();
         let results = local.block_on(&rt, async {
             let tr = TokioRuntime::new();
@@ -261,7 +308,12 @@ mod on_tokio {
             }
             let mut results = Vec::new();
             for c in clients {
-                results.push(tokio::time::timeout(Duration::from_secs(60), c).await.expect("bounded").expect("joined"));
+                results.push(
+                    tokio::time::timeout(Duration::from_secs(60), c)
+                        .await
+                        .expect("bounded")
+                        .expect("joined"),
+                );
             }
             srv.abort();
             let _ = srv.await;
@@ -273,6 +325,10 @@ mod on_tokio {
             assert_eq!(r.as_ref().map(|r| r.echoed), Ok(20), "{r:?}");
         }
         drop(local);
-        assert!(fabric.live_resources().is_clean(), "{:?}", fabric.live_resources());
+        assert!(
+            fabric.live_resources().is_clean(),
+            "{:?}",
+            fabric.live_resources()
+        );
     }
 }

@@ -140,9 +140,17 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             id
         };
         let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), id, opts);
-        self.sh.st.borrow_mut().b.resolve_addr(id, None, dst, opts.resolve_timeout)?;
+        self.sh
+            .st
+            .borrow_mut()
+            .b
+            .resolve_addr(id, None, dst, opts.resolve_timeout)?;
         conn.expect(CmEventType::AddrResolved).await?;
-        self.sh.st.borrow_mut().b.resolve_route(id, opts.resolve_timeout)?;
+        self.sh
+            .st
+            .borrow_mut()
+            .b
+            .resolve_route(id, opts.resolve_timeout)?;
         conn.expect(CmEventType::RouteResolved).await?;
         conn.set_up_qp(opts)?;
         let param = ConnParam::new().with_private_data(&opts.private_data);
@@ -446,7 +454,10 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     }
 
     /// Waits until `pick` finds its completion in the mailbox, or the connection ends.
-    async fn wait_cq(&self, mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion>) -> Result<WorkCompletion> {
+    async fn wait_cq(
+        &self,
+        mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion>,
+    ) -> Result<WorkCompletion> {
         let (sh, id) = (&self.sh, self.id);
         poll_fn(|cx| {
             let mut st = sh.st.borrow_mut();

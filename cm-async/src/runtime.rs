@@ -28,7 +28,11 @@ pub trait Runtime: Clone + 'static {
 
     /// `fut`'s output, or [`Elapsed`] when `duration` passes first (then `fut` is dropped,
     /// which cancels it).
-    fn timeout<F: Future>(&self, duration: Duration, fut: F) -> impl Future<Output = Result<F::Output, Elapsed>> {
+    fn timeout<F: Future>(
+        &self,
+        duration: Duration,
+        fut: F,
+    ) -> impl Future<Output = Result<F::Output, Elapsed>> {
         let sleep = self.sleep(duration);
         async move {
             let mut fut = pin!(fut);

@@ -26,6 +26,8 @@ use crate::runtime::{joinable, JoinHandle, Runtime};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 type HostFn<T> = Rc<dyn Fn(HostCtx) -> BoxFuture<T>>;
+/// Where a host closure's output lands.
+type Output<T> = Rc<RefCell<Option<T>>>;
 
 /// Why a simulated run failed. `Display` ends with the seed to reproduce it and the trace file.
 #[derive(Debug)]
@@ -68,9 +70,11 @@ impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             FailureKind::Panic { task, message } => write!(f, "task {task} panicked: {message}")?,
-            FailureKind::Deadline { deadline, waiting } => {
-                write!(f, "virtual deadline {deadline} passed; still waiting: {}", waiting.join(", "))?
-            }
+            FailureKind::Deadline { deadline, waiting } => write!(
+                f,
+                "virtual deadline {deadline} passed; still waiting: {}",
+                waiting.join(", ")
+            )?,
             FailureKind::Deadlock { at, waiting } => write!(
                 f,
                 "deadlock at {at}: every task waits and no timer is armed; waiting: {}",
@@ -399,7 +403,7 @@ struct Executor<T> {
     deadline: u64,
     rng: ChaCha8Rng,
     /// Per host: the incarnation its closure runs in, and where its output lands.
-    running: Vec<Option<(u32, Rc<RefCell<Option<T>>>)>>,
+    running: Vec<Option<(u32, Output<T>)>>,
     outcomes: Vec<Option<T>>,
 }
 
@@ -467,7 +471,9 @@ impl<T: 'static> Executor<T> {
     fn reap_crashed(&mut self) {
         let fabric = self.core.fabric.clone();
         for i in 0..self.running.len() {
-            let Some((inc, _)) = &self.running[i] else { continue };
+            let Some((inc, _)) = &self.running[i] else {
+                continue;
+            };
             if fabric.host_is_up(i) && fabric.host_incarnation(i) == *inc {
                 continue;
             }
@@ -518,7 +524,13 @@ impl<T: 'static> Executor<T> {
     }
 
     fn waiting(&self) -> Vec<String> {
-        self.core.tasks.borrow().iter().flatten().map(|t| t.name.clone()).collect()
+        self.core
+            .tasks
+            .borrow()
+            .iter()
+            .flatten()
+            .map(|t| t.name.clone())
+            .collect()
     }
 
     fn fail(&self, kind: FailureKind) -> SimFailure {
@@ -527,7 +539,11 @@ impl<T: 'static> Executor<T> {
         SimFailure {
             kind,
             seed,
-            trace: self.core.fabric.write_trace_file(&format!("cm-async-seed-{seed}")).ok(),
+            trace: self
+                .core
+                .fabric
+                .write_trace_file(&format!("cm-async-seed-{seed}"))
+                .ok(),
         }
     }
 
@@ -535,7 +551,9 @@ impl<T: 'static> Executor<T> {
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
         let (mut fut, waker, name) = {
             let mut tasks = self.core.tasks.borrow_mut();
-            let Some(Some(task)) = tasks.get_mut(id) else { return Ok(()) };
+            let Some(Some(task)) = tasks.get_mut(id) else {
+                return Ok(());
+            };
             let Some(fut) = task.fut.take() else { return Ok(()) };
             (fut, task.waker.clone(), task.name.clone())
         };
@@ -595,7 +613,13 @@ impl<T: 'static> Executor<T> {
                 p.pump();
             }
             drop(pumps);
-            if !self.core.ready.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            if !self
+                .core
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
                 continue;
             }
             let timer = self.core.timers.borrow().keys().next().map(|k| k.0);

@@ -123,7 +123,8 @@ impl TokioRuntime {
         let cm = Cm::new(backend, self.clone())?;
         {
             let mut st = cm.sh.st.borrow_mut();
-            let channel = register(st.b.channel_fd(st.ch)?).map_err(|e| os_error(cm_core::Call::GetCmEvent, &e))?;
+            let channel =
+                register(st.b.channel_fd(st.ch)?).map_err(|e| os_error(cm_core::Call::GetCmEvent, &e))?;
             st.regs = Some(Box::new(TokioRegs {
                 channel: Some(channel),
                 cqs: BTreeMap::new(),
@@ -158,8 +159,12 @@ fn poll_fds<B: Readiness>(sh: &Shared<B>, cx: &mut Context<'_>) -> bool {
     st.driver = Some(cx.waker().clone());
     let watched: Vec<IdHandle> = st.watched().collect();
     let st = &mut *st;
-    let Some(regs) = st.regs.as_mut() else { return false };
-    let Some(regs) = regs.as_any_mut().downcast_mut::<TokioRegs>() else { return false };
+    let Some(regs) = st.regs.as_mut() else {
+        return false;
+    };
+    let Some(regs) = regs.as_any_mut().downcast_mut::<TokioRegs>() else {
+        return false;
+    };
     let mut failure = None;
     for id in watched {
         if let std::collections::btree_map::Entry::Vacant(v) = regs.cqs.entry(id) {

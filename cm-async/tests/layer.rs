@@ -18,7 +18,11 @@ fn server_addr() -> SocketAddr {
 }
 
 fn fabric(seed: u64) -> SimFabric {
-    SimFabric::builder().seed(seed).host("10.0.0.1").host("10.0.0.2").build()
+    SimFabric::builder()
+        .seed(seed)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .build()
 }
 
 fn fabric_with(seed: u64, faults: FaultSchedule) -> SimFabric {
@@ -62,7 +66,9 @@ fn connect_without_listener_is_rejected_with_status_8() {
     let mut sim: Sim<cm_async::Result<Vec<u8>>> = Sim::new(f.clone());
     sim.client(1, |ctx| async move {
         let cm = ctx.cm()?;
-        cm.connect(server_addr(), &ConnOptions::default()).await.map(|_| Vec::new())
+        cm.connect(server_addr(), &ConnOptions::default())
+            .await
+            .map(|_| Vec::new())
     });
     let r = client_result(sim.run().unwrap());
     assert!(matches!(r, Err(Error::Rejected { status: 8, .. })), "{r:?}");
@@ -106,7 +112,9 @@ fn address_nobody_has_is_addr_error_with_etimedout() {
     let mut sim: Sim<cm_async::Result<Vec<u8>>> = Sim::new(f.clone());
     sim.client(1, |ctx| async move {
         let cm = ctx.cm()?;
-        cm.connect("10.9.9.9:1".parse().unwrap(), &ConnOptions::default()).await.map(|_| Vec::new())
+        cm.connect("10.9.9.9:1".parse().unwrap(), &ConnOptions::default())
+            .await
+            .map(|_| Vec::new())
     });
     let r = client_result(sim.run().unwrap());
     assert_eq!(r, Err(Error::AddrError { status: -ETIMEDOUT }));
@@ -128,7 +136,9 @@ fn failed_route_resolution_is_route_error() {
     echo_server(&mut sim);
     sim.client(1, |ctx| async move {
         let cm = ctx.cm()?;
-        cm.connect(server_addr(), &ConnOptions::default()).await.map(|_| Vec::new())
+        cm.connect(server_addr(), &ConnOptions::default())
+            .await
+            .map(|_| Vec::new())
     });
     let r = client_result(sim.run().unwrap());
     assert_eq!(r, Err(Error::RouteError { status: -ETIMEDOUT }));
@@ -143,7 +153,9 @@ fn partitioned_server_is_unreachable() {
     echo_server(&mut sim);
     sim.client(1, |ctx| async move {
         let cm = ctx.cm()?;
-        cm.connect(server_addr(), &ConnOptions::default()).await.map(|_| Vec::new())
+        cm.connect(server_addr(), &ConnOptions::default())
+            .await
+            .map(|_| Vec::new())
     });
     let r = client_result(sim.run().unwrap());
     assert_eq!(r, Err(Error::Unreachable { status: -ETIMEDOUT }));
@@ -163,7 +175,11 @@ fn connect_timeout_is_typed_and_leaves_nothing() {
             ..ConnOptions::default()
         };
         let r = cm.connect(server_addr(), &opts).await.map(|_| Vec::new());
-        assert_eq!(cm.runtime().now(), Duration::from_millis(500), "the timeout is virtual");
+        assert_eq!(
+            cm.runtime().now(),
+            Duration::from_millis(500),
+            "the timeout is virtual"
+        );
         r
     });
     let r = client_result(sim.run().unwrap());
@@ -185,14 +201,21 @@ fn dropping_connect_halfway_releases_its_id_and_qp() {
             // Each bound stops the connect at a different step (resolution, request, reply).
             for us in [1, 30, 60, 90, 120, 150, 200] {
                 let r = rt
-                    .timeout(Duration::from_micros(us), cm.connect(server_addr(), &ConnOptions::default()))
+                    .timeout(
+                        Duration::from_micros(us),
+                        cm.connect(server_addr(), &ConnOptions::default()),
+                    )
                     .await;
                 if let Ok(conn) = r {
                     drop(conn?);
                 }
                 use cm_core::CmBackend;
                 let live = host.live_resources();
-                assert_eq!((live.ids, live.qps, live.unacked_events), (0, 0, 0), "after {us} us: {live:?}");
+                assert_eq!(
+                    (live.ids, live.qps, live.unacked_events),
+                    (0, 0, 0),
+                    "after {us} us: {live:?}"
+                );
             }
             let conn = cm.connect(server_addr(), &ConnOptions::default()).await?;
             conn.send(b"still works").await?;
@@ -217,7 +240,10 @@ fn dropping_accept_halfway_and_dropping_a_request_leave_nothing() {
             let rt = cm.runtime().clone();
             let listener = cm.listen(server_addr(), ConnOptions::default())?;
             // Cancelled while waiting: nothing was taken, nothing is held.
-            assert!(rt.timeout(Duration::from_millis(1), listener.accept()).await.is_err());
+            assert!(rt
+                .timeout(Duration::from_millis(1), listener.accept())
+                .await
+                .is_err());
             // The first request is dropped unanswered: the client sees REJECTED.
             drop(listener.request().await?);
             use cm_core::CmBackend;
@@ -235,7 +261,11 @@ fn dropping_accept_halfway_and_dropping_a_request_leave_nothing() {
         let cm = ctx.cm()?;
         cm.runtime().sleep(Duration::from_millis(2)).await;
         let first = cm.connect(server_addr(), &ConnOptions::default()).await;
-        assert!(matches!(first, Err(Error::Rejected { status: 28, .. })), "{:?}", first.err());
+        assert!(
+            matches!(first, Err(Error::Rejected { status: 28, .. })),
+            "{:?}",
+            first.err()
+        );
         let conn = cm.connect(server_addr(), &ConnOptions::default()).await?;
         conn.send(b"second").await?;
         let m = conn.recv().await?;
@@ -407,7 +437,9 @@ fn every_task_waiting_without_a_timer_is_a_deadlock_naming_them_and_the_seed() {
 fn passing_the_virtual_deadline_fails_the_run() {
     let f = fabric(14);
     let mut sim: Sim<()> = Sim::new(f).deadline(Duration::from_secs(10));
-    sim.client(1, |ctx| async move { ctx.runtime().sleep(Duration::from_secs(11)).await });
+    sim.client(1, |ctx| async move {
+        ctx.runtime().sleep(Duration::from_secs(11)).await
+    });
     let failure = sim.run().unwrap_err();
     assert!(matches!(failure.kind, FailureKind::Deadline { .. }), "{failure}");
     assert!(failure.to_string().contains("CM_SIM_SEED=14"));
@@ -439,10 +471,15 @@ fn sleeps_and_timeouts_run_in_virtual_time() {
     sim.client(1, |ctx| async move {
         let rt = ctx.runtime().clone();
         rt.sleep(Duration::from_secs(3600 - 1)).await;
-        let t = rt.timeout(Duration::from_millis(5), std::future::pending::<()>()).await;
+        let t = rt
+            .timeout(Duration::from_millis(5), std::future::pending::<()>())
+            .await;
         assert!(t.is_err());
         rt.now()
     });
     let out = sim.run().unwrap();
-    assert_eq!(out[1], HostOutcome::Finished(Duration::from_secs(3599) + Duration::from_millis(5)));
+    assert_eq!(
+        out[1],
+        HostOutcome::Finished(Duration::from_secs(3599) + Duration::from_millis(5))
+    );
 }

@@ -28,7 +28,11 @@ impl SimFabric {
     /// # Ok::<(), cm_core::CmError>(())
     /// ```
     pub fn next_deadline(&self) -> Option<SimTime> {
-        self.inner().borrow_mut().sched.next_time().map(SimTime::from_nanos)
+        self.inner()
+            .borrow_mut()
+            .sched
+            .next_time()
+            .map(SimTime::from_nanos)
     }
 
     /// Runs everything due up to `t` and moves the clock to `t` (never backwards: a `t` in the
