@@ -55,6 +55,7 @@ pub(crate) trait Registrations {
     /// Drops the registration of `id`'s CQ fd, if any.
     fn forget(&mut self, id: IdHandle);
     /// For the runtime to get its own type back.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
@@ -148,6 +149,7 @@ impl<B: CmBackend> State<B> {
     }
 
     /// The ids whose CQ a task waits on.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn watched(&self) -> impl Iterator<Item = IdHandle> + '_ {
         self.cq_watch.iter().copied()
     }

@@ -115,9 +115,16 @@ struct HostDef<T> {
     run: HostFn<T>,
 }
 
+/// A task's name, made into text only for reports: `<host address>#main` or `#task<n>`.
+#[derive(Clone, Copy)]
+enum TaskName {
+    Main,
+    Spawned(u64),
+}
+
 struct Task {
     host: usize,
-    name: String,
+    name: TaskName,
     fut: Option<BoxFuture<()>>,
     waker: Waker,
 }
@@ -153,7 +160,7 @@ struct Core {
 }
 
 impl Core {
-    fn spawn(&self, host: usize, name: String, fut: BoxFuture<()>) {
+    fn spawn(&self, host: usize, name: TaskName, fut: BoxFuture<()>) {
         let slot = self.free.borrow_mut().pop();
         let mut tasks = self.tasks.borrow_mut();
         let id = slot.unwrap_or(tasks.len());
@@ -177,6 +184,14 @@ impl Core {
 
     fn now(&self) -> u64 {
         self.fabric.now().as_nanos()
+    }
+
+    fn name(&self, task: &Task) -> String {
+        let addr = self.fabric.host_addrs(task.host)[0];
+        match task.name {
+            TaskName::Main => format!("{addr}#main"),
+            TaskName::Spawned(n) => format!("{addr}#task{n}"),
+        }
     }
 }
 
@@ -212,8 +227,7 @@ impl Runtime for SimRuntime {
         let (task, handle) = joinable(fut);
         let n = self.core.spawned.get() + 1;
         self.core.spawned.set(n);
-        let name = format!("{}#task{n}", self.core.fabric.host_addrs(self.host)[0]);
-        self.core.spawn(self.host, name, Box::pin(task));
+        self.core.spawn(self.host, TaskName::Spawned(n), Box::pin(task));
         handle
     }
 
@@ -247,17 +261,20 @@ impl Future for Sleep {
             }
             return Poll::Ready(());
         }
-        let key = match self.key {
-            Some(k) => k,
-            None => {
-                let seq = self.core.timer_seq.get();
-                self.core.timer_seq.set(seq + 1);
-                let k = (self.at, seq);
-                self.key = Some(k);
-                k
+        if let Some(k) = self.key {
+            let mut timers = self.core.timers.borrow_mut();
+            if let Some(w) = timers.get_mut(&k) {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+                return Poll::Pending;
             }
-        };
-        self.core.timers.borrow_mut().insert(key, cx.waker().clone());
+        }
+        let seq = self.core.timer_seq.get();
+        self.core.timer_seq.set(seq + 1);
+        let k = (self.at, seq);
+        self.key = Some(k);
+        self.core.timers.borrow_mut().insert(k, cx.waker().clone());
         Poll::Pending
     }
 }
@@ -455,10 +472,9 @@ impl<T: 'static> Executor<T> {
                 host: fabric.host(i),
             };
             let fut = (def.run)(ctx);
-            let name = format!("{}#main", fabric.host_addrs(i)[0]);
             self.core.spawn(
                 i,
-                name,
+                TaskName::Main,
                 Box::pin(async move {
                     let v = fut.await;
                     *out.borrow_mut() = Some(v);
@@ -529,7 +545,7 @@ impl<T: 'static> Executor<T> {
             .borrow()
             .iter()
             .flatten()
-            .map(|t| t.name.clone())
+            .map(|t| self.core.name(t))
             .collect()
     }
 
@@ -549,13 +565,13 @@ impl<T: 'static> Executor<T> {
 
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        let (mut fut, waker, name) = {
+        let (mut fut, waker) = {
             let mut tasks = self.core.tasks.borrow_mut();
             let Some(Some(task)) = tasks.get_mut(id) else {
                 return Ok(());
             };
             let Some(fut) = task.fut.take() else { return Ok(()) };
-            (fut, task.waker.clone(), task.name.clone())
+            (fut, task.waker.clone())
         };
         let mut cx = Context::from_waker(&waker);
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
@@ -579,10 +595,31 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
-                self.core.tasks.borrow_mut()[id] = None;
+                let task = self.core.tasks.borrow_mut()[id].take();
+                let name = task.map(|t| self.core.name(&t)).unwrap_or_default();
                 drop(fut);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
+        }
+    }
+
+    /// Lets every channel's driver take what the fabric has for it.
+    fn pump_all(&self) {
+        let mut i = 0;
+        loop {
+            let pump = {
+                let mut pumps = self.core.pumps.borrow_mut();
+                let Some(w) = pumps.get(i) else { break };
+                match w.upgrade() {
+                    Some(p) => p,
+                    None => {
+                        pumps.remove(i);
+                        continue;
+                    }
+                }
+            };
+            pump.pump();
+            i += 1;
         }
     }
 
@@ -604,15 +641,7 @@ impl<T: 'static> Executor<T> {
             if self.clients_done() {
                 break;
             }
-            let pumps: Vec<Rc<dyn Pump>> = {
-                let mut p = self.core.pumps.borrow_mut();
-                p.retain(|w| w.strong_count() > 0);
-                p.iter().filter_map(Weak::upgrade).collect()
-            };
-            for p in &pumps {
-                p.pump();
-            }
-            drop(pumps);
+            self.pump_all();
             if !self
                 .core
                 .ready
@@ -623,16 +652,15 @@ impl<T: 'static> Executor<T> {
                 continue;
             }
             let timer = self.core.timers.borrow().keys().next().map(|k| k.0);
-            let next = match (self.core.fabric.next_deadline().map(SimTime::as_nanos), timer) {
+            let fabric_next = self.core.fabric.next_deadline().map(SimTime::as_nanos);
+            let next = match (fabric_next, timer) {
                 (Some(a), Some(b)) => a.min(b),
-                (a, b) => match a.or(b) {
-                    Some(t) => t,
-                    None => {
-                        let at = self.core.fabric.now();
-                        let waiting = self.waiting();
-                        return Err(self.fail(FailureKind::Deadlock { at, waiting }));
-                    }
-                },
+                (Some(t), None) | (None, Some(t)) => t,
+                (None, None) => {
+                    let at = self.core.fabric.now();
+                    let waiting = self.waiting();
+                    return Err(self.fail(FailureKind::Deadlock { at, waiting }));
+                }
             };
             if next > self.deadline {
                 let waiting = self.waiting();
@@ -641,13 +669,14 @@ impl<T: 'static> Executor<T> {
             }
             self.core.fabric.advance_to(SimTime::from_nanos(next));
             let now = self.core.now();
-            let due: Vec<Waker> = {
+            while let Some(entry) = {
                 let mut timers = self.core.timers.borrow_mut();
-                let later = timers.split_off(&(now + 1, 0));
-                std::mem::replace(&mut *timers, later).into_values().collect()
-            };
-            for w in due {
-                w.wake();
+                match timers.first_key_value() {
+                    Some((k, _)) if k.0 <= now => timers.pop_first(),
+                    _ => None,
+                }
+            } {
+                entry.1.wake();
             }
             self.reap_crashed();
             self.start_hosts();
