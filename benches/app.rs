@@ -68,8 +68,16 @@ fn app_lifecycles(iters: u64) -> Duration {
     let start = Instant::now();
     let out = sim.run().unwrap_or_else(|f| panic!("{f}"));
     let took = start.elapsed();
-    assert!(matches!(out[1], HostOutcome::Finished(Ok(n)) if n == iters), "{:?}", out[1]);
-    assert!(fabric.live_resources().is_clean(), "{:?}", fabric.live_resources());
+    assert!(
+        matches!(out[1], HostOutcome::Finished(Ok(n)) if n == iters),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        fabric.live_resources().is_clean(),
+        "{:?}",
+        fabric.live_resources()
+    );
     took
 }
 
@@ -81,7 +89,9 @@ fn benches(c: &mut Criterion) {
         b.iter_custom(|iters| bed.timed_lifecycles(iters));
     });
     bed.finish();
-    g.bench_function(BenchmarkId::new("app-sim", "tcp"), |b| b.iter_custom(app_lifecycles));
+    g.bench_function(BenchmarkId::new("app-sim", "tcp"), |b| {
+        b.iter_custom(app_lifecycles)
+    });
     g.finish();
 }
 
