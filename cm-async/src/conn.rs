@@ -81,7 +81,7 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
     /// Retrieves every queued event and every completion a task waits for, and wakes the tasks
     /// they are for; returns whether anything was handed out. Never blocks.
     pub fn pump(&self) -> bool {
-        self.sh.pump()
+        self.sh.pump(true)
     }
 
     /// The runtime: spawn, sleep, timeout, now.

@@ -85,16 +85,17 @@ impl<B: CmBackend> Shared<B> {
         })
     }
 
-    /// Retrieves every queued event and the completions tasks wait for, and wakes those tasks.
-    /// Returns whether anything was handed out.
-    pub(crate) fn pump(&self) -> bool {
+    /// Retrieves every queued event (unless `events` is false: the caller knows none is
+    /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
+    /// anything was handed out.
+    pub(crate) fn pump(&self, events: bool) -> bool {
         let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         let mut st = self.st.borrow_mut();
         for (id, listener) in deferred {
             st.release(id, listener);
         }
         let mut moved = false;
-        if st.failed.is_none() {
+        if events && st.failed.is_none() {
             loop {
                 let ch = st.ch;
                 match st.b.try_get_cm_event(ch) {
@@ -268,11 +269,11 @@ impl<B: CmBackend> Drop for State<B> {
 /// Something a runtime calls when the backend may have new events or completions.
 pub(crate) trait Pump {
     /// See [`Shared::pump`].
-    fn pump(&self) -> bool;
+    fn pump(&self, events: bool) -> bool;
 }
 
 impl<B: CmBackend> Pump for Shared<B> {
-    fn pump(&self) -> bool {
-        Shared::pump(self)
+    fn pump(&self, events: bool) -> bool {
+        Shared::pump(self, events)
     }
 }

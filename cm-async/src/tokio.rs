@@ -143,7 +143,7 @@ async fn drive<B: Readiness + 'static>(sh: Weak<Shared<B>>) {
             return Poll::Ready(());
         };
         loop {
-            sh.pump();
+            sh.pump(true);
             if !poll_fds(&sh, cx) {
                 return Poll::Pending;
             }
