@@ -1,5 +1,48 @@
 //! RDMA connection management (the librdmacm API) behind one trait, with a deterministic
-//! simulator and a hardware backend.
+//! simulator and a hardware backend, and an async application layer over both.
+//!
+//! # Write an application
+//!
+//! [`app`] (the `cm-async` crate): owned listeners and connections, typed errors, and a small
+//! [`Runtime`](app::Runtime) (spawn, sleep, timeout, now) with a deterministic executor in the
+//! simulator's virtual time ([`app::sim::Sim`]) and tokio (feature `tokio`). The same code runs
+//! on both:
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use cm::app::{Cm, ConnOptions, Error, Runtime};
+//! use cm::CmBackend;
+//!
+//! async fn echo_once<B: CmBackend + 'static, R: Runtime>(cm: Cm<B, R>, at: SocketAddr) -> Result<(), Error> {
+//!     let listener = cm.listen(at, ConnOptions::default())?;
+//!     let (conn, _hello) = listener.accept().await?;
+//!     let msg = conn.recv().await?;
+//!     conn.send(&msg).await?;
+//!     conn.disconnect().await?;
+//!     Ok(())
+//! }
+//!
+//! async fn ping<B: CmBackend + 'static, R: Runtime>(cm: Cm<B, R>, to: SocketAddr) -> Result<Vec<u8>, Error> {
+//!     let conn = cm.connect(to, &ConnOptions::default()).await?;
+//!     conn.send(b"ping").await?;
+//!     let echo = conn.recv().await?;
+//!     conn.disconnect().await?;
+//!     Ok(echo)
+//! }
+//!
+//! let fabric = cm::SimFabric::builder().seed(7).host("10.0.0.1").host("10.0.0.2").build();
+//! let at: SocketAddr = "10.0.0.1:7471".parse().unwrap();
+//! let mut sim = cm::app::sim::Sim::new(fabric.clone());
+//! sim.server(0, move |host| async move { echo_once(host.cm()?, at).await.map(|()| Vec::new()) });
+//! sim.client(1, move |host| async move { ping(host.cm()?, at).await });
+//! let outcomes = sim.run().unwrap_or_else(|failure| panic!("{failure}"));
+//! assert_eq!(outcomes[1], cm::app::sim::HostOutcome::Finished(Ok(b"ping".to_vec())));
+//! assert!(fabric.live_resources().is_clean());
+//! ```
+//!
+//! `examples/echo.rs` is a whole program (N clients, retries, faults, `--backend hw`).
+//!
+//! # The layers underneath
 //!
 //! * [`core`]: the [`CmBackend`] trait, librdmacm's types, the shared [`CmError`] and the
 //!   id/QP state machine.
@@ -41,6 +84,7 @@
 // docs.rs builds with `--cfg docsrs` on nightly: show which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub use cm_async as app;
 pub use cm_core as core;
 
 /// The deterministic simulator (`cm-sim`).

@@ -37,6 +37,8 @@ use crate::slab::{Pool, Slab, SlotRef};
 use crate::time::{nanos, SimTime};
 use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
 
+mod clock;
+
 /// IB CM reject reasons the simulator sends.
 mod reason {
     /// `IB_CM_REJ_TIMEOUT`: the active side gave up (or was destroyed) while its REQ was out.

@@ -220,6 +220,11 @@ impl<A> Queue<A> {
         Some((entry.time, entry.action))
     }
 
+    /// The time of the earliest entry, if any.
+    pub(crate) fn next_time(&mut self) -> Option<u64> {
+        self.earliest().map(|((time, _), _)| time)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.heap.len() + self.fifos.iter().map(VecDeque::len).sum::<usize>()
     }

@@ -1,0 +1,102 @@
+//! A full connection lifecycle through the async layer (`cm::app`) on the simulator's
+//! executor, beside the same lifecycle on the raw trait (`lifecycle/sim` in `benches/cm.rs`,
+//! measured again here so that both come from one run).
+//!
+//! ```text
+//! cargo bench --bench app
+//! ```
+//!
+//! The layer's lifecycle: `Cm::connect` (id, address and route resolution, QP, connect,
+//! `ESTABLISHED`), the server's `Listener::accept` in its accept loop, a task per connection
+//! whose `recv` sees `DISCONNECTED` and disconnects in turn, the client's
+//! `Connection::disconnect` (to its `DISCONNECTED`), both QPs and ids released. Receive
+//! buffers are not posted (`recv_depth: 0`), so the layer does the raw lifecycle's calls and
+//! what it costs on top is the layer itself: tasks, wakers, mailboxes, the executor's polling.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+
+use cm::app::sim::{HostOutcome, Sim};
+use cm::app::{ConnOptions, Runtime};
+use cm::sim::{SimFabric, TraceMode};
+
+#[allow(dead_code)] // what only the other benches need
+mod support;
+
+/// `iters` lifecycles through the layer, timed from the first call to the last release.
+fn app_lifecycles(iters: u64) -> Duration {
+    let fabric = SimFabric::builder()
+        .seed(support::SEED)
+        .host("10.0.0.1")
+        .host("10.0.1.1")
+        .trace(TraceMode::HashOnly)
+        .build();
+    let server: SocketAddr = "10.0.0.1:7471".parse().expect("address");
+    let opts = ConnOptions {
+        recv_depth: 0,
+        ..ConnOptions::default()
+    };
+    let mut sim: Sim<Result<u64, cm::app::Error>> = Sim::new(fabric.clone()).deadline(Duration::MAX);
+    let server_opts = opts.clone();
+    sim.server(0, move |ctx| {
+        let opts = server_opts.clone();
+        async move {
+            let cm = ctx.cm()?;
+            let listener = cm.listen(server, opts)?;
+            loop {
+                let (conn, _) = listener.accept().await?;
+                drop(cm.runtime().spawn(async move {
+                    let _ = conn.recv().await;
+                    let _ = conn.disconnect().await;
+                }));
+            }
+        }
+    });
+    sim.client(1, move |ctx| {
+        let opts = opts.clone();
+        async move {
+            let cm = ctx.cm()?;
+            for _ in 0..iters {
+                let conn = cm.connect(server, &opts).await?;
+                conn.disconnect().await?;
+            }
+            Ok(iters)
+        }
+    });
+    let start = Instant::now();
+    let out = sim.run().unwrap_or_else(|f| panic!("{f}"));
+    let took = start.elapsed();
+    assert!(
+        matches!(out[1], HostOutcome::Finished(Ok(n)) if n == iters),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        fabric.live_resources().is_clean(),
+        "{:?}",
+        fabric.live_resources()
+    );
+    took
+}
+
+fn benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lifecycle_app");
+    g.throughput(Throughput::Elements(1));
+    let mut bed = support::sim_bed(0);
+    g.bench_function(BenchmarkId::new("raw-sim", "tcp"), |b| {
+        b.iter_custom(|iters| bed.timed_lifecycles(iters));
+    });
+    bed.finish();
+    g.bench_function(BenchmarkId::new("app-sim", "tcp"), |b| {
+        b.iter_custom(app_lifecycles)
+    });
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    benches(&mut c);
+    c.final_summary();
+}

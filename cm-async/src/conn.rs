@@ -1,0 +1,534 @@
+//! The owned objects: the channel handle [`Cm`], [`Listener`] and [`Connection`].
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
+use cm_core::{WcOpcode, WcStatus, WorkCompletion};
+
+use crate::driver::{EventInfo, Shared};
+use crate::error::{Error, Result};
+use crate::runtime::Runtime;
+
+/// How connections are made and bounded. [`Default`] suits most uses.
+#[derive(Clone, Debug)]
+pub struct ConnOptions {
+    /// Private data sent with the connect request (client) or the accept (server).
+    pub private_data: Vec<u8>,
+    /// Given to `rdma_resolve_addr` / `rdma_resolve_route`: `ADDR_ERROR` / `ROUTE_ERROR` after it.
+    pub resolve_timeout: Duration,
+    /// Bound on the whole of [`Cm::connect`]. The default, 120 s, lets the IB CM's own retries
+    /// end first (`UNREACHABLE` after 16 tries of about 4.3 s each).
+    pub connect_timeout: Duration,
+    /// Bound on [`Connection::disconnect`]: the wait for `DISCONNECTED` and the flush.
+    pub disconnect_timeout: Duration,
+    /// Receive buffers kept posted, so that a peer's send always finds one.
+    pub recv_depth: u32,
+    /// The QP asked for; its `max_message_size` is the longest message.
+    pub caps: QpCaps,
+}
+
+impl Default for ConnOptions {
+    fn default() -> Self {
+        ConnOptions {
+            private_data: Vec::new(),
+            resolve_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(120),
+            disconnect_timeout: Duration::from_secs(120),
+            recv_depth: 4,
+            caps: QpCaps::new(),
+        }
+    }
+}
+
+/// One event channel and the backend behind it, shared by every listener and connection made
+/// from it. Cloning gives another handle to the same channel.
+///
+/// Something must retrieve the channel's events and wake the tasks they are for: make a `Cm`
+/// with [`SimRuntime::cm`](crate::sim::SimRuntime::cm) (the simulator's executor drives it) or
+/// `TokioRuntime::cm` (a task on the channel's fd drives it). [`Cm::new`] with
+/// [`Cm::pump`] is for other runtimes.
+pub struct Cm<B: CmBackend, R: Runtime> {
+    pub(crate) sh: Rc<Shared<B>>,
+    rt: R,
+}
+
+impl<B: CmBackend, R: Runtime> Clone for Cm<B, R> {
+    fn clone(&self) -> Self {
+        Cm {
+            sh: self.sh.clone(),
+            rt: self.rt.clone(),
+        }
+    }
+}
+
+impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
+    /// Creates an event channel on `backend`. Nothing retrieves its events until someone calls
+    /// [`pump`](Cm::pump) whenever the backend may have new ones; the runtimes' constructors
+    /// arrange that.
+    pub fn new(backend: B, rt: R) -> Result<Self> {
+        Ok(Cm {
+            sh: Rc::new(Shared::new(backend)?),
+            rt,
+        })
+    }
+
+    /// Retrieves every queued event and every completion a task waits for, and wakes the tasks
+    /// they are for; returns whether anything was handed out. Never blocks.
+    pub fn pump(&self) -> bool {
+        self.sh.pump(true)
+    }
+
+    /// The runtime: spawn, sleep, timeout, now.
+    pub fn runtime(&self) -> &R {
+        &self.rt
+    }
+
+    /// What the backend still holds (channels, ids, QPs, unacked events).
+    pub fn live_resources(&self) -> LiveResources {
+        self.sh.st.borrow().b.live_resources()
+    }
+
+    /// Binds to `addr` and listens (`rdma_bind_addr` + `rdma_listen`, backlog 0: the system's
+    /// maximum). Accepted connections use `opts`.
+    pub fn listen(&self, addr: SocketAddr, opts: ConnOptions) -> Result<Listener<B, R>> {
+        let id = {
+            let mut st = self.sh.st.borrow_mut();
+            let ch = st.ch;
+            let id = st.b.create_id(ch, PortSpace::Tcp)?;
+            st.open(id);
+            id
+        };
+        let listener = Listener {
+            sh: self.sh.clone(),
+            rt: self.rt.clone(),
+            id,
+            opts,
+        };
+        {
+            let mut st = self.sh.st.borrow_mut();
+            st.b.bind_addr(id, addr)?;
+            st.b.listen(id, 0)?;
+        }
+        Ok(listener)
+    }
+
+    /// Connects to `dst`: address and route resolution, QP, `rdma_connect`, `ESTABLISHED`.
+    /// Each failure event is its own error ([`Error::AddrError`], [`Error::RouteError`],
+    /// [`Error::Rejected`] with the peer's private data, [`Error::Unreachable`],
+    /// [`Error::ConnectError`]); the whole is bounded by `opts.connect_timeout`. Dropping the
+    /// future halfway releases everything it made.
+    pub async fn connect(&self, dst: SocketAddr, opts: &ConnOptions) -> Result<Connection<B, R>> {
+        let bound = opts.connect_timeout;
+        match self.rt.timeout(bound, self.connect_steps(dst, opts)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::TimedOut { op: "connect" }),
+        }
+    }
+
+    async fn connect_steps(&self, dst: SocketAddr, opts: &ConnOptions) -> Result<Connection<B, R>> {
+        let id = {
+            let mut st = self.sh.st.borrow_mut();
+            let ch = st.ch;
+            let id = st.b.create_id(ch, PortSpace::Tcp)?;
+            st.open(id);
+            id
+        };
+        let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), id, opts);
+        self.sh
+            .st
+            .borrow_mut()
+            .b
+            .resolve_addr(id, None, dst, opts.resolve_timeout)?;
+        conn.expect(CmEventType::AddrResolved).await?;
+        self.sh
+            .st
+            .borrow_mut()
+            .b
+            .resolve_route(id, opts.resolve_timeout)?;
+        conn.expect(CmEventType::RouteResolved).await?;
+        conn.set_up_qp(opts)?;
+        let param = ConnParam::new().with_private_data(&opts.private_data);
+        self.sh.st.borrow_mut().b.connect(id, &param)?;
+        let ev = conn.expect(CmEventType::Established).await?;
+        conn.peer_data = ev.private_data;
+        Ok(conn)
+    }
+}
+
+/// A listening id. Dropping it refuses the requests not accepted yet and destroys the id.
+#[must_use = "dropping a Listener stops listening at once"]
+pub struct Listener<B: CmBackend, R: Runtime> {
+    sh: Rc<Shared<B>>,
+    rt: R,
+    id: IdHandle,
+    opts: ConnOptions,
+}
+
+impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
+    /// The bound address (with the port picked, when 0 was asked for).
+    pub fn local_addr(&self) -> Result<Option<SocketAddr>> {
+        Ok(self.sh.st.borrow_mut().b.get_local_addr(self.id)?)
+    }
+
+    /// The next connection request, to accept or reject. Dropping the future halfway leaves
+    /// nothing behind; dropping the [`Request`] rejects it.
+    pub async fn request(&self) -> Result<Request<B, R>> {
+        loop {
+            let ev = next_event(&self.sh, self.id).await?;
+            match ev.ty {
+                CmEventType::ConnectRequest => {}
+                CmEventType::DeviceRemoval => return Err(Error::DeviceRemoved),
+                _ => continue,
+            }
+            let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.opts);
+            conn.peer_data = ev.private_data;
+            return Ok(Request {
+                conn: Some(conn),
+                opts: self.opts.clone(),
+            });
+        }
+    }
+
+    /// The next connection: waits for a `CONNECT_REQUEST`, gives the new id a QP with its
+    /// receives posted, and accepts it. Returns the connection and the request's private data
+    /// (padded by the IB CM to 56 bytes). A request whose set-up fails is refused and the wait
+    /// goes on; the passive side's `ESTABLISHED` is taken by the connection's first operation.
+    /// Dropping the future halfway leaves nothing behind.
+    pub async fn accept(&self) -> Result<(Connection<B, R>, Vec<u8>)> {
+        loop {
+            let req = self.request().await?;
+            let data = req.private_data().to_vec();
+            if let Ok(conn) = req.accept() {
+                return Ok((conn, data));
+            }
+        }
+    }
+}
+
+/// A connection request not answered yet. Dropping it rejects it (without private data).
+#[must_use = "dropping a Request rejects it"]
+pub struct Request<B: CmBackend, R: Runtime> {
+    conn: Option<Connection<B, R>>,
+    opts: ConnOptions,
+}
+
+impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
+    fn conn(&self) -> &Connection<B, R> {
+        self.conn.as_ref().expect("a request holds its id until answered")
+    }
+
+    /// The private data of the request (padded by the IB CM to 56 bytes).
+    pub fn private_data(&self) -> &[u8] {
+        &self.conn().peer_data
+    }
+
+    /// The requester's address.
+    pub fn peer_addr(&self) -> Result<Option<SocketAddr>> {
+        self.conn().peer_addr()
+    }
+
+    /// Gives the new id a QP with its receives posted and accepts (`rdma_accept`, with the
+    /// listener's private data). On failure the id is released.
+    pub fn accept(mut self) -> Result<Connection<B, R>> {
+        let mut conn = self.conn.take().expect("a request holds its id until answered");
+        conn.set_up_qp(&self.opts)?;
+        let param = ConnParam::new().with_private_data(&self.opts.private_data);
+        conn.sh.st.borrow_mut().b.accept(conn.id, &param)?;
+        Ok(conn)
+    }
+
+    /// Rejects (`rdma_reject` with `private_data`: the requester gets [`Error::Rejected`] with it)
+    /// and releases the id.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        let conn = self.conn.take().expect("a request holds its id until answered");
+        let r = conn.sh.st.borrow_mut().b.reject(conn.id, private_data);
+        Ok(r?)
+    }
+}
+
+impl<B: CmBackend, R: Runtime> Drop for Request<B, R> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if let Ok(mut st) = conn.sh.st.try_borrow_mut() {
+                let _ = st.b.reject(conn.id, &[]);
+            }
+        }
+    }
+}
+
+impl<B: CmBackend, R: Runtime> Drop for Listener<B, R> {
+    fn drop(&mut self) {
+        self.sh.release(self.id, true);
+    }
+}
+
+/// What [`Connection::disconnect`] found still on the connection: nothing posted is ever lost
+/// without being reported.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    /// Messages that had arrived and that no [`recv`](Connection::recv) took.
+    pub unread: Vec<Vec<u8>>,
+    /// Completions of sends whose [`send`](Connection::send) future was dropped before it saw
+    /// them (`WR_FLUSH_ERR` when the disconnect flushed them).
+    pub unreported_sends: Vec<WorkCompletion>,
+    /// Status of the `DISCONNECTED` event (0, or `-ETIMEDOUT` when the peer never answered).
+    pub status: i32,
+}
+
+const SEND_BIT: u64 = 1 << 63;
+
+/// A connection: its id and QP. Dropping it hands the teardown to the channel's driver (QP,
+/// then id; a connected peer sees `DISCONNECTED`); [`disconnect`](Connection::disconnect) ends
+/// it gracefully and reports what was still posted.
+#[must_use = "dropping a Connection tears it down at once"]
+pub struct Connection<B: CmBackend, R: Runtime> {
+    sh: Rc<Shared<B>>,
+    rt: R,
+    id: IdHandle,
+    peer_data: Vec<u8>,
+    disconnect_timeout: Duration,
+    recv_len: u32,
+    next_wr: Cell<u64>,
+    /// Work requests posted whose completion nobody took out of the mailbox yet.
+    posted: Cell<u32>,
+    /// The event that ended the connection, once one came.
+    ended: Cell<Option<(CmEventType, i32)>>,
+    end_data: std::cell::RefCell<Vec<u8>>,
+}
+
+impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
+    fn new(sh: Rc<Shared<B>>, rt: R, id: IdHandle, opts: &ConnOptions) -> Self {
+        Connection {
+            sh,
+            rt,
+            id,
+            peer_data: Vec::new(),
+            disconnect_timeout: opts.disconnect_timeout,
+            recv_len: opts.caps.max_message_size,
+            next_wr: Cell::new(0),
+            posted: Cell::new(0),
+            ended: Cell::new(None),
+            end_data: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    fn set_up_qp(&mut self, opts: &ConnOptions) -> Result<()> {
+        let mut caps = opts.caps;
+        caps.max_recv_wr = caps.max_recv_wr.max(opts.recv_depth);
+        let granted = self.sh.st.borrow_mut().b.create_qp(self.id, caps)?;
+        self.recv_len = granted.max_message_size.min(opts.caps.max_message_size);
+        for _ in 0..opts.recv_depth {
+            self.post_recv()?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&self) -> Result<()> {
+        let wr = self.next_wr.get();
+        self.next_wr.set(wr + 1);
+        self.sh.st.borrow_mut().b.post_recv(self.id, wr, self.recv_len)?;
+        self.posted.set(self.posted.get() + 1);
+        Ok(())
+    }
+
+    /// The private data the peer sent: the request's on the server, the accept's on the client.
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.peer_data
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Result<Option<SocketAddr>> {
+        Ok(self.sh.st.borrow_mut().b.get_peer_addr(self.id)?)
+    }
+
+    /// Sends `data` and waits for its completion. Fails with the connection's end
+    /// ([`Error::Disconnected`], ...) when it ends first (the send, still posted, is then
+    /// reported by [`disconnect`](Connection::disconnect)), or with [`Error::Completion`].
+    pub async fn send(&self, data: &[u8]) -> Result<()> {
+        let wr = SEND_BIT | self.next_wr.get();
+        self.next_wr.set(self.next_wr.get() + 1);
+        self.sh.st.borrow_mut().b.post_send(self.id, wr, data)?;
+        self.posted.set(self.posted.get() + 1);
+        let wc = self
+            .wait_cq(|cq| cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i)))
+            .await?;
+        match wc.status {
+            WcStatus::Success => Ok(()),
+            status => Err(Error::Completion { status }),
+        }
+    }
+
+    /// The next message. Messages that arrived before the connection ended come first; then the
+    /// end ([`Error::Disconnected`], ...).
+    pub async fn recv(&self) -> Result<Vec<u8>> {
+        let wc = self
+            .wait_cq(|cq| {
+                let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
+                cq.remove(i)
+            })
+            .await?;
+        if wc.status != WcStatus::Success {
+            return Err(Error::Completion { status: wc.status });
+        }
+        // Keeps the ring full; fails only when the QP left RTS, and then the end shows next.
+        let _ = self.post_recv();
+        Ok(wc.data)
+    }
+
+    /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
+    /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
+    /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
+    pub async fn disconnect(self) -> Result<Closed> {
+        let bound = self.disconnect_timeout;
+        match self.rt.timeout(bound, self.close()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::TimedOut { op: "disconnect" }),
+        }
+    }
+
+    async fn close(&self) -> Result<Closed> {
+        let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
+            Ok(()) => true,
+            // Never connected, or the attempt failed: there is nobody to say goodbye to.
+            Err(CmError::WrongState { .. }) => false,
+            Err(e) => return Err(e.into()),
+        };
+        let mut status = match self.ended.get() {
+            Some((_, s)) => s,
+            None => 0,
+        };
+        if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
+            loop {
+                let ev = next_event(&self.sh, self.id).await?;
+                if matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval) {
+                    status = ev.status;
+                    break;
+                }
+            }
+        }
+        let mut closed = Closed {
+            status,
+            ..Closed::default()
+        };
+        let sh = &self.sh;
+        let id = self.id;
+        poll_fn(|cx| {
+            let mut st = sh.st.borrow_mut();
+            st.poll_cq_into_box(id);
+            if let Some(bx) = st.mailbox(id) {
+                for wc in bx.cq.drain(..) {
+                    self.posted.set(self.posted.get().saturating_sub(1));
+                    match (wc.opcode, wc.status) {
+                        (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
+                        (WcOpcode::Recv, _) => {}
+                        (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+                    }
+                }
+            }
+            if self.posted.get() == 0 || st.failed.is_some() {
+                return Poll::Ready(());
+            }
+            st.wait(id, cx.waker(), true);
+            Poll::Pending
+        })
+        .await;
+        Ok(closed)
+    }
+
+    async fn expect(&self, want: CmEventType) -> Result<EventInfo> {
+        loop {
+            let ev = next_event(&self.sh, self.id).await?;
+            if ev.ty == want {
+                return Ok(ev);
+            }
+            if !ignorable(ev.ty) {
+                return Err(end_error(ev.ty, ev.status, ev.private_data));
+            }
+        }
+    }
+
+    /// Waits until `pick` finds its completion in the mailbox, or the connection ends.
+    async fn wait_cq(
+        &self,
+        mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion>,
+    ) -> Result<WorkCompletion> {
+        let (sh, id) = (&self.sh, self.id);
+        poll_fn(|cx| {
+            let mut st = sh.st.borrow_mut();
+            let mut found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
+            while found.is_none() {
+                let Some(ev) = st.take_event(id) else { break };
+                if !ignorable(ev.ty) && self.ended.get().is_none() {
+                    self.ended.set(Some((ev.ty, ev.status)));
+                    *self.end_data.borrow_mut() = ev.private_data;
+                }
+            }
+            if found.is_none() && (self.ended.get().is_some() || st.failed.is_some()) {
+                // What the CQ already holds came before the end.
+                st.poll_cq_into_box(id);
+                found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
+            }
+            if let Some(wc) = found {
+                self.posted.set(self.posted.get().saturating_sub(1));
+                return Poll::Ready(Ok(wc));
+            }
+            if let Some((ty, status)) = self.ended.get() {
+                return Poll::Ready(Err(end_error(ty, status, self.end_data.borrow().clone())));
+            }
+            if let Some(e) = &st.failed {
+                return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
+            }
+            st.wait(id, cx.waker(), true);
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+impl<B: CmBackend, R: Runtime> Drop for Connection<B, R> {
+    fn drop(&mut self) {
+        self.sh.release(self.id, false);
+    }
+}
+
+/// Events that change nothing for the connection's owner.
+fn ignorable(ty: CmEventType) -> bool {
+    matches!(
+        ty,
+        CmEventType::Established | CmEventType::TimewaitExit | CmEventType::AddrChange
+    )
+}
+
+fn end_error(ty: CmEventType, status: i32, private_data: Vec<u8>) -> Error {
+    match ty {
+        CmEventType::AddrError => Error::AddrError { status },
+        CmEventType::RouteError => Error::RouteError { status },
+        CmEventType::Rejected => Error::Rejected { status, private_data },
+        CmEventType::Unreachable => Error::Unreachable { status },
+        CmEventType::ConnectError => Error::ConnectError { status },
+        CmEventType::DeviceRemoval => Error::DeviceRemoved,
+        _ => Error::Disconnected { status },
+    }
+}
+
+/// The next event of `id`, acked as it is taken.
+async fn next_event<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle) -> Result<EventInfo> {
+    poll_fn(|cx| {
+        let mut st = sh.st.borrow_mut();
+        if let Some(ev) = st.take_event(id) {
+            return Poll::Ready(Ok(ev));
+        }
+        if let Some(e) = &st.failed {
+            return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
+        }
+        st.wait(id, cx.waker(), false);
+        Poll::Pending
+    })
+    .await
+}

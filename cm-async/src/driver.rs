@@ -1,0 +1,279 @@
+//! One event channel's driver: it owns the backend, retrieves events and completions, and
+//! hands each to the mailbox of the id it concerns, waking the task that waits there.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::task::Waker;
+
+use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
+
+/// What a task learns from an event; the event itself is acked when this is taken out.
+#[derive(Debug)]
+pub(crate) struct EventInfo {
+    pub(crate) ty: CmEventType,
+    pub(crate) status: i32,
+    pub(crate) id: IdHandle,
+    pub(crate) private_data: Vec<u8>,
+}
+
+/// Events and completions of one id that its owner has not taken yet.
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    events: VecDeque<CmEvent>,
+    pub(crate) cq: VecDeque<WorkCompletion>,
+    wakers: Vec<Waker>,
+}
+
+impl Mailbox {
+    fn wake(&mut self) {
+        for w in self.wakers.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+/// The backend and everything the driver tracks. Always borrowed briefly, never across an
+/// `.await`.
+pub(crate) struct State<B: CmBackend> {
+    pub(crate) b: B,
+    pub(crate) ch: ChannelHandle,
+    boxes: BTreeMap<IdHandle, Mailbox>,
+    /// Ids whose CQ a task waits on; a `BTreeSet` so that polling order is deterministic.
+    cq_watch: BTreeSet<IdHandle>,
+    pub(crate) failed: Option<CmError>,
+    /// The task that waits for the backend's readiness (tokio), woken when a CQ joins the watch.
+    pub(crate) driver: Option<Waker>,
+    /// The runtime's registrations of the backend's fds; dropped before the fds close.
+    pub(crate) regs: Option<Box<dyn Registrations>>,
+    scratch: Vec<WorkCompletion>,
+}
+
+/// A runtime's registrations of a channel's fds (tokio's `AsyncFd`s). The driver forgets an
+/// id's before destroying its QP and drops them all before destroying the channel, so that no
+/// registration outlives its fd (a number the kernel may hand out again).
+pub(crate) trait Registrations {
+    /// Drops the registration of `id`'s CQ fd, if any.
+    fn forget(&mut self, id: IdHandle);
+    /// For the runtime to get its own type back.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// Shared by the `Cm` handle and every object made from it; the last one dropped destroys the
+/// channel, so ids always go before their channel.
+pub(crate) struct Shared<B: CmBackend> {
+    pub(crate) st: RefCell<State<B>>,
+    /// Ids whose owner was dropped while the state was borrowed; torn down at the next pump.
+    pub(crate) deferred: RefCell<Vec<(IdHandle, bool)>>,
+}
+
+impl<B: CmBackend> Shared<B> {
+    pub(crate) fn new(mut b: B) -> Result<Self, CmError> {
+        let ch = b.create_event_channel()?;
+        Ok(Shared {
+            st: RefCell::new(State {
+                b,
+                ch,
+                boxes: BTreeMap::new(),
+                cq_watch: BTreeSet::new(),
+                failed: None,
+                driver: None,
+                regs: None,
+                scratch: Vec::new(),
+            }),
+            deferred: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Retrieves every queued event (unless `events` is false: the caller knows none is
+    /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
+    /// anything was handed out.
+    pub(crate) fn pump(&self, events: bool) -> bool {
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        let mut st = self.st.borrow_mut();
+        for (id, listener) in deferred {
+            st.release(id, listener);
+        }
+        let mut moved = false;
+        if events && st.failed.is_none() {
+            loop {
+                let ch = st.ch;
+                match st.b.try_get_cm_event(ch) {
+                    Ok(Some(ev)) => {
+                        st.deliver(ev);
+                        moved = true;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        st.fail(e);
+                        return true;
+                    }
+                }
+            }
+        }
+        if !st.cq_watch.is_empty() {
+            let watch = std::mem::take(&mut st.cq_watch);
+            for id in watch {
+                if st.poll_cq_into_box(id) {
+                    moved = true;
+                    if let Some(bx) = st.boxes.get_mut(&id) {
+                        bx.wake();
+                    }
+                } else {
+                    st.cq_watch.insert(id);
+                }
+            }
+        }
+        moved
+    }
+
+    /// Tears `id` down now, or at the next pump when the state is in use.
+    pub(crate) fn release(&self, id: IdHandle, listener: bool) {
+        match self.st.try_borrow_mut() {
+            Ok(mut st) => st.release(id, listener),
+            Err(_) => self.deferred.borrow_mut().push((id, listener)),
+        }
+    }
+}
+
+impl<B: CmBackend> State<B> {
+    pub(crate) fn open(&mut self, id: IdHandle) {
+        self.boxes.entry(id).or_default();
+    }
+
+    /// Marks the channel failed and wakes every waiting task, which then sees the failure.
+    pub(crate) fn fail(&mut self, e: CmError) {
+        self.failed = Some(e);
+        for bx in self.boxes.values_mut() {
+            bx.wake();
+        }
+    }
+
+    /// The ids whose CQ a task waits on.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn watched(&self) -> impl Iterator<Item = IdHandle> + '_ {
+        self.cq_watch.iter().copied()
+    }
+
+    pub(crate) fn mailbox(&mut self, id: IdHandle) -> Option<&mut Mailbox> {
+        self.boxes.get_mut(&id)
+    }
+
+    fn deliver(&mut self, ev: CmEvent) {
+        let owner = if ev.event() == CmEventType::ConnectRequest {
+            // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
+            self.boxes.entry(ev.id()).or_default();
+            ev.listen_id()
+        } else {
+            Some(ev.id())
+        };
+        match owner.and_then(|o| self.boxes.get_mut(&o)) {
+            Some(bx) => {
+                bx.events.push_back(ev);
+                bx.wake();
+            }
+            None => {
+                // Nobody owns the id any more: give the event back, refuse an orphan request.
+                let request = (ev.event() == CmEventType::ConnectRequest).then(|| ev.id());
+                let _ = self.b.ack_cm_event(ev);
+                if let Some(child) = request {
+                    self.refuse(child);
+                }
+            }
+        }
+    }
+
+    /// Takes the oldest event of `id` out of its mailbox, acking it.
+    pub(crate) fn take_event(&mut self, id: IdHandle) -> Option<EventInfo> {
+        let ev = self.boxes.get_mut(&id)?.events.pop_front()?;
+        let info = EventInfo {
+            ty: ev.event(),
+            status: ev.status(),
+            id: ev.id(),
+            private_data: ev.private_data().to_vec(),
+        };
+        let _ = self.b.ack_cm_event(ev);
+        Some(info)
+    }
+
+    /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
+    pub(crate) fn wait(&mut self, id: IdHandle, waker: &Waker, cq: bool) {
+        if let Some(bx) = self.boxes.get_mut(&id) {
+            if !bx.wakers.iter().any(|w| w.will_wake(waker)) {
+                bx.wakers.push(waker.clone());
+            }
+        }
+        if cq && self.cq_watch.insert(id) {
+            if let Some(d) = &self.driver {
+                d.wake_by_ref();
+            }
+        }
+    }
+
+    /// Moves the completions already on `id`'s CQ into its mailbox; whether there were any.
+    pub(crate) fn poll_cq_into_box(&mut self, id: IdHandle) -> bool {
+        let mut got = false;
+        loop {
+            self.scratch.clear();
+            let n = self.b.try_poll_cq(id, &mut self.scratch, 32).unwrap_or(0);
+            if n == 0 {
+                return got;
+            }
+            got = true;
+            let Some(bx) = self.boxes.get_mut(&id) else {
+                return got;
+            };
+            bx.cq.extend(self.scratch.drain(..));
+        }
+    }
+
+    /// Rejects and destroys a child id from a request nobody will accept.
+    fn refuse(&mut self, child: IdHandle) {
+        let _ = self.b.reject(child, &[]);
+        self.release(child, false);
+    }
+
+    /// Releases everything `id` holds, in the order librdmacm needs: QP, events, id. Errors are
+    /// ignored: on a crashed host or a removed device the handles are already gone.
+    pub(crate) fn release(&mut self, id: IdHandle, listener: bool) {
+        self.cq_watch.remove(&id);
+        if let Some(r) = &mut self.regs {
+            r.forget(id);
+        }
+        let _ = self.b.destroy_qp(id);
+        if let Some(mut bx) = self.boxes.remove(&id) {
+            for ev in bx.events.drain(..) {
+                let request = (listener && ev.event() == CmEventType::ConnectRequest).then(|| ev.id());
+                let _ = self.b.ack_cm_event(ev);
+                if let Some(child) = request {
+                    self.refuse(child);
+                }
+            }
+            bx.wake();
+        }
+        let _ = self.b.destroy_id(id);
+    }
+}
+
+impl<B: CmBackend> Drop for State<B> {
+    fn drop(&mut self) {
+        let left: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        for id in left {
+            self.release(id, true);
+        }
+        self.regs = None;
+        let _ = self.b.destroy_event_channel(self.ch);
+    }
+}
+
+/// Something a runtime calls when the backend may have new events or completions.
+pub(crate) trait Pump {
+    /// See [`Shared::pump`].
+    fn pump(&self, events: bool) -> bool;
+}
+
+impl<B: CmBackend> Pump for Shared<B> {
+    fn pump(&self, events: bool) -> bool {
+        Shared::pump(self, events)
+    }
+}

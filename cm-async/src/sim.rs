@@ -1,0 +1,703 @@
+//! The deterministic executor: hosts are async closures on a [`SimFabric`], tasks run in an
+//! order drawn from the seed, and time is the fabric's virtual time, moved on only when every
+//! task waits.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::{Rc, Weak};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use cm_sim::{SimFabric, SimHost, SimTime};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::conn::Cm;
+use crate::driver::Pump;
+use crate::error::Result;
+use crate::runtime::{joinable, JoinHandle, Runtime};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+type HostFn<T> = Rc<dyn Fn(HostCtx) -> BoxFuture<T>>;
+/// Where a host closure's output lands.
+type Output<T> = Rc<RefCell<Option<T>>>;
+
+/// Why a simulated run failed. `Display` ends with the seed to reproduce it and the trace file.
+#[derive(Debug)]
+pub struct SimFailure {
+    /// What went wrong.
+    pub kind: FailureKind,
+    /// The fabric's seed: run again with `CM_SIM_SEED=<seed>`.
+    pub seed: u64,
+    /// The trace of the failed run, when it could be written.
+    pub trace: Option<PathBuf>,
+}
+
+/// What made a run fail.
+#[derive(Debug)]
+pub enum FailureKind {
+    /// A task panicked.
+    Panic {
+        /// The task.
+        task: String,
+        /// The panic's message.
+        message: String,
+    },
+    /// Virtual time would pass the run's deadline before every client finished.
+    Deadline {
+        /// The deadline.
+        deadline: SimTime,
+        /// The tasks still waiting.
+        waiting: Vec<String>,
+    },
+    /// Every task waits and nothing is scheduled: nothing can ever wake them.
+    Deadlock {
+        /// When.
+        at: SimTime,
+        /// The tasks waiting.
+        waiting: Vec<String>,
+    },
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            FailureKind::Panic { task, message } => write!(f, "task {task} panicked: {message}")?,
+            FailureKind::Deadline { deadline, waiting } => write!(
+                f,
+                "virtual deadline {deadline} passed; still waiting: {}",
+                waiting.join(", ")
+            )?,
+            FailureKind::Deadlock { at, waiting } => write!(
+                f,
+                "deadlock at {at}: every task waits and no timer is armed; waiting: {}",
+                waiting.join(", ")
+            )?,
+        }
+        write!(f, "; reproduce with {}={}", cm_sim::SEED_ENV, self.seed)?;
+        if let Some(t) = &self.trace {
+            write!(f, "; trace: {}", t.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SimFailure {}
+
+/// How a host ended the run.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HostOutcome<T> {
+    /// Its closure returned this (in its last incarnation).
+    Finished(T),
+    /// A server host still running when every client had finished.
+    Running,
+    /// The host was down when the run ended.
+    Crashed,
+    /// Nothing ran on the host.
+    Idle,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Server,
+    Client,
+}
+
+struct HostDef<T> {
+    kind: Kind,
+    run: HostFn<T>,
+}
+
+/// A task's name, made into text only for reports: `<host address>#main` or `#task<n>`.
+#[derive(Clone, Copy)]
+enum TaskName {
+    Main,
+    Spawned(u64),
+}
+
+struct Task {
+    host: usize,
+    name: TaskName,
+    fut: Option<BoxFuture<()>>,
+    waker: Waker,
+}
+
+struct TaskWaker {
+    id: usize,
+    ready: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if !r.contains(&self.id) {
+            r.push(self.id);
+        }
+    }
+}
+
+/// What tasks share with the executor.
+struct Core {
+    fabric: SimFabric,
+    tasks: RefCell<Vec<Option<Task>>>,
+    free: RefCell<Vec<usize>>,
+    ready: Arc<Mutex<Vec<usize>>>,
+    timers: RefCell<BTreeMap<(u64, u64), Waker>>,
+    timer_seq: Cell<u64>,
+    pumps: RefCell<Vec<Weak<dyn Pump>>>,
+    spawned: Cell<u64>,
+}
+
+impl Core {
+    fn spawn(&self, host: usize, name: TaskName, fut: BoxFuture<()>) {
+        let slot = self.free.borrow_mut().pop();
+        let mut tasks = self.tasks.borrow_mut();
+        let id = slot.unwrap_or(tasks.len());
+        let waker = Waker::from(Arc::new(TaskWaker {
+            id,
+            ready: self.ready.clone(),
+        }));
+        waker.wake_by_ref();
+        let task = Task {
+            host,
+            name,
+            fut: Some(fut),
+            waker,
+        };
+        if id == tasks.len() {
+            tasks.push(Some(task));
+        } else {
+            tasks[id] = Some(task);
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.fabric.now().as_nanos()
+    }
+
+    fn name(&self, task: &Task) -> String {
+        let addr = self.fabric.host_addrs(task.host)[0];
+        match task.name {
+            TaskName::Main => format!("{addr}#main"),
+            TaskName::Spawned(n) => format!("{addr}#task{n}"),
+        }
+    }
+}
+
+/// The simulator's [`Runtime`]: tasks on the executor of one host, sleeping in virtual time.
+#[derive(Clone)]
+pub struct SimRuntime {
+    core: Rc<Core>,
+    host: usize,
+}
+
+impl fmt::Debug for SimRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimRuntime").field("host", &self.host).finish()
+    }
+}
+
+impl SimRuntime {
+    /// An event channel on `host`, driven by this executor.
+    pub fn cm(&self, host: SimHost) -> Result<Cm<SimHost, SimRuntime>> {
+        let cm = Cm::new(host, self.clone())?;
+        let pump: Rc<dyn Pump> = cm.sh.clone();
+        self.core.pumps.borrow_mut().push(Rc::downgrade(&pump));
+        Ok(cm)
+    }
+}
+
+impl Runtime for SimRuntime {
+    fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        let (task, handle) = joinable(fut);
+        let n = self.core.spawned.get() + 1;
+        self.core.spawned.set(n);
+        self.core.spawn(self.host, TaskName::Spawned(n), Box::pin(task));
+        handle
+    }
+
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + 'static {
+        let at = self.core.fabric.now() + duration;
+        Sleep {
+            core: self.core.clone(),
+            at: at.as_nanos(),
+            key: None,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.core.fabric.elapsed()
+    }
+}
+
+struct Sleep {
+    core: Rc<Core>,
+    at: u64,
+    key: Option<(u64, u64)>,
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.core.now() >= self.at {
+            if let Some(k) = self.key.take() {
+                self.core.timers.borrow_mut().remove(&k);
+            }
+            return Poll::Ready(());
+        }
+        if let Some(k) = self.key {
+            let mut timers = self.core.timers.borrow_mut();
+            if let Some(w) = timers.get_mut(&k) {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+                return Poll::Pending;
+            }
+        }
+        let seq = self.core.timer_seq.get();
+        self.core.timer_seq.set(seq + 1);
+        let k = (self.at, seq);
+        self.key = Some(k);
+        self.core.timers.borrow_mut().insert(k, cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            self.core.timers.borrow_mut().remove(&k);
+        }
+    }
+}
+
+/// What a host's closure gets: its backend, its runtime, and a way to open event channels.
+pub struct HostCtx {
+    rt: SimRuntime,
+    host: SimHost,
+}
+
+impl HostCtx {
+    /// The host's runtime.
+    pub fn runtime(&self) -> &SimRuntime {
+        &self.rt
+    }
+
+    /// The host's raw backend.
+    pub fn backend(&self) -> SimHost {
+        self.host.clone()
+    }
+
+    /// The host's first address.
+    pub fn addr(&self) -> IpAddr {
+        self.host.addr()
+    }
+
+    /// A new event channel on this host, driven by the executor.
+    pub fn cm(&self) -> Result<Cm<SimHost, SimRuntime>> {
+        self.rt.cm(self.host.clone())
+    }
+}
+
+/// A deterministic run of async hosts on a fabric, in the manner of turmoil and madsim.
+///
+/// [`server`](Sim::server) hosts run until the run ends; [`client`](Sim::client) hosts are
+/// what the run waits for. A host that crashes loses its tasks (their objects drop against a
+/// device that is gone); when it restarts, its closure runs again. The run ends when every
+/// client has finished, then drops what is left and runs the fabric until it is idle.
+///
+/// ```
+/// use std::time::Duration;
+/// use cm_async::sim::{HostOutcome, Sim};
+/// use cm_async::{ConnOptions, Runtime};
+/// use cm_sim::SimFabric;
+///
+/// let fabric = SimFabric::builder().seed(3).host("10.0.0.1").host("10.0.0.2").build();
+/// let server_addr = "10.0.0.1:7471".parse().unwrap();
+/// let mut sim: Sim<cm_async::Result<Vec<u8>>> = Sim::new(fabric.clone());
+/// sim.server(0, move |ctx| async move {
+///     let cm = ctx.cm()?;
+///     let listener = cm.listen(server_addr, ConnOptions::default())?;
+///     loop {
+///         let (conn, _) = listener.accept().await?;
+///         let msg = conn.recv().await?;
+///         conn.send(&msg).await?;
+///         conn.disconnect().await?;
+///     }
+/// });
+/// sim.client(1, move |ctx| async move {
+///     let cm = ctx.cm()?;
+///     cm.runtime().sleep(Duration::from_millis(1)).await;
+///     let conn = cm.connect(server_addr, &ConnOptions::default()).await?;
+///     conn.send(b"ping").await?;
+///     let echo = conn.recv().await?;
+///     conn.disconnect().await?;
+///     Ok(echo)
+/// });
+/// let outcomes = sim.run().expect("the run succeeds");
+/// assert_eq!(outcomes[1], HostOutcome::Finished(Ok(b"ping".to_vec())));
+/// assert!(fabric.live_resources().is_clean());
+/// ```
+pub struct Sim<T> {
+    fabric: SimFabric,
+    hosts: Vec<Option<HostDef<T>>>,
+    deadline: Duration,
+}
+
+impl<T: 'static> Sim<T> {
+    /// A run on `fabric`, with a virtual deadline of one hour.
+    pub fn new(fabric: SimFabric) -> Self {
+        Sim {
+            fabric,
+            hosts: Vec::new(),
+            deadline: Duration::from_secs(3600),
+        }
+    }
+
+    /// Fails the run when virtual time would pass `deadline` before every client finished.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Runs `f` on host number `index` for the whole run, again after each restart.
+    pub fn server<F, Fut>(&mut self, index: usize, f: F)
+    where
+        F: Fn(HostCtx) -> Fut + 'static,
+        Fut: Future<Output = T> + 'static,
+    {
+        self.define(index, Kind::Server, f);
+    }
+
+    /// Runs `f` on host number `index`; the run ends when every client has finished. A client
+    /// whose host crashes runs again from the start when the host restarts.
+    pub fn client<F, Fut>(&mut self, index: usize, f: F)
+    where
+        F: Fn(HostCtx) -> Fut + 'static,
+        Fut: Future<Output = T> + 'static,
+    {
+        self.define(index, Kind::Client, f);
+    }
+
+    fn define<F, Fut>(&mut self, index: usize, kind: Kind, f: F)
+    where
+        F: Fn(HostCtx) -> Fut + 'static,
+        Fut: Future<Output = T> + 'static,
+    {
+        let _ = self.fabric.host(index);
+        if self.hosts.len() <= index {
+            self.hosts.resize_with(index + 1, || None);
+        }
+        let run: HostFn<T> = Rc::new(move |ctx| Box::pin(f(ctx)));
+        self.hosts[index] = Some(HostDef { kind, run });
+    }
+
+    /// Runs until every client has finished; each host's outcome, by host number.
+    pub fn run(self) -> std::result::Result<Vec<HostOutcome<T>>, SimFailure> {
+        Executor::new(self).run()
+    }
+}
+
+struct Executor<T> {
+    core: Rc<Core>,
+    defs: Vec<Option<HostDef<T>>>,
+    deadline: u64,
+    rng: ChaCha8Rng,
+    /// Per host: the incarnation its closure runs in, and where its output lands.
+    running: Vec<Option<(u32, Output<T>)>>,
+    outcomes: Vec<Option<T>>,
+}
+
+impl<T: 'static> Executor<T> {
+    fn new(sim: Sim<T>) -> Self {
+        let seed = sim.fabric.seed();
+        let n = sim.hosts.len();
+        Executor {
+            core: Rc::new(Core {
+                fabric: sim.fabric,
+                tasks: RefCell::new(Vec::new()),
+                free: RefCell::new(Vec::new()),
+                ready: Arc::new(Mutex::new(Vec::new())),
+                timers: RefCell::new(BTreeMap::new()),
+                timer_seq: Cell::new(0),
+                pumps: RefCell::new(Vec::new()),
+                spawned: Cell::new(0),
+            }),
+            defs: sim.hosts,
+            deadline: sim.deadline.as_nanos().try_into().unwrap_or(u64::MAX),
+            // A stream of its own, so that task order does not shift the fabric's draws.
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7a5c_0de5_eed0_0001),
+            running: (0..n).map(|_| None).collect(),
+            outcomes: (0..n).map(|_| None).collect(),
+        }
+    }
+
+    fn start_hosts(&mut self) {
+        let fabric = self.core.fabric.clone();
+        for i in 0..self.defs.len() {
+            let Some(def) = &self.defs[i] else { continue };
+            if !fabric.host_is_up(i) {
+                continue;
+            }
+            let inc = fabric.host_incarnation(i);
+            if self.running[i].as_ref().is_some_and(|(k, _)| *k == inc) {
+                continue;
+            }
+            if def.kind == Kind::Client && self.outcomes[i].is_some() {
+                continue;
+            }
+            let out = Rc::new(RefCell::new(None));
+            self.running[i] = Some((inc, out.clone()));
+            let ctx = HostCtx {
+                rt: SimRuntime {
+                    core: self.core.clone(),
+                    host: i,
+                },
+                host: fabric.host(i),
+            };
+            let fut = (def.run)(ctx);
+            self.core.spawn(
+                i,
+                TaskName::Main,
+                Box::pin(async move {
+                    let v = fut.await;
+                    *out.borrow_mut() = Some(v);
+                }),
+            );
+        }
+    }
+
+    /// Stops the tasks of hosts that crashed since their closure started.
+    fn reap_crashed(&mut self) {
+        let fabric = self.core.fabric.clone();
+        for i in 0..self.running.len() {
+            let Some((inc, _)) = &self.running[i] else {
+                continue;
+            };
+            if fabric.host_is_up(i) && fabric.host_incarnation(i) == *inc {
+                continue;
+            }
+            self.running[i] = None;
+            self.kill(|host| host == i);
+        }
+    }
+
+    /// Drops the tasks `which` selects, outside every borrow: their objects release on drop.
+    fn kill(&self, which: impl Fn(usize) -> bool) {
+        let mut doomed = Vec::new();
+        {
+            let mut tasks = self.core.tasks.borrow_mut();
+            for (id, slot) in tasks.iter_mut().enumerate() {
+                if slot.as_ref().is_some_and(|t| which(t.host)) {
+                    doomed.push(slot.take());
+                    self.core.free.borrow_mut().push(id);
+                }
+            }
+        }
+        drop(doomed);
+    }
+
+    fn collect_outputs(&mut self) {
+        for i in 0..self.running.len() {
+            if let Some((_, out)) = &self.running[i] {
+                if let Some(v) = out.borrow_mut().take() {
+                    self.outcomes[i] = Some(v);
+                }
+            }
+        }
+    }
+
+    fn clients_done(&self) -> bool {
+        let mut any_client = false;
+        for (i, def) in self.defs.iter().enumerate() {
+            match def {
+                Some(d) if d.kind == Kind::Client => {
+                    any_client = true;
+                    if self.outcomes[i].is_none() {
+                        return false;
+                    }
+                }
+                _ => {}
+            }
+        }
+        any_client || self.core.tasks.borrow().iter().all(Option::is_none)
+    }
+
+    fn waiting(&self) -> Vec<String> {
+        self.core
+            .tasks
+            .borrow()
+            .iter()
+            .flatten()
+            .map(|t| self.core.name(t))
+            .collect()
+    }
+
+    fn fail(&self, kind: FailureKind) -> SimFailure {
+        self.kill(|_| true);
+        let seed = self.core.fabric.seed();
+        SimFailure {
+            kind,
+            seed,
+            trace: self
+                .core
+                .fabric
+                .write_trace_file(&format!("cm-async-seed-{seed}"))
+                .ok(),
+        }
+    }
+
+    /// Polls one ready task; `Err` with the failure when it panicked.
+    fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
+        let (mut fut, waker) = {
+            let mut tasks = self.core.tasks.borrow_mut();
+            let Some(Some(task)) = tasks.get_mut(id) else {
+                return Ok(());
+            };
+            let Some(fut) = task.fut.take() else { return Ok(()) };
+            (fut, task.waker.clone())
+        };
+        let mut cx = Context::from_waker(&waker);
+        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+            Ok(Poll::Pending) => {
+                if let Some(Some(task)) = self.core.tasks.borrow_mut().get_mut(id) {
+                    task.fut = Some(fut);
+                    return Ok(());
+                }
+                drop(fut);
+                Ok(())
+            }
+            Ok(Poll::Ready(())) => {
+                self.core.tasks.borrow_mut()[id] = None;
+                self.core.free.borrow_mut().push(id);
+                drop(fut);
+                Ok(())
+            }
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(not a string)".into());
+                let task = self.core.tasks.borrow_mut()[id].take();
+                let name = task.map(|t| self.core.name(&t)).unwrap_or_default();
+                drop(fut);
+                Err(self.fail(FailureKind::Panic { task: name, message }))
+            }
+        }
+    }
+
+    /// Lets every channel's driver take what the fabric has for it.
+    fn pump_all(&self) {
+        // Asking a channel that has nothing is most of what an idle step would cost; the
+        // fabric counts the events queued on all channels, and the drivers drain theirs.
+        let events = self.core.fabric.live_resources().queued_events > 0;
+        let mut i = 0;
+        loop {
+            let pump = {
+                let mut pumps = self.core.pumps.borrow_mut();
+                let Some(w) = pumps.get(i) else { break };
+                match w.upgrade() {
+                    Some(p) => p,
+                    None => {
+                        pumps.remove(i);
+                        continue;
+                    }
+                }
+            };
+            pump.pump(events);
+            i += 1;
+        }
+    }
+
+    fn run(mut self) -> std::result::Result<Vec<HostOutcome<T>>, SimFailure> {
+        self.start_hosts();
+        loop {
+            loop {
+                let id = {
+                    let mut r = self.core.ready.lock().unwrap_or_else(|p| p.into_inner());
+                    if r.is_empty() {
+                        break;
+                    }
+                    let i = (self.rng.next_u64() % r.len() as u64) as usize;
+                    r.swap_remove(i)
+                };
+                self.poll_one(id)?;
+            }
+            self.collect_outputs();
+            if self.clients_done() {
+                break;
+            }
+            self.pump_all();
+            if !self
+                .core
+                .ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                continue;
+            }
+            let timer = self.core.timers.borrow().keys().next().map(|k| k.0);
+            let fabric_next = self.core.fabric.next_deadline().map(SimTime::as_nanos);
+            let next = match (fabric_next, timer) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(t), None) | (None, Some(t)) => t,
+                (None, None) => {
+                    let at = self.core.fabric.now();
+                    let waiting = self.waiting();
+                    return Err(self.fail(FailureKind::Deadlock { at, waiting }));
+                }
+            };
+            if next > self.deadline {
+                let waiting = self.waiting();
+                let deadline = SimTime::from_nanos(self.deadline);
+                return Err(self.fail(FailureKind::Deadline { deadline, waiting }));
+            }
+            self.core.fabric.advance_to(SimTime::from_nanos(next));
+            let now = self.core.now();
+            while let Some(entry) = {
+                let mut timers = self.core.timers.borrow_mut();
+                match timers.first_key_value() {
+                    Some((k, _)) if k.0 <= now => timers.pop_first(),
+                    _ => None,
+                }
+            } {
+                entry.1.wake();
+            }
+            self.reap_crashed();
+            self.start_hosts();
+        }
+        self.kill(|_| true);
+        self.core.pumps.borrow_mut().clear();
+        self.core.fabric.run_until_idle();
+        let fabric = self.core.fabric.clone();
+        Ok(self
+            .outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(i, out)| match out {
+                Some(v) => HostOutcome::Finished(v),
+                None if self.defs[i].is_none() => HostOutcome::Idle,
+                None if !fabric.host_is_up(i) => HostOutcome::Crashed,
+                None => HostOutcome::Running,
+            })
+            .collect())
+    }
+}
