@@ -92,6 +92,9 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
+// Without a runtime feature only the runtime-independent types remain; the task plumbing both
+// runtimes share is then unused.
+#![cfg_attr(not(any(feature = "sim", feature = "tokio")), allow(dead_code))]
 
 mod conn;
 mod driver;
