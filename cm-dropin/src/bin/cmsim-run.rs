@@ -1,0 +1,123 @@
+//! `cmsim-run`: runs one unmodified librdmacm program on a simulated host of a running
+//! `cmsim-daemon`.
+//!
+//! It lays the drop-in library out in its own directory (`<target>/cmsim/lib`, holding
+//! `libibverbs.so.1` and `librdmacm.so.1`, one file under two names), then executes the program
+//! with `LD_LIBRARY_PATH` pointing there, `CMSIM_SOCKET` and `CMSIM_HOST` set.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const USAGE: &str = "\
+usage: cmsim-run [--socket PATH] --host IP [--lib-dir DIR] -- PROGRAM [ARGS...]
+  --socket PATH   the daemon's socket (default: $CMSIM_SOCKET)
+  --host IP       the simulated host the program runs on (one of the daemon's --host)
+  --lib-dir DIR   where to put librdmacm.so.1 / libibverbs.so.1 (default: <target>/cmsim/lib)
+  --print-lib-dir lay the libraries out, print their directory and exit";
+
+/// The cdylib cargo built next to this binary.
+fn built_library() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let dir = exe.parent().ok_or("binary without a directory")?;
+    let lib = dir.join("libcm_dropin.so");
+    if lib.exists() {
+        Ok(lib)
+    } else {
+        Err(format!(
+            "{} not found: build it with `cargo build -p cm-dropin`",
+            lib.display()
+        ))
+    }
+}
+
+/// Copies the library in (when it changed) under both sonames; returns the directory.
+fn lay_out(lib_dir: Option<PathBuf>) -> Result<PathBuf, String> {
+    let lib = built_library()?;
+    let dir = match lib_dir {
+        Some(d) => d,
+        None => {
+            // <target>/<profile>/cmsim-run → <target>/cmsim/lib
+            let profile_dir = lib.parent().ok_or("no profile dir")?;
+            let target = profile_dir.parent().ok_or("no target dir")?;
+            let profile = profile_dir.file_name().ok_or("no profile name")?;
+            target.join("cmsim").join(profile).join("lib")
+        }
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let verbs = dir.join("libibverbs.so.1");
+    let fresh = match (std::fs::metadata(&lib), std::fs::metadata(&verbs)) {
+        (Ok(src), Ok(dst)) => src.modified().ok() > dst.modified().ok() || src.len() != dst.len(),
+        _ => true,
+    };
+    if fresh {
+        // Copy then rename, so a program starting meanwhile never maps a half-written file.
+        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+        std::fs::copy(&lib, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &verbs).map_err(|e| format!("{}: {e}", verbs.display()))?;
+    }
+    let rdmacm = dir.join("librdmacm.so.1");
+    if std::fs::read_link(&rdmacm).ok().as_deref() != Some(Path::new("libibverbs.so.1")) {
+        let _ = std::fs::remove_file(&rdmacm);
+        // A link, not a copy: the loader maps one file once, so both sonames share one state.
+        std::os::unix::fs::symlink("libibverbs.so.1", &rdmacm)
+            .map_err(|e| format!("{}: {e}", rdmacm.display()))?;
+    }
+    Ok(dir)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut socket = std::env::var_os("CMSIM_SOCKET").map(PathBuf::from);
+    let mut host = None;
+    let mut lib_dir = None;
+    let mut print_only = false;
+    let mut program = Vec::new();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--socket" => socket = args.next().map(PathBuf::from),
+            "--host" => host = args.next(),
+            "--lib-dir" => lib_dir = args.next().map(PathBuf::from),
+            "--print-lib-dir" => print_only = true,
+            "--" => {
+                program.extend(args.by_ref());
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return;
+            }
+            _ => {
+                program.push(a);
+                program.extend(args.by_ref());
+            }
+        }
+    }
+    let dir = match lay_out(lib_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cmsim-run: {e}");
+            std::process::exit(2);
+        }
+    };
+    if print_only {
+        println!("{}", dir.display());
+        return;
+    }
+    let (Some(socket), Some(first)) = (socket, program.first()) else {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    };
+    let mut cmd = Command::new(first);
+    cmd.args(&program[1..]);
+    let ld = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
+        _ => dir.display().to_string(),
+    };
+    cmd.env("LD_LIBRARY_PATH", ld).env("CMSIM_SOCKET", socket);
+    if let Some(h) = host {
+        cmd.env("CMSIM_HOST", h);
+    }
+    let err = cmd.exec();
+    eprintln!("cmsim-run: {first}: {err}");
+    std::process::exit(127);
+}
