@@ -972,10 +972,9 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         ai.public.ai_src_len = write_sockaddr(addr, &mut ai.src.0);
     } else {
         ai.public.ai_dst_len = write_sockaddr(addr, &mut ai.dst.0);
-        // SAFETY: hints' source address, when given, is a valid sockaddr of the caller's.
-        if let Some(src) =
-            hints.and_then(|h| unsafe { read_sockaddr(h.ai_src_addr as *const libc::sockaddr) })
-        {
+        let src_hint = hints.map_or(ptr::null(), |h| h.ai_src_addr as *const libc::sockaddr);
+        // SAFETY: hints' source address is NULL or a valid sockaddr of the caller's.
+        if let Some(src) = unsafe { read_sockaddr(src_hint) } {
             ai.public.ai_src_len = write_sockaddr(src, &mut ai.src.0);
         }
     }

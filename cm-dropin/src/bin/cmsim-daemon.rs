@@ -148,6 +148,8 @@ struct Proc {
     name: String,
     ids: HashSet<u64>,
     channels: HashSet<u64>,
+    /// Sockets of destroyed channels, closed when the process goes.
+    closed: Vec<SeqConn>,
 }
 
 struct IdEntry {
@@ -258,7 +260,16 @@ impl Daemon {
                 };
                 let mut host = self.procs[&proc].host.clone();
                 cm(host.destroy_event_channel(handle))?;
-                self.channels.remove(&t);
+                // The application's end stays open until the process goes: a thread still
+                // blocked reading it must keep blocking (as on a closed librdmacm channel), not
+                // see end-of-file.
+                if let Some(sock) = self.channels.remove(&t).and_then(|c| c.sock) {
+                    self.procs
+                        .get_mut(&proc)
+                        .expect("caller exists")
+                        .closed
+                        .push(sock);
+                }
                 self.procs
                     .get_mut(&proc)
                     .expect("caller exists")
@@ -285,6 +296,15 @@ impl Daemon {
                 // Events still in the channel socket were never seen by the application: the
                 // library drops them, so they are given back here for it.
                 self.ack_outstanding(t);
+                // librdmacm destroys an id whose QP is still there (the kernel reclaims the QP
+                // when the process closes its device); the simulator refuses that, so the QP goes
+                // first here.
+                if self.ids.get(&t).is_some_and(|e| e.has_qp) {
+                    cm(host.destroy_qp(id))?;
+                    if let Some(e) = self.ids.get_mut(&t) {
+                        e.has_qp = false;
+                    }
+                }
                 cm(host.destroy_id(id))?;
                 self.forget_id(t);
                 Ok(())
@@ -455,8 +475,7 @@ impl Daemon {
         let chans: Vec<u64> = self.channels.keys().copied().collect();
         for ct in chans {
             self.flush_pending(ct);
-            loop {
-                let Some(c) = self.channels.get(&ct) else { break };
+            while let Some(c) = self.channels.get(&ct) {
                 if c.sock.is_none() || !c.pending.is_empty() {
                     break;
                 }
@@ -617,6 +636,7 @@ impl Daemon {
                                     name,
                                     ids: HashSet::new(),
                                     channels: HashSet::new(),
+                                    closed: Vec::new(),
                                 },
                             );
                             self.attached_total += 1;
@@ -710,8 +730,7 @@ impl Daemon {
                 }
                 // Serve everything the process queued, so one slow poll round does not
                 // serialise a multi-threaded caller.
-                loop {
-                    let Some(proc) = self.procs.get(p) else { break };
+                while let Some(proc) = self.procs.get(p) {
                     match sock::recv_fd(proc.ctrl.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT) {
                         Ok(true) => {
                             let reply = self.handle_request(*p, &buf);

@@ -1,0 +1,254 @@
+//! rdma-core's own programs (Debian's rdmacm-utils), unmodified, against the drop-in libraries
+//! and a fabric daemon: server and client as separate processes, as on a real fabric.
+//!
+//! Each test skips with a message when the program is not installed (`apt-get install
+//! rdmacm-utils`; `scripts/test-all` installs it). Every wait is bounded: a hung program is
+//! killed and the test fails.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
+const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
+const SERVER: &str = "10.0.0.1";
+const CLIENT: &str = "10.0.0.2";
+
+fn installed(program: &str) -> bool {
+    let found = Path::new("/usr/bin").join(program).exists();
+    if !found {
+        eprintln!("skipped: /usr/bin/{program} is not installed (apt-get install rdmacm-utils)");
+    }
+    found
+}
+
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` at most `limit`; kills it and panics past that.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut stdout = String::new();
+            let mut stderr = String::new();
+            if let Some(mut o) = child.stdout.take() {
+                o.read_to_string(&mut stdout).expect("read stdout");
+            }
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut stderr).expect("read stderr");
+            }
+            return Output {
+                status,
+                stdout,
+                stderr,
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A daemon for one test: two hosts, its own socket, gone when the test ends.
+struct Fabric {
+    socket: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Fabric {
+    fn start(name: &str, processes: usize, extra: &[&str]) -> Fabric {
+        let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+        let daemon = Command::new(DAEMON)
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--host",
+                SERVER,
+                "--host",
+                CLIENT,
+                "--seed",
+                "7",
+                "--max-seconds",
+                "120",
+            ])
+            .args(["--processes", &processes.to_string()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cmsim-daemon");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not create {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Fabric {
+            socket,
+            daemon: Some(daemon),
+        }
+    }
+
+    fn spawn(&self, host: &str, program: &[&str]) -> Child {
+        Command::new(RUN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["--host", host, "--"])
+            .args(program)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cmsim-run")
+    }
+
+    /// Waits for the daemon to exit (it does once its processes are gone).
+    fn finish(mut self) -> Output {
+        wait(
+            self.daemon.take().expect("daemon running"),
+            Duration::from_secs(30),
+            "cmsim-daemon",
+        )
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Kills a server that, like cmtime's, serves until it is stopped.
+fn stop(mut server: Child) -> Output {
+    let _ = server.kill();
+    wait(server, Duration::from_secs(10), "server")
+}
+
+fn cmtime_pair(connections: usize) {
+    if !installed("cmtime") {
+        return;
+    }
+    let fabric = Fabric::start(&format!("cmtime{connections}"), 2, &[]);
+    let n = connections.to_string();
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", &n]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", &n]);
+    let out = wait(client, Duration::from_secs(90), "cmtime client");
+    let server_out = stop(server);
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{}\nserver: {}",
+        out.stdout,
+        out.stderr,
+        server_out.stderr
+    );
+    for step in [
+        "create id",
+        "bind addr",
+        "resolve addr",
+        "resolve route",
+        "create qp",
+        "connect",
+        "disconnect",
+        "destroy",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l.starts_with(step)),
+            "no `{step}` row in\n{}",
+            out.stdout
+        );
+    }
+    assert!(!out.stdout.contains("error"), "errors in\n{}", out.stdout);
+    assert!(out.stderr.is_empty(), "client stderr: {}", out.stderr);
+    let daemon = fabric.finish();
+    assert!(daemon.status.success(), "daemon: {}", daemon.stderr);
+    assert!(
+        daemon.stdout.lines().any(|l| l.starts_with("trace-hash: ")),
+        "{}",
+        daemon.stdout
+    );
+}
+
+#[test]
+fn cmtime_client_and_server_complete_100_connections() {
+    cmtime_pair(100);
+}
+
+#[test]
+fn cmtime_client_and_server_complete_1000_connections() {
+    cmtime_pair(1000);
+}
+
+#[test]
+fn a_partition_during_connect_makes_cmtime_report_unreachable() {
+    if !installed("cmtime") {
+        return;
+    }
+    // Every REQ is lost; with a 300 ms CM timeout each connect gives up as UNREACHABLE, -ETIMEDOUT.
+    let fabric = Fabric::start(
+        "partition",
+        2,
+        &["--cm-timeout", "300", "--fault", "0:partition 0 1"],
+    );
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "4"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "4"]);
+    let out = wait(client, Duration::from_secs(60), "cmtime client");
+    let server_out = stop(server);
+    let unreachable = out
+        .stdout
+        .lines()
+        .filter(|l| *l == "event: RDMA_CM_EVENT_UNREACHABLE, error: -110")
+        .count();
+    assert_eq!(unreachable, 4, "client output:\n{}\n{}", out.stdout, out.stderr);
+    // cmtime reports the failed connections and still exits 0, as it does on rxe.
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(out.stderr.is_empty(), "client stderr: {}", out.stderr);
+    assert!(
+        server_out.stdout.is_empty(),
+        "the server saw something: {}",
+        server_out.stdout
+    );
+    assert!(fabric.finish().status.success());
+}
+
+#[test]
+fn a_program_without_a_daemon_fails_with_a_message() {
+    if !installed("cmtime") {
+        return;
+    }
+    let child = Command::new(RUN)
+        .args([
+            "--socket",
+            "/nonexistent/cmsim.sock",
+            "--host",
+            SERVER,
+            "--",
+            "cmtime",
+            "-b",
+            SERVER,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let out = wait(child, Duration::from_secs(30), "cmtime");
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("cannot reach the fabric daemon"),
+        "stderr: {}",
+        out.stderr
+    );
+}
