@@ -296,3 +296,169 @@ const _: () = {
     assert!(offset_of!(VerbsContext, abi_compat) - IBV_CONTEXT_OFFSET == 320);
     assert!(size_of::<IbvDevice>() == 664);
 };
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct IbvPd {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `handle`.
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct IbvMr {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `pd`.
+    pub pd: *mut IbvPd,
+    /// `addr`.
+    pub addr: *mut c_void,
+    /// `length`.
+    pub length: usize,
+    /// `handle`.
+    pub handle: u32,
+    /// `lkey`.
+    pub lkey: u32,
+    /// `rkey`.
+    pub rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct IbvCompChannel {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `fd`: readable when a completion event is queued.
+    pub fd: i32,
+    /// `refcnt`.
+    pub refcnt: i32,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct IbvCq {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `channel`.
+    pub channel: *mut IbvCompChannel,
+    /// `cq_context`.
+    pub cq_context: *mut c_void,
+    /// `handle`.
+    pub handle: u32,
+    /// `cqe`.
+    pub cqe: i32,
+    /// `mutex` and `cond`.
+    pub sync: [u64; 11],
+    /// `comp_events_completed`.
+    pub comp_events_completed: u32,
+    /// `async_events_completed`.
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvSge {
+    /// `addr`.
+    pub addr: u64,
+    /// `length`.
+    pub length: u32,
+    /// `lkey`.
+    pub lkey: u32,
+}
+
+/// `struct ibv_send_wr`, up to the fields a SEND uses (the rest is never read).
+#[repr(C)]
+pub struct IbvSendWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `next`.
+    pub next: *mut IbvSendWr,
+    /// `sg_list`.
+    pub sg_list: *mut IbvSge,
+    /// `num_sge`.
+    pub num_sge: i32,
+    /// `opcode` (`enum ibv_wr_opcode`).
+    pub opcode: u32,
+    /// `send_flags`.
+    pub send_flags: u32,
+    /// `imm_data`.
+    pub imm_data: u32,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct IbvRecvWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `next`.
+    pub next: *mut IbvRecvWr,
+    /// `sg_list`.
+    pub sg_list: *mut IbvSge,
+    /// `num_sge`.
+    pub num_sge: i32,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvWc {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `status`.
+    pub status: u32,
+    /// `opcode`.
+    pub opcode: u32,
+    /// `vendor_err`.
+    pub vendor_err: u32,
+    /// `byte_len`.
+    pub byte_len: u32,
+    /// `imm_data`.
+    pub imm_data: u32,
+    /// `qp_num`.
+    pub qp_num: u32,
+    /// `src_qp`.
+    pub src_qp: u32,
+    /// `wc_flags`.
+    pub wc_flags: u32,
+    /// `pkey_index`.
+    pub pkey_index: u16,
+    /// `slid`.
+    pub slid: u16,
+    /// `sl`.
+    pub sl: u8,
+    /// `dlid_path_bits`.
+    pub dlid_path_bits: u8,
+}
+
+/// Index of `ops.poll_cq` in [`VerbsContext::ops`] (`ibv_context` offset 0x60; the ops
+/// start at offset 8).
+pub const OPS_POLL_CQ: usize = 11;
+/// Index of `ops.req_notify_cq` (context offset 0x68).
+pub const OPS_REQ_NOTIFY_CQ: usize = 12;
+/// Index of `ops.post_srq_recv` (context offset 0xa8).
+pub const OPS_POST_SRQ_RECV: usize = 20;
+/// Index of `ops.post_send` (context offset 0xd0).
+pub const OPS_POST_SEND: usize = 25;
+/// Index of `ops.post_recv` (context offset 0xd8).
+pub const OPS_POST_RECV: usize = 26;
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<IbvPd>() == 16);
+    assert!(size_of::<IbvMr>() == 48);
+    assert!(offset_of!(IbvMr, lkey) == 36);
+    assert!(size_of::<IbvCompChannel>() == 16);
+    assert!(size_of::<IbvCq>() == 128);
+    assert!(offset_of!(IbvCq, comp_events_completed) == 120);
+    assert!(size_of::<IbvSge>() == 16);
+    assert!(offset_of!(IbvSendWr, send_flags) == 32);
+    assert!(size_of::<IbvRecvWr>() == 32);
+    assert!(size_of::<IbvWc>() == 48);
+    let ops = offset_of!(VerbsContext, ops) - IBV_CONTEXT_OFFSET;
+    assert!(ops + OPS_POLL_CQ * 8 == 0x60 && ops + OPS_REQ_NOTIFY_CQ * 8 == 0x68);
+    assert!(ops + OPS_POST_SRQ_RECV * 8 == 0xa8);
+    assert!(ops + OPS_POST_SEND * 8 == 0xd0 && ops + OPS_POST_RECV * 8 == 0xd8);
+};

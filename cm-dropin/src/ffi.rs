@@ -33,24 +33,24 @@ const RAI_NUMERICHOST: i32 = 2;
 const EV_CONNECT_REQUEST: u32 = 4;
 const EV_ADDR_RESOLVED: u32 = 0;
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
     unsafe { *libc::__errno_location() = e };
 }
 
-fn fail(e: c_int) -> c_int {
+pub(crate) fn fail(e: c_int) -> c_int {
     set_errno(e);
     -1
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic never happens while these locks are held (no user code runs under them), but
     // a poisoned lock must not take the C program down either.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reports a call this library does not implement: ENOSYS and one line on stderr.
-fn unsupported(name: &str) -> c_int {
+pub(crate) fn unsupported(name: &str) -> c_int {
     eprintln!("cmsim: {name} is not supported on the simulator (ENOSYS)");
     fail(libc::ENOSYS)
 }
@@ -65,16 +65,18 @@ static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 
 /// Library-side objects, keyed by the daemon's tokens.
 #[derive(Default)]
-struct Registry {
+pub(crate) struct Registry {
     /// id token → `*mut IdPriv` (as an address: the registry is shared between threads).
     ids: HashMap<u64, usize>,
     /// counted id token → events retrieved by the application and not acked yet.
     unacked: HashMap<u64, u32>,
+    /// QP (id token) → its posted receives, in order, waiting for their data.
+    pub(crate) recvs: HashMap<u64, std::collections::VecDeque<crate::verbs::PostedRecv>>,
 }
 
 static REGISTRY: OnceLock<(Mutex<Registry>, Condvar)> = OnceLock::new();
 
-fn registry() -> &'static (Mutex<Registry>, Condvar) {
+pub(crate) fn registry() -> &'static (Mutex<Registry>, Condvar) {
     REGISTRY.get_or_init(|| (Mutex::new(Registry::default()), Condvar::new()))
 }
 
@@ -117,7 +119,7 @@ fn connect_daemon() -> Result<Client, c_int> {
 }
 
 /// One request and its reply; the control socket is held only for this exchange.
-fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
+pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     let mut guard = lock(&CLIENT);
     if guard.is_none() {
         *guard = Some(connect_daemon()?);
@@ -137,7 +139,7 @@ fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     Ok(buf)
 }
 
-fn rpc_status(e: &Enc) -> c_int {
+pub(crate) fn rpc_status(e: &Enc) -> c_int {
     match rpc(e) {
         Ok(_) => 0,
         Err(errno) => fail(errno),
@@ -168,7 +170,7 @@ struct EventPriv {
 }
 
 /// The one simulated device every id is bound to (leaked: it lives as long as the process).
-fn device_context() -> *mut c_void {
+pub(crate) fn device_context() -> *mut c_void {
     static CTX: OnceLock<usize> = OnceLock::new();
     let addr = *CTX.get_or_init(|| {
         let mut dev = Box::new(IbvDevice {
@@ -182,11 +184,13 @@ fn device_context() -> *mut c_void {
         });
         dev.name[..6].copy_from_slice(b"cmsim0");
         dev.dev_name[..7].copy_from_slice(b"uverbs0");
+        let mut ops = [ptr::null_mut(); 32];
+        crate::verbs::fill_ops(&mut ops);
         let ctx = Box::new(VerbsContext {
             ext_ops: [ptr::null_mut(); 39],
             sz: std::mem::size_of::<VerbsContext>(),
             device: Box::into_raw(dev),
-            ops: [ptr::null_mut(); 32],
+            ops,
             cmd_fd: -1,
             async_fd: -1,
             num_comp_vectors: 1,
@@ -625,7 +629,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
 }
 
 /// `rdma_create_qp`: the QP lives in the simulator; the `ibv_qp` here carries its number and
-/// the caller's attributes.
+/// the caller's attributes. NULL CQs are created here with `cq_context = id`, as librdmacm does.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_qp(
     id: *mut RdmaCmId,
@@ -639,18 +643,66 @@ pub unsafe extern "C" fn rdma_create_qp(
     if attr.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: attr is the caller's ibv_qp_init_attr.
-    let cap = unsafe { (*attr).cap };
+    // SAFETY: id is a live IdPriv and attr the caller's ibv_qp_init_attr.
+    unsafe {
+        if (*id).verbs.is_null() {
+            attach_device(id);
+        }
+        if (*attr).send_cq.is_null() {
+            let cq = crate::verbs::ibv_create_cq(
+                (*id).verbs,
+                (*attr).cap.max_send_wr as c_int,
+                id as *mut c_void,
+                ptr::null_mut(),
+                0,
+            );
+            if cq.is_null() {
+                return -1;
+            }
+            (*id).send_cq = cq as *mut c_void;
+            (*attr).send_cq = cq as *mut c_void;
+        }
+        if (*attr).recv_cq.is_null() {
+            let cq = crate::verbs::ibv_create_cq(
+                (*id).verbs,
+                (*attr).cap.max_recv_wr as c_int,
+                id as *mut c_void,
+                ptr::null_mut(),
+                0,
+            );
+            if cq.is_null() {
+                return -1;
+            }
+            (*id).recv_cq = cq as *mut c_void;
+            (*attr).recv_cq = cq as *mut c_void;
+        }
+    }
+    // SAFETY: attr is the caller's ibv_qp_init_attr; its CQs came from this library.
+    let (cap, send_cq, recv_cq, sig_all) = unsafe {
+        (
+            (*attr).cap,
+            crate::verbs::cq_token((*attr).send_cq),
+            crate::verbs::cq_token((*attr).recv_cq),
+            (*attr).sq_sig_all != 0,
+        )
+    };
     let mut e = Enc::op(Op::CreateQp);
     e.u64(token)
         .u32(cap.max_send_wr)
         .u32(cap.max_recv_wr)
         .u32(cap.max_send_sge)
         .u32(cap.max_recv_sge)
-        .u32(cap.max_inline_data);
+        .u32(cap.max_inline_data)
+        .u64(send_cq)
+        .u64(recv_cq)
+        .u8(sig_all as u8);
     let buf = match rpc(&e) {
         Ok(b) => b,
-        Err(errno) => return fail(errno),
+        Err(errno) => {
+            // SAFETY: id is a live IdPriv.
+            unsafe { destroy_default_cqs(id) };
+            return fail(errno);
+        }
     };
     let mut d = Dec::new(&buf);
     let mut vals = [0u32; 6];
@@ -660,6 +712,7 @@ pub unsafe extern "C" fn rdma_create_qp(
             Err(_) => return fail(libc::EPROTO),
         }
     }
+    lock(&registry().0).recvs.insert(token, Default::default());
     // SAFETY: attr is the caller's (written back as librdmacm does); id is a live IdPriv.
     unsafe {
         (*attr).cap = IbvQpCap {
@@ -669,26 +722,41 @@ pub unsafe extern "C" fn rdma_create_qp(
             max_recv_sge: vals[3],
             max_inline_data: vals[4],
         };
-        if (*id).verbs.is_null() {
-            attach_device(id);
-        }
-        let qp = Box::new(IbvQp {
-            context: (*id).verbs,
-            qp_context: (*attr).qp_context,
-            pd: if pd.is_null() { (*id).pd } else { pd },
-            send_cq: (*attr).send_cq,
-            recv_cq: (*attr).recv_cq,
-            srq: (*attr).srq,
-            handle: vals[5],
-            qp_num: vals[5],
-            state: IBV_QPS_INIT,
-            qp_type: (*attr).qp_type,
-            sync: [0; 11],
-            events_completed: 0,
+        let qp = Box::new(crate::verbs::QpPriv {
+            public: IbvQp {
+                context: (*id).verbs,
+                qp_context: (*attr).qp_context,
+                pd: if pd.is_null() { (*id).pd } else { pd },
+                send_cq: (*attr).send_cq,
+                recv_cq: (*attr).recv_cq,
+                srq: (*attr).srq,
+                handle: vals[5],
+                qp_num: vals[5],
+                state: IBV_QPS_INIT,
+                qp_type: (*attr).qp_type,
+                sync: [0; 11],
+                events_completed: 0,
+            },
+            token,
         });
-        (*id).qp = Box::into_raw(qp);
+        (*id).qp = Box::into_raw(qp) as *mut IbvQp;
     }
     0
+}
+
+/// Destroys the CQs `rdma_create_qp` made for the id (librdmacm's `ucma_destroy_cqs`).
+unsafe fn destroy_default_cqs(id: *mut RdmaCmId) {
+    // SAFETY: id is a live IdPriv; its CQ fields are NULL or this library's CQs.
+    unsafe {
+        for cq in [
+            std::mem::replace(&mut (*id).send_cq, ptr::null_mut()),
+            std::mem::replace(&mut (*id).recv_cq, ptr::null_mut()),
+        ] {
+            if !cq.is_null() {
+                crate::verbs::ibv_destroy_cq(cq as *mut IbvCq);
+            }
+        }
+    }
 }
 
 /// `rdma_destroy_qp`.
@@ -704,12 +772,14 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
         eprintln!("cmsim: rdma_destroy_qp: {}", cm_core::errno_text(errno));
         return;
     }
-    // SAFETY: id is a live IdPriv; its qp, when set, is this library's Box.
+    lock(&registry().0).recvs.remove(&token);
+    // SAFETY: id is a live IdPriv; its qp, when set, is this library's QpPriv.
     unsafe {
         let qp = std::mem::replace(&mut (*id).qp, ptr::null_mut());
         if !qp.is_null() {
-            drop(Box::from_raw(qp));
+            drop(Box::from_raw(qp as *mut crate::verbs::QpPriv));
         }
+        destroy_default_cqs(id);
     }
 }
 
@@ -1040,10 +1110,7 @@ unsupported_int!(
     rdma_init_qp_attr,
     rdma_get_remote_ece,
     ibv_ack_cq_events,
-    ibv_dealloc_pd,
-    ibv_dereg_mr,
     ibv_destroy_ah,
-    ibv_destroy_cq,
     ibv_destroy_qp,
     ibv_destroy_comp_channel,
     ibv_get_cq_event,
@@ -1073,13 +1140,10 @@ unsupported_int!(
 
 unsupported_ptr!(
     rdma_destroy_ep,
-    ibv_alloc_pd,
     ibv_create_ah,
     ibv_create_ah_from_wc,
-    ibv_create_cq,
     ibv_create_qp,
     ibv_create_comp_channel,
-    ibv_reg_mr,
     ibv_qp_to_qp_ex,
     ibv_reg_mr_iova,
     ibv_reg_mr_iova2,

@@ -13,3 +13,4 @@ pub mod abi;
 pub mod ffi;
 pub mod proto;
 pub mod sock;
+pub mod verbs;

@@ -35,7 +35,8 @@ pub enum Op {
     ResolveAddr,
     /// `id: u64, timeout_ms: u32`.
     ResolveRoute,
-    /// `id: u64, caps: 5 x u32` → `caps: 5 x u32, qp_num: u32`.
+    /// `id: u64, caps: 5 x u32, send_cq: u64, recv_cq: u64, sq_sig_all: u8` →
+    /// `caps: 5 x u32, qp_num: u32`.
     CreateQp,
     /// `id: u64`.
     DestroyQp,
@@ -53,13 +54,72 @@ pub enum Op {
     AckEvent,
     /// `id: u64` → `local: addr, peer: addr`.
     QueryAddrs,
+    /// `cqe: u32` → `cq: u64`.
+    CreateCq,
+    /// `cq: u64`.
+    DestroyCq,
+    /// `cq: u64, max: u32` → `n: u32`, then n x [`WireWc`].
+    PollCq,
+    /// `id: u64, wr_id: u64, signaled: u8, data: bytes`.
+    PostSend,
+    /// `id: u64, wr_id: u64, len: u32`.
+    PostRecv,
+    /// Sent as the first datagram of a connection that is not a process: `addr` → `u8`, 1
+    /// when some id listens there (the wrapper's `--wait-for-listener`).
+    ProbeListener,
+}
+
+/// The largest message a QP may carry: a completion with its bytes must fit in one datagram.
+pub const MAX_MESSAGE: u32 = 128 * 1024;
+
+/// One work completion as the daemon reports it to `ibv_poll_cq`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WireWc {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// The QP's id token (the library maps it to `qp_num`).
+    pub id: u64,
+    /// `enum ibv_wc_status`.
+    pub status: u32,
+    /// `enum ibv_wc_opcode`.
+    pub opcode: u32,
+    /// `byte_len`.
+    pub byte_len: u32,
+    /// The received bytes (successful receives), scattered by the library into the posted buffers.
+    pub data: Vec<u8>,
+}
+
+impl Enc {
+    /// Appends a work completion.
+    pub fn wc(&mut self, wc: &WireWc) -> &mut Self {
+        self.u64(wc.wr_id)
+            .u64(wc.id)
+            .u32(wc.status)
+            .u32(wc.opcode)
+            .u32(wc.byte_len)
+            .bytes(&wc.data)
+    }
+}
+
+impl Dec<'_> {
+    /// Reads a work completion.
+    pub fn wc(&mut self) -> Result<WireWc, Malformed> {
+        Ok(WireWc {
+            wr_id: self.u64()?,
+            id: self.u64()?,
+            status: self.u32()?,
+            opcode: self.u32()?,
+            byte_len: self.u32()?,
+            data: self.bytes()?.to_vec(),
+        })
+    }
 }
 
 impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 18] = [
+        const ALL: [Op; 24] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -78,6 +138,12 @@ impl Op {
             Disconnect,
             AckEvent,
             QueryAddrs,
+            CreateCq,
+            DestroyCq,
+            PollCq,
+            PostSend,
+            PostRecv,
+            ProbeListener,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -358,10 +424,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=18 {
+        for v in 1..=24 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(19), None);
+        assert_eq!(Op::from_u32(25), None);
     }
 }

@@ -5,8 +5,10 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-/// The largest datagram either side sends (private data is at most 196 bytes).
-pub const MAX_DATAGRAM: usize = 4096;
+/// The largest datagram either side sends: a poll reply with received bytes
+/// ([`MAX_MESSAGE`](crate::proto::MAX_MESSAGE) each, replies are cut at this size) stays below
+/// the kernel's default socket buffer, the limit of one `SOCK_SEQPACKET` message.
+pub const MAX_DATAGRAM: usize = 192 * 1024;
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
@@ -153,19 +155,20 @@ impl AsRawFd for SeqConn {
 /// Receives one datagram from a socket fd (`flags` as for recv(2)); `Ok(false)` when the peer
 /// closed. Fails with `WouldBlock` on a non-blocking fd with nothing queued.
 pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<bool> {
-    buf.resize(MAX_DATAGRAM, 0);
+    // Reused buffers keep their capacity: no zeroing and no allocation per message.
+    buf.clear();
+    buf.reserve(MAX_DATAGRAM);
     loop {
-        // SAFETY: buf is a valid, writable buffer of buf.len() bytes for the duration of the call.
-        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: spare is writable memory of spare.len() bytes for the duration of the call.
+        let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), flags) };
         match cvt_size(r) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
-            Ok(0) => {
-                buf.clear();
-                return Ok(false);
-            }
+            Ok(0) => return Ok(false),
             Ok(n) => {
-                buf.truncate(n);
+                // SAFETY: the kernel initialised the first n bytes of the spare capacity.
+                unsafe { buf.set_len(n) };
                 return Ok(true);
             }
         }

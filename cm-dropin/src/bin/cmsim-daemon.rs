@@ -12,8 +12,10 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, PortSpace, QpCaps};
-use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam};
+use cm_core::{
+    ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, PortSpace, QpCaps, WcOpcode, WcStatus,
+};
+use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
 use cm_dropin::sock::{self, SeqConn, SeqListener};
 use cm_sim::{Fault, FaultSchedule, SimFabric, SimHost};
 
@@ -157,6 +159,20 @@ struct IdEntry {
     handle: IdHandle,
     host: usize,
     has_qp: bool,
+    /// The QP's completion queues (daemon tokens; 0 for none).
+    send_cq: u64,
+    recv_cq: u64,
+    /// `sq_sig_all`: every send completes visibly.
+    sq_sig_all: bool,
+    /// Per posted send, in order: whether its success is reported (`IBV_SEND_SIGNALED`).
+    signaled: VecDeque<bool>,
+}
+
+/// A completion queue: the QPs that report into it and the completions not polled yet.
+struct CqEntry {
+    proc: u64,
+    qps: Vec<u64>,
+    ready: VecDeque<WireWc>,
 }
 
 struct ChanEntry {
@@ -176,6 +192,9 @@ struct Daemon {
     ids: HashMap<u64, IdEntry>,
     id_tokens: HashMap<(usize, IdHandle), u64>,
     channels: HashMap<u64, ChanEntry>,
+    cqs: HashMap<u64, CqEntry>,
+    /// Listening ids (token → bound address), for the wrapper's probe.
+    listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
     events: HashMap<u64, (u64, CmEvent)>,
     /// Per counted id token, its forwarded and unacked events.
@@ -230,7 +249,7 @@ impl Daemon {
         let op = Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
         let cm = |r: Result<(), CmError>| r.map_err(|e| errno_of(&e));
         match op {
-            Op::Hello | Op::AttachChannel => Err(libc::EPROTO),
+            Op::Hello | Op::AttachChannel | Op::ProbeListener => Err(libc::EPROTO),
             Op::CreateChannel => {
                 let mut host = self.procs[&proc].host.clone();
                 let handle = host.create_event_channel().map_err(|e| errno_of(&e))?;
@@ -301,9 +320,7 @@ impl Daemon {
                 // first here.
                 if self.ids.get(&t).is_some_and(|e| e.has_qp) {
                     cm(host.destroy_qp(id))?;
-                    if let Some(e) = self.ids.get_mut(&t) {
-                        e.has_qp = false;
-                    }
+                    self.qp_gone(t);
                 }
                 cm(host.destroy_id(id))?;
                 self.forget_id(t);
@@ -337,10 +354,30 @@ impl Daemon {
                 caps.max_send_sge = d.u32().map_err(bad)?;
                 caps.max_recv_sge = d.u32().map_err(bad)?;
                 caps.max_inline_data = d.u32().map_err(bad)?;
+                caps.max_message_size = proto::MAX_MESSAGE;
+                let send_cq = d.u64().map_err(bad)?;
+                let recv_cq = d.u64().map_err(bad)?;
+                let sq_sig_all = d.u8().map_err(bad)? != 0;
+                for cq in [send_cq, recv_cq] {
+                    if cq != 0 && self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
+                        return Err(libc::EINVAL);
+                    }
+                }
                 let (id, mut host) = self.id_of(proc, t)?;
                 let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
                 if let Some(e) = self.ids.get_mut(&t) {
                     e.has_qp = true;
+                    e.send_cq = send_cq;
+                    e.recv_cq = recv_cq;
+                    e.sq_sig_all = sq_sig_all;
+                    e.signaled.clear();
+                }
+                for cq in [send_cq, recv_cq] {
+                    if let Some(c) = self.cqs.get_mut(&cq) {
+                        if !c.qps.contains(&t) {
+                            c.qps.push(t);
+                        }
+                    }
                 }
                 reply
                     .u32(got.max_send_wr)
@@ -356,16 +393,90 @@ impl Daemon {
                 let t = d.u64().map_err(bad)?;
                 let (id, mut host) = self.id_of(proc, t)?;
                 cm(host.destroy_qp(id))?;
+                self.qp_gone(t);
+                Ok(())
+            }
+            Op::CreateCq => {
+                let _cqe = d.u32().map_err(bad)?;
+                let t = self.token();
+                self.cqs.insert(
+                    t,
+                    CqEntry {
+                        proc,
+                        qps: Vec::new(),
+                        ready: VecDeque::new(),
+                    },
+                );
+                reply.u64(t);
+                Ok(())
+            }
+            Op::DestroyCq => {
+                let t = d.u64().map_err(bad)?;
+                match self.cqs.get(&t) {
+                    Some(c) if c.proc == proc && c.qps.is_empty() => {
+                        self.cqs.remove(&t);
+                        Ok(())
+                    }
+                    // verbs refuses to destroy a CQ a QP still uses.
+                    Some(c) if c.proc == proc => Err(libc::EBUSY),
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::PollCq => {
+                let t = d.u64().map_err(bad)?;
+                let max = d.u32().map_err(bad)? as usize;
+                if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
+                    return Err(libc::EINVAL);
+                }
+                self.collect_completions(t);
+                let c = self.cqs.get_mut(&t).expect("checked above");
+                let mut out = Enc::default();
+                let mut n = 0u32;
+                let mut size = 0;
+                while (n as usize) < max {
+                    let Some(wc) = c.ready.front() else { break };
+                    // One reply is one datagram: stop before it would outgrow one.
+                    if n > 0 && size + wc.data.len() + 64 > sock::MAX_DATAGRAM / 2 {
+                        break;
+                    }
+                    let wc = c.ready.pop_front().expect("front checked");
+                    size += wc.data.len() + 64;
+                    out.wc(&wc);
+                    n += 1;
+                }
+                reply.u32(n);
+                reply.0.extend_from_slice(&out.0);
+                Ok(())
+            }
+            Op::PostSend => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let data = d.bytes().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.post_send(id, wr_id, data))?;
                 if let Some(e) = self.ids.get_mut(&t) {
-                    e.has_qp = false;
+                    let visible = signaled || e.sq_sig_all;
+                    e.signaled.push_back(visible);
                 }
                 Ok(())
+            }
+            Op::PostRecv => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let len = d.u32().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.post_recv(id, wr_id, len))
             }
             Op::Listen => {
                 let t = d.u64().map_err(bad)?;
                 let backlog = d.i32().map_err(bad)?;
                 let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.listen(id, backlog))
+                cm(host.listen(id, backlog))?;
+                if let Ok(Some(addr)) = host.get_local_addr(id) {
+                    self.listening.insert(t, addr);
+                }
+                Ok(())
             }
             Op::Connect | Op::Accept => {
                 let t = d.u64().map_err(bad)?;
@@ -413,6 +524,55 @@ impl Daemon {
         }
     }
 
+    /// Moves every completion the simulator has for the QPs of `cq` into their CQs' queues:
+    /// sends to the send CQ (successful unsignaled ones dropped), receives to the receive CQ.
+    fn collect_completions(&mut self, cq: u64) {
+        let qps = self.cqs.get(&cq).map(|c| c.qps.clone()).unwrap_or_default();
+        let mut wcs = Vec::new();
+        for t in qps {
+            let Some(e) = self.ids.get(&t) else { continue };
+            let mut host = self.procs[&e.proc].host.clone();
+            wcs.clear();
+            if host.try_poll_cq(e.handle, &mut wcs, usize::MAX).is_err() {
+                continue;
+            }
+            for wc in wcs.drain(..) {
+                let e = self.ids.get_mut(&t).expect("looked up above");
+                let is_send = wc.opcode == WcOpcode::Send;
+                if is_send {
+                    let visible = e.signaled.pop_front().unwrap_or(true);
+                    if !visible && wc.status == WcStatus::Success {
+                        continue;
+                    }
+                }
+                let target = if is_send { e.send_cq } else { e.recv_cq };
+                if let Some(c) = self.cqs.get_mut(&target) {
+                    c.ready.push_back(WireWc {
+                        wr_id: wc.wr_id,
+                        id: t,
+                        status: wc.status as u32,
+                        opcode: wc.opcode as u32,
+                        byte_len: wc.byte_len,
+                        data: wc.data,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Forgets a destroyed QP's CQ memberships (its unpolled completions go with it).
+    fn qp_gone(&mut self, t: u64) {
+        let Some(e) = self.ids.get_mut(&t) else { return };
+        e.has_qp = false;
+        e.signaled.clear();
+        for cq in [std::mem::take(&mut e.send_cq), std::mem::take(&mut e.recv_cq)] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.qps.retain(|q| *q != t);
+                c.ready.retain(|wc| wc.id != t);
+            }
+        }
+    }
+
     fn register_id(&mut self, proc: u64, host: usize, id: IdHandle) -> u64 {
         let t = self.token();
         self.ids.insert(
@@ -422,6 +582,10 @@ impl Daemon {
                 handle: id,
                 host,
                 has_qp: false,
+                send_cq: 0,
+                recv_cq: 0,
+                sq_sig_all: true,
+                signaled: VecDeque::new(),
             },
         );
         self.id_tokens.insert((host, id), t);
@@ -432,6 +596,7 @@ impl Daemon {
     }
 
     fn forget_id(&mut self, t: u64) {
+        self.listening.remove(&t);
         if let Some(e) = self.ids.remove(&t) {
             self.id_tokens.remove(&(e.host, e.handle));
             if let Some(p) = self.procs.get_mut(&e.proc) {
@@ -586,6 +751,7 @@ impl Daemon {
             }
             self.forget_id(t);
         }
+        self.cqs.retain(|_, c| c.proc != proc);
         let mut chans: Vec<u64> = p.channels.iter().copied().collect();
         chans.sort_unstable();
         for ct in chans {
@@ -643,6 +809,17 @@ impl Daemon {
                         }
                     }
                 }
+            }
+            Some(Op::ProbeListener) => {
+                let want = d.addr().ok().flatten();
+                let found = want.is_some_and(|w| {
+                    self.listening
+                        .values()
+                        .any(|l| l.port() == w.port() && (l.ip() == w.ip() || l.ip().is_unspecified()))
+                });
+                let mut e = Enc::default();
+                e.i32(0).u8(found as u8);
+                let _ = conn.send(&e.0);
             }
             Some(Op::AttachChannel) => {
                 let proc = d.u64().unwrap_or(0);
@@ -805,6 +982,8 @@ fn main() {
         ids: HashMap::new(),
         id_tokens: HashMap::new(),
         channels: HashMap::new(),
+        cqs: HashMap::new(),
+        listening: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),
         next_token: 0,

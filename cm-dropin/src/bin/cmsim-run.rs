@@ -5,16 +5,23 @@
 //! `libibverbs.so.1` and `librdmacm.so.1`, one file under two names), then executes the program
 //! with `LD_LIBRARY_PATH` pointing there, `CMSIM_SOCKET` and `CMSIM_HOST` set.
 
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cm_dropin::proto::{Dec, Enc, Op};
+use cm_dropin::sock::SeqConn;
 
 const USAGE: &str = "\
 usage: cmsim-run [--socket PATH] --host IP [--lib-dir DIR] -- PROGRAM [ARGS...]
   --socket PATH   the daemon's socket (default: $CMSIM_SOCKET)
   --host IP       the simulated host the program runs on (one of the daemon's --host)
   --lib-dir DIR   where to put librdmacm.so.1 / libibverbs.so.1 (default: <target>/cmsim/lib)
-  --print-lib-dir lay the libraries out, print their directory and exit";
+  --print-lib-dir lay the libraries out, print their directory and exit
+  --wait-for-listener ADDR:PORT
+                  first wait (at most 30 s) until some program listens there on the fabric";
 
 /// The cdylib cargo built next to this binary.
 fn built_library() -> Result<PathBuf, String> {
@@ -66,12 +73,36 @@ fn lay_out(lib_dir: Option<PathBuf>) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// Asks the daemon every 10 ms whether something listens at `addr`, for at most 30 s.
+fn wait_for_listener(socket: &Path, addr: SocketAddr) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let conn = SeqConn::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+        let mut e = Enc::op(Op::ProbeListener);
+        e.addr(Some(addr));
+        conn.send(&e.0).map_err(|e| format!("probe: {e}"))?;
+        let mut buf = Vec::new();
+        if !conn.recv(&mut buf).map_err(|e| format!("probe: {e}"))? {
+            return Err("the daemon closed the probe".into());
+        }
+        let mut d = Dec::new(&buf);
+        if d.i32() == Ok(0) && d.u8() == Ok(1) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("nothing listens at {addr} after 30 s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut socket = std::env::var_os("CMSIM_SOCKET").map(PathBuf::from);
     let mut host = None;
     let mut lib_dir = None;
     let mut print_only = false;
+    let mut wait_for = None;
     let mut program = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -79,6 +110,7 @@ fn main() {
             "--host" => host = args.next(),
             "--lib-dir" => lib_dir = args.next().map(PathBuf::from),
             "--print-lib-dir" => print_only = true,
+            "--wait-for-listener" => wait_for = args.next(),
             "--" => {
                 program.extend(args.by_ref());
             }
@@ -107,6 +139,16 @@ fn main() {
         eprintln!("{USAGE}");
         std::process::exit(2);
     };
+    if let Some(addr) = wait_for {
+        let Ok(addr) = addr.parse::<SocketAddr>() else {
+            eprintln!("cmsim-run: --wait-for-listener wants ADDR:PORT, got {addr}");
+            std::process::exit(2);
+        };
+        if let Err(e) = wait_for_listener(&socket, addr) {
+            eprintln!("cmsim-run: {e}");
+            std::process::exit(2);
+        }
+    }
     let mut cmd = Command::new(first);
     cmd.args(&program[1..]);
     let ld = match std::env::var("LD_LIBRARY_PATH") {

@@ -1,0 +1,363 @@
+//! The verbs the programs use: PDs and MRs (local bookkeeping), CQs, and the data path
+//! reached through `ibv_context.ops` (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` are
+//! inline functions in the headers and jump through those pointers).
+//!
+//! Sends and receives are copied through this library in the calling process: a send gathers
+//! its SGEs here and ships the bytes to the daemon; a receive's bytes come back with its
+//! completion and are scattered into the buffers posted for it. RDMA READ/WRITE are not
+//! served yet (`ENOSYS`).
+#![allow(clippy::missing_safety_doc)] // the safety contract of each function is libibverbs' C one
+
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::abi::*;
+use crate::ffi::{fail, lock, registry, rpc, unsupported};
+use crate::proto::{Dec, Enc, Op};
+
+const IBV_WR_SEND: u32 = 2;
+const IBV_WR_SEND_WITH_IMM: u32 = 3;
+const IBV_SEND_SIGNALED: u32 = 2;
+const IBV_WC_RECV: u32 = 128;
+const IBV_WC_SUCCESS: u32 = 0;
+const IBV_WC_LOC_LEN_ERR: u32 = 1;
+
+/// The library's part of a QP; `public` is what the application sees.
+#[repr(C)]
+pub struct QpPriv {
+    /// What the application sees.
+    pub public: IbvQp,
+    /// The daemon's token of the QP's id.
+    pub token: u64,
+}
+
+/// The library's part of a CQ.
+#[repr(C)]
+struct CqPriv {
+    public: IbvCq,
+    token: u64,
+}
+
+/// A posted receive: where its bytes go.
+pub struct PostedRecv {
+    wr_id: u64,
+    sges: Vec<(u64, u32)>,
+}
+
+static NEXT_KEY: AtomicU32 = AtomicU32::new(1);
+
+/// Fills the data-path entries of `ibv_context.ops`.
+pub(crate) fn fill_ops(ops: &mut [*mut c_void; 32]) {
+    ops[OPS_POLL_CQ] = poll_cq as *mut c_void;
+    ops[OPS_REQ_NOTIFY_CQ] = req_notify_cq as *mut c_void;
+    ops[OPS_POST_SRQ_RECV] = post_srq_recv as *mut c_void;
+    ops[OPS_POST_SEND] = post_send as *mut c_void;
+    ops[OPS_POST_RECV] = post_recv as *mut c_void;
+}
+
+/// The daemon's token of a CQ of this library (0 for NULL).
+pub(crate) unsafe fn cq_token(cq: *mut c_void) -> u64 {
+    if cq.is_null() {
+        0
+    } else {
+        // SAFETY: non-NULL CQs handed to this library came from ibv_create_cq, so are CqPriv.
+        unsafe { (*(cq as *mut CqPriv)).token }
+    }
+}
+
+/// `ibv_alloc_pd`: protection domains are bookkeeping only (the copy happens in-process).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut c_void) -> *mut IbvPd {
+    Box::into_raw(Box::new(IbvPd {
+        context,
+        handle: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+    }))
+}
+
+/// `ibv_dealloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: pd came from ibv_alloc_pd and is given back once.
+    drop(unsafe { Box::from_raw(pd) });
+    0
+}
+
+/// `ibv_reg_mr`: hands out keys; buffers are read and written by this library in place.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    _access: c_int,
+) -> *mut IbvMr {
+    if pd.is_null() {
+        crate::ffi::set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: pd came from ibv_alloc_pd.
+    let context = unsafe { (*pd).context };
+    Box::into_raw(Box::new(IbvMr {
+        context,
+        pd,
+        addr,
+        length,
+        handle: key,
+        lkey: key,
+        rkey: key,
+    }))
+}
+
+/// `ibv_dereg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: mr came from ibv_reg_mr and is given back once.
+    drop(unsafe { Box::from_raw(mr) });
+    0
+}
+
+/// `ibv_create_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut c_void,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    _comp_vector: c_int,
+) -> *mut IbvCq {
+    let mut e = Enc::op(Op::CreateCq);
+    e.u32(cqe.max(1) as u32);
+    let token = match rpc(&e).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
+        Ok(t) => t,
+        Err(errno) => {
+            fail(errno);
+            return ptr::null_mut();
+        }
+    };
+    let cq = Box::new(CqPriv {
+        public: IbvCq {
+            context,
+            channel,
+            cq_context,
+            handle: token as u32,
+            cqe,
+            sync: [0; 11],
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        token,
+    });
+    Box::into_raw(cq) as *mut IbvCq
+}
+
+/// `ibv_destroy_cq`: refused (`EBUSY`) while a QP uses the CQ.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    // SAFETY: cq came from ibv_create_cq.
+    let token = unsafe { cq_token(cq as *mut c_void) };
+    if token == 0 {
+        return libc::EINVAL;
+    }
+    let mut e = Enc::op(Op::DestroyCq);
+    e.u64(token);
+    match rpc(&e) {
+        Ok(_) => {
+            // SAFETY: cq is this library's CqPriv, given back once.
+            drop(unsafe { Box::from_raw(cq as *mut CqPriv) });
+            0
+        }
+        Err(errno) => errno,
+    }
+}
+
+unsafe fn qp_token(qp: *mut IbvQp) -> u64 {
+    // SAFETY: QPs reaching the ops came from rdma_create_qp, so are QpPriv.
+    unsafe { (*(qp as *mut QpPriv)).token }
+}
+
+unsafe fn sges(list: *const IbvSge, n: i32) -> Vec<IbvSge> {
+    if list.is_null() || n <= 0 {
+        return Vec::new();
+    }
+    // SAFETY: the work request's sg_list holds num_sge entries.
+    unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()
+}
+
+/// `ops.post_send`: SEND and SEND_WITH_IMM; the bytes are gathered now, so the buffers are
+/// free again as soon as this returns (stronger than verbs promises).
+unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut *mut IbvSendWr) -> c_int {
+    // SAFETY: qp came from rdma_create_qp.
+    let token = unsafe { qp_token(qp) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: cur is the caller's work request list.
+        let w = unsafe { &*cur };
+        let errno = if w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM {
+            unsupported("ibv_post_send with an RDMA READ/WRITE or atomic opcode");
+            libc::ENOSYS
+        } else {
+            let mut data = Vec::new();
+            // SAFETY: sg_list holds num_sge entries.
+            for s in unsafe { sges(w.sg_list, w.num_sge) } {
+                // SAFETY: each SGE names memory of the caller's, readable for its length.
+                let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                data.extend_from_slice(bytes);
+            }
+            let mut e = Enc::op(Op::PostSend);
+            e.u64(token)
+                .u64(w.wr_id)
+                .u8((w.send_flags & IBV_SEND_SIGNALED != 0) as u8)
+                .bytes(&data);
+            rpc(&e).err().unwrap_or(0)
+        };
+        if errno != 0 {
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return errno;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+/// `ops.post_recv`.
+unsafe extern "C" fn post_recv(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad_wr: *mut *mut IbvRecvWr) -> c_int {
+    // SAFETY: qp came from rdma_create_qp.
+    let token = unsafe { qp_token(qp) };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: cur is the caller's work request list.
+        let w = unsafe { &*cur };
+        // SAFETY: as above.
+        let list: Vec<(u64, u32)> = unsafe { sges(w.sg_list, w.num_sge) }
+            .iter()
+            .map(|s| (s.addr, s.length))
+            .collect();
+        let len: u32 = list.iter().map(|s| s.1).sum();
+        // The receive is known here before the daemon can complete it, so a concurrent poll
+        // always finds where its bytes go.
+        lock(&registry().0)
+            .recvs
+            .entry(token)
+            .or_default()
+            .push_back(PostedRecv {
+                wr_id: w.wr_id,
+                sges: list,
+            });
+        let mut e = Enc::op(Op::PostRecv);
+        e.u64(token).u64(w.wr_id).u32(len);
+        if let Err(errno) = rpc(&e) {
+            if let Some(q) = lock(&registry().0).recvs.get_mut(&token) {
+                if let Some(pos) = q.iter().rposition(|r| r.wr_id == w.wr_id) {
+                    q.remove(pos);
+                }
+            }
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out pointer.
+                unsafe { *bad_wr = cur };
+            }
+            return errno;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+unsafe extern "C" fn post_srq_recv(_srq: *mut c_void, wr: *mut c_void, bad_wr: *mut *mut c_void) -> c_int {
+    if !bad_wr.is_null() {
+        // SAFETY: bad_wr is the caller's out pointer.
+        unsafe { *bad_wr = wr };
+    }
+    unsupported("ibv_post_srq_recv");
+    libc::ENOSYS
+}
+
+thread_local! {
+    /// Consecutive empty polls on this thread (a busy-polling loop).
+    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `ops.poll_cq`. A busy-polling loop (ucmatose, udaddy) would keep the daemon spinning with
+/// it, so after a run of empty polls each further empty one sleeps briefly first.
+unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc) -> c_int {
+    // SAFETY: cq came from ibv_create_cq.
+    let token = unsafe { cq_token(cq as *mut c_void) };
+    if token == 0 || num_entries < 0 || (num_entries > 0 && wc.is_null()) {
+        return -libc::EINVAL;
+    }
+    let mut e = Enc::op(Op::PollCq);
+    e.u64(token).u32(num_entries as u32);
+    let buf = match rpc(&e) {
+        Ok(b) => b,
+        Err(errno) => return -errno,
+    };
+    let mut d = Dec::new(&buf);
+    let Ok(n) = d.u32() else { return -libc::EPROTO };
+    if n == 0 {
+        let empties = EMPTY_POLLS.with(|c| {
+            c.set(c.get().saturating_add(1));
+            c.get()
+        });
+        if empties > 64 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        return 0;
+    }
+    EMPTY_POLLS.with(|c| c.set(0));
+    for i in 0..n as usize {
+        let Ok(w) = d.wc() else { return -libc::EPROTO };
+        let mut status = w.status;
+        if w.opcode == IBV_WC_RECV {
+            let posted = lock(&registry().0)
+                .recvs
+                .get_mut(&w.id)
+                .and_then(VecDeque::pop_front);
+            if status == IBV_WC_SUCCESS {
+                match posted {
+                    // SAFETY: the buffers were posted for this receive and stay valid until
+                    // its completion is polled (the verbs contract).
+                    Some(p) => unsafe { scatter(&p.sges, &w.data) },
+                    None => status = IBV_WC_LOC_LEN_ERR,
+                }
+            }
+        }
+        // SAFETY: wc has room for num_entries entries and n <= num_entries.
+        unsafe {
+            *wc.add(i) = IbvWc {
+                wr_id: w.wr_id,
+                status,
+                opcode: w.opcode,
+                byte_len: w.byte_len,
+                qp_num: w.id as u32,
+                ..IbvWc::default()
+            };
+        }
+    }
+    n as c_int
+}
+
+unsafe fn scatter(sges: &[(u64, u32)], mut data: &[u8]) {
+    for &(addr, len) in sges {
+        let n = data.len().min(len as usize);
+        // SAFETY: (addr, len) is a posted receive buffer of the caller's; n <= len.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, n) };
+        data = &data[n..];
+    }
+}
+
+/// `ops.req_notify_cq`: completion events are not delivered yet; arming succeeds so programs
+/// that poll before and after arming (rdma_get_send_comp) still make progress by polling.
+unsafe extern "C" fn req_notify_cq(_cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    0
+}
