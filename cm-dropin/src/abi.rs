@@ -171,6 +171,7 @@ pub struct IbvQpCap {
 
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct IbvQpInitAttr {
     /// `qp_context`.
     pub qp_context: *mut c_void,

@@ -6,7 +6,7 @@
 //! or objects this library allocated.
 #![allow(clippy::missing_safety_doc)] // the safety contract of each function is librdmacm's C one
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::abi::*;
-use crate::proto::{self, Dec, Enc, Op, WireParam};
+use crate::proto::{self, Dec, Enc, Op, WireEvent, WireParam};
 use crate::sock::{self, SeqConn};
 
 /// librdmacm waits forever for an id's events to be acked before destroying it; this library
@@ -32,6 +32,7 @@ const RAI_PASSIVE: i32 = 1;
 const RAI_NUMERICHOST: i32 = 2;
 const EV_CONNECT_REQUEST: u32 = 4;
 const EV_ADDR_RESOLVED: u32 = 0;
+const EV_REJECTED: u32 = 8;
 
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
@@ -118,6 +119,16 @@ fn connect_daemon() -> Result<Client, c_int> {
     Ok(Client { ctrl, proc, socket })
 }
 
+/// The daemon's socket path and this process's number (connecting first if needed).
+pub(crate) fn daemon_address() -> Result<(PathBuf, u64), c_int> {
+    let mut guard = lock(&CLIENT);
+    if guard.is_none() {
+        *guard = Some(connect_daemon()?);
+    }
+    let c = guard.as_ref().expect("connected above");
+    Ok((c.socket.clone(), c.proc))
+}
+
 /// One request and its reply; the control socket is held only for this exchange.
 pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     let mut guard = lock(&CLIENT);
@@ -151,6 +162,8 @@ pub(crate) fn rpc_status(e: &Enc) -> c_int {
 struct ChannelPriv {
     public: RdmaEventChannel,
     token: u64,
+    /// Events read from the socket by a synchronous call waiting for another id's event.
+    stash: Mutex<VecDeque<WireEvent>>,
 }
 
 /// The library's part of an id; `public` is what the application sees.
@@ -158,6 +171,13 @@ struct ChannelPriv {
 struct IdPriv {
     public: RdmaCmId,
     token: u64,
+    /// Synchronous id (`rdma_create_id` with a NULL channel, `rdma_create_ep`): calls wait
+    /// for their event, as librdmacm's `ucma_complete` does.
+    sync: bool,
+    /// The channel was made for this id and goes with it.
+    owns_channel: bool,
+    /// A passive endpoint's QP attributes and PD, for the QPs `rdma_get_request` creates.
+    ep_attr: Option<(IbvQpInitAttr, *mut c_void)>,
 }
 
 /// The library's part of an event: the private data lives here until the ack.
@@ -286,6 +306,7 @@ pub extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
                 fd: conn.into_raw_fd(),
             },
             token,
+            stash: Mutex::new(VecDeque::new()),
         })) as *mut RdmaEventChannel,
         Err(e) => {
             let mut d = Enc::op(Op::DestroyChannel);
@@ -323,7 +344,13 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChann
 
 // ---- ids --------------------------------------------------------------------------------
 
-fn new_id(token: u64, channel: *mut RdmaEventChannel, context: *mut c_void, ps: u32) -> *mut IdPriv {
+fn new_id(
+    token: u64,
+    channel: *mut RdmaEventChannel,
+    context: *mut c_void,
+    ps: u32,
+    sync: bool,
+) -> *mut IdPriv {
     let qp_type = if ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB {
         IBV_QPT_UD
     } else {
@@ -356,6 +383,9 @@ fn new_id(token: u64, channel: *mut RdmaEventChannel, context: *mut c_void, ps: 
             qp_type,
         },
         token,
+        sync,
+        owns_channel: false,
+        ep_attr: None,
     }));
     lock(&registry().0).ids.insert(token, id as usize);
     id
@@ -378,7 +408,7 @@ unsafe fn attach_device(id: *mut RdmaCmId) {
     }
 }
 
-/// `rdma_create_id`.
+/// `rdma_create_id`; a NULL channel makes a synchronous id with a channel of its own.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_id(
     channel: *mut RdmaEventChannel,
@@ -386,13 +416,17 @@ pub unsafe extern "C" fn rdma_create_id(
     context: *mut c_void,
     ps: u32,
 ) -> c_int {
-    if channel.is_null() || id.is_null() {
-        // Synchronous ids (NULL channel) come with rdma_create_ep, not supported yet.
-        return if channel.is_null() {
-            unsupported("rdma_create_id with a NULL channel")
-        } else {
-            fail(libc::EINVAL)
-        };
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let sync = channel.is_null();
+    let channel = if sync {
+        rdma_create_event_channel()
+    } else {
+        channel
+    };
+    if channel.is_null() {
+        return -1;
     }
     // SAFETY: channel came from rdma_create_event_channel.
     let ch_token = unsafe { (*(channel as *mut ChannelPriv)).token };
@@ -400,11 +434,21 @@ pub unsafe extern "C" fn rdma_create_id(
     e.u64(ch_token).u32(ps);
     match rpc(&e).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
         Ok(token) => {
-            // SAFETY: id is the caller's out pointer.
-            unsafe { *id = new_id(token, channel, context, ps) as *mut RdmaCmId };
+            let new = new_id(token, channel, context, ps, sync);
+            // SAFETY: new was just allocated; id is the caller's out pointer.
+            unsafe {
+                (*new).owns_channel = sync;
+                *id = new as *mut RdmaCmId;
+            }
             0
         }
-        Err(errno) => fail(errno),
+        Err(errno) => {
+            if sync {
+                // SAFETY: the channel was made above for this id only.
+                unsafe { rdma_destroy_event_channel(channel) };
+            }
+            fail(errno)
+        }
     }
 }
 
@@ -437,7 +481,15 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     reg.unacked.remove(&token);
     drop(reg);
     // SAFETY: the id is this library's IdPriv and the application gives it up with this call.
-    drop(unsafe { Box::from_raw(id as *mut IdPriv) });
+    let id = unsafe { Box::from_raw(id as *mut IdPriv) };
+    let channel = id.public.channel as *mut ChannelPriv;
+    // Stashed events of the id were never seen by the application; the daemon acked them.
+    // SAFETY: the id's channel outlives it (librdmacm refuses to destroy a channel in use).
+    lock(unsafe { &(*channel).stash }).retain(|w| w.id != token);
+    if id.owns_channel {
+        // SAFETY: the channel was made for this id only.
+        unsafe { rdma_destroy_event_channel(channel as *mut RdmaEventChannel) };
+    }
     0
 }
 
@@ -511,6 +563,11 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         // SAFETY: id is a live IdPriv.
         unsafe { set_addrs(id, src, Some(dst)) };
     }
+    // SAFETY: id is a live IdPriv.
+    if r == 0 && unsafe { is_sync(id) } {
+        // SAFETY: as above.
+        return unsafe { complete(id) };
+    }
     r
 }
 
@@ -523,7 +580,13 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut RdmaCmId, timeout_ms: c_int
     };
     let mut e = Enc::op(Op::ResolveRoute);
     e.u64(token).u32(timeout_ms.max(0) as u32);
-    rpc_status(&e)
+    let r = rpc_status(&e);
+    // SAFETY: id is a live IdPriv.
+    if r == 0 && unsafe { is_sync(id) } {
+        // SAFETY: as above.
+        return unsafe { complete(id) };
+    }
+    r
 }
 
 /// `rdma_listen`.
@@ -581,7 +644,13 @@ unsafe fn connect_or_accept(op: Op, id: *mut RdmaCmId, param: *const RdmaConnPar
     };
     let mut e = Enc::op(op);
     e.u64(token).param(&p);
-    rpc_status(&e)
+    let r = rpc_status(&e);
+    // SAFETY: id is a live IdPriv.
+    if r == 0 && unsafe { is_sync(id) } {
+        // SAFETY: as above.
+        return unsafe { complete(id) };
+    }
+    r
 }
 
 /// `rdma_connect`.
@@ -649,34 +718,39 @@ pub unsafe extern "C" fn rdma_create_qp(
             attach_device(id);
         }
         if (*attr).send_cq.is_null() {
-            let cq = crate::verbs::ibv_create_cq(
-                (*id).verbs,
-                (*attr).cap.max_send_wr as c_int,
-                id as *mut c_void,
-                ptr::null_mut(),
-                0,
-            );
+            let (channel, cq) =
+                crate::verbs::default_cq((*id).verbs, (*attr).cap.max_send_wr, id as *mut c_void);
             if cq.is_null() {
                 return -1;
             }
-            (*id).send_cq = cq as *mut c_void;
-            (*attr).send_cq = cq as *mut c_void;
+            (*id).send_cq_channel = channel;
+            (*id).send_cq = cq;
+            (*attr).send_cq = cq;
         }
         if (*attr).recv_cq.is_null() {
-            let cq = crate::verbs::ibv_create_cq(
-                (*id).verbs,
-                (*attr).cap.max_recv_wr as c_int,
-                id as *mut c_void,
-                ptr::null_mut(),
-                0,
-            );
+            let (channel, cq) =
+                crate::verbs::default_cq((*id).verbs, (*attr).cap.max_recv_wr, id as *mut c_void);
             if cq.is_null() {
+                destroy_default_cqs(id);
                 return -1;
             }
-            (*id).recv_cq = cq as *mut c_void;
-            (*attr).recv_cq = cq as *mut c_void;
+            (*id).recv_cq_channel = channel;
+            (*id).recv_cq = cq;
+            (*attr).recv_cq = cq;
         }
     }
+    // librdmacm uses the device's default PD for a NULL one and records it in id->pd.
+    let pd = if !pd.is_null() {
+        pd
+    } else {
+        // SAFETY: id is a live IdPriv.
+        let own = unsafe { (*id).pd };
+        if own.is_null() {
+            crate::verbs::default_pd()
+        } else {
+            own
+        }
+    };
     // SAFETY: attr is the caller's ibv_qp_init_attr; its CQs came from this library.
     let (cap, send_cq, recv_cq, sig_all) = unsafe {
         (
@@ -726,7 +800,7 @@ pub unsafe extern "C" fn rdma_create_qp(
             public: IbvQp {
                 context: (*id).verbs,
                 qp_context: (*attr).qp_context,
-                pd: if pd.is_null() { (*id).pd } else { pd },
+                pd,
                 send_cq: (*attr).send_cq,
                 recv_cq: (*attr).recv_cq,
                 srq: (*attr).srq,
@@ -738,22 +812,30 @@ pub unsafe extern "C" fn rdma_create_qp(
                 events_completed: 0,
             },
             token,
+            cap: (*attr).cap,
+            sq_sig_all: (*attr).sq_sig_all,
         });
         (*id).qp = Box::into_raw(qp) as *mut IbvQp;
+        (*id).pd = pd;
     }
     0
 }
 
-/// Destroys the CQs `rdma_create_qp` made for the id (librdmacm's `ucma_destroy_cqs`).
+/// Destroys the CQs and channels `rdma_create_qp` made for the id (`ucma_destroy_cqs`).
 unsafe fn destroy_default_cqs(id: *mut RdmaCmId) {
-    // SAFETY: id is a live IdPriv; its CQ fields are NULL or this library's CQs.
+    // SAFETY: id is a live IdPriv; its CQ and channel fields are NULL or this library's.
     unsafe {
-        for cq in [
-            std::mem::replace(&mut (*id).send_cq, ptr::null_mut()),
-            std::mem::replace(&mut (*id).recv_cq, ptr::null_mut()),
+        for (cq, ch) in [
+            (&mut (*id).send_cq, &mut (*id).send_cq_channel),
+            (&mut (*id).recv_cq, &mut (*id).recv_cq_channel),
         ] {
+            let cq = std::mem::replace(cq, ptr::null_mut());
             if !cq.is_null() {
                 crate::verbs::ibv_destroy_cq(cq as *mut IbvCq);
+            }
+            let ch = std::mem::replace(ch, ptr::null_mut());
+            if !ch.is_null() {
+                crate::verbs::ibv_destroy_comp_channel(ch as *mut IbvCompChannel);
             }
         }
     }
@@ -794,8 +876,32 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     if channel.is_null() || event.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: channel came from rdma_create_event_channel.
-    let fd = unsafe { (*channel).fd };
+    let ch = channel as *mut ChannelPriv;
+    loop {
+        // SAFETY: channel came from rdma_create_event_channel.
+        let stashed = lock(unsafe { &(*ch).stash }).pop_front();
+        let w = match stashed {
+            Some(w) => w,
+            // SAFETY: as above.
+            None => match unsafe { recv_wire(ch) } {
+                Ok(w) => w,
+                Err(errno) => return fail(errno),
+            },
+        };
+        // SAFETY: channel is live (above); the ids found in the registry are live IdPriv.
+        if let Some(ev) = unsafe { build_event(channel, w) } {
+            // SAFETY: event is the caller's out pointer.
+            unsafe { *event = ev as *mut RdmaCmEvent };
+            return 0;
+        }
+        // The event's id was destroyed after the daemon sent it: the daemon acked it then.
+    }
+}
+
+/// Reads the next event datagram from a channel socket (blocking unless `O_NONBLOCK`).
+unsafe fn recv_wire(ch: *mut ChannelPriv) -> Result<WireEvent, c_int> {
+    // SAFETY: ch is a live channel of this library.
+    let fd = unsafe { (*ch).public.fd };
     let mut buf = Vec::new();
     loop {
         let flags = if sock::is_nonblocking(fd) {
@@ -807,24 +913,73 @@ pub unsafe extern "C" fn rdma_get_cm_event(
             Ok(true) => {}
             Ok(false) => {
                 eprintln!("cmsim: the fabric daemon went away");
-                return fail(libc::ENODEV);
+                return Err(libc::ENODEV);
             }
-            Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EIO)),
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
         }
         let mut d = Dec::new(&buf);
-        if d.u8() != Ok(proto::CHAN_EVENT) {
-            continue;
+        if d.u8() == Ok(proto::CHAN_EVENT) {
+            return d.event().map_err(|_| libc::EPROTO);
         }
-        let Ok(w) = d.event() else {
-            return fail(libc::EPROTO);
-        };
-        // SAFETY: channel is live (above); the ids found in the registry are live IdPriv.
-        if let Some(ev) = unsafe { build_event(channel, w) } {
-            // SAFETY: event is the caller's out pointer.
-            unsafe { *event = ev as *mut RdmaCmEvent };
-            return 0;
+    }
+}
+
+/// Waits for the first event on the id's channel that `want` accepts; events for other ids
+/// read meanwhile are kept for later `rdma_get_cm_event` or synchronous calls.
+unsafe fn wait_wire(ch: *mut ChannelPriv, want: impl Fn(&WireEvent) -> bool) -> Result<WireEvent, c_int> {
+    {
+        // SAFETY: ch is a live channel of this library.
+        let mut stash = lock(unsafe { &(*ch).stash });
+        if let Some(pos) = stash.iter().position(&want) {
+            return Ok(stash.remove(pos).expect("position found"));
         }
-        // The event's id was destroyed after the daemon sent it: the daemon acked it then.
+    }
+    loop {
+        // SAFETY: as above.
+        let w = unsafe { recv_wire(ch) }?;
+        if want(&w) {
+            return Ok(w);
+        }
+        // SAFETY: as above.
+        lock(unsafe { &(*ch).stash }).push_back(w);
+    }
+}
+
+unsafe fn is_sync(id: *mut RdmaCmId) -> bool {
+    // SAFETY: id is a live IdPriv.
+    unsafe { (*(id as *mut IdPriv)).sync }
+}
+
+/// Gives an event the library consumed itself back to the daemon.
+fn ack_wire(w: &WireEvent) {
+    let mut e = Enc::op(Op::AckEvent);
+    e.u64(w.event_no);
+    let _ = rpc(&e);
+}
+
+/// librdmacm's `ucma_complete`: a synchronous call waits for the id's next event and turns
+/// its status into the call's result.
+unsafe fn complete(id: *mut RdmaCmId) -> c_int {
+    // SAFETY: id is a live synchronous IdPriv.
+    let (token, ch) = unsafe { ((*(id as *mut IdPriv)).token, (*id).channel as *mut ChannelPriv) };
+    // SAFETY: the id's channel is live.
+    let w = match unsafe { wait_wire(ch, |w| w.id == token) } {
+        Ok(w) => w,
+        Err(errno) => return fail(errno),
+    };
+    ack_wire(&w);
+    // SAFETY: id is live.
+    unsafe {
+        set_addrs(id, w.local, w.peer);
+        if w.event == EV_ADDR_RESOLVED {
+            attach_device(id);
+        }
+    }
+    match w.status {
+        0 => 0,
+        _ if w.event == EV_REJECTED => fail(libc::ECONNREFUSED),
+        s if s < 0 => fail(-s),
+        s => fail(s),
     }
 }
 
@@ -843,7 +998,7 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
             drop(reg);
             // SAFETY: l is a live IdPriv (found in the registry).
             let (context, ps) = unsafe { ((*l).context, (*l).ps) };
-            let child = new_id(w.id, channel, context, ps) as *mut RdmaCmId;
+            let child = new_id(w.id, channel, context, ps, false) as *mut RdmaCmId;
             // SAFETY: child was just allocated.
             unsafe { attach_device(child) };
             reg = lock(m);
@@ -942,6 +1097,145 @@ pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
         .copied()
         .unwrap_or(c"UNKNOWN EVENT")
         .as_ptr()
+}
+
+// ---- synchronous endpoints --------------------------------------------------------------
+
+/// `rdma_create_ep`: a synchronous id; passive (`RAI_PASSIVE`) ones are bound and remember
+/// `qp_init_attr` for `rdma_get_request`, active ones are resolved and get their QP.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut RdmaCmId,
+    res: *const RdmaAddrinfo,
+    pd: *mut c_void,
+    qp_init_attr: *mut IbvQpInitAttr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: res came from rdma_getaddrinfo (or is the caller's equivalent).
+    let res = unsafe { &*res };
+    let mut new: *mut RdmaCmId = ptr::null_mut();
+    // SAFETY: new is a valid out pointer.
+    if unsafe {
+        rdma_create_id(
+            ptr::null_mut(),
+            &mut new,
+            ptr::null_mut(),
+            res.ai_port_space as u32,
+        )
+    } != 0
+    {
+        return -1;
+    }
+    let setup = || -> c_int {
+        // SAFETY: new is a live synchronous IdPriv; res' addresses are NULL or valid sockaddrs;
+        // qp_init_attr is NULL or the caller's.
+        unsafe {
+            if res.ai_flags & RAI_PASSIVE != 0 {
+                if rdma_bind_addr(new, res.ai_src_addr as *mut libc::sockaddr) != 0 {
+                    return -1;
+                }
+                if !qp_init_attr.is_null() {
+                    (*(new as *mut IdPriv)).ep_attr = Some((*qp_init_attr, pd));
+                }
+                return 0;
+            }
+            let src = res.ai_src_addr as *mut libc::sockaddr;
+            if rdma_resolve_addr(new, src, res.ai_dst_addr as *mut libc::sockaddr, 2000) != 0 {
+                return -1;
+            }
+            if rdma_resolve_route(new, 2000) != 0 {
+                return -1;
+            }
+            if !qp_init_attr.is_null() {
+                (*qp_init_attr).qp_type = res.ai_qp_type as u32;
+                if rdma_create_qp(new, pd, qp_init_attr) != 0 {
+                    return -1;
+                }
+            }
+            0
+        }
+    };
+    if setup() != 0 {
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        // SAFETY: new is this function's id, not handed out.
+        unsafe { rdma_destroy_ep(new) };
+        return fail(errno);
+    }
+    // SAFETY: id is the caller's out pointer.
+    unsafe { *id = new };
+    0
+}
+
+/// `rdma_destroy_ep`: the QP (if any), then the id with its channel.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut RdmaCmId) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: id came from this library.
+    unsafe {
+        if !(*id).qp.is_null() {
+            rdma_destroy_qp(id);
+        }
+        rdma_destroy_id(id);
+    }
+}
+
+/// `rdma_get_request`: waits for a connection request on a synchronous listener; the new id
+/// gets a QP from the listener's `rdma_create_ep` attributes.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(listen: *mut RdmaCmId, id: *mut *mut RdmaCmId) -> c_int {
+    // SAFETY: listen came from this library.
+    let Some(token) = (unsafe { token_of(listen) }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: as above.
+    if id.is_null() || !unsafe { is_sync(listen) } {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: listen is a live IdPriv with a live channel.
+    let ch = unsafe { (*listen).channel } as *mut ChannelPriv;
+    // SAFETY: as above.
+    let w = match unsafe { wait_wire(ch, |w| w.event == EV_CONNECT_REQUEST && w.listen_id == token) } {
+        Ok(w) => w,
+        Err(errno) => return fail(errno),
+    };
+    ack_wire(&w);
+    // SAFETY: listen is live.
+    let (context, ps, ep_attr) = unsafe {
+        (
+            (*listen).context,
+            (*listen).ps,
+            (*(listen as *mut IdPriv)).ep_attr,
+        )
+    };
+    let child = new_id(w.id, ch as *mut RdmaEventChannel, context, ps, true) as *mut RdmaCmId;
+    // SAFETY: child was just allocated.
+    unsafe {
+        attach_device(child);
+        set_addrs(child, w.local, w.peer);
+    }
+    if let Some((mut attr, pd)) = ep_attr {
+        // SAFETY: child is live; attr is this function's copy.
+        if unsafe { rdma_create_qp(child, pd, &mut attr) } != 0 {
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
+            // SAFETY: child is live and not handed out.
+            unsafe {
+                rdma_reject(child, ptr::null(), 0);
+                rdma_destroy_id(child);
+            }
+            return fail(errno);
+        }
+    }
+    // SAFETY: id is the caller's out pointer.
+    unsafe { *id = child };
+    0
 }
 
 // ---- rdma_getaddrinfo -------------------------------------------------------------------
@@ -1099,9 +1393,7 @@ macro_rules! unsupported_ptr {
 // Calls the rdma-core programs import but this library does not serve yet. The loader binds
 // every import at start (BIND_NOW), so each must exist; calling one is an error, never a crash.
 unsupported_int!(
-    rdma_create_ep,
     rdma_create_qp_ex,
-    rdma_get_request,
     rdma_migrate_id,
     rdma_set_option,
     rdma_leave_multicast,
@@ -1109,14 +1401,10 @@ unsupported_int!(
     rdma_establish,
     rdma_init_qp_attr,
     rdma_get_remote_ece,
-    ibv_ack_cq_events,
     ibv_destroy_ah,
     ibv_destroy_qp,
-    ibv_destroy_comp_channel,
-    ibv_get_cq_event,
     ibv_modify_qp,
     ibv_query_port,
-    ibv_query_qp,
     ibv_get_pkey_index,
     ibv_get_device_index,
     ibv_query_ece,
@@ -1139,11 +1427,9 @@ unsupported_int!(
 );
 
 unsupported_ptr!(
-    rdma_destroy_ep,
     ibv_create_ah,
     ibv_create_ah_from_wc,
     ibv_create_qp,
-    ibv_create_comp_channel,
     ibv_qp_to_qp_ex,
     ibv_reg_mr_iova,
     ibv_reg_mr_iova2,

@@ -54,7 +54,7 @@ pub enum Op {
     AckEvent,
     /// `id: u64` → `local: addr, peer: addr`.
     QueryAddrs,
-    /// `cqe: u32` → `cq: u64`.
+    /// `cqe: u32, channel: u64` → `cq: u64`.
     CreateCq,
     /// `cq: u64`.
     DestroyCq,
@@ -67,7 +67,18 @@ pub enum Op {
     /// Sent as the first datagram of a connection that is not a process: `addr` → `u8`, 1
     /// when some id listens there (the wrapper's `--wait-for-listener`).
     ProbeListener,
+    /// → `channel: u64` (a completion channel; its socket is attached separately).
+    CreateCompChannel,
+    /// `channel: u64`.
+    DestroyCompChannel,
+    /// Sent as the first datagram of a completion channel's socket: `proc: u64, channel: u64`.
+    AttachCompChannel,
+    /// `cq: u64`: the next completion queued on the CQ raises one event on its channel.
+    ReqNotifyCq,
 }
+
+/// Completion-channel datagram: one completion event, `cq: u64`.
+pub const CHAN_COMP: u8 = 3;
 
 /// The largest message a QP may carry: a completion with its bytes must fit in one datagram.
 pub const MAX_MESSAGE: u32 = 128 * 1024;
@@ -119,7 +130,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 24] = [
+        const ALL: [Op; 28] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -144,6 +155,10 @@ impl Op {
             PostSend,
             PostRecv,
             ProbeListener,
+            CreateCompChannel,
+            DestroyCompChannel,
+            AttachCompChannel,
+            ReqNotifyCq,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -424,10 +439,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=24 {
+        for v in 1..=28 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(25), None);
+        assert_eq!(Op::from_u32(29), None);
     }
 }

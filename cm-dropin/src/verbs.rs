@@ -8,15 +8,17 @@
 //! served yet (`ENOSYS`).
 #![allow(clippy::missing_safety_doc)] // the safety contract of each function is libibverbs' C one
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::abi::*;
 use crate::ffi::{fail, lock, registry, rpc, unsupported};
-use crate::proto::{Dec, Enc, Op};
+use crate::proto::{self, Dec, Enc, Op};
+use crate::sock::{self, SeqConn};
 
 const IBV_WR_SEND: u32 = 2;
 const IBV_WR_SEND_WITH_IMM: u32 = 3;
@@ -32,7 +34,25 @@ pub struct QpPriv {
     pub public: IbvQp,
     /// The daemon's token of the QP's id.
     pub token: u64,
+    /// The capabilities granted (what `ibv_query_qp` reports).
+    pub cap: IbvQpCap,
+    /// `sq_sig_all` as created.
+    pub sq_sig_all: i32,
 }
+
+/// The library's part of a completion channel.
+#[repr(C)]
+pub struct CompChannelPriv {
+    public: IbvCompChannel,
+    token: u64,
+    /// Serialises the socket's attachment: the channels librdmacm makes for `rdma_create_qp`
+    /// get their socket (an fd) only when first armed or read, so a thousand QPs do not cost
+    /// two thousand fds up front.
+    attach: Mutex<()>,
+}
+
+/// CQ token → `*mut CqPriv`, to give `ibv_get_cq_event` the application's pointer back.
+static CQS: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
 
 /// The library's part of a CQ.
 #[repr(C)]
@@ -134,8 +154,14 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut IbvCompChannel,
     _comp_vector: c_int,
 ) -> *mut IbvCq {
+    let channel_token = if channel.is_null() {
+        0
+    } else {
+        // SAFETY: channel came from ibv_create_comp_channel.
+        unsafe { (*(channel as *mut CompChannelPriv)).token }
+    };
     let mut e = Enc::op(Op::CreateCq);
-    e.u32(cqe.max(1) as u32);
+    e.u32(cqe.max(1) as u32).u64(channel_token);
     let token = match rpc(&e).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
         Ok(t) => t,
         Err(errno) => {
@@ -156,7 +182,11 @@ pub unsafe extern "C" fn ibv_create_cq(
         },
         token,
     });
-    Box::into_raw(cq) as *mut IbvCq
+    let cq = Box::into_raw(cq);
+    lock(&CQS)
+        .get_or_insert_with(HashMap::new)
+        .insert(token, cq as usize);
+    cq as *mut IbvCq
 }
 
 /// `ibv_destroy_cq`: refused (`EBUSY`) while a QP uses the CQ.
@@ -171,6 +201,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     e.u64(token);
     match rpc(&e) {
         Ok(_) => {
+            if let Some(m) = lock(&CQS).as_mut() {
+                m.remove(&token);
+            }
             // SAFETY: cq is this library's CqPriv, given back once.
             drop(unsafe { Box::from_raw(cq as *mut CqPriv) });
             0
@@ -356,8 +389,230 @@ unsafe fn scatter(sges: &[(u64, u32)], mut data: &[u8]) {
     }
 }
 
-/// `ops.req_notify_cq`: completion events are not delivered yet; arming succeeds so programs
-/// that poll before and after arming (rdma_get_send_comp) still make progress by polling.
-unsafe extern "C" fn req_notify_cq(_cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+/// `ops.req_notify_cq`: the next completion on the CQ raises one event on its channel.
+unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+    // SAFETY: cq came from ibv_create_cq.
+    let (token, channel) = unsafe { (cq_token(cq as *mut c_void), (*cq).channel) };
+    if token == 0 || channel.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the CQ's channel came from this library.
+    if let Err(errno) = unsafe { attach(channel as *mut CompChannelPriv) } {
+        return errno;
+    }
+    let mut e = Enc::op(Op::ReqNotifyCq);
+    e.u64(token);
+    rpc(&e).err().unwrap_or(0)
+}
+
+/// Gives a completion channel its socket if it has none yet.
+unsafe fn attach(ch: *mut CompChannelPriv) -> Result<(), c_int> {
+    // SAFETY: ch is a live channel of this library.
+    let ch = unsafe { &mut *ch };
+    let _guard = lock(&ch.attach);
+    if ch.public.fd >= 0 {
+        return Ok(());
+    }
+    let (socket, proc) = crate::ffi::daemon_address()?;
+    let conn = SeqConn::connect(&socket).map_err(|_| libc::ENODEV)?;
+    let mut e = Enc::op(Op::AttachCompChannel);
+    e.u64(proc).u64(ch.token);
+    conn.send(&e.0).map_err(|_| libc::ENODEV)?;
+    let mut buf = Vec::new();
+    match conn.recv(&mut buf) {
+        Ok(true) if buf.first() == Some(&proto::CHAN_ATTACHED) => {
+            ch.public.fd = conn.into_raw_fd();
+            Ok(())
+        }
+        _ => Err(libc::ENODEV),
+    }
+}
+
+fn new_comp_channel(context: *mut c_void, eager: bool) -> *mut CompChannelPriv {
+    let token = match rpc(&Enc::op(Op::CreateCompChannel))
+        .and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO))
+    {
+        Ok(t) => t,
+        Err(errno) => {
+            fail(errno);
+            return ptr::null_mut();
+        }
+    };
+    let ch = Box::into_raw(Box::new(CompChannelPriv {
+        public: IbvCompChannel {
+            context,
+            fd: -1,
+            refcnt: 0,
+        },
+        token,
+        attach: Mutex::new(()),
+    }));
+    if eager {
+        // SAFETY: ch was just allocated.
+        if let Err(errno) = unsafe { attach(ch) } {
+            // SAFETY: as above; not handed out.
+            unsafe { ibv_destroy_comp_channel(ch as *mut IbvCompChannel) };
+            fail(errno);
+            return ptr::null_mut();
+        }
+    }
+    ch
+}
+
+/// `ibv_create_comp_channel`: its fd is readable when a completion event is queued.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut c_void) -> *mut IbvCompChannel {
+    new_comp_channel(context, true) as *mut IbvCompChannel
+}
+
+/// `ibv_destroy_comp_channel`: refused (`EBUSY`) while a CQ uses the channel.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) -> c_int {
+    if channel.is_null() {
+        return libc::EINVAL;
+    }
+    let ch = channel as *mut CompChannelPriv;
+    let mut e = Enc::op(Op::DestroyCompChannel);
+    // SAFETY: channel came from ibv_create_comp_channel.
+    e.u64(unsafe { (*ch).token });
+    if let Err(errno) = rpc(&e) {
+        return errno;
+    }
+    // SAFETY: ch is this library's, given back once.
+    let ch = unsafe { Box::from_raw(ch) };
+    if ch.public.fd >= 0 {
+        sock::close_fd(ch.public.fd);
+    }
     0
+}
+
+/// `ibv_get_cq_event`: the next completion event of the channel (blocking unless the fd is
+/// `O_NONBLOCK`), with the application's CQ pointer and `cq_context`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    if channel.is_null() || cq.is_null() || cq_context.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: channel came from this library.
+    if let Err(errno) = unsafe { attach(channel as *mut CompChannelPriv) } {
+        return fail(errno);
+    }
+    // SAFETY: as above.
+    let fd = unsafe { (*channel).fd };
+    let mut buf = Vec::new();
+    loop {
+        let flags = if sock::is_nonblocking(fd) {
+            libc::MSG_DONTWAIT
+        } else {
+            0
+        };
+        match sock::recv_fd(fd, &mut buf, flags) {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("cmsim: the fabric daemon went away");
+                return fail(libc::ENODEV);
+            }
+            Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+        let mut d = Dec::new(&buf);
+        if d.u8() != Ok(proto::CHAN_COMP) {
+            continue;
+        }
+        let Ok(token) = d.u64() else {
+            return fail(libc::EPROTO);
+        };
+        let Some(found) = lock(&CQS).as_ref().and_then(|m| m.get(&token).copied()) else {
+            // The CQ was destroyed after the event was raised.
+            continue;
+        };
+        let found = found as *mut IbvCq;
+        // SAFETY: found is a live CQ of this library; the out pointers are the caller's.
+        unsafe {
+            *cq = found;
+            *cq_context = (*found).cq_context;
+        }
+        return 0;
+    }
+}
+
+/// `ibv_ack_cq_events`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: u32) {
+    if !cq.is_null() {
+        // SAFETY: cq came from ibv_create_cq.
+        unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents) };
+    }
+}
+
+/// `ibv_query_qp`: the capabilities granted and the creation attributes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut IbvQp,
+    attr: *mut u8,
+    _mask: c_int,
+    init_attr: *mut IbvQpInitAttr,
+) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: qp came from rdma_create_qp; attr is NULL or the caller's ibv_qp_attr (state at
+    // offset 0, cap at offset 36); init_attr is NULL or the caller's.
+    unsafe {
+        let q = &*(qp as *mut QpPriv);
+        if !attr.is_null() {
+            ptr::write_unaligned(attr as *mut u32, q.public.state);
+            ptr::write_unaligned(attr.add(36) as *mut IbvQpCap, q.cap);
+        }
+        if !init_attr.is_null() {
+            *init_attr = IbvQpInitAttr {
+                qp_context: q.public.qp_context,
+                send_cq: q.public.send_cq,
+                recv_cq: q.public.recv_cq,
+                srq: q.public.srq,
+                cap: q.cap,
+                qp_type: q.public.qp_type,
+                sq_sig_all: q.sq_sig_all,
+            };
+        }
+    }
+    0
+}
+
+/// The CQ (with its channel) librdmacm makes for an `rdma_create_qp` given NULL CQs.
+pub(crate) unsafe fn default_cq(
+    context: *mut c_void,
+    size: u32,
+    id: *mut c_void,
+) -> (*mut c_void, *mut c_void) {
+    let channel = new_comp_channel(context, false);
+    if channel.is_null() {
+        return (ptr::null_mut(), ptr::null_mut());
+    }
+    // SAFETY: plain call with this library's channel.
+    let cq = unsafe {
+        ibv_create_cq(
+            context,
+            size.max(1) as c_int,
+            id,
+            channel as *mut IbvCompChannel,
+            0,
+        )
+    };
+    if cq.is_null() {
+        // SAFETY: channel is this function's.
+        unsafe { ibv_destroy_comp_channel(channel as *mut IbvCompChannel) };
+        return (ptr::null_mut(), ptr::null_mut());
+    }
+    (channel as *mut c_void, cq as *mut c_void)
+}
+
+/// The device's default protection domain (librdmacm uses it for a NULL PD).
+pub(crate) fn default_pd() -> *mut c_void {
+    static PD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: ibv_alloc_pd only records the context.
+    *PD.get_or_init(|| unsafe { ibv_alloc_pd(crate::ffi::device_context()) } as usize) as *mut c_void
 }

@@ -328,3 +328,55 @@ fn an_unsupported_call_fails_with_enosys_and_a_message_not_a_crash() {
         );
     }
 }
+
+#[test]
+fn rdma_server_and_rdma_client_exchange_a_message_over_synchronous_endpoints() {
+    if !installed("rdma_server") || !installed("rdma_client") {
+        return;
+    }
+    // rdma_getaddrinfo, rdma_create_ep (passive and active), rdma_get_request, the blocking
+    // connect/accept, ibv_query_qp, inline sends and rdma_get_{send,recv}_comp, which wait on
+    // the completion channel.
+    let (s, c, d) = finishing_pair(
+        "rdmaserver",
+        &["rdma_server", "-s", SERVER],
+        &["rdma_client", "-s", SERVER],
+        &[],
+    );
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
+    assert_eq!(c.stdout, "rdma_client: start\nrdma_client: end 0\n");
+    assert!(
+        s.stderr.is_empty() && c.stderr.is_empty(),
+        "{}{}",
+        s.stderr,
+        c.stderr
+    );
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn rdma_client_without_a_server_reports_the_rejection() {
+    if !installed("rdma_client") {
+        return;
+    }
+    // No listener on the server's host: the synchronous connect fails with ECONNREFUSED.
+    let fabric = Fabric::start("noserver", 1, &[]);
+    let c = Command::new(RUN)
+        .arg("--socket")
+        .arg(&fabric.socket)
+        .args(["--host", CLIENT, "--", "rdma_client", "-s", SERVER])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let c = wait(c, Duration::from_secs(30), "rdma_client");
+    assert!(c.stdout.contains("rdma_client: end -1"), "{}", c.stdout);
+    assert!(
+        c.stderr.contains("rdma_connect: Connection refused"),
+        "{}",
+        c.stderr
+    );
+    assert!(fabric.finish().status.success());
+}

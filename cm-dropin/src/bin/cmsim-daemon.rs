@@ -173,6 +173,19 @@ struct CqEntry {
     proc: u64,
     qps: Vec<u64>,
     ready: VecDeque<WireWc>,
+    /// Its completion channel (0: none).
+    channel: u64,
+    /// `ibv_req_notify_cq` was called and no event has been raised since.
+    armed: bool,
+    /// A completion arrived since the CQ was last armed.
+    fresh: bool,
+}
+
+/// A completion channel: a socket the daemon writes one datagram per completion event into.
+struct CompChan {
+    proc: u64,
+    sock: Option<SeqConn>,
+    pending: VecDeque<Vec<u8>>,
 }
 
 struct ChanEntry {
@@ -193,6 +206,7 @@ struct Daemon {
     id_tokens: HashMap<(usize, IdHandle), u64>,
     channels: HashMap<u64, ChanEntry>,
     cqs: HashMap<u64, CqEntry>,
+    comp_channels: HashMap<u64, CompChan>,
     /// Listening ids (token → bound address), for the wrapper's probe.
     listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
@@ -204,6 +218,24 @@ struct Daemon {
     attached_total: usize,
     /// `CMSIM_DEBUG` set: log every forwarded event and every request.
     debug: bool,
+}
+
+/// Sends queued datagrams while the socket has room.
+fn flush(sock: &Option<SeqConn>, pending: &mut VecDeque<Vec<u8>>) {
+    let Some(sock) = sock else { return };
+    while let Some(d) = pending.front() {
+        match sock.try_send(d) {
+            Ok(()) => {
+                pending.pop_front();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => {
+                // The process is going away; its control socket's close cleans up.
+                pending.clear();
+                break;
+            }
+        }
+    }
 }
 
 fn errno_of(e: &CmError) -> i32 {
@@ -249,7 +281,7 @@ impl Daemon {
         let op = Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
         let cm = |r: Result<(), CmError>| r.map_err(|e| errno_of(&e));
         match op {
-            Op::Hello | Op::AttachChannel | Op::ProbeListener => Err(libc::EPROTO),
+            Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel => Err(libc::EPROTO),
             Op::CreateChannel => {
                 let mut host = self.procs[&proc].host.clone();
                 let handle = host.create_event_channel().map_err(|e| errno_of(&e))?;
@@ -398,6 +430,10 @@ impl Daemon {
             }
             Op::CreateCq => {
                 let _cqe = d.u32().map_err(bad)?;
+                let channel = d.u64().map_err(bad)?;
+                if channel != 0 && self.comp_channels.get(&channel).is_none_or(|c| c.proc != proc) {
+                    return Err(libc::EINVAL);
+                }
                 let t = self.token();
                 self.cqs.insert(
                     t,
@@ -405,9 +441,58 @@ impl Daemon {
                         proc,
                         qps: Vec::new(),
                         ready: VecDeque::new(),
+                        channel,
+                        armed: false,
+                        fresh: false,
                     },
                 );
                 reply.u64(t);
+                Ok(())
+            }
+            Op::CreateCompChannel => {
+                let t = self.token();
+                self.comp_channels.insert(
+                    t,
+                    CompChan {
+                        proc,
+                        sock: None,
+                        pending: VecDeque::new(),
+                    },
+                );
+                reply.u64(t);
+                Ok(())
+            }
+            Op::DestroyCompChannel => {
+                let t = d.u64().map_err(bad)?;
+                match self.comp_channels.get(&t) {
+                    Some(c) if c.proc == proc => {
+                        // verbs refuses while a CQ still reports into the channel.
+                        if self.cqs.values().any(|cq| cq.channel == t) {
+                            return Err(libc::EBUSY);
+                        }
+                        if let Some(sock) = self.comp_channels.remove(&t).and_then(|c| c.sock) {
+                            self.procs
+                                .get_mut(&proc)
+                                .expect("caller exists")
+                                .closed
+                                .push(sock);
+                        }
+                        Ok(())
+                    }
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::ReqNotifyCq => {
+                let t = d.u64().map_err(bad)?;
+                if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
+                    return Err(libc::EINVAL);
+                }
+                // What the simulator completed before the call is not an event: only what
+                // arrives from now on is (the caller polls once more after arming).
+                self.collect_completions(t);
+                let c = self.cqs.get_mut(&t).expect("checked above");
+                c.armed = true;
+                c.fresh = false;
                 Ok(())
             }
             Op::DestroyCq => {
@@ -547,6 +632,7 @@ impl Daemon {
                 }
                 let target = if is_send { e.send_cq } else { e.recv_cq };
                 if let Some(c) = self.cqs.get_mut(&target) {
+                    c.fresh = true;
                     c.ready.push_back(WireWc {
                         wr_id: wc.wr_id,
                         id: t,
@@ -635,6 +721,33 @@ impl Daemon {
         }
     }
 
+    /// Raises one event on the channel of every armed CQ that got a completion.
+    fn pump_completion_events(&mut self) {
+        let mut armed: Vec<u64> = self
+            .cqs
+            .iter()
+            .filter(|(_, c)| c.armed && c.channel != 0)
+            .map(|(t, _)| *t)
+            .collect();
+        armed.sort_unstable();
+        for cq in armed {
+            self.collect_completions(cq);
+            let c = self.cqs.get_mut(&cq).expect("listed above");
+            if !c.fresh {
+                continue;
+            }
+            c.armed = false;
+            c.fresh = false;
+            let channel = c.channel;
+            let mut e = Enc::default();
+            e.u8(proto::CHAN_COMP).u64(cq);
+            if let Some(ch) = self.comp_channels.get_mut(&channel) {
+                ch.pending.push_back(e.0);
+                flush(&ch.sock, &mut ch.pending);
+            }
+        }
+    }
+
     /// Moves due events from the simulator into the channel sockets that have room.
     fn pump_events(&mut self) {
         let chans: Vec<u64> = self.channels.keys().copied().collect();
@@ -659,22 +772,8 @@ impl Daemon {
     }
 
     fn flush_pending(&mut self, ct: u64) {
-        let Some(c) = self.channels.get_mut(&ct) else {
-            return;
-        };
-        let Some(sock) = &c.sock else { return };
-        while let Some(d) = c.pending.front() {
-            match sock.try_send(d) {
-                Ok(()) => {
-                    c.pending.pop_front();
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    // The process is going away; its control socket's close cleans up.
-                    c.pending.clear();
-                    break;
-                }
-            }
+        if let Some(c) = self.channels.get_mut(&ct) {
+            flush(&c.sock, &mut c.pending);
         }
     }
 
@@ -752,6 +851,7 @@ impl Daemon {
             self.forget_id(t);
         }
         self.cqs.retain(|_, c| c.proc != proc);
+        self.comp_channels.retain(|_, c| c.proc != proc);
         let mut chans: Vec<u64> = p.channels.iter().copied().collect();
         chans.sort_unstable();
         for ct in chans {
@@ -820,6 +920,20 @@ impl Daemon {
                 let mut e = Enc::default();
                 e.i32(0).u8(found as u8);
                 let _ = conn.send(&e.0);
+            }
+            Some(Op::AttachCompChannel) => {
+                let proc = d.u64().unwrap_or(0);
+                let ct = d.u64().unwrap_or(0);
+                if let Some(c) = self.comp_channels.get_mut(&ct) {
+                    if c.proc == proc && c.sock.is_none() {
+                        let mut e = Enc::default();
+                        e.u8(proto::CHAN_ATTACHED);
+                        if conn.send(&e.0).is_ok() {
+                            c.sock = Some(conn);
+                            flush(&c.sock, &mut c.pending);
+                        }
+                    }
+                }
             }
             Some(Op::AttachChannel) => {
                 let proc = d.u64().unwrap_or(0);
@@ -936,6 +1050,7 @@ impl Daemon {
                 }
             }
             self.pump_events();
+            self.pump_completion_events();
         }
     }
 }
@@ -983,6 +1098,7 @@ fn main() {
         id_tokens: HashMap::new(),
         channels: HashMap::new(),
         cqs: HashMap::new(),
+        comp_channels: HashMap::new(),
         listening: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),
