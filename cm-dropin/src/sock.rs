@@ -57,15 +57,20 @@ fn seqpacket() -> io::Result<OwnedFd> {
 pub struct SeqListener(OwnedFd);
 
 impl SeqListener {
-    /// Binds and listens at `path` (an existing socket file there is replaced).
+    /// Binds and listens at `path` (an existing socket file there is replaced). The file
+    /// appears only once the socket listens, so whoever sees it can connect.
     pub fn bind(path: &Path) -> io::Result<SeqListener> {
-        let _ = std::fs::remove_file(path);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
         let fd = seqpacket()?;
-        let (sun, len) = sockaddr_un(path)?;
+        let (sun, len) = sockaddr_un(&tmp)?;
         // SAFETY: sun is a valid sockaddr_un of `len` meaningful bytes, alive for the call.
         cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) })?;
         // SAFETY: plain call on an fd we own.
         cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
+        std::fs::rename(&tmp, path)?;
         Ok(SeqListener(fd))
     }
 

@@ -380,3 +380,34 @@ fn rdma_client_without_a_server_reports_the_rejection() {
     );
     assert!(fabric.finish().status.success());
 }
+
+#[test]
+fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
+    if !installed("rdma_server") || !installed("rdma_client") {
+        return;
+    }
+    let schedule = std::env::temp_dir().join(format!("cmsim-faults-{}.txt", std::process::id()));
+    std::fs::write(
+        &schedule,
+        "# the hosts cannot reach each other from the start\n0: partition 0 1\n",
+    )
+    .expect("write the schedule");
+    let schedule_arg = schedule.to_string_lossy().into_owned();
+    let fabric = Fabric::start("schedule", 2, &["--cm-timeout", "200", "--faults", &schedule_arg]);
+    let server = fabric.spawn(SERVER, &["rdma_server", "-s", SERVER]);
+    let client = fabric.spawn(CLIENT, &["rdma_client", "-s", SERVER]);
+    let c = wait(client, Duration::from_secs(30), "rdma_client");
+    let s = stop(server);
+    let _ = std::fs::remove_file(&schedule);
+    // Every REQ is lost: the blocking connect ends with UNREACHABLE, -ETIMEDOUT.
+    assert!(
+        c.stderr.contains("rdma_connect: Connection timed out"),
+        "{}",
+        c.stderr
+    );
+    assert!(c.stdout.contains("rdma_client: end -1"), "{}", c.stdout);
+    assert_eq!(c.status.code(), Some(255), "rdma_client returns -1 from main");
+    // The server blocks in rdma_get_request until it is killed (its buffered output is lost).
+    assert!(s.stderr.is_empty(), "server: {}", s.stderr);
+    assert!(fabric.finish().status.success());
+}

@@ -1123,3 +1123,61 @@ fn main() {
     println!("trace-hash: {:016x}", d.fabric.trace_hash());
     std::process::exit(code);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_lines_parse_into_their_faults_and_times() {
+        assert_eq!(
+            parse_fault("0:partition 0 1"),
+            Ok((Duration::ZERO, Fault::Partition { a: 0, b: 1 }))
+        );
+        assert_eq!(
+            parse_fault("250: loss 1 0 200"),
+            Ok((
+                Duration::from_millis(250),
+                Fault::Loss {
+                    a: 1,
+                    b: 0,
+                    per_mille: 200
+                }
+            ))
+        );
+        assert_eq!(
+            parse_fault("10:delay 0 1 5 9"),
+            Ok((
+                Duration::from_millis(10),
+                Fault::Delay {
+                    a: 0,
+                    b: 1,
+                    min: Duration::from_millis(5),
+                    max: Duration::from_millis(9)
+                }
+            ))
+        );
+        assert_eq!(
+            parse_fault("3:crash 1"),
+            Ok((Duration::from_millis(3), Fault::Crash { host: 1 }))
+        );
+        assert_eq!(
+            parse_fault("4:remove-device 0"),
+            Ok((Duration::from_millis(4), Fault::RemoveDevice { host: 0 }))
+        );
+    }
+
+    #[test]
+    fn malformed_fault_lines_are_refused_with_the_line() {
+        for bad in [
+            "partition 0 1",
+            "x:crash 1",
+            "0:crash",
+            "0:explode 1",
+            "0:loss 0 1 many",
+        ] {
+            let err = parse_fault(bad).unwrap_err();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+}
