@@ -411,3 +411,49 @@ fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
     assert!(s.stderr.is_empty(), "server: {}", s.stderr);
     assert!(fabric.finish().status.success());
 }
+
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers; None (with a message)
+/// when there is no C compiler or no headers.
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!(
+                "skipped: cannot compile {} (needs cc, librdmacm-dev, libibverbs-dev)",
+                src.display()
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_silent() {
+    let Some(echo) = compile_c("echo") else {
+        return;
+    };
+    let echo = echo.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "echo",
+        &[&echo, "server", SERVER],
+        &[&echo, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&echo);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}

@@ -616,7 +616,10 @@ impl Daemon {
         let mut wcs = Vec::new();
         for t in qps {
             let Some(e) = self.ids.get(&t) else { continue };
-            let mut host = self.procs[&e.proc].host.clone();
+            let Some(p) = self.procs.get(&e.proc) else {
+                continue;
+            };
+            let mut host = p.host.clone();
             wcs.clear();
             if host.try_poll_cq(e.handle, &mut wcs, usize::MAX).is_err() {
                 continue;
@@ -702,7 +705,10 @@ impl Daemon {
         let Some(e) = self.ids.get(&counted) else {
             return Ok(());
         };
-        let mut host = self.procs[&e.proc].host.clone();
+        let Some(p) = self.procs.get(&e.proc) else {
+            return Ok(());
+        };
+        let mut host = p.host.clone();
         // A crashed host has forgotten the event with the id: nothing is left to give back.
         let _ = host.ack_cm_event(ev);
         Ok(())
@@ -758,7 +764,8 @@ impl Daemon {
                     break;
                 }
                 let (proc, handle) = (c.proc, c.handle);
-                let mut host = self.procs[&proc].host.clone();
+                let Some(p) = self.procs.get(&proc) else { break };
+                let mut host = p.host.clone();
                 let ev = match host.try_get_cm_event(handle) {
                     Ok(Some(ev)) => ev,
                     _ => break,
@@ -833,7 +840,8 @@ impl Daemon {
 
     /// Gives back everything a process held, as the kernel does when a process dies.
     fn detach(&mut self, proc: u64) {
-        let Some(p) = self.procs.remove(&proc) else { return };
+        // The process stays registered until its ids are gone: acking their events needs it.
+        let Some(p) = self.procs.get(&proc) else { return };
         let mut host = p.host.clone();
         let mut ids: Vec<u64> = p.ids.iter().copied().collect();
         ids.sort_unstable();
@@ -852,6 +860,7 @@ impl Daemon {
         }
         self.cqs.retain(|_, c| c.proc != proc);
         self.comp_channels.retain(|_, c| c.proc != proc);
+        let Some(p) = self.procs.remove(&proc) else { return };
         let mut chans: Vec<u64> = p.channels.iter().copied().collect();
         chans.sort_unstable();
         for ct in chans {

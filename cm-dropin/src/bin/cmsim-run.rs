@@ -23,19 +23,26 @@ usage: cmsim-run [--socket PATH] --host IP [--lib-dir DIR] -- PROGRAM [ARGS...]
   --wait-for-listener ADDR:PORT
                   first wait (at most 30 s) until some program listens there on the fabric";
 
-/// The cdylib cargo built next to this binary.
+/// The cdylib cargo built next to this binary: `cargo build` puts it beside the binaries,
+/// `cargo test` refreshes only the copy in `deps/`, so the newer of the two is the current one.
 fn built_library() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let dir = exe.parent().ok_or("binary without a directory")?;
-    let lib = dir.join("libcm_dropin.so");
-    if lib.exists() {
-        Ok(lib)
-    } else {
-        Err(format!(
-            "{} not found: build it with `cargo build -p cm-dropin`",
-            lib.display()
-        ))
-    }
+    let candidates = [
+        dir.join("libcm_dropin.so"),
+        dir.join("deps").join("libcm_dropin.so"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p.clone())
+        .ok_or_else(|| {
+            format!(
+                "{} not found: build it with `cargo build -p cm-dropin`",
+                candidates[0].display()
+            )
+        })
 }
 
 /// Copies the library in (when it changed) under both sonames; returns the directory.
@@ -44,8 +51,9 @@ fn lay_out(lib_dir: Option<PathBuf>) -> Result<PathBuf, String> {
     let dir = match lib_dir {
         Some(d) => d,
         None => {
-            // <target>/<profile>/cmsim-run → <target>/cmsim/lib
-            let profile_dir = lib.parent().ok_or("no profile dir")?;
+            // <target>/<profile>/cmsim-run → <target>/cmsim/<profile>/lib
+            let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+            let profile_dir = exe.parent().ok_or("no profile dir")?;
             let target = profile_dir.parent().ok_or("no target dir")?;
             let profile = profile_dir.file_name().ok_or("no profile name")?;
             target.join("cmsim").join(profile).join("lib")
