@@ -387,6 +387,10 @@ pub struct IbvSendWr {
     pub send_flags: u32,
     /// `imm_data`.
     pub imm_data: u32,
+    /// `wr.rdma.remote_addr`.
+    pub remote_addr: u64,
+    /// `wr.rdma.rkey`.
+    pub rkey: u32,
 }
 
 /// `struct ibv_recv_wr`.
@@ -456,6 +460,7 @@ const _: () = {
     assert!(offset_of!(IbvCq, comp_events_completed) == 120);
     assert!(size_of::<IbvSge>() == 16);
     assert!(offset_of!(IbvSendWr, send_flags) == 32);
+    assert!(offset_of!(IbvSendWr, remote_addr) == 40 && offset_of!(IbvSendWr, rkey) == 48);
     assert!(size_of::<IbvRecvWr>() == 32);
     assert!(size_of::<IbvWc>() == 48);
     let ops = offset_of!(VerbsContext, ops) - IBV_CONTEXT_OFFSET;

@@ -116,6 +116,10 @@ fn connect_daemon() -> Result<Client, c_int> {
         Err(_) => return Err(libc::EPROTO),
     }
     let proc = d.u64().map_err(|_| libc::EPROTO)?;
+    let _host = d.u32().map_err(|_| libc::EPROTO)?;
+    let _addr = d.addr().map_err(|_| libc::EPROTO)?;
+    // The daemon places RDMA READ/WRITE data in this process's memory, as a NIC would.
+    sock::allow_ptracer(d.u32().map_err(|_| libc::EPROTO)?);
     Ok(Client { ctrl, proc, socket })
 }
 
@@ -865,6 +869,21 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
     }
 }
 
+/// Unhooks a QP `ibv_destroy_qp` destroyed from its id, so the id is not left pointing at it.
+pub(crate) fn forget_qp(token: u64, qp: *mut IbvQp) {
+    let mut reg = lock(&registry().0);
+    reg.recvs.remove(&token);
+    if let Some(&id) = reg.ids.get(&token) {
+        let id = id as *mut RdmaCmId;
+        // SAFETY: ids in the registry are live IdPriv; the registry lock serialises this.
+        unsafe {
+            if (*id).qp == qp {
+                (*id).qp = ptr::null_mut();
+            }
+        }
+    }
+}
+
 // ---- events -----------------------------------------------------------------------------
 
 /// `rdma_get_cm_event`: one datagram from the channel socket (honouring `O_NONBLOCK`).
@@ -1402,7 +1421,6 @@ unsupported_int!(
     rdma_init_qp_attr,
     rdma_get_remote_ece,
     ibv_destroy_ah,
-    ibv_destroy_qp,
     ibv_modify_qp,
     ibv_query_port,
     ibv_get_pkey_index,

@@ -17,7 +17,8 @@ pub const HOST_ENV: &str = "CMSIM_HOST";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Op {
-    /// `pid: u32, host: str, argv0: str` → `host_index: u32, host_addr: addr`.
+    /// `pid: u32, host: str, argv0: str` → `proc: u64, host_index: u32, host_addr: addr,
+    /// daemon_pid: u32`.
     Hello = 1,
     /// → `channel: u64`.
     CreateChannel,
@@ -75,6 +76,18 @@ pub enum Op {
     AttachCompChannel,
     /// `cq: u64`: the next completion queued on the CQ raises one event on its channel.
     ReqNotifyCq,
+    /// `addr: u64, len: u64, access: u32` → `key: u32` (lkey and rkey).
+    RegMr,
+    /// `key: u32`.
+    DeregMr,
+    /// `id: u64, wr_id: u64, signaled: u8, remote_addr: u64, rkey: u32, data: bytes`: the
+    /// daemon writes `data` into the memory `rkey` names and completes the request.
+    RdmaWrite,
+    /// `id: u64, remote_addr: u64, rkey: u32, len: u32` → `status: u32, data: bytes`: the
+    /// bytes the memory holds; the caller places them, then reports [`Op::RdmaReadDone`].
+    RdmaRead,
+    /// `id: u64, wr_id: u64, signaled: u8, status: u32, len: u32`: completes an RDMA READ.
+    RdmaReadDone,
 }
 
 /// Completion-channel datagram: one completion event, `cq: u64`.
@@ -130,7 +143,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 28] = [
+        const ALL: [Op; 33] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -159,6 +172,11 @@ impl Op {
             DestroyCompChannel,
             AttachCompChannel,
             ReqNotifyCq,
+            RegMr,
+            DeregMr,
+            RdmaWrite,
+            RdmaRead,
+            RdmaReadDone,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -439,10 +457,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=28 {
+        for v in 1..=33 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(29), None);
+        assert_eq!(Op::from_u32(34), None);
     }
 }

@@ -20,7 +20,9 @@ use crate::ffi::{fail, lock, registry, rpc, unsupported};
 use crate::proto::{self, Dec, Enc, Op};
 use crate::sock::{self, SeqConn};
 
+const IBV_WR_RDMA_WRITE: u32 = 0;
 const IBV_WR_SEND: u32 = 2;
+const IBV_WR_RDMA_READ: u32 = 4;
 const IBV_WR_SEND_WITH_IMM: u32 = 3;
 const IBV_SEND_SIGNALED: u32 = 2;
 const IBV_WC_RECV: u32 = 128;
@@ -114,13 +116,22 @@ pub unsafe extern "C" fn ibv_reg_mr(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
-    _access: c_int,
+    access: c_int,
 ) -> *mut IbvMr {
     if pd.is_null() {
         crate::ffi::set_errno(libc::EINVAL);
         return ptr::null_mut();
     }
-    let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+    // The daemon hands out the key: an RDMA READ/WRITE from a peer names the region by it.
+    let mut e = Enc::op(Op::RegMr);
+    e.u64(addr as u64).u64(length as u64).u32(access as u32);
+    let key = match rpc(&e).and_then(|b| Dec::new(&b).u32().map_err(|_| libc::EPROTO)) {
+        Ok(k) => k,
+        Err(errno) => {
+            fail(errno);
+            return ptr::null_mut();
+        }
+    };
     // SAFETY: pd came from ibv_alloc_pd.
     let context = unsafe { (*pd).context };
     Box::into_raw(Box::new(IbvMr {
@@ -141,8 +152,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: mr came from ibv_reg_mr and is given back once.
-    drop(unsafe { Box::from_raw(mr) });
-    0
+    let mr = unsafe { Box::from_raw(mr) };
+    let mut e = Enc::op(Op::DeregMr);
+    e.u32(mr.lkey);
+    rpc(&e).err().unwrap_or(0)
 }
 
 /// `ibv_create_cq`.
@@ -234,23 +247,42 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
     while !cur.is_null() {
         // SAFETY: cur is the caller's work request list.
         let w = unsafe { &*cur };
-        let errno = if w.opcode != IBV_WR_SEND && w.opcode != IBV_WR_SEND_WITH_IMM {
-            unsupported("ibv_post_send with an RDMA READ/WRITE or atomic opcode");
-            libc::ENOSYS
-        } else {
-            let mut data = Vec::new();
-            // SAFETY: sg_list holds num_sge entries.
-            for s in unsafe { sges(w.sg_list, w.num_sge) } {
-                // SAFETY: each SGE names memory of the caller's, readable for its length.
-                let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-                data.extend_from_slice(bytes);
+        let signaled = (w.send_flags & IBV_SEND_SIGNALED != 0) as u8;
+        // SAFETY: sg_list holds num_sge entries.
+        let list = unsafe { sges(w.sg_list, w.num_sge) };
+        let errno = match w.opcode {
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE => {
+                let mut data = Vec::new();
+                for s in &list {
+                    // SAFETY: each SGE names memory of the caller's, readable for its length.
+                    let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                    data.extend_from_slice(bytes);
+                }
+                let mut e;
+                if w.opcode == IBV_WR_RDMA_WRITE {
+                    e = Enc::op(Op::RdmaWrite);
+                    e.u64(token)
+                        .u64(w.wr_id)
+                        .u8(signaled)
+                        .u64(w.remote_addr)
+                        .u32(w.rkey)
+                        .bytes(&data);
+                } else {
+                    e = Enc::op(Op::PostSend);
+                    e.u64(token).u64(w.wr_id).u8(signaled).bytes(&data);
+                }
+                rpc(&e).err().unwrap_or(0)
             }
-            let mut e = Enc::op(Op::PostSend);
-            e.u64(token)
-                .u64(w.wr_id)
-                .u8((w.send_flags & IBV_SEND_SIGNALED != 0) as u8)
-                .bytes(&data);
-            rpc(&e).err().unwrap_or(0)
+            IBV_WR_RDMA_READ => {
+                let pairs: Vec<(u64, u32)> = list.iter().map(|s| (s.addr, s.length)).collect();
+                // SAFETY: the SGEs name the caller's registered buffers, writable for their
+                // lengths until the READ completes.
+                unsafe { rdma_read(token, w, &pairs, signaled) }
+            }
+            _ => {
+                unsupported("ibv_post_send with an atomic or WRITE_WITH_IMM opcode");
+                libc::ENOSYS
+            }
         };
         if errno != 0 {
             if !bad_wr.is_null() {
@@ -261,6 +293,50 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
         }
         cur = w.next;
     }
+    0
+}
+
+/// An RDMA READ: the daemon reads the remote region, this library places the bytes, and only
+/// then is the completion queued, so whoever polls it sees the data in place.
+unsafe fn rdma_read(token: u64, w: &IbvSendWr, local: &[(u64, u32)], signaled: u8) -> c_int {
+    let len: u32 = local.iter().map(|s| s.1).sum();
+    let mut e = Enc::op(Op::RdmaRead);
+    e.u64(token).u64(w.remote_addr).u32(w.rkey).u32(len);
+    let buf = match rpc(&e) {
+        Ok(b) => b,
+        Err(errno) => return errno,
+    };
+    let mut d = Dec::new(&buf);
+    let (Ok(status), Ok(data)) = (d.u32(), d.bytes()) else {
+        return libc::EPROTO;
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { scatter(local, data) };
+    let mut e = Enc::op(Op::RdmaReadDone);
+    e.u64(token)
+        .u64(w.wr_id)
+        .u8(signaled)
+        .u32(status)
+        .u32(data.len() as u32);
+    rpc(&e).err().unwrap_or(0)
+}
+
+/// `ibv_destroy_qp` on a QP `rdma_create_qp` made (rping destroys its QP this way).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: qp came from rdma_create_qp.
+    let token = unsafe { qp_token(qp) };
+    let mut e = Enc::op(Op::DestroyQp);
+    e.u64(token);
+    if let Err(errno) = rpc(&e) {
+        return errno;
+    }
+    crate::ffi::forget_qp(token, qp);
+    // SAFETY: qp is this library's QpPriv; the id no longer points at it.
+    drop(unsafe { Box::from_raw(qp as *mut QpPriv) });
     0
 }
 

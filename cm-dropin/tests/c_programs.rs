@@ -101,7 +101,8 @@ impl Fabric {
     }
 
     /// Starts `program` on `host`; a client (any host but the server's) starts only once the
-    /// server listens on port 7471, as a person starting the pair by hand would wait.
+    /// server listens on port 7471 (every test uses it; rping is told so with `-p`), as a
+    /// person starting the pair by hand would wait.
     fn spawn(&self, host: &str, program: &[&str]) -> Child {
         let mut cmd = Command::new(RUN);
         if host != SERVER {
@@ -455,5 +456,50 @@ fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_sile
     assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
     assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
     assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
+    if !installed("rping") {
+        return;
+    }
+    // The server RDMA READs the client's ping buffer and RDMA WRITEs it back into the client's
+    // sink; -V makes the client compare the two every time. The completion channel and its
+    // thread carry every completion, and the disconnect's flush ends that thread.
+    let (s, c, d) = finishing_pair(
+        "rping",
+        &[
+            "rping", "-s", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-v",
+        ],
+        &[
+            "rping", "-c", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-V", "-v",
+        ],
+        &[],
+    );
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    let pings: Vec<&str> = c
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .collect();
+    assert_eq!(pings.len(), 20, "{}", c.stdout);
+    assert!(
+        pings[19].starts_with("ping data: rdma-ping-19: TUVWXYZ"),
+        "{}",
+        pings[19]
+    );
+    let read = s
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("server ping data: rdma-ping-"))
+        .count();
+    assert_eq!(read, 20, "the server read every ping: {}", s.stdout);
+    assert!(
+        !c.stderr.contains("mismatch") && !c.stdout.contains("mismatch"),
+        "{}",
+        c.stderr
+    );
     assert!(d.status.success(), "{}", d.stderr);
 }

@@ -146,6 +146,8 @@ fn parse_args() -> Result<Options, String> {
 /// One attached process.
 struct Proc {
     ctrl: SeqConn,
+    /// The process's pid, for reading and writing its registered memory.
+    pid: u32,
     host: SimHost,
     name: String,
     ids: HashSet<u64>,
@@ -181,6 +183,19 @@ struct CqEntry {
     fresh: bool,
 }
 
+/// A registered memory region: what an rkey lets a peer read or write.
+struct MrEntry {
+    proc: u64,
+    addr: u64,
+    len: u64,
+    access: u32,
+}
+
+const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+const IBV_ACCESS_REMOTE_READ: u32 = 4;
+const IBV_WC_RDMA_WRITE: u32 = 1;
+const IBV_WC_RDMA_READ: u32 = 2;
+
 /// A completion channel: a socket the daemon writes one datagram per completion event into.
 struct CompChan {
     proc: u64,
@@ -207,6 +222,9 @@ struct Daemon {
     channels: HashMap<u64, ChanEntry>,
     cqs: HashMap<u64, CqEntry>,
     comp_channels: HashMap<u64, CompChan>,
+    /// Registered memory by key (lkey = rkey).
+    mrs: HashMap<u32, MrEntry>,
+    next_key: u32,
     /// Listening ids (token → bound address), for the wrapper's probe.
     listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
@@ -546,6 +564,84 @@ impl Daemon {
                 }
                 Ok(())
             }
+            Op::RegMr => {
+                let addr = d.u64().map_err(bad)?;
+                let len = d.u64().map_err(bad)?;
+                let access = d.u32().map_err(bad)?;
+                self.next_key = self.next_key.wrapping_add(1).max(1);
+                let key = self.next_key;
+                self.mrs.insert(
+                    key,
+                    MrEntry {
+                        proc,
+                        addr,
+                        len,
+                        access,
+                    },
+                );
+                reply.u32(key);
+                Ok(())
+            }
+            Op::DeregMr => {
+                let key = d.u32().map_err(bad)?;
+                match self.mrs.get(&key) {
+                    Some(m) if m.proc == proc => {
+                        self.mrs.remove(&key);
+                        Ok(())
+                    }
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::RdmaWrite => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let remote_addr = d.u64().map_err(bad)?;
+                let rkey = d.u32().map_err(bad)?;
+                let data = d.bytes().map_err(bad)?;
+                let status = match self.rdma_target(
+                    proc,
+                    t,
+                    rkey,
+                    remote_addr,
+                    data.len(),
+                    IBV_ACCESS_REMOTE_WRITE,
+                )? {
+                    Ok(pid) => match sock::write_process(pid, remote_addr, data) {
+                        Ok(()) => WcStatus::Success,
+                        Err(_) => WcStatus::RemAccessErr,
+                    },
+                    Err(status) => status,
+                };
+                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_WRITE, status, data.len() as u32);
+                Ok(())
+            }
+            Op::RdmaRead => {
+                let t = d.u64().map_err(bad)?;
+                let remote_addr = d.u64().map_err(bad)?;
+                let rkey = d.u32().map_err(bad)?;
+                let len = d.u32().map_err(bad)? as usize;
+                let (status, data) =
+                    match self.rdma_target(proc, t, rkey, remote_addr, len, IBV_ACCESS_REMOTE_READ)? {
+                        Ok(pid) => match sock::read_process(pid, remote_addr, len) {
+                            Ok(data) => (WcStatus::Success, data),
+                            Err(_) => (WcStatus::RemAccessErr, Vec::new()),
+                        },
+                        Err(status) => (status, Vec::new()),
+                    };
+                reply.u32(status as u32).bytes(&data);
+                Ok(())
+            }
+            Op::RdmaReadDone => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let status = WcStatus::from_raw(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
+                let len = d.u32().map_err(bad)?;
+                self.id_of(proc, t)?;
+                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_READ, status, len);
+                Ok(())
+            }
             Op::PostRecv => {
                 let t = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
@@ -646,6 +742,61 @@ impl Daemon {
                     });
                 }
             }
+        }
+    }
+
+    /// Checks an RDMA READ/WRITE on QP `t`: the process whose memory `rkey` names, or the
+    /// completion status it fails with (`WR_FLUSH_ERR` on a QP in error, `REM_ACCESS_ERR` for
+    /// a key, range or permission the region does not grant). The outer error is the call's.
+    fn rdma_target(
+        &self,
+        proc: u64,
+        t: u64,
+        rkey: u32,
+        addr: u64,
+        len: usize,
+        need: u32,
+    ) -> Result<Result<u32, WcStatus>, i32> {
+        let (id, host) = self.id_of(proc, t)?;
+        if !self.ids.get(&t).is_some_and(|e| e.has_qp) {
+            return Err(libc::EINVAL);
+        }
+        match host.id_machine(id).map(|m| m.qp()) {
+            Ok(Some(cm_core::QpState::Rts)) => {}
+            Ok(Some(cm_core::QpState::Err)) | Err(_) => return Ok(Err(WcStatus::WrFlushErr)),
+            // Posting a send before RTS is the caller's error, as ibv_post_send's EINVAL.
+            Ok(_) => return Err(libc::EINVAL),
+        }
+        let Some(mr) = self.mrs.get(&rkey) else {
+            return Ok(Err(WcStatus::RemAccessErr));
+        };
+        let end = addr.checked_add(len as u64);
+        if mr.access & need == 0 || addr < mr.addr || end.is_none_or(|e| e > mr.addr + mr.len) {
+            return Ok(Err(WcStatus::RemAccessErr));
+        }
+        match self.procs.get(&mr.proc) {
+            Some(p) => Ok(Ok(p.pid)),
+            None => Ok(Err(WcStatus::RemAccessErr)),
+        }
+    }
+
+    /// Queues the completion of an RDMA READ/WRITE on the QP's send CQ (a successful
+    /// unsignaled one reports nothing).
+    fn complete_rdma(&mut self, t: u64, wr_id: u64, signaled: bool, opcode: u32, status: WcStatus, len: u32) {
+        let Some(e) = self.ids.get(&t) else { return };
+        if !(signaled || e.sq_sig_all) && status == WcStatus::Success {
+            return;
+        }
+        if let Some(c) = self.cqs.get_mut(&e.send_cq) {
+            c.fresh = true;
+            c.ready.push_back(WireWc {
+                wr_id,
+                id: t,
+                status: status as u32,
+                opcode,
+                byte_len: if status == WcStatus::Success { len } else { 0 },
+                data: Vec::new(),
+            });
         }
     }
 
@@ -859,6 +1010,7 @@ impl Daemon {
             self.forget_id(t);
         }
         self.cqs.retain(|_, c| c.proc != proc);
+        self.mrs.retain(|_, m| m.proc != proc);
         self.comp_channels.retain(|_, c| c.proc != proc);
         let Some(p) = self.procs.remove(&proc) else { return };
         let mut chans: Vec<u64> = p.channels.iter().copied().collect();
@@ -900,13 +1052,14 @@ impl Daemon {
                     Some(h) => {
                         let t = self.token();
                         e.i32(0).u64(t).u32(h.index() as u32);
-                        e.addr(Some(SocketAddr::new(h.addr(), 0)));
+                        e.addr(Some(SocketAddr::new(h.addr(), 0))).u32(std::process::id());
                         if conn.send(&e.0).is_ok() {
                             eprintln!("cmsim-daemon: {name} attached as host {}", h.index());
                             self.procs.insert(
                                 t,
                                 Proc {
                                     ctrl: conn,
+                                    pid,
                                     host: h,
                                     name,
                                     ids: HashSet::new(),
@@ -1108,6 +1261,8 @@ fn main() {
         channels: HashMap::new(),
         cqs: HashMap::new(),
         comp_channels: HashMap::new(),
+        mrs: HashMap::new(),
+        next_key: 0,
         listening: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),

@@ -85,23 +85,29 @@ fn lay_out(lib_dir: Option<PathBuf>) -> Result<PathBuf, String> {
 fn wait_for_listener(socket: &Path, addr: SocketAddr) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let conn = SeqConn::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
-        let mut e = Enc::op(Op::ProbeListener);
-        e.addr(Some(addr));
-        conn.send(&e.0).map_err(|e| format!("probe: {e}"))?;
-        let mut buf = Vec::new();
-        if !conn.recv(&mut buf).map_err(|e| format!("probe: {e}"))? {
-            return Err("the daemon closed the probe".into());
+        match probe(socket, addr) {
+            Ok(true) => return Ok(()),
+            Ok(false) if Instant::now() > deadline => {
+                return Err(format!("nothing listens at {addr} after 30 s"))
+            }
+            Err(e) if Instant::now() > deadline => return Err(e),
+            // A daemon still starting (or busy) answers the next probe.
+            Ok(false) | Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
-        let mut d = Dec::new(&buf);
-        if d.i32() == Ok(0) && d.u8() == Ok(1) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("nothing listens at {addr} after 30 s"));
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+fn probe(socket: &Path, addr: SocketAddr) -> Result<bool, String> {
+    let conn = SeqConn::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let mut e = Enc::op(Op::ProbeListener);
+    e.addr(Some(addr));
+    conn.send(&e.0).map_err(|e| format!("probe: {e}"))?;
+    let mut buf = Vec::new();
+    if !conn.recv(&mut buf).map_err(|e| format!("probe: {e}"))? {
+        return Err("the daemon closed the probe".into());
+    }
+    let mut d = Dec::new(&buf);
+    Ok(d.i32() == Ok(0) && d.u8() == Ok(1))
 }
 
 fn main() {
