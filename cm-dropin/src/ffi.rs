@@ -1118,6 +1118,29 @@ pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
         .as_ptr()
 }
 
+/// `rdma_set_option`: the options the rdma-core programs set (type of service, address reuse,
+/// IPv6-only, ACK timeout) are accepted and have no effect on the simulator; others are `ENOSYS`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut RdmaCmId,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    const RDMA_OPTION_ID: c_int = 0;
+    // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT: rdma_cma.h's RDMA_OPTION_ID_* values.
+    const ACCEPTED: [c_int; 4] = [0, 1, 2, 3];
+    // SAFETY: id came from this library.
+    if unsafe { token_of(id) }.is_none() || optval.is_null() || optlen == 0 {
+        return fail(libc::EINVAL);
+    }
+    if level == RDMA_OPTION_ID && ACCEPTED.contains(&optname) {
+        return 0;
+    }
+    unsupported(&format!("rdma_set_option level {level} option {optname}"))
+}
+
 // ---- synchronous endpoints --------------------------------------------------------------
 
 /// `rdma_create_ep`: a synchronous id; passive (`RAI_PASSIVE`) ones are bound and remember
@@ -1414,7 +1437,6 @@ macro_rules! unsupported_ptr {
 unsupported_int!(
     rdma_create_qp_ex,
     rdma_migrate_id,
-    rdma_set_option,
     rdma_leave_multicast,
     rdma_join_multicast_ex,
     rdma_establish,

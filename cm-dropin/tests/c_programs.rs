@@ -278,8 +278,9 @@ fn ucmatose_exchanges_messages_and_disconnects() {
     let (s, c, d) = finishing_pair(
         "ucmatose",
         &["ucmatose", "-b", SERVER, "-c", "4", "-C", "20", "-S", "2000"],
+        // -t sets the type of service with rdma_set_option.
         &[
-            "ucmatose", "-s", SERVER, "-b", CLIENT, "-c", "4", "-C", "20", "-S", "2000",
+            "ucmatose", "-s", SERVER, "-b", CLIENT, "-c", "4", "-C", "20", "-S", "2000", "-t", "32",
         ],
         &[],
     );
@@ -501,5 +502,19 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
         "{}",
         c.stderr
     );
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn channel_fds_are_readable_exactly_when_an_event_is_queued() {
+    let Some(fds) = compile_c("fds") else {
+        return;
+    };
+    let fds = fds.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair("fds", &[&fds, "server", SERVER], &[&fds, "client", SERVER], &[]);
+    let _ = std::fs::remove_file(&fds);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert!(s.status.success() && c.status.success());
     assert!(d.status.success(), "{}", d.stderr);
 }
