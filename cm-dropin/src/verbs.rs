@@ -483,21 +483,31 @@ unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_
 
 /// Gives a completion channel its socket if it has none yet.
 unsafe fn attach(ch: *mut CompChannelPriv) -> Result<(), c_int> {
+    // Threads may race here (one arming, one reading): shared references and raw-pointer
+    // access to `fd` only, under the channel's own lock.
     // SAFETY: ch is a live channel of this library.
-    let ch = unsafe { &mut *ch };
-    let _guard = lock(&ch.attach);
-    if ch.public.fd >= 0 {
+    let (lock_ref, token, fd) = unsafe {
+        (
+            &(*ch).attach,
+            (*ch).token,
+            std::ptr::addr_of_mut!((*ch).public.fd),
+        )
+    };
+    let _guard = lock(lock_ref);
+    // SAFETY: fd points into the live channel; writers hold the lock we hold.
+    if unsafe { fd.read() } >= 0 {
         return Ok(());
     }
     let (socket, proc) = crate::ffi::daemon_address()?;
     let conn = SeqConn::connect(&socket).map_err(|_| libc::ENODEV)?;
     let mut e = Enc::op(Op::AttachCompChannel);
-    e.u64(proc).u64(ch.token);
+    e.u64(proc).u64(token);
     conn.send(&e.0).map_err(|_| libc::ENODEV)?;
     let mut buf = Vec::new();
     match conn.recv(&mut buf) {
         Ok(true) if buf.first() == Some(&proto::CHAN_ATTACHED) => {
-            ch.public.fd = conn.into_raw_fd();
+            // SAFETY: as above.
+            unsafe { fd.write(conn.into_raw_fd()) };
             Ok(())
         }
         _ => Err(libc::ENODEV),

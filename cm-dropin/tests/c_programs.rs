@@ -518,3 +518,23 @@ fn channel_fds_are_readable_exactly_when_an_event_is_queued() {
     assert!(s.status.success() && c.status.success());
     assert!(d.status.success(), "{}", d.stderr);
 }
+
+#[test]
+fn removing_the_servers_device_under_a_running_rping_ends_the_server_with_an_error() {
+    if !installed("rping") {
+        return;
+    }
+    // rping without -C pings until something fails; the server's device goes away after 1.5 s
+    // (while connected, or still listening on a slow machine: both report the removal).
+    let fabric = Fabric::start("removal", 2, &["--fault", "1500:remove-device 0"]);
+    let server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471"]);
+    let client = fabric.spawn(CLIENT, &["rping", "-c", "-a", SERVER, "-p", "7471"]);
+    let s = wait(server, Duration::from_secs(30), "rping server");
+    let _ = stop(client);
+    assert!(
+        s.stderr.contains("cma detected device removal!!!!"),
+        "{}",
+        s.stderr
+    );
+    assert_eq!(s.status.code(), Some(255), "rping returns -1: {}", s.stderr);
+}
