@@ -643,9 +643,14 @@ unsafe fn wire_param(param: *const RdmaConnParam) -> WireParam {
 
 unsafe fn connect_or_accept(op: Op, id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
     // SAFETY: id came from this library; param is NULL or the caller's.
-    let (Some(token), p) = (unsafe { token_of(id) }, unsafe { wire_param(param) }) else {
+    let (Some(token), mut p) = (unsafe { token_of(id) }, unsafe { wire_param(param) }) else {
         return fail(libc::EINVAL);
     };
+    // Like librdmacm, an id with a QP announces that QP's number (the peer's event reports it).
+    // SAFETY: id is a live IdPriv; its qp is NULL or this library's.
+    if let Some(qp) = unsafe { (*id).qp.as_ref() } {
+        p.qp_num = qp.qp_num;
+    }
     let mut e = Enc::op(op);
     e.u64(token).param(&p);
     let r = rpc_status(&e);

@@ -150,6 +150,8 @@ int main(int argc, char **argv)
 		if (rdma_connect(id, NULL))
 			return perror("rdma_connect"), 1;
 		ev = next_event(ch, RDMA_CM_EVENT_ESTABLISHED);
+		check(ev && ev->param.conn.qp_num != 0 && ev->param.conn.qp_num != id->qp->qp_num,
+		      "ESTABLISHED reports the peer's QP number");
 		rdma_ack_cm_event(ev);
 		strcpy(buf, "over the fd");
 		swr.sg_list = &sge;
