@@ -97,8 +97,12 @@ pub struct RdmaConnParam {
     pub rnr_retry_count: u8,
     /// `srq`.
     pub srq: u8,
+    /// Padding, explicit so events this library builds hold no uninitialised bytes.
+    pub pad0: u8,
     /// `qp_num`.
     pub qp_num: u32,
+    /// Padding to 8 bytes (explicit for the same reason; `param.ud.ah_attr` overlaps it).
+    pub pad1: u32,
 }
 
 /// `struct rdma_cm_event`; `param` is the `conn` member of the union, padded to the union's size.
@@ -389,8 +393,10 @@ pub struct IbvSendWr {
     pub imm_data: u32,
     /// `wr.rdma.remote_addr`.
     pub remote_addr: u64,
-    /// `wr.rdma.rkey`.
+    /// `wr.rdma.rkey` (`wr.ud.remote_qpn` for UD).
     pub rkey: u32,
+    /// `wr.ud.remote_qkey`.
+    pub remote_qkey: u32,
 }
 
 /// `struct ibv_recv_wr`.

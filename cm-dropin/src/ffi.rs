@@ -33,6 +33,9 @@ const RAI_NUMERICHOST: i32 = 2;
 const EV_CONNECT_REQUEST: u32 = 4;
 const EV_ADDR_RESOLVED: u32 = 0;
 const EV_REJECTED: u32 = 8;
+const EV_ESTABLISHED: u32 = 9;
+/// `RDMA_UDP_QKEY`: the Q_Key of the UDP port space.
+pub(crate) const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
@@ -761,12 +764,13 @@ pub unsafe extern "C" fn rdma_create_qp(
         }
     };
     // SAFETY: attr is the caller's ibv_qp_init_attr; its CQs came from this library.
-    let (cap, send_cq, recv_cq, sig_all) = unsafe {
+    let (cap, send_cq, recv_cq, sig_all, qp_type) = unsafe {
         (
             (*attr).cap,
             crate::verbs::cq_token((*attr).send_cq),
             crate::verbs::cq_token((*attr).recv_cq),
             (*attr).sq_sig_all != 0,
+            (*attr).qp_type,
         )
     };
     let mut e = Enc::op(Op::CreateQp);
@@ -778,7 +782,8 @@ pub unsafe extern "C" fn rdma_create_qp(
         .u32(cap.max_inline_data)
         .u64(send_cq)
         .u64(recv_cq)
-        .u8(sig_all as u8);
+        .u8(sig_all as u8)
+        .u32(qp_type);
     let buf = match rpc(&e) {
         Ok(b) => b,
         Err(errno) => {
@@ -1059,7 +1064,9 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
                 retry_count: w.param.retry_count,
                 rnr_retry_count: w.param.rnr_retry_count,
                 srq: w.param.srq,
+                pad0: 0,
                 qp_num: w.param.qp_num,
+                pad1: 0,
             },
             param_rest: [0; 32],
         },
@@ -1071,7 +1078,34 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
         ev.public.conn.private_data = ev.private_data.as_ptr() as *const c_void;
         ev.public.conn.private_data_len = ev.private_data.len().min(255) as u8;
     }
+    // SAFETY: id is a live IdPriv.
+    let ps = unsafe { (*id).ps };
+    if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB) && w.event == EV_ESTABLISHED {
+        // Datagram ids read `param.ud`: the peer's QP, the UDP port space's Q_Key and an
+        // address vector (the simulator routes by QP number, so the vector is nominal).
+        ud_param(&mut ev.public, w.param.qp_num, w.peer);
+    }
     Some(Box::into_raw(ev))
+}
+
+/// Fills `event->param.ud` (`ah_attr` at offset 40, `qp_num` at 72, `qkey` at 76).
+fn ud_param(ev: &mut RdmaCmEvent, qp_num: u32, peer: Option<SocketAddr>) {
+    let mut ud = [0u8; 40];
+    // ah_attr.grh.dgid: the peer's address as an IPv4-mapped GID.
+    if let Some(SocketAddr::V4(v4)) = peer {
+        ud[10] = 0xff;
+        ud[11] = 0xff;
+        ud[12..16].copy_from_slice(&v4.ip().octets());
+    }
+    ud[16 + 5] = 64; // grh.hop_limit
+    ud[29] = 1; // is_global
+    ud[30] = 1; // port_num
+    ud[32..36].copy_from_slice(&qp_num.to_ne_bytes());
+    ud[36..40].copy_from_slice(&RDMA_UDP_QKEY.to_ne_bytes());
+    // The conn view's qp_num and padding overlap ah_attr: a datagram event has no conn view.
+    ev.conn.qp_num = u32::from_ne_bytes([ud[0], ud[1], ud[2], ud[3]]);
+    ev.conn.pad1 = u32::from_ne_bytes([ud[4], ud[5], ud[6], ud[7]]);
+    ev.param_rest.copy_from_slice(&ud[8..]);
 }
 
 /// `rdma_ack_cm_event`.
@@ -1447,9 +1481,7 @@ unsupported_int!(
     rdma_establish,
     rdma_init_qp_attr,
     rdma_get_remote_ece,
-    ibv_destroy_ah,
     ibv_modify_qp,
-    ibv_query_port,
     ibv_get_pkey_index,
     ibv_get_device_index,
     ibv_query_ece,
@@ -1472,8 +1504,6 @@ unsupported_int!(
 );
 
 unsupported_ptr!(
-    ibv_create_ah,
-    ibv_create_ah_from_wc,
     ibv_create_qp,
     ibv_qp_to_qp_ex,
     ibv_reg_mr_iova,

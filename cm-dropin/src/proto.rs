@@ -88,6 +88,9 @@ pub enum Op {
     RdmaRead,
     /// `id: u64, wr_id: u64, signaled: u8, status: u32, len: u32`: completes an RDMA READ.
     RdmaReadDone,
+    /// `id: u64, wr_id: u64, signaled: u8, remote_qpn: u32, imm: u8 + u32, data: bytes`: a UD
+    /// send to the QP numbered `remote_qpn` (delivered if it has a receive posted, as UD does).
+    PostSendUd,
 }
 
 /// Completion-channel datagram: one completion event, `cq: u64`.
@@ -111,6 +114,12 @@ pub struct WireWc {
     pub byte_len: u32,
     /// The received bytes (successful receives), scattered by the library into the posted buffers.
     pub data: Vec<u8>,
+    /// `src_qp` (UD receives: the sender's QP).
+    pub src_qp: u32,
+    /// `imm_data` (as the sender gave it, network order).
+    pub imm_data: u32,
+    /// `wc_flags` (`IBV_WC_GRH`, `IBV_WC_WITH_IMM`).
+    pub wc_flags: u32,
 }
 
 impl Enc {
@@ -122,6 +131,9 @@ impl Enc {
             .u32(wc.opcode)
             .u32(wc.byte_len)
             .bytes(&wc.data)
+            .u32(wc.src_qp)
+            .u32(wc.imm_data)
+            .u32(wc.wc_flags)
     }
 }
 
@@ -135,6 +147,9 @@ impl Dec<'_> {
             opcode: self.u32()?,
             byte_len: self.u32()?,
             data: self.bytes()?.to_vec(),
+            src_qp: self.u32()?,
+            imm_data: self.u32()?,
+            wc_flags: self.u32()?,
         })
     }
 }
@@ -143,7 +158,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 33] = [
+        const ALL: [Op; 34] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -177,6 +192,7 @@ impl Op {
             RdmaWrite,
             RdmaRead,
             RdmaReadDone,
+            PostSendUd,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -457,10 +473,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=33 {
+        for v in 1..=34 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(34), None);
+        assert_eq!(Op::from_u32(35), None);
     }
 }

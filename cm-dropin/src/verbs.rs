@@ -21,6 +21,7 @@ use crate::proto::{self, Dec, Enc, Op};
 use crate::sock::{self, SeqConn};
 
 const IBV_WR_RDMA_WRITE: u32 = 0;
+const IBV_QPT_UD: u32 = 4;
 const IBV_WR_SEND: u32 = 2;
 const IBV_WR_RDMA_READ: u32 = 4;
 const IBV_WR_SEND_WITH_IMM: u32 = 3;
@@ -251,6 +252,26 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
         // SAFETY: sg_list holds num_sge entries.
         let list = unsafe { sges(w.sg_list, w.num_sge) };
         let errno = match w.opcode {
+            // SAFETY: qp came from rdma_create_qp.
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM if unsafe { (*qp).qp_type } == IBV_QPT_UD => {
+                let mut data = Vec::new();
+                for s in &list {
+                    // SAFETY: each SGE names memory of the caller's, readable for its length.
+                    let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                    data.extend_from_slice(bytes);
+                }
+                let imm = w.opcode == IBV_WR_SEND_WITH_IMM;
+                let mut e = Enc::op(Op::PostSendUd);
+                // wr.ud: the address handle (ignored: QP numbers route), remote_qpn, remote_qkey.
+                e.u64(token)
+                    .u64(w.wr_id)
+                    .u8(signaled)
+                    .u32(w.rkey)
+                    .u8(imm as u8)
+                    .u32(w.imm_data)
+                    .bytes(&data);
+                rpc(&e).err().unwrap_or(0)
+            }
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE => {
                 let mut data = Vec::new();
                 for s in &list {
@@ -449,6 +470,9 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
                 opcode: w.opcode,
                 byte_len: w.byte_len,
                 qp_num: w.id as u32,
+                src_qp: w.src_qp,
+                imm_data: w.imm_data,
+                wc_flags: w.wc_flags,
                 ..IbvWc::default()
             };
         }
@@ -651,6 +675,8 @@ pub unsafe extern "C" fn ibv_query_qp(
         let q = &*(qp as *mut QpPriv);
         if !attr.is_null() {
             ptr::write_unaligned(attr as *mut u32, q.public.state);
+            // qkey at offset 16: the UDP port space's.
+            ptr::write_unaligned(attr.add(16) as *mut u32, crate::ffi::RDMA_UDP_QKEY);
             ptr::write_unaligned(attr.add(36) as *mut IbvQpCap, q.cap);
         }
         if !init_attr.is_null() {
@@ -665,6 +691,79 @@ pub unsafe extern "C" fn ibv_query_qp(
             };
         }
     }
+    0
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct IbvAh {
+    context: *mut c_void,
+    pd: *mut IbvPd,
+    handle: u32,
+}
+
+fn new_ah(pd: *mut IbvPd) -> *mut IbvAh {
+    if pd.is_null() {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: pd came from ibv_alloc_pd.
+    let context = unsafe { (*pd).context };
+    Box::into_raw(Box::new(IbvAh {
+        context,
+        pd,
+        handle: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+    }))
+}
+
+/// `ibv_create_ah`: address handles are nominal (UD sends are routed by the remote QP number).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, _attr: *mut c_void) -> *mut IbvAh {
+    new_ah(pd)
+}
+
+/// `ibv_create_ah_from_wc`: an address handle back to a datagram's sender.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut IbvPd,
+    _wc: *mut IbvWc,
+    _grh: *mut c_void,
+    _port_num: u8,
+) -> *mut IbvAh {
+    new_ah(pd)
+}
+
+/// `ibv_destroy_ah`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: ah came from ibv_create_ah(_from_wc) and is given back once.
+    drop(unsafe { Box::from_raw(ah) });
+    0
+}
+
+/// `ibv_query_port`: the one port of the simulated device, active, RoCE (Ethernet link layer),
+/// MTU 4096.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(_context: *mut c_void, port_num: u8, attr: *mut u8) -> c_int {
+    if attr.is_null() || port_num != 1 {
+        return libc::EINVAL;
+    }
+    let mut a = [0u8; 48];
+    a[0..4].copy_from_slice(&4u32.to_ne_bytes()); // state: IBV_PORT_ACTIVE
+    a[4..8].copy_from_slice(&5u32.to_ne_bytes()); // max_mtu: IBV_MTU_4096
+    a[8..12].copy_from_slice(&5u32.to_ne_bytes()); // active_mtu
+    a[12..16].copy_from_slice(&1i32.to_ne_bytes()); // gid_tbl_len
+    a[20..24].copy_from_slice(&proto::MAX_MESSAGE.to_ne_bytes()); // max_msg_sz
+    a[32..34].copy_from_slice(&1u16.to_ne_bytes()); // pkey_tbl_len
+    a[43] = 1; // active_width: 1X
+    a[44] = 1; // active_speed
+    a[45] = 5; // phys_state: LINK_UP
+    a[46] = 2; // link_layer: IBV_LINK_LAYER_ETHERNET
+               // SAFETY: attr is the caller's ibv_port_attr, at least the 48 bytes of its compat prefix.
+    unsafe { ptr::copy_nonoverlapping(a.as_ptr(), attr, a.len()) };
     0
 }
 

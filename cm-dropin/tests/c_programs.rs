@@ -104,9 +104,14 @@ impl Fabric {
     /// server listens on port 7471 (every test uses it; rping is told so with `-p`), as a
     /// person starting the pair by hand would wait.
     fn spawn(&self, host: &str, program: &[&str]) -> Child {
+        self.spawn_with_port(host, 7471, program)
+    }
+
+    /// [`spawn`](Fabric::spawn) for a pair that uses another port (udaddy's is fixed: 7174).
+    fn spawn_with_port(&self, host: &str, port: u16, program: &[&str]) -> Child {
         let mut cmd = Command::new(RUN);
         if host != SERVER {
-            cmd.args(["--wait-for-listener", &format!("{SERVER}:7471")]);
+            cmd.args(["--wait-for-listener", &format!("{SERVER}:{port}")]);
         }
         cmd.arg("--socket")
             .arg(&self.socket)
@@ -537,4 +542,34 @@ fn removing_the_servers_device_under_a_running_rping_ends_the_server_with_an_err
         s.stderr
     );
     assert_eq!(s.status.code(), Some(255), "rping returns -1: {}", s.stderr);
+}
+
+#[test]
+fn udaddy_exchanges_datagrams_over_ud_qps() {
+    if !installed("udaddy") {
+        return;
+    }
+    // The UDP port space's SIDR exchange gives the client the server's QP number and Q_Key in
+    // ESTABLISHED's param.ud; the server answers each datagram's sender (ibv_create_ah_from_wc,
+    // the sender's QP number in imm_data); receive buffers start with the 40-byte GRH.
+    let fabric = Fabric::start("udaddy", 2, &[]);
+    let server = fabric.spawn_with_port(SERVER, 7174, &["udaddy", "-b", SERVER, "-c", "3", "-C", "10"]);
+    let client = fabric.spawn_with_port(
+        CLIENT,
+        7174,
+        &["udaddy", "-s", SERVER, "-b", CLIENT, "-c", "3", "-C", "10"],
+    );
+    let c = wait(client, Duration::from_secs(60), "udaddy client");
+    let s = wait(server, Duration::from_secs(30), "udaddy server");
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(o.stdout.contains("return status 0"), "{who}: {}", o.stdout);
+        assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
+    }
+    assert!(fabric.finish().status.success());
 }

@@ -168,6 +168,10 @@ struct IdEntry {
     sq_sig_all: bool,
     /// Per posted send, in order: whether its success is reported (`IBV_SEND_SIGNALED`).
     signaled: VecDeque<bool>,
+    /// A UD QP: its data path is the daemon's (the simulator's is connected-only).
+    ud: bool,
+    /// A UD QP's posted receives: `wr_id` and buffer length, in order.
+    ud_recvs: VecDeque<(u64, u32)>,
 }
 
 /// A completion queue: the QPs that report into it and the completions not polled yet.
@@ -195,6 +199,12 @@ const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
 const IBV_ACCESS_REMOTE_READ: u32 = 4;
 const IBV_WC_RDMA_WRITE: u32 = 1;
 const IBV_WC_RDMA_READ: u32 = 2;
+const IBV_WC_RECV: u32 = 128;
+const IBV_QPT_UD: u32 = 4;
+const IBV_WC_GRH: u32 = 1;
+const IBV_WC_WITH_IMM: u32 = 2;
+/// The Global Routing Header a UD receive buffer starts with.
+const GRH_LEN: usize = 40;
 
 /// A completion channel: a socket the daemon writes one datagram per completion event into.
 struct CompChan {
@@ -225,6 +235,9 @@ struct Daemon {
     /// Registered memory by key (lkey = rkey).
     mrs: HashMap<u32, MrEntry>,
     next_key: u32,
+    /// Accepted UD ids by (their local address, their peer's): the requester's `ESTABLISHED`
+    /// names the accepting QP with the daemon's number, which UD sends are routed by.
+    ud_accepts: HashMap<(SocketAddr, SocketAddr), u64>,
     /// Listening ids (token → bound address), for the wrapper's probe.
     listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
@@ -408,6 +421,7 @@ impl Daemon {
                 let send_cq = d.u64().map_err(bad)?;
                 let recv_cq = d.u64().map_err(bad)?;
                 let sq_sig_all = d.u8().map_err(bad)? != 0;
+                let ud = d.u32().map_err(bad)? == IBV_QPT_UD;
                 for cq in [send_cq, recv_cq] {
                     if cq != 0 && self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
                         return Err(libc::EINVAL);
@@ -421,6 +435,8 @@ impl Daemon {
                     e.recv_cq = recv_cq;
                     e.sq_sig_all = sq_sig_all;
                     e.signaled.clear();
+                    e.ud = ud;
+                    e.ud_recvs.clear();
                 }
                 for cq in [send_cq, recv_cq] {
                     if let Some(c) = self.cqs.get_mut(&cq) {
@@ -642,10 +658,33 @@ impl Daemon {
                 self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_READ, status, len);
                 Ok(())
             }
+            Op::PostSendUd => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let remote_qpn = d.u32().map_err(bad)?;
+                let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
+                let data = d.bytes().map_err(bad)?.to_vec();
+                self.id_of(proc, t)?;
+                if !self.ids.get(&t).is_some_and(|e| e.has_qp && e.ud) {
+                    return Err(libc::EINVAL);
+                }
+                self.deliver_ud(t, remote_qpn, imm, &data);
+                self.complete_rdma(t, wr_id, signaled, 0, WcStatus::Success, data.len() as u32);
+                Ok(())
+            }
             Op::PostRecv => {
                 let t = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
                 let len = d.u32().map_err(bad)?;
+                if let Some(e) = self
+                    .ids
+                    .get_mut(&t)
+                    .filter(|e| e.proc == proc && e.has_qp && e.ud)
+                {
+                    e.ud_recvs.push_back((wr_id, len));
+                    return Ok(());
+                }
                 let (id, mut host) = self.id_of(proc, t)?;
                 cm(host.post_recv(id, wr_id, len))
             }
@@ -676,7 +715,15 @@ impl Daemon {
                 if op == Op::Connect {
                     cm(host.connect(id, &param))
                 } else {
-                    cm(host.accept(id, &param))
+                    cm(host.accept(id, &param))?;
+                    if self.ids.get(&t).is_some_and(|e| e.ud) {
+                        if let (Ok(Some(local)), Ok(Some(peer))) =
+                            (host.get_local_addr(id), host.get_peer_addr(id))
+                        {
+                            self.ud_accepts.insert((local, peer), t);
+                        }
+                    }
+                    Ok(())
                 }
             }
             Op::Reject => {
@@ -739,6 +786,7 @@ impl Daemon {
                         opcode: wc.opcode as u32,
                         byte_len: wc.byte_len,
                         data: wc.data,
+                        ..WireWc::default()
                     });
                 }
             }
@@ -795,8 +843,44 @@ impl Daemon {
                 status: status as u32,
                 opcode,
                 byte_len: if status == WcStatus::Success { len } else { 0 },
-                data: Vec::new(),
+                ..WireWc::default()
             });
+        }
+    }
+
+    /// A UD send: lands, behind a GRH, in the target QP's next posted receive; with none
+    /// posted, or no such QP, it is dropped, as unreliable datagrams are.
+    fn deliver_ud(&mut self, from: u64, to: u32, imm: Option<u32>, data: &[u8]) {
+        let Some(target) = self.ids.get_mut(&u64::from(to)).filter(|e| e.has_qp && e.ud) else {
+            return;
+        };
+        let Some((wr_id, len)) = target.ud_recvs.pop_front() else {
+            return;
+        };
+        let recv_cq = target.recv_cq;
+        let mut payload = vec![0u8; GRH_LEN];
+        // IPv6 version nibble: a RoCE v2 GRH for an IPv4-mapped source reads as IPv6 here.
+        payload[0] = 0x60;
+        payload.extend_from_slice(data);
+        let fits = payload.len() <= len as usize;
+        let wc = WireWc {
+            wr_id,
+            id: u64::from(to),
+            status: if fits {
+                WcStatus::Success
+            } else {
+                WcStatus::LocLenErr
+            } as u32,
+            opcode: IBV_WC_RECV,
+            byte_len: if fits { payload.len() as u32 } else { 0 },
+            data: if fits { payload } else { Vec::new() },
+            src_qp: from as u32,
+            imm_data: imm.unwrap_or(0),
+            wc_flags: IBV_WC_GRH | if imm.is_some() { IBV_WC_WITH_IMM } else { 0 },
+        };
+        if let Some(c) = self.cqs.get_mut(&recv_cq) {
+            c.fresh = true;
+            c.ready.push_back(wc);
         }
     }
 
@@ -826,6 +910,8 @@ impl Daemon {
                 recv_cq: 0,
                 sq_sig_all: true,
                 signaled: VecDeque::new(),
+                ud: false,
+                ud_recvs: VecDeque::new(),
             },
         );
         self.id_tokens.insert((host, id), t);
@@ -837,6 +923,7 @@ impl Daemon {
 
     fn forget_id(&mut self, t: u64) {
         self.listening.remove(&t);
+        self.ud_accepts.retain(|_, v| *v != t);
         if let Some(e) = self.ids.remove(&t) {
             self.id_tokens.remove(&(e.host, e.handle));
             if let Some(p) = self.procs.get_mut(&e.proc) {
@@ -964,6 +1051,12 @@ impl Daemon {
         };
         let local = host.get_local_addr(ev.id()).ok().flatten();
         let peer = host.get_peer_addr(ev.id()).ok().flatten();
+        let mut param = param;
+        if ev.event() == cm_core::CmEventType::Established && self.ids.get(&id_token).is_some_and(|e| e.ud) {
+            if let Some(&acceptor) = local.zip(peer).and_then(|(l, p)| self.ud_accepts.get(&(p, l))) {
+                param.qp_num = acceptor as u32;
+            }
+        }
         let n = self.token();
         let wire = WireEvent {
             event_no: n,
@@ -1264,6 +1357,7 @@ fn main() {
         mrs: HashMap::new(),
         next_key: 0,
         listening: HashMap::new(),
+        ud_accepts: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),
         next_token: 0,
