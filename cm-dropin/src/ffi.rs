@@ -34,6 +34,9 @@ const EV_CONNECT_REQUEST: u32 = 4;
 const EV_ADDR_RESOLVED: u32 = 0;
 const EV_REJECTED: u32 = 8;
 const EV_ESTABLISHED: u32 = 9;
+const EV_MULTICAST_JOIN: u32 = 12;
+/// The event number of events the library makes itself (nothing to give back to the daemon).
+const LOCAL_EVENT: u64 = 0;
 /// `RDMA_UDP_QKEY`: the Q_Key of the UDP port space.
 pub(crate) const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 
@@ -560,6 +563,10 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     }) else {
         return fail(libc::EINVAL);
     };
+    if dst.ip().is_multicast() {
+        // SAFETY: id is a live IdPriv.
+        return unsafe { resolve_multicast(id, token, src, dst) };
+    }
     let mut e = Enc::op(Op::ResolveAddr);
     e.u64(token)
         .addr(src)
@@ -576,6 +583,107 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         return unsafe { complete(id) };
     }
     r
+}
+
+/// A multicast destination needs no resolution: the id is bound (to `src` when given and not
+/// bound yet) and `ADDR_RESOLVED` is queued on its channel at once.
+unsafe fn resolve_multicast(
+    id: *mut RdmaCmId,
+    token: u64,
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+) -> c_int {
+    // SAFETY: id is a live IdPriv.
+    unsafe {
+        if let (Some(src), true) = (src, (*id).verbs.is_null()) {
+            let mut e = Enc::op(Op::BindAddr);
+            e.u64(token).addr(Some(src));
+            if let Err(errno) = rpc(&e) {
+                return fail(errno);
+            }
+            refresh_addrs(id, token);
+            attach_device(id);
+        }
+        if (*id).verbs.is_null() {
+            // The simulator has no route from an unbound id to a group.
+            return fail(libc::EADDRNOTAVAIL);
+        }
+        set_addrs(id, None, Some(dst));
+        queue_local_event(id, token, EV_ADDR_RESOLVED, Some(dst));
+    }
+    0
+}
+
+/// Queues an event the library makes itself (multicast resolution and joins, which the
+/// simulator does not model) on the id's channel, behind those already read.
+unsafe fn queue_local_event(id: *mut RdmaCmId, token: u64, event: u32, peer: Option<SocketAddr>) {
+    let w = WireEvent {
+        event_no: LOCAL_EVENT,
+        id: token,
+        listen_id: 0,
+        event,
+        status: 0,
+        param: WireParam {
+            qp_num: proto::MCAST_QPN,
+            ..WireParam::default()
+        },
+        local: None,
+        peer,
+    };
+    // SAFETY: id is a live IdPriv with a live channel.
+    lock(unsafe { &(*((*id).channel as *mut ChannelPriv)).stash }).push_back(w);
+}
+
+/// `rdma_join_multicast_ex`: the id's QP joins the group of `mc_join_attr->addr`;
+/// `MULTICAST_JOIN` follows with the group's address vector, QP number and Q_Key.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut RdmaCmId,
+    mc_join_attr: *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
+    // SAFETY: id came from this library; mc_join_attr is the caller's
+    // rdma_cm_join_mc_attr_ex (comp_mask, join_flags, then the address pointer at offset 8).
+    let (Some(token), group) = (unsafe { token_of(id) }, unsafe {
+        if mc_join_attr.is_null() {
+            None
+        } else {
+            read_sockaddr(*((mc_join_attr as *const u8).add(8) as *const *const libc::sockaddr))
+        }
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    let Some(group) = group.filter(|g| g.ip().is_multicast()) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::JoinMcast);
+    e.u64(token).bytes(&gid_of(group));
+    if let Err(errno) = rpc(&e) {
+        return fail(errno);
+    }
+    // SAFETY: id is a live IdPriv.
+    unsafe { queue_local_event(id, token, EV_MULTICAST_JOIN, Some(group)) };
+    0
+}
+
+/// `rdma_leave_multicast`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> c_int {
+    // SAFETY: id came from this library; addr is the caller's sockaddr.
+    let (Some(token), Some(group)) = (unsafe { token_of(id) }, unsafe { read_sockaddr(addr) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::LeaveMcast);
+    e.u64(token).bytes(&gid_of(group));
+    rpc_status(&e)
+}
+
+/// A group's GID: its IPv6 address, or the IPv4-mapped one.
+pub(crate) fn gid_of(addr: SocketAddr) -> [u8; 16] {
+    match addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
 }
 
 /// `rdma_resolve_route`.
@@ -1080,7 +1188,9 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
     }
     // SAFETY: id is a live IdPriv.
     let ps = unsafe { (*id).ps };
-    if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB) && w.event == EV_ESTABLISHED {
+    if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB)
+        && (w.event == EV_ESTABLISHED || w.event == EV_MULTICAST_JOIN)
+    {
         // Datagram ids read `param.ud`: the peer's QP, the UDP port space's Q_Key and an
         // address vector (the simulator routes by QP number, so the vector is nominal).
         ud_param(&mut ev.public, w.param.qp_num, w.peer);
@@ -1116,9 +1226,13 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     }
     // SAFETY: event came from rdma_get_cm_event and is given back exactly once.
     let ev = unsafe { Box::from_raw(event as *mut EventPriv) };
-    let mut e = Enc::op(Op::AckEvent);
-    e.u64(ev.event_no);
-    let r = rpc_status(&e);
+    let r = if ev.event_no == LOCAL_EVENT {
+        0
+    } else {
+        let mut e = Enc::op(Op::AckEvent);
+        e.u64(ev.event_no);
+        rpc_status(&e)
+    };
     let (m, cv) = registry();
     let mut reg = lock(m);
     if let Some(n) = reg.unacked.get_mut(&ev.counted) {
@@ -1476,8 +1590,6 @@ macro_rules! unsupported_ptr {
 unsupported_int!(
     rdma_create_qp_ex,
     rdma_migrate_id,
-    rdma_leave_multicast,
-    rdma_join_multicast_ex,
     rdma_establish,
     rdma_init_qp_attr,
     rdma_get_remote_ece,

@@ -88,10 +88,18 @@ pub enum Op {
     RdmaRead,
     /// `id: u64, wr_id: u64, signaled: u8, status: u32, len: u32`: completes an RDMA READ.
     RdmaReadDone,
-    /// `id: u64, wr_id: u64, signaled: u8, remote_qpn: u32, imm: u8 + u32, data: bytes`: a UD
-    /// send to the QP numbered `remote_qpn` (delivered if it has a receive posted, as UD does).
+    /// `id: u64, wr_id: u64, signaled: u8, remote_qpn: u32, imm: u8 + u32, data: bytes,
+    /// group: bytes`: a UD send to the QP numbered `remote_qpn` (delivered if it has a receive
+    /// posted, as UD does), or to every member of `group` (a GID) for the multicast QPN.
     PostSendUd,
+    /// `id: u64, group: bytes` (a GID): the id's QP receives the group's datagrams.
+    JoinMcast,
+    /// `id: u64, group: bytes`.
+    LeaveMcast,
 }
+
+/// The QP number that addresses a multicast group.
+pub const MCAST_QPN: u32 = 0x00FF_FFFF;
 
 /// Completion-channel datagram: one completion event, `cq: u64`.
 pub const CHAN_COMP: u8 = 3;
@@ -158,7 +166,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 34] = [
+        const ALL: [Op; 36] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -193,6 +201,8 @@ impl Op {
             RdmaRead,
             RdmaReadDone,
             PostSendUd,
+            JoinMcast,
+            LeaveMcast,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -473,10 +483,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=34 {
+        for v in 1..=36 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(35), None);
+        assert_eq!(Op::from_u32(37), None);
     }
 }

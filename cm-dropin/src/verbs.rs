@@ -261,15 +261,24 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     data.extend_from_slice(bytes);
                 }
                 let imm = w.opcode == IBV_WR_SEND_WITH_IMM;
+                // wr.ud: the address handle, remote_qpn, remote_qkey. QP numbers route; the
+                // handle matters only for the multicast QPN, where it names the group.
+                let ah = w.remote_addr as *const IbvAh;
+                let group = if w.rkey == proto::MCAST_QPN && !ah.is_null() {
+                    // SAFETY: the handle came from ibv_create_ah.
+                    unsafe { (*ah).dgid }.to_vec()
+                } else {
+                    Vec::new()
+                };
                 let mut e = Enc::op(Op::PostSendUd);
-                // wr.ud: the address handle (ignored: QP numbers route), remote_qpn, remote_qkey.
                 e.u64(token)
                     .u64(w.wr_id)
                     .u8(signaled)
                     .u32(w.rkey)
                     .u8(imm as u8)
                     .u32(w.imm_data)
-                    .bytes(&data);
+                    .bytes(&data)
+                    .bytes(&group);
                 rpc(&e).err().unwrap_or(0)
             }
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE => {
@@ -700,9 +709,11 @@ pub struct IbvAh {
     context: *mut c_void,
     pd: *mut IbvPd,
     handle: u32,
+    /// `grh.dgid` of the attributes: the group a multicast send goes to.
+    dgid: [u8; 16],
 }
 
-fn new_ah(pd: *mut IbvPd) -> *mut IbvAh {
+fn new_ah(pd: *mut IbvPd, dgid: [u8; 16]) -> *mut IbvAh {
     if pd.is_null() {
         fail(libc::EINVAL);
         return ptr::null_mut();
@@ -713,13 +724,19 @@ fn new_ah(pd: *mut IbvPd) -> *mut IbvAh {
         context,
         pd,
         handle: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+        dgid,
     }))
 }
 
 /// `ibv_create_ah`: address handles are nominal (UD sends are routed by the remote QP number).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, _attr: *mut c_void) -> *mut IbvAh {
-    new_ah(pd)
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut c_void) -> *mut IbvAh {
+    let mut dgid = [0u8; 16];
+    if !attr.is_null() {
+        // SAFETY: attr is the caller's ibv_ah_attr; grh.dgid is its first 16 bytes.
+        unsafe { ptr::copy_nonoverlapping(attr as *const u8, dgid.as_mut_ptr(), 16) };
+    }
+    new_ah(pd, dgid)
 }
 
 /// `ibv_create_ah_from_wc`: an address handle back to a datagram's sender.
@@ -730,7 +747,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     _grh: *mut c_void,
     _port_num: u8,
 ) -> *mut IbvAh {
-    new_ah(pd)
+    new_ah(pd, [0; 16])
 }
 
 /// `ibv_destroy_ah`.

@@ -573,3 +573,54 @@ fn udaddy_exchanges_datagrams_over_ud_qps() {
     }
     assert!(fabric.finish().status.success());
 }
+
+#[test]
+fn mckey_sends_to_a_multicast_group_and_the_member_receives() {
+    if !installed("mckey") {
+        return;
+    }
+    // Both join 224.0.0.1 (MULTICAST_JOIN with the group's GID, QPN 0xFFFFFF and Q_Key); the
+    // sender waits 3 s after joining (mckey's own pause), so the receiver, started first, has
+    // joined and posted its receives by then.
+    let fabric = Fabric::start("mckey", 2, &[]);
+    let receiver = fabric.spawn(SERVER, &["mckey", "-m", "224.0.0.1", "-b", SERVER, "-C", "10"]);
+    let sender = Command::new(RUN)
+        .arg("--socket")
+        .arg(&fabric.socket)
+        .args([
+            "--host",
+            CLIENT,
+            "--",
+            "mckey",
+            "-m",
+            "224.0.0.1",
+            "-b",
+            CLIENT,
+            "-s",
+            "-C",
+            "10",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let s = wait(sender, Duration::from_secs(60), "mckey sender");
+    let r = wait(receiver, Duration::from_secs(60), "mckey receiver");
+    for (who, o) in [("receiver", &r), ("sender", &s)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout
+                .contains("mckey: joined dgid: ::ffff:224.0.0.1 mlid 0x0 sl 0"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
+    }
+    assert!(r.stdout.contains("receiving data transfers"), "{}", r.stdout);
+    assert!(fabric.finish().status.success());
+}

@@ -238,6 +238,8 @@ struct Daemon {
     /// Accepted UD ids by (their local address, their peer's): the requester's `ESTABLISHED`
     /// names the accepting QP with the daemon's number, which UD sends are routed by.
     ud_accepts: HashMap<(SocketAddr, SocketAddr), u64>,
+    /// Multicast groups (GID) → member ids.
+    groups: HashMap<Vec<u8>, Vec<u64>>,
     /// Listening ids (token → bound address), for the wrapper's probe.
     listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
@@ -665,12 +667,32 @@ impl Daemon {
                 let remote_qpn = d.u32().map_err(bad)?;
                 let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
                 let data = d.bytes().map_err(bad)?.to_vec();
+                let group = d.bytes().map_err(bad)?.to_vec();
                 self.id_of(proc, t)?;
                 if !self.ids.get(&t).is_some_and(|e| e.has_qp && e.ud) {
                     return Err(libc::EINVAL);
                 }
-                self.deliver_ud(t, remote_qpn, imm, &data);
+                if remote_qpn == proto::MCAST_QPN {
+                    // Every member but the sender (the loopback a NIC would add is not modelled).
+                    let members: Vec<u64> = self.groups.get(&group).cloned().unwrap_or_default();
+                    for m in members.into_iter().filter(|m| *m != t) {
+                        self.deliver_ud(t, m as u32, imm, &data);
+                    }
+                } else {
+                    self.deliver_ud(t, remote_qpn, imm, &data);
+                }
                 self.complete_rdma(t, wr_id, signaled, 0, WcStatus::Success, data.len() as u32);
+                Ok(())
+            }
+            Op::JoinMcast | Op::LeaveMcast => {
+                let t = d.u64().map_err(bad)?;
+                let group = d.bytes().map_err(bad)?.to_vec();
+                self.id_of(proc, t)?;
+                let members = self.groups.entry(group).or_default();
+                members.retain(|m| *m != t);
+                if op == Op::JoinMcast {
+                    members.push(t);
+                }
                 Ok(())
             }
             Op::PostRecv => {
@@ -924,6 +946,9 @@ impl Daemon {
     fn forget_id(&mut self, t: u64) {
         self.listening.remove(&t);
         self.ud_accepts.retain(|_, v| *v != t);
+        for members in self.groups.values_mut() {
+            members.retain(|m| *m != t);
+        }
         if let Some(e) = self.ids.remove(&t) {
             self.id_tokens.remove(&(e.host, e.handle));
             if let Some(p) = self.procs.get_mut(&e.proc) {
@@ -1358,6 +1383,7 @@ fn main() {
         next_key: 0,
         listening: HashMap::new(),
         ud_accepts: HashMap::new(),
+        groups: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),
         next_token: 0,
