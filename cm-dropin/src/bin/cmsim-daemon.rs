@@ -235,9 +235,10 @@ struct Daemon {
     /// Registered memory by key (lkey = rkey).
     mrs: HashMap<u32, MrEntry>,
     next_key: u32,
-    /// Accepted UD ids by (their local address, their peer's): the requester's `ESTABLISHED`
-    /// names the accepting QP with the daemon's number, which UD sends are routed by.
-    ud_accepts: HashMap<(SocketAddr, SocketAddr), u64>,
+    /// Connecting and accepting ids with a QP, by (their local address, their peer's): a
+    /// peer's event then names the QP with the daemon's number, the one `ibv_qp.qp_num` shows
+    /// and UD sends are routed by (the simulator numbers QPs its own way).
+    endpoints: HashMap<(SocketAddr, SocketAddr), u64>,
     /// Multicast groups (GID) → member ids.
     groups: HashMap<Vec<u8>, Vec<u64>>,
     /// Listening ids (token → bound address), for the wrapper's probe.
@@ -735,18 +736,18 @@ impl Daemon {
                 };
                 let (id, mut host) = self.id_of(proc, t)?;
                 if op == Op::Connect {
-                    cm(host.connect(id, &param))
+                    cm(host.connect(id, &param))?;
                 } else {
                     cm(host.accept(id, &param))?;
-                    if self.ids.get(&t).is_some_and(|e| e.ud) {
-                        if let (Ok(Some(local)), Ok(Some(peer))) =
-                            (host.get_local_addr(id), host.get_peer_addr(id))
-                        {
-                            self.ud_accepts.insert((local, peer), t);
-                        }
-                    }
-                    Ok(())
                 }
+                if self.ids.get(&t).is_some_and(|e| e.has_qp) {
+                    if let (Ok(Some(local)), Ok(Some(peer))) =
+                        (host.get_local_addr(id), host.get_peer_addr(id))
+                    {
+                        self.endpoints.insert((local, peer), t);
+                    }
+                }
+                Ok(())
             }
             Op::Reject => {
                 let t = d.u64().map_err(bad)?;
@@ -945,7 +946,7 @@ impl Daemon {
 
     fn forget_id(&mut self, t: u64) {
         self.listening.remove(&t);
-        self.ud_accepts.retain(|_, v| *v != t);
+        self.endpoints.retain(|_, v| *v != t);
         for members in self.groups.values_mut() {
             members.retain(|m| *m != t);
         }
@@ -1077,9 +1078,14 @@ impl Daemon {
         let local = host.get_local_addr(ev.id()).ok().flatten();
         let peer = host.get_peer_addr(ev.id()).ok().flatten();
         let mut param = param;
-        if ev.event() == cm_core::CmEventType::Established && self.ids.get(&id_token).is_some_and(|e| e.ud) {
-            if let Some(&acceptor) = local.zip(peer).and_then(|(l, p)| self.ud_accepts.get(&(p, l))) {
-                param.qp_num = acceptor as u32;
+        if matches!(
+            ev.event(),
+            cm_core::CmEventType::ConnectRequest
+                | cm_core::CmEventType::ConnectResponse
+                | cm_core::CmEventType::Established
+        ) {
+            if let Some(&remote) = local.zip(peer).and_then(|(l, p)| self.endpoints.get(&(p, l))) {
+                param.qp_num = remote as u32;
             }
         }
         let n = self.token();
@@ -1382,7 +1388,7 @@ fn main() {
         mrs: HashMap::new(),
         next_key: 0,
         listening: HashMap::new(),
-        ud_accepts: HashMap::new(),
+        endpoints: HashMap::new(),
         groups: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),

@@ -64,6 +64,7 @@ int main(int argc, char **argv)
 	static char buf[64];
 	void *ev_ctx;
 	int server;
+	unsigned int req_qpn = 0, sent_qpn = 0;
 
 	if (argc != 3)
 		return 2;
@@ -90,6 +91,7 @@ int main(int argc, char **argv)
 		if (!ev)
 			return 1;
 		id = ev->id;
+		req_qpn = ev->param.conn.qp_num;
 		rdma_ack_cm_event(ev);
 	} else {
 		if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ||
@@ -141,8 +143,9 @@ int main(int argc, char **argv)
 		      "ibv_get_cq_event gives back the CQ and its context");
 		ibv_ack_cq_events(cq, 1);
 		check(ibv_poll_cq(cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 5 &&
-			      wc.opcode == IBV_WC_RECV && !strcmp(buf, "over the fd"),
+			      wc.opcode == IBV_WC_RECV && sscanf(buf, "over the fd %u", &sent_qpn) == 1,
 		      "the receive completes with the message");
+		check(sent_qpn == req_qpn, "CONNECT_REQUEST reported the requester's ibv_qp.qp_num");
 		check(!readable(cc->fd, 0), "one completion raised one event");
 		ev = next_event(ch, RDMA_CM_EVENT_DISCONNECTED);
 		rdma_ack_cm_event(ev);
@@ -153,7 +156,9 @@ int main(int argc, char **argv)
 		check(ev && ev->param.conn.qp_num != 0 && ev->param.conn.qp_num != id->qp->qp_num,
 		      "ESTABLISHED reports the peer's QP number");
 		rdma_ack_cm_event(ev);
-		strcpy(buf, "over the fd");
+		/* The message carries the client's QP number: the server compares it with the one
+		 * its CONNECT_REQUEST reported. */
+		snprintf(buf, sizeof buf, "over the fd %u", id->qp->qp_num);
 		swr.sg_list = &sge;
 		swr.num_sge = 1;
 		swr.opcode = IBV_WR_SEND;
