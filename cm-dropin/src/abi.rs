@@ -1,0 +1,476 @@
+//! rdma-core v44's public structs, x86_64 layout, as the unmodified programs read them.
+//!
+//! Only the fields the programs and the inline functions of the headers touch are named; the
+//! rest is padding of the right size. Sizes and offsets are checked at compile time against
+//! the figures printed with `offsetof` from the installed v44 headers.
+
+use std::ffi::c_void;
+
+/// `struct sockaddr_storage` inside `struct rdma_addr` (a union of socket addresses).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct SockaddrStorage(pub [u8; 128]);
+
+/// `struct rdma_addr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RdmaAddr {
+    /// `src_addr` (union with `src_sin`, `src_sin6`, `src_storage`).
+    pub src: SockaddrStorage,
+    /// `dst_addr`.
+    pub dst: SockaddrStorage,
+    /// `addr.ibaddr` (`struct rdma_ib_addr`: sgid, dgid, pkey).
+    pub ibaddr: [u8; 40],
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RdmaRoute {
+    /// `addr`.
+    pub addr: RdmaAddr,
+    /// `path_rec`.
+    pub path_rec: *mut c_void,
+    /// `num_paths`.
+    pub num_paths: i32,
+}
+
+/// `struct rdma_cm_id`.
+#[repr(C)]
+pub struct RdmaCmId {
+    /// `verbs`: the device context, once the id is bound to a device.
+    pub verbs: *mut c_void,
+    /// `channel`.
+    pub channel: *mut RdmaEventChannel,
+    /// `context`: the application's pointer.
+    pub context: *mut c_void,
+    /// `qp`.
+    pub qp: *mut IbvQp,
+    /// `route`.
+    pub route: RdmaRoute,
+    /// `ps` (`enum rdma_port_space`).
+    pub ps: u32,
+    /// `port_num`.
+    pub port_num: u8,
+    /// `event`: the last event of a synchronous id.
+    pub event: *mut RdmaCmEvent,
+    /// `send_cq_channel`.
+    pub send_cq_channel: *mut c_void,
+    /// `send_cq`.
+    pub send_cq: *mut c_void,
+    /// `recv_cq_channel`.
+    pub recv_cq_channel: *mut c_void,
+    /// `recv_cq`.
+    pub recv_cq: *mut c_void,
+    /// `srq`.
+    pub srq: *mut c_void,
+    /// `pd`.
+    pub pd: *mut c_void,
+    /// `qp_type` (`enum ibv_qp_type`).
+    pub qp_type: u32,
+}
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+pub struct RdmaEventChannel {
+    /// `fd`: readable when an event is queued.
+    pub fd: i32,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RdmaConnParam {
+    /// `private_data`.
+    pub private_data: *const c_void,
+    /// `private_data_len`.
+    pub private_data_len: u8,
+    /// `responder_resources`.
+    pub responder_resources: u8,
+    /// `initiator_depth`.
+    pub initiator_depth: u8,
+    /// `flow_control`.
+    pub flow_control: u8,
+    /// `retry_count` (ignored by accept).
+    pub retry_count: u8,
+    /// `rnr_retry_count`.
+    pub rnr_retry_count: u8,
+    /// `srq`.
+    pub srq: u8,
+    /// Padding, explicit so events this library builds hold no uninitialised bytes.
+    pub pad0: u8,
+    /// `qp_num`.
+    pub qp_num: u32,
+    /// Padding to 8 bytes (explicit for the same reason; `param.ud.ah_attr` overlaps it).
+    pub pad1: u32,
+}
+
+/// `struct rdma_cm_event`; `param` is the `conn` member of the union, padded to the union's size.
+#[repr(C)]
+pub struct RdmaCmEvent {
+    /// `id`.
+    pub id: *mut RdmaCmId,
+    /// `listen_id`.
+    pub listen_id: *mut RdmaCmId,
+    /// `event` (`enum rdma_cm_event_type`).
+    pub event: u32,
+    /// `status`.
+    pub status: i32,
+    /// `param.conn`.
+    pub conn: RdmaConnParam,
+    /// The rest of `param` (the `ud` member is longer).
+    pub param_rest: [u8; 32],
+}
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct RdmaAddrinfo {
+    /// `ai_flags` (`RAI_PASSIVE`, ...).
+    pub ai_flags: i32,
+    /// `ai_family`.
+    pub ai_family: i32,
+    /// `ai_qp_type`.
+    pub ai_qp_type: i32,
+    /// `ai_port_space`.
+    pub ai_port_space: i32,
+    /// `ai_src_len`.
+    pub ai_src_len: u32,
+    /// `ai_dst_len`.
+    pub ai_dst_len: u32,
+    /// `ai_src_addr`.
+    pub ai_src_addr: *mut c_void,
+    /// `ai_dst_addr`.
+    pub ai_dst_addr: *mut c_void,
+    /// `ai_src_canonname`.
+    pub ai_src_canonname: *mut c_void,
+    /// `ai_dst_canonname`.
+    pub ai_dst_canonname: *mut c_void,
+    /// `ai_route_len`.
+    pub ai_route_len: usize,
+    /// `ai_route`.
+    pub ai_route: *mut c_void,
+    /// `ai_connect_len`.
+    pub ai_connect_len: usize,
+    /// `ai_connect`.
+    pub ai_connect: *mut c_void,
+    /// `ai_next`.
+    pub ai_next: *mut RdmaAddrinfo,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IbvQpCap {
+    /// `max_send_wr`.
+    pub max_send_wr: u32,
+    /// `max_recv_wr`.
+    pub max_recv_wr: u32,
+    /// `max_send_sge`.
+    pub max_send_sge: u32,
+    /// `max_recv_sge`.
+    pub max_recv_sge: u32,
+    /// `max_inline_data`.
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvQpInitAttr {
+    /// `qp_context`.
+    pub qp_context: *mut c_void,
+    /// `send_cq`.
+    pub send_cq: *mut c_void,
+    /// `recv_cq`.
+    pub recv_cq: *mut c_void,
+    /// `srq`.
+    pub srq: *mut c_void,
+    /// `cap`: asked for, and written back with what was granted.
+    pub cap: IbvQpCap,
+    /// `qp_type`.
+    pub qp_type: u32,
+    /// `sq_sig_all`.
+    pub sq_sig_all: i32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct IbvQp {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `qp_context`.
+    pub qp_context: *mut c_void,
+    /// `pd`.
+    pub pd: *mut c_void,
+    /// `send_cq`.
+    pub send_cq: *mut c_void,
+    /// `recv_cq`.
+    pub recv_cq: *mut c_void,
+    /// `srq`.
+    pub srq: *mut c_void,
+    /// `handle`.
+    pub handle: u32,
+    /// `qp_num`.
+    pub qp_num: u32,
+    /// `state` (`enum ibv_qp_state`).
+    pub state: u32,
+    /// `qp_type`.
+    pub qp_type: u32,
+    /// `mutex` and `cond` (never used by the programs).
+    pub sync: [u64; 11],
+    /// `events_completed`.
+    pub events_completed: u32,
+}
+
+/// `struct verbs_context` with its `struct ibv_context` (the last member) and the device.
+///
+/// Only the fields the programs reach are set: the device, `abi_compat = -1` (which makes the
+/// header inlines use the extended context) and `sz`. Extended ops stay NULL, so the inlines
+/// answer `EOPNOTSUPP`/`ENOSYS` for them, as they do for a provider without the feature.
+#[repr(C)]
+pub struct VerbsContext {
+    /// `verbs_context` before `sz` (`query_port` at 0 and the extended ops).
+    pub ext_ops: [*mut c_void; 39],
+    /// `sz`.
+    pub sz: usize,
+    /// `ibv_context.device`.
+    pub device: *mut IbvDevice,
+    /// `ibv_context.ops` (the inline data-path functions dispatch through it).
+    pub ops: [*mut c_void; 32],
+    /// `cmd_fd`.
+    pub cmd_fd: i32,
+    /// `async_fd`.
+    pub async_fd: i32,
+    /// `num_comp_vectors`.
+    pub num_comp_vectors: i32,
+    /// `mutex`.
+    pub mutex: [u64; 5],
+    /// `abi_compat`.
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct ibv_device`.
+#[repr(C)]
+pub struct IbvDevice {
+    /// `_ops`.
+    pub ops: [*mut c_void; 2],
+    /// `node_type` (1 = CA).
+    pub node_type: i32,
+    /// `transport_type` (0 = IB).
+    pub transport_type: i32,
+    /// `name`.
+    pub name: [u8; 64],
+    /// `dev_name`.
+    pub dev_name: [u8; 64],
+    /// `dev_path`.
+    pub dev_path: [u8; 256],
+    /// `ibdev_path`.
+    pub ibdev_path: [u8; 256],
+}
+
+/// Offset of the `struct ibv_context` inside [`VerbsContext`]: what `id->verbs` points at.
+pub const IBV_CONTEXT_OFFSET: usize = std::mem::offset_of!(VerbsContext, device);
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<RdmaCmId>() == 416);
+    assert!(offset_of!(RdmaCmId, route) == 32);
+    assert!(offset_of!(RdmaCmId, route) + offset_of!(RdmaRoute, path_rec) == 328);
+    assert!(offset_of!(RdmaCmId, ps) == 344);
+    assert!(offset_of!(RdmaCmId, port_num) == 348);
+    assert!(offset_of!(RdmaCmId, event) == 352);
+    assert!(offset_of!(RdmaCmId, send_cq_channel) == 360);
+    assert!(offset_of!(RdmaCmId, pd) == 400);
+    assert!(offset_of!(RdmaCmId, qp_type) == 408);
+    assert!(size_of::<RdmaRoute>() == 312);
+    assert!(size_of::<RdmaCmEvent>() == 80);
+    assert!(offset_of!(RdmaCmEvent, conn) == 24);
+    assert!(offset_of!(RdmaCmEvent, conn) + offset_of!(RdmaConnParam, qp_num) == 40);
+    assert!(size_of::<RdmaConnParam>() == 24);
+    assert!(size_of::<RdmaAddrinfo>() == 96);
+    assert!(offset_of!(RdmaAddrinfo, ai_connect) == 80);
+    assert!(size_of::<IbvQpInitAttr>() == 64);
+    assert!(offset_of!(IbvQpInitAttr, cap) == 32);
+    assert!(size_of::<IbvQp>() == 160);
+    assert!(offset_of!(IbvQp, qp_num) == 52);
+    assert!(offset_of!(IbvQp, events_completed) == 152);
+    assert!(size_of::<VerbsContext>() == 648);
+    assert!(offset_of!(VerbsContext, sz) == 312);
+    assert!(IBV_CONTEXT_OFFSET == 320);
+    assert!(offset_of!(VerbsContext, cmd_fd) - IBV_CONTEXT_OFFSET == 264);
+    assert!(offset_of!(VerbsContext, abi_compat) - IBV_CONTEXT_OFFSET == 320);
+    assert!(size_of::<IbvDevice>() == 664);
+};
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct IbvPd {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `handle`.
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct IbvMr {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `pd`.
+    pub pd: *mut IbvPd,
+    /// `addr`.
+    pub addr: *mut c_void,
+    /// `length`.
+    pub length: usize,
+    /// `handle`.
+    pub handle: u32,
+    /// `lkey`.
+    pub lkey: u32,
+    /// `rkey`.
+    pub rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct IbvCompChannel {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `fd`: readable when a completion event is queued.
+    pub fd: i32,
+    /// `refcnt`.
+    pub refcnt: i32,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct IbvCq {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `channel`.
+    pub channel: *mut IbvCompChannel,
+    /// `cq_context`.
+    pub cq_context: *mut c_void,
+    /// `handle`.
+    pub handle: u32,
+    /// `cqe`.
+    pub cqe: i32,
+    /// `mutex` and `cond`.
+    pub sync: [u64; 11],
+    /// `comp_events_completed`.
+    pub comp_events_completed: u32,
+    /// `async_events_completed`.
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvSge {
+    /// `addr`.
+    pub addr: u64,
+    /// `length`.
+    pub length: u32,
+    /// `lkey`.
+    pub lkey: u32,
+}
+
+/// `struct ibv_send_wr`, up to the fields a SEND uses (the rest is never read).
+#[repr(C)]
+pub struct IbvSendWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `next`.
+    pub next: *mut IbvSendWr,
+    /// `sg_list`.
+    pub sg_list: *mut IbvSge,
+    /// `num_sge`.
+    pub num_sge: i32,
+    /// `opcode` (`enum ibv_wr_opcode`).
+    pub opcode: u32,
+    /// `send_flags`.
+    pub send_flags: u32,
+    /// `imm_data`.
+    pub imm_data: u32,
+    /// `wr.rdma.remote_addr`.
+    pub remote_addr: u64,
+    /// `wr.rdma.rkey` (`wr.ud.remote_qpn` for UD).
+    pub rkey: u32,
+    /// `wr.ud.remote_qkey`.
+    pub remote_qkey: u32,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct IbvRecvWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `next`.
+    pub next: *mut IbvRecvWr,
+    /// `sg_list`.
+    pub sg_list: *mut IbvSge,
+    /// `num_sge`.
+    pub num_sge: i32,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvWc {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// `status`.
+    pub status: u32,
+    /// `opcode`.
+    pub opcode: u32,
+    /// `vendor_err`.
+    pub vendor_err: u32,
+    /// `byte_len`.
+    pub byte_len: u32,
+    /// `imm_data`.
+    pub imm_data: u32,
+    /// `qp_num`.
+    pub qp_num: u32,
+    /// `src_qp`.
+    pub src_qp: u32,
+    /// `wc_flags`.
+    pub wc_flags: u32,
+    /// `pkey_index`.
+    pub pkey_index: u16,
+    /// `slid`.
+    pub slid: u16,
+    /// `sl`.
+    pub sl: u8,
+    /// `dlid_path_bits`.
+    pub dlid_path_bits: u8,
+}
+
+/// Index of `ops.poll_cq` in [`VerbsContext::ops`] (`ibv_context` offset 0x60; the ops
+/// start at offset 8).
+pub const OPS_POLL_CQ: usize = 11;
+/// Index of `ops.req_notify_cq` (context offset 0x68).
+pub const OPS_REQ_NOTIFY_CQ: usize = 12;
+/// Index of `ops.post_srq_recv` (context offset 0xa8).
+pub const OPS_POST_SRQ_RECV: usize = 20;
+/// Index of `ops.post_send` (context offset 0xd0).
+pub const OPS_POST_SEND: usize = 25;
+/// Index of `ops.post_recv` (context offset 0xd8).
+pub const OPS_POST_RECV: usize = 26;
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<IbvPd>() == 16);
+    assert!(size_of::<IbvMr>() == 48);
+    assert!(offset_of!(IbvMr, lkey) == 36);
+    assert!(size_of::<IbvCompChannel>() == 16);
+    assert!(size_of::<IbvCq>() == 128);
+    assert!(offset_of!(IbvCq, comp_events_completed) == 120);
+    assert!(size_of::<IbvSge>() == 16);
+    assert!(offset_of!(IbvSendWr, send_flags) == 32);
+    assert!(offset_of!(IbvSendWr, remote_addr) == 40 && offset_of!(IbvSendWr, rkey) == 48);
+    assert!(size_of::<IbvRecvWr>() == 32);
+    assert!(size_of::<IbvWc>() == 48);
+    let ops = offset_of!(VerbsContext, ops) - IBV_CONTEXT_OFFSET;
+    assert!(ops + OPS_POLL_CQ * 8 == 0x60 && ops + OPS_REQ_NOTIFY_CQ * 8 == 0x68);
+    assert!(ops + OPS_POST_SRQ_RECV * 8 == 0xa8);
+    assert!(ops + OPS_POST_SEND * 8 == 0xd0 && ops + OPS_POST_RECV * 8 == 0xd8);
+};

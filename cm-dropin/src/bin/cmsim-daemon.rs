@@ -1,0 +1,1473 @@
+//! `cmsim-daemon`: owns one simulated fabric and serves every process that loads the drop-in
+//! librdmacm / libibverbs over a Unix socket.
+//!
+//! Wall-clock mode: the fabric's virtual clock follows the daemon's wall clock, and events are
+//! forwarded to the processes' channel sockets as soon as they are due. One simulated host per
+//! address given with `--host`; each process names its host with `CMSIM_HOST`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cm_core::{
+    ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, PortSpace, QpCaps, WcOpcode, WcStatus,
+};
+use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
+use cm_dropin::sock::{self, SeqConn, SeqListener};
+use cm_sim::{Fault, FaultSchedule, SimFabric, SimHost};
+
+const USAGE: &str = "\
+usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
+  --seed N               simulator seed (default: CM_SIM_SEED or drawn)
+  --cm-timeout MS        IB CM response timeout in milliseconds
+  --fault AT:SPEC        strike a fault AT ms after start (repeatable), SPEC one of
+                         partition A B | heal A B | loss A B PER_MILLE | delay A B MIN_MS MAX_MS |
+                         crash H | restart H | remove-device H | restore-device H | addr-change H
+                         (hosts are numbered from 0 in --host order)
+  --faults FILE          the same, one AT:SPEC per line (# comments)
+  --processes N          exit once N processes have attached and all have gone
+  --max-seconds S        give up (exit 3) after S seconds of wall time (default 600)
+  --trace FILE           write the trace, one line per record
+  --trace-mermaid FILE   write the trace as a Mermaid sequence diagram
+On exit prints seed: and trace-hash: lines on stdout.";
+
+struct Options {
+    socket: PathBuf,
+    hosts: Vec<String>,
+    seed: Option<u64>,
+    cm_timeout: Option<Duration>,
+    faults: FaultSchedule,
+    processes: Option<usize>,
+    max_wall: Duration,
+    trace: Option<PathBuf>,
+    trace_mermaid: Option<PathBuf>,
+}
+
+fn parse_fault(line: &str) -> Result<(Duration, Fault), String> {
+    let (at, spec) = line
+        .split_once(':')
+        .ok_or_else(|| format!("fault `{line}`: want AT_MS:SPEC"))?;
+    let at = Duration::from_millis(
+        at.trim()
+            .parse()
+            .map_err(|_| format!("fault `{line}`: bad time"))?,
+    );
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let num = |i: usize| -> Result<u64, String> {
+        words
+            .get(i)
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(|| format!("fault `{line}`: argument {i} missing or not a number"))
+    };
+    let h = |i: usize| num(i).map(|v| v as u16);
+    let fault = match words.first().copied() {
+        Some("partition") => Fault::Partition { a: h(1)?, b: h(2)? },
+        Some("heal") => Fault::Heal { a: h(1)?, b: h(2)? },
+        Some("loss") => Fault::Loss {
+            a: h(1)?,
+            b: h(2)?,
+            per_mille: num(3)? as u16,
+        },
+        Some("delay") => Fault::Delay {
+            a: h(1)?,
+            b: h(2)?,
+            min: Duration::from_millis(num(3)?),
+            max: Duration::from_millis(num(4)?),
+        },
+        Some("crash") => Fault::Crash { host: h(1)? },
+        Some("restart") => Fault::Restart { host: h(1)? },
+        Some("remove-device") => Fault::RemoveDevice { host: h(1)? },
+        Some("restore-device") => Fault::RestoreDevice { host: h(1)? },
+        Some("addr-change") => Fault::AddrChange { host: h(1)? },
+        _ => return Err(format!("fault `{line}`: unknown kind")),
+    };
+    Ok((at, fault))
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        socket: PathBuf::new(),
+        hosts: Vec::new(),
+        seed: None,
+        cm_timeout: None,
+        faults: FaultSchedule::new(),
+        processes: None,
+        max_wall: Duration::from_secs(600),
+        trace: None,
+        trace_mermaid: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--socket" => o.socket = PathBuf::from(val()?),
+            "--host" => o.hosts.push(val()?),
+            "--seed" => o.seed = Some(cm_sim::parse_seed(&val()?).ok_or("bad --seed")?),
+            "--cm-timeout" => {
+                o.cm_timeout = Some(Duration::from_millis(
+                    val()?.parse().map_err(|_| "bad --cm-timeout")?,
+                ))
+            }
+            "--fault" => {
+                let (at, f) = parse_fault(&val()?)?;
+                o.faults = std::mem::take(&mut o.faults).with(at, f);
+            }
+            "--faults" => {
+                let path = val()?;
+                let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+                for line in text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                {
+                    let (at, f) = parse_fault(line)?;
+                    o.faults = std::mem::take(&mut o.faults).with(at, f);
+                }
+            }
+            "--processes" => o.processes = Some(val()?.parse().map_err(|_| "bad --processes")?),
+            "--max-seconds" => {
+                o.max_wall = Duration::from_secs(val()?.parse().map_err(|_| "bad --max-seconds")?)
+            }
+            "--trace" => o.trace = Some(PathBuf::from(val()?)),
+            "--trace-mermaid" => o.trace_mermaid = Some(PathBuf::from(val()?)),
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            _ => return Err(format!("unknown option {a}\n{USAGE}")),
+        }
+    }
+    if o.socket.as_os_str().is_empty() || o.hosts.is_empty() {
+        return Err(USAGE.to_string());
+    }
+    Ok(o)
+}
+
+/// One attached process.
+struct Proc {
+    ctrl: SeqConn,
+    /// The process's pid, for reading and writing its registered memory.
+    pid: u32,
+    host: SimHost,
+    name: String,
+    ids: HashSet<u64>,
+    channels: HashSet<u64>,
+    /// Sockets of destroyed channels, closed when the process goes.
+    closed: Vec<SeqConn>,
+}
+
+struct IdEntry {
+    proc: u64,
+    handle: IdHandle,
+    host: usize,
+    has_qp: bool,
+    /// The QP's completion queues (daemon tokens; 0 for none).
+    send_cq: u64,
+    recv_cq: u64,
+    /// `sq_sig_all`: every send completes visibly.
+    sq_sig_all: bool,
+    /// Per posted send, in order: whether its success is reported (`IBV_SEND_SIGNALED`).
+    signaled: VecDeque<bool>,
+    /// A UD QP: its data path is the daemon's (the simulator's is connected-only).
+    ud: bool,
+    /// A UD QP's posted receives: `wr_id` and buffer length, in order.
+    ud_recvs: VecDeque<(u64, u32)>,
+}
+
+/// A completion queue: the QPs that report into it and the completions not polled yet.
+struct CqEntry {
+    proc: u64,
+    qps: Vec<u64>,
+    ready: VecDeque<WireWc>,
+    /// Its completion channel (0: none).
+    channel: u64,
+    /// `ibv_req_notify_cq` was called and no event has been raised since.
+    armed: bool,
+    /// A completion arrived since the CQ was last armed.
+    fresh: bool,
+}
+
+/// A registered memory region: what an rkey lets a peer read or write.
+struct MrEntry {
+    proc: u64,
+    addr: u64,
+    len: u64,
+    access: u32,
+}
+
+const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+const IBV_ACCESS_REMOTE_READ: u32 = 4;
+const IBV_WC_RDMA_WRITE: u32 = 1;
+const IBV_WC_RDMA_READ: u32 = 2;
+const IBV_WC_RECV: u32 = 128;
+const IBV_QPT_UD: u32 = 4;
+const IBV_WC_GRH: u32 = 1;
+const IBV_WC_WITH_IMM: u32 = 2;
+/// The Global Routing Header a UD receive buffer starts with.
+const GRH_LEN: usize = 40;
+
+/// A completion channel: a socket the daemon writes one datagram per completion event into.
+struct CompChan {
+    proc: u64,
+    sock: Option<SeqConn>,
+    pending: VecDeque<Vec<u8>>,
+}
+
+struct ChanEntry {
+    proc: u64,
+    handle: ChannelHandle,
+    sock: Option<SeqConn>,
+    /// Datagrams the socket had no room for yet, in order.
+    pending: VecDeque<Vec<u8>>,
+}
+
+struct Daemon {
+    fabric: SimFabric,
+    listener: SeqListener,
+    /// Connections accepted but not yet identified by their first datagram.
+    fresh: Vec<SeqConn>,
+    procs: HashMap<u64, Proc>,
+    ids: HashMap<u64, IdEntry>,
+    id_tokens: HashMap<(usize, IdHandle), u64>,
+    channels: HashMap<u64, ChanEntry>,
+    cqs: HashMap<u64, CqEntry>,
+    comp_channels: HashMap<u64, CompChan>,
+    /// Registered memory by key (lkey = rkey).
+    mrs: HashMap<u32, MrEntry>,
+    next_key: u32,
+    /// Connecting and accepting ids with a QP, by (their local address, their peer's): a
+    /// peer's event then names the QP with the daemon's number, the one `ibv_qp.qp_num` shows
+    /// and UD sends are routed by (the simulator numbers QPs its own way).
+    endpoints: HashMap<(SocketAddr, SocketAddr), u64>,
+    /// Multicast groups (GID) → member ids.
+    groups: HashMap<Vec<u8>, Vec<u64>>,
+    /// Listening ids (token → bound address), for the wrapper's probe.
+    listening: HashMap<u64, SocketAddr>,
+    /// Events forwarded and not acked yet: number → (the token they count against, event).
+    events: HashMap<u64, (u64, CmEvent)>,
+    /// Per counted id token, its forwarded and unacked events.
+    outstanding: HashMap<u64, HashSet<u64>>,
+    next_token: u64,
+    started: Instant,
+    attached_total: usize,
+    /// `CMSIM_DEBUG` set: log every forwarded event and every request.
+    debug: bool,
+}
+
+/// Sends queued datagrams while the socket has room.
+fn flush(sock: &Option<SeqConn>, pending: &mut VecDeque<Vec<u8>>) {
+    let Some(sock) = sock else { return };
+    while let Some(d) = pending.front() {
+        match sock.try_send(d) {
+            Ok(()) => {
+                pending.pop_front();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => {
+                // The process is going away; its control socket's close cleans up.
+                pending.clear();
+                break;
+            }
+        }
+    }
+}
+
+fn errno_of(e: &CmError) -> i32 {
+    e.errno()
+}
+
+impl Daemon {
+    fn token(&mut self) -> u64 {
+        self.next_token += 1;
+        self.next_token
+    }
+
+    fn sync_clock(&mut self) {
+        let wall = self.started.elapsed();
+        let now = self.fabric.now().since_start();
+        if wall > now {
+            self.fabric.advance(wall - now);
+        }
+    }
+
+    fn id_of(&self, proc: u64, token: u64) -> Result<(IdHandle, SimHost), i32> {
+        match self.ids.get(&token) {
+            Some(e) if e.proc == proc => Ok((e.handle, self.procs[&proc].host.clone())),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    fn handle_request(&mut self, proc: u64, msg: &[u8]) -> Vec<u8> {
+        let mut reply = Enc::default();
+        reply.i32(0);
+        let status = match self.serve(proc, msg, &mut reply) {
+            Ok(()) => return reply.0,
+            Err(errno) => errno,
+        };
+        let mut e = Enc::default();
+        e.i32(status);
+        e.0
+    }
+
+    fn serve(&mut self, proc: u64, msg: &[u8], reply: &mut Enc) -> Result<(), i32> {
+        let mut d = Dec::new(msg);
+        let bad = |_| libc::EPROTO;
+        let op = Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
+        let cm = |r: Result<(), CmError>| r.map_err(|e| errno_of(&e));
+        match op {
+            Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel => Err(libc::EPROTO),
+            Op::CreateChannel => {
+                let mut host = self.procs[&proc].host.clone();
+                let handle = host.create_event_channel().map_err(|e| errno_of(&e))?;
+                let t = self.token();
+                self.channels.insert(
+                    t,
+                    ChanEntry {
+                        proc,
+                        handle,
+                        sock: None,
+                        pending: VecDeque::new(),
+                    },
+                );
+                self.procs
+                    .get_mut(&proc)
+                    .expect("caller exists")
+                    .channels
+                    .insert(t);
+                reply.u64(t);
+                Ok(())
+            }
+            Op::DestroyChannel => {
+                let t = d.u64().map_err(bad)?;
+                let handle = match self.channels.get(&t) {
+                    Some(c) if c.proc == proc => c.handle,
+                    _ => return Err(libc::EINVAL),
+                };
+                let mut host = self.procs[&proc].host.clone();
+                cm(host.destroy_event_channel(handle))?;
+                // The application's end stays open until the process goes: a thread still
+                // blocked reading it must keep blocking (as on a closed librdmacm channel), not
+                // see end-of-file.
+                if let Some(sock) = self.channels.remove(&t).and_then(|c| c.sock) {
+                    self.procs
+                        .get_mut(&proc)
+                        .expect("caller exists")
+                        .closed
+                        .push(sock);
+                }
+                self.procs
+                    .get_mut(&proc)
+                    .expect("caller exists")
+                    .channels
+                    .remove(&t);
+                Ok(())
+            }
+            Op::CreateId => {
+                let ch = d.u64().map_err(bad)?;
+                let ps = PortSpace::from_raw(d.u32().map_err(bad)?).ok_or(libc::EINVAL)?;
+                let handle = match self.channels.get(&ch) {
+                    Some(c) if c.proc == proc => c.handle,
+                    _ => return Err(libc::EINVAL),
+                };
+                let mut host = self.procs[&proc].host.clone();
+                let id = host.create_id(handle, ps).map_err(|e| errno_of(&e))?;
+                let t = self.register_id(proc, host.index(), id);
+                reply.u64(t);
+                Ok(())
+            }
+            Op::DestroyId => {
+                let t = d.u64().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                // Events still in the channel socket were never seen by the application: the
+                // library drops them, so they are given back here for it.
+                self.ack_outstanding(t);
+                // librdmacm destroys an id whose QP is still there (the kernel reclaims the QP
+                // when the process closes its device); the simulator refuses that, so the QP goes
+                // first here.
+                if self.ids.get(&t).is_some_and(|e| e.has_qp) {
+                    cm(host.destroy_qp(id))?;
+                    self.qp_gone(t);
+                }
+                cm(host.destroy_id(id))?;
+                self.forget_id(t);
+                Ok(())
+            }
+            Op::BindAddr => {
+                let t = d.u64().map_err(bad)?;
+                let addr = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.bind_addr(id, addr))
+            }
+            Op::ResolveAddr => {
+                let t = d.u64().map_err(bad)?;
+                let src = d.addr().map_err(bad)?;
+                let dst = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                let ms = d.u32().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.resolve_addr(id, src, dst, Duration::from_millis(ms.into())))
+            }
+            Op::ResolveRoute => {
+                let t = d.u64().map_err(bad)?;
+                let ms = d.u32().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.resolve_route(id, Duration::from_millis(ms.into())))
+            }
+            Op::CreateQp => {
+                let t = d.u64().map_err(bad)?;
+                let mut caps = QpCaps::new();
+                caps.max_send_wr = d.u32().map_err(bad)?;
+                caps.max_recv_wr = d.u32().map_err(bad)?;
+                caps.max_send_sge = d.u32().map_err(bad)?;
+                caps.max_recv_sge = d.u32().map_err(bad)?;
+                caps.max_inline_data = d.u32().map_err(bad)?;
+                caps.max_message_size = proto::MAX_MESSAGE;
+                let send_cq = d.u64().map_err(bad)?;
+                let recv_cq = d.u64().map_err(bad)?;
+                let sq_sig_all = d.u8().map_err(bad)? != 0;
+                let ud = d.u32().map_err(bad)? == IBV_QPT_UD;
+                for cq in [send_cq, recv_cq] {
+                    if cq != 0 && self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
+                        return Err(libc::EINVAL);
+                    }
+                }
+                let (id, mut host) = self.id_of(proc, t)?;
+                let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
+                if let Some(e) = self.ids.get_mut(&t) {
+                    e.has_qp = true;
+                    e.send_cq = send_cq;
+                    e.recv_cq = recv_cq;
+                    e.sq_sig_all = sq_sig_all;
+                    e.signaled.clear();
+                    e.ud = ud;
+                    e.ud_recvs.clear();
+                }
+                for cq in [send_cq, recv_cq] {
+                    if let Some(c) = self.cqs.get_mut(&cq) {
+                        if !c.qps.contains(&t) {
+                            c.qps.push(t);
+                        }
+                    }
+                }
+                reply
+                    .u32(got.max_send_wr)
+                    .u32(got.max_recv_wr)
+                    .u32(got.max_send_sge)
+                    .u32(got.max_recv_sge)
+                    .u32(got.max_inline_data)
+                    // The simulator numbers no QPs; the daemon's id token is unique fabric-wide.
+                    .u32(t as u32);
+                Ok(())
+            }
+            Op::DestroyQp => {
+                let t = d.u64().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.destroy_qp(id))?;
+                self.qp_gone(t);
+                Ok(())
+            }
+            Op::CreateCq => {
+                let _cqe = d.u32().map_err(bad)?;
+                let channel = d.u64().map_err(bad)?;
+                if channel != 0 && self.comp_channels.get(&channel).is_none_or(|c| c.proc != proc) {
+                    return Err(libc::EINVAL);
+                }
+                let t = self.token();
+                self.cqs.insert(
+                    t,
+                    CqEntry {
+                        proc,
+                        qps: Vec::new(),
+                        ready: VecDeque::new(),
+                        channel,
+                        armed: false,
+                        fresh: false,
+                    },
+                );
+                reply.u64(t);
+                Ok(())
+            }
+            Op::CreateCompChannel => {
+                let t = self.token();
+                self.comp_channels.insert(
+                    t,
+                    CompChan {
+                        proc,
+                        sock: None,
+                        pending: VecDeque::new(),
+                    },
+                );
+                reply.u64(t);
+                Ok(())
+            }
+            Op::DestroyCompChannel => {
+                let t = d.u64().map_err(bad)?;
+                match self.comp_channels.get(&t) {
+                    Some(c) if c.proc == proc => {
+                        // verbs refuses while a CQ still reports into the channel.
+                        if self.cqs.values().any(|cq| cq.channel == t) {
+                            return Err(libc::EBUSY);
+                        }
+                        if let Some(sock) = self.comp_channels.remove(&t).and_then(|c| c.sock) {
+                            self.procs
+                                .get_mut(&proc)
+                                .expect("caller exists")
+                                .closed
+                                .push(sock);
+                        }
+                        Ok(())
+                    }
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::ReqNotifyCq => {
+                let t = d.u64().map_err(bad)?;
+                if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
+                    return Err(libc::EINVAL);
+                }
+                // What the simulator completed before the call is not an event: only what
+                // arrives from now on is (the caller polls once more after arming).
+                self.collect_completions(t);
+                let c = self.cqs.get_mut(&t).expect("checked above");
+                c.armed = true;
+                c.fresh = false;
+                Ok(())
+            }
+            Op::DestroyCq => {
+                let t = d.u64().map_err(bad)?;
+                match self.cqs.get(&t) {
+                    Some(c) if c.proc == proc && c.qps.is_empty() => {
+                        self.cqs.remove(&t);
+                        Ok(())
+                    }
+                    // verbs refuses to destroy a CQ a QP still uses.
+                    Some(c) if c.proc == proc => Err(libc::EBUSY),
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::PollCq => {
+                let t = d.u64().map_err(bad)?;
+                let max = d.u32().map_err(bad)? as usize;
+                if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
+                    return Err(libc::EINVAL);
+                }
+                self.collect_completions(t);
+                let c = self.cqs.get_mut(&t).expect("checked above");
+                let mut out = Enc::default();
+                let mut n = 0u32;
+                let mut size = 0;
+                while (n as usize) < max {
+                    let Some(wc) = c.ready.front() else { break };
+                    // One reply is one datagram: stop before it would outgrow one.
+                    if n > 0 && size + wc.data.len() + 64 > sock::MAX_DATAGRAM / 2 {
+                        break;
+                    }
+                    let wc = c.ready.pop_front().expect("front checked");
+                    size += wc.data.len() + 64;
+                    out.wc(&wc);
+                    n += 1;
+                }
+                reply.u32(n);
+                reply.0.extend_from_slice(&out.0);
+                Ok(())
+            }
+            Op::PostSend => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let data = d.bytes().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.post_send(id, wr_id, data))?;
+                if let Some(e) = self.ids.get_mut(&t) {
+                    let visible = signaled || e.sq_sig_all;
+                    e.signaled.push_back(visible);
+                }
+                Ok(())
+            }
+            Op::RegMr => {
+                let addr = d.u64().map_err(bad)?;
+                let len = d.u64().map_err(bad)?;
+                let access = d.u32().map_err(bad)?;
+                self.next_key = self.next_key.wrapping_add(1).max(1);
+                let key = self.next_key;
+                self.mrs.insert(
+                    key,
+                    MrEntry {
+                        proc,
+                        addr,
+                        len,
+                        access,
+                    },
+                );
+                reply.u32(key);
+                Ok(())
+            }
+            Op::DeregMr => {
+                let key = d.u32().map_err(bad)?;
+                match self.mrs.get(&key) {
+                    Some(m) if m.proc == proc => {
+                        self.mrs.remove(&key);
+                        Ok(())
+                    }
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Op::RdmaWrite => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let remote_addr = d.u64().map_err(bad)?;
+                let rkey = d.u32().map_err(bad)?;
+                let data = d.bytes().map_err(bad)?;
+                let status = match self.rdma_target(
+                    proc,
+                    t,
+                    rkey,
+                    remote_addr,
+                    data.len(),
+                    IBV_ACCESS_REMOTE_WRITE,
+                )? {
+                    Ok(pid) => match sock::write_process(pid, remote_addr, data) {
+                        Ok(()) => WcStatus::Success,
+                        Err(_) => WcStatus::RemAccessErr,
+                    },
+                    Err(status) => status,
+                };
+                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_WRITE, status, data.len() as u32);
+                Ok(())
+            }
+            Op::RdmaRead => {
+                let t = d.u64().map_err(bad)?;
+                let remote_addr = d.u64().map_err(bad)?;
+                let rkey = d.u32().map_err(bad)?;
+                let len = d.u32().map_err(bad)? as usize;
+                let (status, data) =
+                    match self.rdma_target(proc, t, rkey, remote_addr, len, IBV_ACCESS_REMOTE_READ)? {
+                        Ok(pid) => match sock::read_process(pid, remote_addr, len) {
+                            Ok(data) => (WcStatus::Success, data),
+                            Err(_) => (WcStatus::RemAccessErr, Vec::new()),
+                        },
+                        Err(status) => (status, Vec::new()),
+                    };
+                reply.u32(status as u32).bytes(&data);
+                Ok(())
+            }
+            Op::RdmaReadDone => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let status = WcStatus::from_raw(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
+                let len = d.u32().map_err(bad)?;
+                self.id_of(proc, t)?;
+                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_READ, status, len);
+                Ok(())
+            }
+            Op::PostSendUd => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let remote_qpn = d.u32().map_err(bad)?;
+                let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
+                let data = d.bytes().map_err(bad)?.to_vec();
+                let group = d.bytes().map_err(bad)?.to_vec();
+                self.id_of(proc, t)?;
+                if !self.ids.get(&t).is_some_and(|e| e.has_qp && e.ud) {
+                    return Err(libc::EINVAL);
+                }
+                if remote_qpn == proto::MCAST_QPN {
+                    // Every member but the sender (the loopback a NIC would add is not modelled).
+                    let members: Vec<u64> = self.groups.get(&group).cloned().unwrap_or_default();
+                    for m in members.into_iter().filter(|m| *m != t) {
+                        self.deliver_ud(t, m as u32, imm, &data);
+                    }
+                } else {
+                    self.deliver_ud(t, remote_qpn, imm, &data);
+                }
+                self.complete_rdma(t, wr_id, signaled, 0, WcStatus::Success, data.len() as u32);
+                Ok(())
+            }
+            Op::JoinMcast | Op::LeaveMcast => {
+                let t = d.u64().map_err(bad)?;
+                let group = d.bytes().map_err(bad)?.to_vec();
+                self.id_of(proc, t)?;
+                let members = self.groups.entry(group).or_default();
+                members.retain(|m| *m != t);
+                if op == Op::JoinMcast {
+                    members.push(t);
+                }
+                Ok(())
+            }
+            Op::PostRecv => {
+                let t = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let len = d.u32().map_err(bad)?;
+                if let Some(e) = self
+                    .ids
+                    .get_mut(&t)
+                    .filter(|e| e.proc == proc && e.has_qp && e.ud)
+                {
+                    e.ud_recvs.push_back((wr_id, len));
+                    return Ok(());
+                }
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.post_recv(id, wr_id, len))
+            }
+            Op::Listen => {
+                let t = d.u64().map_err(bad)?;
+                let backlog = d.i32().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.listen(id, backlog))?;
+                if let Ok(Some(addr)) = host.get_local_addr(id) {
+                    self.listening.insert(t, addr);
+                }
+                Ok(())
+            }
+            Op::Connect | Op::Accept => {
+                let t = d.u64().map_err(bad)?;
+                let p = d.param().map_err(bad)?;
+                let param = ConnParam {
+                    private_data: cm_core::PrivateData::new(&p.private_data),
+                    responder_resources: p.responder_resources,
+                    initiator_depth: p.initiator_depth,
+                    flow_control: p.flow_control,
+                    retry_count: p.retry_count,
+                    rnr_retry_count: p.rnr_retry_count,
+                    srq: p.srq != 0,
+                    qp_num: p.qp_num,
+                };
+                let (id, mut host) = self.id_of(proc, t)?;
+                if op == Op::Connect {
+                    cm(host.connect(id, &param))?;
+                } else {
+                    cm(host.accept(id, &param))?;
+                }
+                if self.ids.get(&t).is_some_and(|e| e.has_qp) {
+                    if let (Ok(Some(local)), Ok(Some(peer))) =
+                        (host.get_local_addr(id), host.get_peer_addr(id))
+                    {
+                        self.endpoints.insert((local, peer), t);
+                    }
+                }
+                Ok(())
+            }
+            Op::Reject => {
+                let t = d.u64().map_err(bad)?;
+                let pd = d.bytes().map_err(bad)?.to_vec();
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.reject(id, &pd))
+            }
+            Op::Disconnect => {
+                let t = d.u64().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                cm(host.disconnect(id))
+            }
+            Op::AckEvent => {
+                let n = d.u64().map_err(bad)?;
+                self.ack_event(n)
+            }
+            Op::QueryAddrs => {
+                let t = d.u64().map_err(bad)?;
+                let (id, mut host) = self.id_of(proc, t)?;
+                let local = host.get_local_addr(id).map_err(|e| errno_of(&e))?;
+                let peer = host.get_peer_addr(id).map_err(|e| errno_of(&e))?;
+                reply.addr(local).addr(peer);
+                Ok(())
+            }
+        }
+    }
+
+    /// Moves every completion the simulator has for the QPs of `cq` into their CQs' queues:
+    /// sends to the send CQ (successful unsignaled ones dropped), receives to the receive CQ.
+    fn collect_completions(&mut self, cq: u64) {
+        let qps = self.cqs.get(&cq).map(|c| c.qps.clone()).unwrap_or_default();
+        let mut wcs = Vec::new();
+        for t in qps {
+            let Some(e) = self.ids.get(&t) else { continue };
+            let Some(p) = self.procs.get(&e.proc) else {
+                continue;
+            };
+            let mut host = p.host.clone();
+            wcs.clear();
+            if host.try_poll_cq(e.handle, &mut wcs, usize::MAX).is_err() {
+                continue;
+            }
+            for wc in wcs.drain(..) {
+                let e = self.ids.get_mut(&t).expect("looked up above");
+                let is_send = wc.opcode == WcOpcode::Send;
+                if is_send {
+                    let visible = e.signaled.pop_front().unwrap_or(true);
+                    if !visible && wc.status == WcStatus::Success {
+                        continue;
+                    }
+                }
+                let target = if is_send { e.send_cq } else { e.recv_cq };
+                if let Some(c) = self.cqs.get_mut(&target) {
+                    c.fresh = true;
+                    c.ready.push_back(WireWc {
+                        wr_id: wc.wr_id,
+                        id: t,
+                        status: wc.status as u32,
+                        opcode: wc.opcode as u32,
+                        byte_len: wc.byte_len,
+                        data: wc.data,
+                        ..WireWc::default()
+                    });
+                }
+            }
+        }
+    }
+
+    /// Checks an RDMA READ/WRITE on QP `t`: the process whose memory `rkey` names, or the
+    /// completion status it fails with (`WR_FLUSH_ERR` on a QP in error, `REM_ACCESS_ERR` for
+    /// a key, range or permission the region does not grant). The outer error is the call's.
+    fn rdma_target(
+        &self,
+        proc: u64,
+        t: u64,
+        rkey: u32,
+        addr: u64,
+        len: usize,
+        need: u32,
+    ) -> Result<Result<u32, WcStatus>, i32> {
+        let (id, host) = self.id_of(proc, t)?;
+        if !self.ids.get(&t).is_some_and(|e| e.has_qp) {
+            return Err(libc::EINVAL);
+        }
+        match host.id_machine(id).map(|m| m.qp()) {
+            Ok(Some(cm_core::QpState::Rts)) => {}
+            Ok(Some(cm_core::QpState::Err)) | Err(_) => return Ok(Err(WcStatus::WrFlushErr)),
+            // Posting a send before RTS is the caller's error, as ibv_post_send's EINVAL.
+            Ok(_) => return Err(libc::EINVAL),
+        }
+        let Some(mr) = self.mrs.get(&rkey) else {
+            return Ok(Err(WcStatus::RemAccessErr));
+        };
+        let end = addr.checked_add(len as u64);
+        if mr.access & need == 0 || addr < mr.addr || end.is_none_or(|e| e > mr.addr + mr.len) {
+            return Ok(Err(WcStatus::RemAccessErr));
+        }
+        match self.procs.get(&mr.proc) {
+            Some(p) => Ok(Ok(p.pid)),
+            None => Ok(Err(WcStatus::RemAccessErr)),
+        }
+    }
+
+    /// Queues the completion of an RDMA READ/WRITE on the QP's send CQ (a successful
+    /// unsignaled one reports nothing).
+    fn complete_rdma(&mut self, t: u64, wr_id: u64, signaled: bool, opcode: u32, status: WcStatus, len: u32) {
+        let Some(e) = self.ids.get(&t) else { return };
+        if !(signaled || e.sq_sig_all) && status == WcStatus::Success {
+            return;
+        }
+        if let Some(c) = self.cqs.get_mut(&e.send_cq) {
+            c.fresh = true;
+            c.ready.push_back(WireWc {
+                wr_id,
+                id: t,
+                status: status as u32,
+                opcode,
+                byte_len: if status == WcStatus::Success { len } else { 0 },
+                ..WireWc::default()
+            });
+        }
+    }
+
+    /// A UD send: lands, behind a GRH, in the target QP's next posted receive; with none
+    /// posted, or no such QP, it is dropped, as unreliable datagrams are.
+    fn deliver_ud(&mut self, from: u64, to: u32, imm: Option<u32>, data: &[u8]) {
+        let Some(target) = self.ids.get_mut(&u64::from(to)).filter(|e| e.has_qp && e.ud) else {
+            return;
+        };
+        let Some((wr_id, len)) = target.ud_recvs.pop_front() else {
+            return;
+        };
+        let recv_cq = target.recv_cq;
+        let mut payload = vec![0u8; GRH_LEN];
+        // IPv6 version nibble: a RoCE v2 GRH for an IPv4-mapped source reads as IPv6 here.
+        payload[0] = 0x60;
+        payload.extend_from_slice(data);
+        let fits = payload.len() <= len as usize;
+        let wc = WireWc {
+            wr_id,
+            id: u64::from(to),
+            status: if fits {
+                WcStatus::Success
+            } else {
+                WcStatus::LocLenErr
+            } as u32,
+            opcode: IBV_WC_RECV,
+            byte_len: if fits { payload.len() as u32 } else { 0 },
+            data: if fits { payload } else { Vec::new() },
+            src_qp: from as u32,
+            imm_data: imm.unwrap_or(0),
+            wc_flags: IBV_WC_GRH | if imm.is_some() { IBV_WC_WITH_IMM } else { 0 },
+        };
+        if let Some(c) = self.cqs.get_mut(&recv_cq) {
+            c.fresh = true;
+            c.ready.push_back(wc);
+        }
+    }
+
+    /// Forgets a destroyed QP's CQ memberships (its unpolled completions go with it).
+    fn qp_gone(&mut self, t: u64) {
+        let Some(e) = self.ids.get_mut(&t) else { return };
+        e.has_qp = false;
+        e.signaled.clear();
+        for cq in [std::mem::take(&mut e.send_cq), std::mem::take(&mut e.recv_cq)] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.qps.retain(|q| *q != t);
+                c.ready.retain(|wc| wc.id != t);
+            }
+        }
+    }
+
+    fn register_id(&mut self, proc: u64, host: usize, id: IdHandle) -> u64 {
+        let t = self.token();
+        self.ids.insert(
+            t,
+            IdEntry {
+                proc,
+                handle: id,
+                host,
+                has_qp: false,
+                send_cq: 0,
+                recv_cq: 0,
+                sq_sig_all: true,
+                signaled: VecDeque::new(),
+                ud: false,
+                ud_recvs: VecDeque::new(),
+            },
+        );
+        self.id_tokens.insert((host, id), t);
+        if let Some(p) = self.procs.get_mut(&proc) {
+            p.ids.insert(t);
+        }
+        t
+    }
+
+    fn forget_id(&mut self, t: u64) {
+        self.listening.remove(&t);
+        self.endpoints.retain(|_, v| *v != t);
+        for members in self.groups.values_mut() {
+            members.retain(|m| *m != t);
+        }
+        if let Some(e) = self.ids.remove(&t) {
+            self.id_tokens.remove(&(e.host, e.handle));
+            if let Some(p) = self.procs.get_mut(&e.proc) {
+                p.ids.remove(&t);
+            }
+        }
+        self.outstanding.remove(&t);
+    }
+
+    fn ack_event(&mut self, n: u64) -> Result<(), i32> {
+        let Some((counted, ev)) = self.events.remove(&n) else {
+            return Err(libc::EINVAL);
+        };
+        if let Some(set) = self.outstanding.get_mut(&counted) {
+            set.remove(&n);
+        }
+        let Some(e) = self.ids.get(&counted) else {
+            return Ok(());
+        };
+        let Some(p) = self.procs.get(&e.proc) else {
+            return Ok(());
+        };
+        let mut host = p.host.clone();
+        // A crashed host has forgotten the event with the id: nothing is left to give back.
+        let _ = host.ack_cm_event(ev);
+        Ok(())
+    }
+
+    fn ack_outstanding(&mut self, t: u64) {
+        let nos: Vec<u64> = self
+            .outstanding
+            .get(&t)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        let mut nos = nos;
+        nos.sort_unstable();
+        for n in nos {
+            let _ = self.ack_event(n);
+        }
+    }
+
+    /// Raises one event on the channel of every armed CQ that got a completion.
+    fn pump_completion_events(&mut self) {
+        let mut armed: Vec<u64> = self
+            .cqs
+            .iter()
+            .filter(|(_, c)| c.armed && c.channel != 0)
+            .map(|(t, _)| *t)
+            .collect();
+        armed.sort_unstable();
+        for cq in armed {
+            self.collect_completions(cq);
+            let c = self.cqs.get_mut(&cq).expect("listed above");
+            if !c.fresh {
+                continue;
+            }
+            c.armed = false;
+            c.fresh = false;
+            let channel = c.channel;
+            let mut e = Enc::default();
+            e.u8(proto::CHAN_COMP).u64(cq);
+            if let Some(ch) = self.comp_channels.get_mut(&channel) {
+                ch.pending.push_back(e.0);
+                flush(&ch.sock, &mut ch.pending);
+            }
+        }
+    }
+
+    /// Moves due events from the simulator into the channel sockets that have room.
+    fn pump_events(&mut self) {
+        let chans: Vec<u64> = self.channels.keys().copied().collect();
+        for ct in chans {
+            self.flush_pending(ct);
+            while let Some(c) = self.channels.get(&ct) {
+                if c.sock.is_none() || !c.pending.is_empty() {
+                    break;
+                }
+                let (proc, handle) = (c.proc, c.handle);
+                let Some(p) = self.procs.get(&proc) else { break };
+                let mut host = p.host.clone();
+                let ev = match host.try_get_cm_event(handle) {
+                    Ok(Some(ev)) => ev,
+                    _ => break,
+                };
+                let dgram = self.wire_event(proc, &mut host, ev);
+                let c = self.channels.get_mut(&ct).expect("channel checked above");
+                c.pending.push_back(dgram);
+                self.flush_pending(ct);
+            }
+        }
+    }
+
+    fn flush_pending(&mut self, ct: u64) {
+        if let Some(c) = self.channels.get_mut(&ct) {
+            flush(&c.sock, &mut c.pending);
+        }
+    }
+
+    fn wire_event(&mut self, proc: u64, host: &mut SimHost, ev: CmEvent) -> Vec<u8> {
+        let hi = host.index();
+        let id_token = match self.id_tokens.get(&(hi, ev.id())) {
+            Some(&t) => t,
+            // A CONNECT_REQUEST's child id is new: it belongs to the listener's process.
+            None => self.register_id(proc, hi, ev.id()),
+        };
+        let listen_token = ev
+            .listen_id()
+            .and_then(|l| self.id_tokens.get(&(hi, l)).copied())
+            .unwrap_or(0);
+        let counted = self
+            .id_tokens
+            .get(&(hi, ev.counted_id()))
+            .copied()
+            .unwrap_or(id_token);
+        let p = ev.param();
+        let param = WireParam {
+            private_data: ev.private_data().to_vec(),
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: p.flow_control,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq as u8,
+            qp_num: p.qp_num,
+        };
+        let local = host.get_local_addr(ev.id()).ok().flatten();
+        let peer = host.get_peer_addr(ev.id()).ok().flatten();
+        let mut param = param;
+        if matches!(
+            ev.event(),
+            cm_core::CmEventType::ConnectRequest
+                | cm_core::CmEventType::ConnectResponse
+                | cm_core::CmEventType::Established
+        ) {
+            if let Some(&remote) = local.zip(peer).and_then(|(l, p)| self.endpoints.get(&(p, l))) {
+                param.qp_num = remote as u32;
+            }
+        }
+        let n = self.token();
+        let wire = WireEvent {
+            event_no: n,
+            id: id_token,
+            listen_id: listen_token,
+            event: ev.event().raw(),
+            status: ev.status(),
+            param,
+            local,
+            peer,
+        };
+        if self.debug {
+            eprintln!(
+                "cmsim-daemon: -> {} {:?}",
+                self.procs.get(&proc).map_or("?", |p| p.name.as_str()),
+                wire
+            );
+        }
+        self.outstanding.entry(counted).or_default().insert(n);
+        self.events.insert(n, (counted, ev));
+        let mut e = Enc::default();
+        e.event(&wire);
+        e.0
+    }
+
+    /// Gives back everything a process held, as the kernel does when a process dies.
+    fn detach(&mut self, proc: u64) {
+        // The process stays registered until its ids are gone: acking their events needs it.
+        let Some(p) = self.procs.get(&proc) else { return };
+        let mut host = p.host.clone();
+        let mut ids: Vec<u64> = p.ids.iter().copied().collect();
+        ids.sort_unstable();
+        for t in &ids {
+            self.ack_outstanding(*t);
+        }
+        for t in ids {
+            if let Some(e) = self.ids.get(&t) {
+                let (handle, has_qp) = (e.handle, e.has_qp);
+                if has_qp {
+                    let _ = host.destroy_qp(handle);
+                }
+                let _ = host.destroy_id(handle);
+            }
+            self.forget_id(t);
+        }
+        self.cqs.retain(|_, c| c.proc != proc);
+        self.mrs.retain(|_, m| m.proc != proc);
+        self.comp_channels.retain(|_, c| c.proc != proc);
+        let Some(p) = self.procs.remove(&proc) else { return };
+        let mut chans: Vec<u64> = p.channels.iter().copied().collect();
+        chans.sort_unstable();
+        for ct in chans {
+            if let Some(c) = self.channels.remove(&ct) {
+                let _ = host.destroy_event_channel(c.handle);
+            }
+        }
+        eprintln!("cmsim-daemon: {} detached", p.name);
+    }
+
+    fn on_fresh(&mut self, conn: SeqConn) {
+        let mut buf = Vec::new();
+        if !matches!(conn.recv(&mut buf), Ok(true)) {
+            return;
+        }
+        let mut d = Dec::new(&buf);
+        match d.u32().ok().and_then(Op::from_u32) {
+            Some(Op::Hello) => {
+                let pid = d.u32().unwrap_or(0);
+                let host = d.str().unwrap_or("").to_string();
+                let argv0 = d.str().unwrap_or("?").to_string();
+                let name = format!("{argv0}[{pid}]@{host}");
+                let sim_host = if host.is_empty() {
+                    Some(self.fabric.host(0))
+                } else {
+                    host.parse::<IpAddr>()
+                        .ok()
+                        .and_then(|ip| self.fabric.host_by_addr(ip))
+                };
+                let mut e = Enc::default();
+                match sim_host {
+                    None => {
+                        eprintln!("cmsim-daemon: {name}: no simulated host has address {host}");
+                        e.i32(libc::ENODEV);
+                        let _ = conn.send(&e.0);
+                    }
+                    Some(h) => {
+                        let t = self.token();
+                        e.i32(0).u64(t).u32(h.index() as u32);
+                        e.addr(Some(SocketAddr::new(h.addr(), 0))).u32(std::process::id());
+                        if conn.send(&e.0).is_ok() {
+                            eprintln!("cmsim-daemon: {name} attached as host {}", h.index());
+                            self.procs.insert(
+                                t,
+                                Proc {
+                                    ctrl: conn,
+                                    pid,
+                                    host: h,
+                                    name,
+                                    ids: HashSet::new(),
+                                    channels: HashSet::new(),
+                                    closed: Vec::new(),
+                                },
+                            );
+                            self.attached_total += 1;
+                        }
+                    }
+                }
+            }
+            Some(Op::ProbeListener) => {
+                let want = d.addr().ok().flatten();
+                let found = want.is_some_and(|w| {
+                    self.listening
+                        .values()
+                        .any(|l| l.port() == w.port() && (l.ip() == w.ip() || l.ip().is_unspecified()))
+                });
+                let mut e = Enc::default();
+                e.i32(0).u8(found as u8);
+                let _ = conn.send(&e.0);
+            }
+            Some(Op::AttachCompChannel) => {
+                let proc = d.u64().unwrap_or(0);
+                let ct = d.u64().unwrap_or(0);
+                if let Some(c) = self.comp_channels.get_mut(&ct) {
+                    if c.proc == proc && c.sock.is_none() {
+                        let mut e = Enc::default();
+                        e.u8(proto::CHAN_ATTACHED);
+                        if conn.send(&e.0).is_ok() {
+                            c.sock = Some(conn);
+                            flush(&c.sock, &mut c.pending);
+                        }
+                    }
+                }
+            }
+            Some(Op::AttachChannel) => {
+                let proc = d.u64().unwrap_or(0);
+                let ct = d.u64().unwrap_or(0);
+                if let Some(c) = self.channels.get_mut(&ct) {
+                    if c.proc == proc && c.sock.is_none() {
+                        let mut e = Enc::default();
+                        e.u8(proto::CHAN_ATTACHED);
+                        if conn.send(&e.0).is_ok() {
+                            c.sock = Some(conn);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn run(&mut self, opts: &Options) -> i32 {
+        let mut buf = Vec::new();
+        loop {
+            if let Some(n) = opts.processes {
+                if self.attached_total >= n && self.procs.is_empty() {
+                    return 0;
+                }
+            }
+            if self.started.elapsed() > opts.max_wall {
+                eprintln!("cmsim-daemon: gave up after {:?}; still attached:", opts.max_wall);
+                for p in self.procs.values() {
+                    eprintln!("  {}", p.name);
+                }
+                return 3;
+            }
+            // What to watch, in a fixed order: listener, fresh, control sockets, channel sockets.
+            let mut fds: Vec<(RawFd, bool)> = vec![(self.listener.as_raw_fd(), false)];
+            let nfresh = self.fresh.len();
+            fds.extend(self.fresh.iter().map(|c| (c.as_raw_fd(), false)));
+            let mut procs: Vec<u64> = self.procs.keys().copied().collect();
+            procs.sort_unstable();
+            fds.extend(procs.iter().map(|p| (self.procs[p].ctrl.as_raw_fd(), false)));
+            let mut chans: Vec<u64> = self
+                .channels
+                .iter()
+                .filter(|(_, c)| !c.pending.is_empty())
+                .map(|(t, _)| *t)
+                .collect();
+            chans.sort_unstable();
+            fds.extend(
+                chans
+                    .iter()
+                    .filter_map(|t| self.channels[t].sock.as_ref().map(|s| (s.as_raw_fd(), true))),
+            );
+            // The fabric has timers (CM timeouts, timewait) this loop cannot see: a short tick
+            // keeps the virtual clock close to the wall clock.
+            let ready = match sock::poll(&fds, 1) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("cmsim-daemon: poll: {e}");
+                    return 2;
+                }
+            };
+            self.sync_clock();
+            let fresh_ready: Vec<bool> = ready[1..1 + nfresh]
+                .iter()
+                .map(|r| r.readable || r.closed)
+                .collect();
+            let mut keep = Vec::new();
+            for (i, c) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
+                if fresh_ready.get(i).copied().unwrap_or(false) {
+                    self.on_fresh(c);
+                } else {
+                    keep.push(c);
+                }
+            }
+            self.fresh = keep;
+            if ready[0].readable {
+                if let Ok(c) = self.listener.accept() {
+                    self.fresh.push(c);
+                }
+            }
+            for (i, p) in procs.iter().enumerate() {
+                let r = ready[1 + nfresh + i];
+                if !(r.readable || r.closed) {
+                    continue;
+                }
+                // Serve everything the process queued, so one slow poll round does not
+                // serialise a multi-threaded caller.
+                while let Some(proc) = self.procs.get(p) {
+                    match sock::recv_fd(proc.ctrl.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT) {
+                        Ok(true) => {
+                            let reply = self.handle_request(*p, &buf);
+                            if self.debug {
+                                let op = Dec::new(&buf).u32().ok().and_then(Op::from_u32);
+                                let status = Dec::new(&reply).i32().unwrap_or(-1);
+                                eprintln!(
+                                    "cmsim-daemon: <- {} {op:?} = {status}",
+                                    self.procs.get(p).map_or("?", |p| p.name.as_str())
+                                );
+                            }
+                            if let Some(proc) = self.procs.get(p) {
+                                let _ = proc.ctrl.send(&reply);
+                            }
+                        }
+                        Ok(false) => {
+                            self.detach(*p);
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) => {
+                            self.detach(*p);
+                            break;
+                        }
+                    }
+                }
+            }
+            self.pump_events();
+            self.pump_completion_events();
+        }
+    }
+}
+
+fn main() {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("{msg}");
+            std::process::exit(2);
+        }
+    };
+    let mut b = SimFabric::builder();
+    for h in &opts.hosts {
+        b = b.host(h);
+    }
+    if let Some(s) = opts.seed {
+        b = b.seed(s);
+    }
+    if let Some(t) = opts.cm_timeout {
+        b = b.cm_timeout(t);
+    }
+    if !opts.faults.is_empty() {
+        b = b.faults(opts.faults.clone());
+    }
+    let fabric = b.build();
+    let listener = match SeqListener::bind(&opts.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cmsim-daemon: {}: {e}", opts.socket.display());
+            std::process::exit(2);
+        }
+    };
+    eprintln!(
+        "cmsim-daemon: listening on {} ({})",
+        opts.socket.display(),
+        fabric.repro_line()
+    );
+    let mut d = Daemon {
+        fabric,
+        listener,
+        fresh: Vec::new(),
+        procs: HashMap::new(),
+        ids: HashMap::new(),
+        id_tokens: HashMap::new(),
+        channels: HashMap::new(),
+        cqs: HashMap::new(),
+        comp_channels: HashMap::new(),
+        mrs: HashMap::new(),
+        next_key: 0,
+        listening: HashMap::new(),
+        endpoints: HashMap::new(),
+        groups: HashMap::new(),
+        events: HashMap::new(),
+        outstanding: HashMap::new(),
+        next_token: 0,
+        started: Instant::now(),
+        attached_total: 0,
+        debug: std::env::var_os("CMSIM_DEBUG").is_some(),
+    };
+    let code = d.run(&opts);
+    let _ = std::fs::remove_file(&opts.socket);
+    if let Some(path) = &opts.trace {
+        if let Err(e) = std::fs::write(path, d.fabric.trace_lines().join("\n") + "\n") {
+            eprintln!("cmsim-daemon: {}: {e}", path.display());
+        }
+    }
+    if let Some(path) = &opts.trace_mermaid {
+        if let Err(e) = std::fs::write(path, d.fabric.trace_mermaid()) {
+            eprintln!("cmsim-daemon: {}: {e}", path.display());
+        }
+    }
+    println!("seed: {}", d.fabric.seed());
+    println!("trace-hash: {:016x}", d.fabric.trace_hash());
+    std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_lines_parse_into_their_faults_and_times() {
+        assert_eq!(
+            parse_fault("0:partition 0 1"),
+            Ok((Duration::ZERO, Fault::Partition { a: 0, b: 1 }))
+        );
+        assert_eq!(
+            parse_fault("250: loss 1 0 200"),
+            Ok((
+                Duration::from_millis(250),
+                Fault::Loss {
+                    a: 1,
+                    b: 0,
+                    per_mille: 200
+                }
+            ))
+        );
+        assert_eq!(
+            parse_fault("10:delay 0 1 5 9"),
+            Ok((
+                Duration::from_millis(10),
+                Fault::Delay {
+                    a: 0,
+                    b: 1,
+                    min: Duration::from_millis(5),
+                    max: Duration::from_millis(9)
+                }
+            ))
+        );
+        assert_eq!(
+            parse_fault("3:crash 1"),
+            Ok((Duration::from_millis(3), Fault::Crash { host: 1 }))
+        );
+        assert_eq!(
+            parse_fault("4:remove-device 0"),
+            Ok((Duration::from_millis(4), Fault::RemoveDevice { host: 0 }))
+        );
+    }
+
+    #[test]
+    fn malformed_fault_lines_are_refused_with_the_line() {
+        for bad in [
+            "partition 0 1",
+            "x:crash 1",
+            "0:crash",
+            "0:explode 1",
+            "0:loss 0 1 many",
+        ] {
+            let err = parse_fault(bad).unwrap_err();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+}

@@ -1,0 +1,1624 @@
+//! The exported C functions: librdmacm's API over the daemon protocol.
+//!
+//! Every function follows librdmacm's C contract (valid pointers from earlier calls of this
+//! library, or NULL where librdmacm allows it); that contract is the safety argument of each
+//! `unsafe` block below, which only reads or writes through the pointers the caller handed in
+//! or objects this library allocated.
+#![allow(clippy::missing_safety_doc)] // the safety contract of each function is librdmacm's C one
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::abi::*;
+use crate::proto::{self, Dec, Enc, Op, WireEvent, WireParam};
+use crate::sock::{self, SeqConn};
+
+/// librdmacm waits forever for an id's events to be acked before destroying it; this library
+/// bounds the wait so a lost ack shows up as an error message instead of a hang.
+const DESTROY_WAIT: Duration = Duration::from_secs(60);
+
+const RDMA_PS_TCP: u32 = 0x0106;
+const RDMA_PS_UDP: u32 = 0x0111;
+const RDMA_PS_IPOIB: u32 = 0x0002;
+const IBV_QPT_RC: u32 = 2;
+const IBV_QPT_UD: u32 = 4;
+const IBV_QPS_INIT: u32 = 1;
+const RAI_PASSIVE: i32 = 1;
+const RAI_NUMERICHOST: i32 = 2;
+const EV_CONNECT_REQUEST: u32 = 4;
+const EV_ADDR_RESOLVED: u32 = 0;
+const EV_REJECTED: u32 = 8;
+const EV_ESTABLISHED: u32 = 9;
+const EV_MULTICAST_JOIN: u32 = 12;
+/// The event number of events the library makes itself (nothing to give back to the daemon).
+const LOCAL_EVENT: u64 = 0;
+/// `RDMA_UDP_QKEY`: the Q_Key of the UDP port space.
+pub(crate) const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+pub(crate) fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic never happens while these locks are held (no user code runs under them), but
+    // a poisoned lock must not take the C program down either.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reports a call this library does not implement: ENOSYS and one line on stderr.
+pub(crate) fn unsupported(name: &str) -> c_int {
+    eprintln!("cmsim: {name} is not supported on the simulator (ENOSYS)");
+    fail(libc::ENOSYS)
+}
+
+struct Client {
+    ctrl: SeqConn,
+    proc: u64,
+    socket: PathBuf,
+}
+
+static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
+
+/// Library-side objects, keyed by the daemon's tokens.
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// id token → `*mut IdPriv` (as an address: the registry is shared between threads).
+    ids: HashMap<u64, usize>,
+    /// counted id token → events retrieved by the application and not acked yet.
+    unacked: HashMap<u64, u32>,
+    /// QP (id token) → its posted receives, in order, waiting for their data.
+    pub(crate) recvs: HashMap<u64, std::collections::VecDeque<crate::verbs::PostedRecv>>,
+}
+
+static REGISTRY: OnceLock<(Mutex<Registry>, Condvar)> = OnceLock::new();
+
+pub(crate) fn registry() -> &'static (Mutex<Registry>, Condvar) {
+    REGISTRY.get_or_init(|| (Mutex::new(Registry::default()), Condvar::new()))
+}
+
+fn connect_daemon() -> Result<Client, c_int> {
+    let Some(path) = std::env::var_os(proto::SOCKET_ENV) else {
+        eprintln!(
+            "cmsim: {} is not set: run the program under cmsim-run",
+            proto::SOCKET_ENV
+        );
+        return Err(libc::ENODEV);
+    };
+    let socket = PathBuf::from(path);
+    let ctrl = SeqConn::connect(&socket).map_err(|e| {
+        eprintln!(
+            "cmsim: cannot reach the fabric daemon at {}: {e}",
+            socket.display()
+        );
+        libc::ENODEV
+    })?;
+    let host = std::env::var(proto::HOST_ENV).unwrap_or_default();
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let argv0 = argv0.rsplit('/').next().unwrap_or("?").to_string();
+    let mut e = Enc::op(Op::Hello);
+    e.u32(std::process::id())
+        .bytes(host.as_bytes())
+        .bytes(argv0.as_bytes());
+    ctrl.send(&e.0).map_err(|_| libc::ENODEV)?;
+    let mut buf = Vec::new();
+    if !matches!(ctrl.recv(&mut buf), Ok(true)) {
+        return Err(libc::ENODEV);
+    }
+    let mut d = Dec::new(&buf);
+    match d.i32() {
+        Ok(0) => {}
+        Ok(errno) => return Err(errno),
+        Err(_) => return Err(libc::EPROTO),
+    }
+    let proc = d.u64().map_err(|_| libc::EPROTO)?;
+    let _host = d.u32().map_err(|_| libc::EPROTO)?;
+    let _addr = d.addr().map_err(|_| libc::EPROTO)?;
+    // The daemon places RDMA READ/WRITE data in this process's memory, as a NIC would.
+    sock::allow_ptracer(d.u32().map_err(|_| libc::EPROTO)?);
+    Ok(Client { ctrl, proc, socket })
+}
+
+/// The daemon's socket path and this process's number (connecting first if needed).
+pub(crate) fn daemon_address() -> Result<(PathBuf, u64), c_int> {
+    let mut guard = lock(&CLIENT);
+    if guard.is_none() {
+        *guard = Some(connect_daemon()?);
+    }
+    let c = guard.as_ref().expect("connected above");
+    Ok((c.socket.clone(), c.proc))
+}
+
+/// One request and its reply; the control socket is held only for this exchange.
+pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
+    let mut guard = lock(&CLIENT);
+    if guard.is_none() {
+        *guard = Some(connect_daemon()?);
+    }
+    let client = guard.as_ref().expect("connected above");
+    client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)?;
+    let mut buf = Vec::new();
+    if !matches!(client.ctrl.recv(&mut buf), Ok(true)) {
+        eprintln!("cmsim: the fabric daemon went away");
+        return Err(libc::ECONNRESET);
+    }
+    let status = Dec::new(&buf).i32().map_err(|_| libc::EPROTO)?;
+    if status != 0 {
+        return Err(status);
+    }
+    buf.drain(..4);
+    Ok(buf)
+}
+
+pub(crate) fn rpc_status(e: &Enc) -> c_int {
+    match rpc(e) {
+        Ok(_) => 0,
+        Err(errno) => fail(errno),
+    }
+}
+
+/// The library's part of an event channel; `public` is what the application sees.
+#[repr(C)]
+struct ChannelPriv {
+    public: RdmaEventChannel,
+    token: u64,
+    /// Events read from the socket by a synchronous call waiting for another id's event.
+    stash: Mutex<VecDeque<WireEvent>>,
+}
+
+/// The library's part of an id; `public` is what the application sees.
+#[repr(C)]
+struct IdPriv {
+    public: RdmaCmId,
+    token: u64,
+    /// Synchronous id (`rdma_create_id` with a NULL channel, `rdma_create_ep`): calls wait
+    /// for their event, as librdmacm's `ucma_complete` does.
+    sync: bool,
+    /// The channel was made for this id and goes with it.
+    owns_channel: bool,
+    /// A passive endpoint's QP attributes and PD, for the QPs `rdma_get_request` creates.
+    ep_attr: Option<(IbvQpInitAttr, *mut c_void)>,
+}
+
+/// The library's part of an event: the private data lives here until the ack.
+#[repr(C)]
+struct EventPriv {
+    public: RdmaCmEvent,
+    event_no: u64,
+    counted: u64,
+    private_data: Vec<u8>,
+}
+
+/// The one simulated device every id is bound to (leaked: it lives as long as the process).
+pub(crate) fn device_context() -> *mut c_void {
+    static CTX: OnceLock<usize> = OnceLock::new();
+    let addr = *CTX.get_or_init(|| {
+        let mut dev = Box::new(IbvDevice {
+            ops: [ptr::null_mut(); 2],
+            node_type: 1,
+            transport_type: 0,
+            name: [0; 64],
+            dev_name: [0; 64],
+            dev_path: [0; 256],
+            ibdev_path: [0; 256],
+        });
+        dev.name[..6].copy_from_slice(b"cmsim0");
+        dev.dev_name[..7].copy_from_slice(b"uverbs0");
+        let mut ops = [ptr::null_mut(); 32];
+        crate::verbs::fill_ops(&mut ops);
+        let ctx = Box::new(VerbsContext {
+            ext_ops: [ptr::null_mut(); 39],
+            sz: std::mem::size_of::<VerbsContext>(),
+            device: Box::into_raw(dev),
+            ops,
+            cmd_fd: -1,
+            async_fd: -1,
+            num_comp_vectors: 1,
+            mutex: [0; 5],
+            abi_compat: usize::MAX as *mut c_void,
+        });
+        Box::into_raw(ctx) as usize + IBV_CONTEXT_OFFSET
+    });
+    addr as *mut c_void
+}
+
+// ---- socket addresses -------------------------------------------------------------------
+
+unsafe fn read_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a valid sockaddr; its family says how long it is.
+    unsafe {
+        match (*sa).sa_family as c_int {
+            libc::AF_INET => {
+                let sin = &*(sa as *const libc::sockaddr_in);
+                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa as *const libc::sockaddr_in6);
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    u16::from_be(sin6.sin6_port),
+                    0,
+                    sin6.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Writes `addr` as a sockaddr into `out` (at least 28 bytes); returns its length.
+fn write_sockaddr(addr: SocketAddr, out: &mut [u8]) -> u32 {
+    out.fill(0);
+    match addr {
+        SocketAddr::V4(v4) => {
+            out[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            out[2..4].copy_from_slice(&v4.port().to_be_bytes());
+            out[4..8].copy_from_slice(&v4.ip().octets());
+            std::mem::size_of::<libc::sockaddr_in>() as u32
+        }
+        SocketAddr::V6(v6) => {
+            out[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            out[2..4].copy_from_slice(&v6.port().to_be_bytes());
+            out[8..24].copy_from_slice(&v6.ip().octets());
+            out[24..28].copy_from_slice(&v6.scope_id().to_ne_bytes());
+            std::mem::size_of::<libc::sockaddr_in6>() as u32
+        }
+    }
+}
+
+// ---- event channels ---------------------------------------------------------------------
+
+/// `rdma_create_event_channel`.
+#[no_mangle]
+pub extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
+    let token =
+        match rpc(&Enc::op(Op::CreateChannel)).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
+            Ok(t) => t,
+            Err(e) => {
+                set_errno(e);
+                return ptr::null_mut();
+            }
+        };
+    let (socket, proc) = {
+        let g = lock(&CLIENT);
+        let c = g.as_ref().expect("the rpc above connected");
+        (c.socket.clone(), c.proc)
+    };
+    let attach = || -> Result<SeqConn, c_int> {
+        let conn = SeqConn::connect(&socket).map_err(|_| libc::ENODEV)?;
+        let mut e = Enc::op(Op::AttachChannel);
+        e.u64(proc).u64(token);
+        conn.send(&e.0).map_err(|_| libc::ENODEV)?;
+        let mut buf = Vec::new();
+        match conn.recv(&mut buf) {
+            Ok(true) if buf.first() == Some(&proto::CHAN_ATTACHED) => Ok(conn),
+            _ => Err(libc::ENODEV),
+        }
+    };
+    match attach() {
+        Ok(conn) => Box::into_raw(Box::new(ChannelPriv {
+            public: RdmaEventChannel {
+                fd: conn.into_raw_fd(),
+            },
+            token,
+            stash: Mutex::new(VecDeque::new()),
+        })) as *mut RdmaEventChannel,
+        Err(e) => {
+            let mut d = Enc::op(Op::DestroyChannel);
+            d.u64(token);
+            let _ = rpc(&d);
+            set_errno(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `rdma_destroy_event_channel`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChannel) {
+    if channel.is_null() {
+        return;
+    }
+    let ch = channel as *mut ChannelPriv;
+    // SAFETY: channel came from rdma_create_event_channel, so it is a live ChannelPriv.
+    let token = unsafe { (*ch).token };
+    let mut e = Enc::op(Op::DestroyChannel);
+    e.u64(token);
+    if let Err(errno) = rpc(&e) {
+        // librdmacm's version returns nothing; a refusal (ids still on it) leaves it alive.
+        eprintln!(
+            "cmsim: rdma_destroy_event_channel: {}",
+            cm_core::errno_text(errno)
+        );
+        return;
+    }
+    // SAFETY: as above; after this the application no longer uses the channel.
+    let ch = unsafe { Box::from_raw(ch) };
+    sock::close_fd(ch.public.fd);
+}
+
+// ---- ids --------------------------------------------------------------------------------
+
+fn new_id(
+    token: u64,
+    channel: *mut RdmaEventChannel,
+    context: *mut c_void,
+    ps: u32,
+    sync: bool,
+) -> *mut IdPriv {
+    let qp_type = if ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB {
+        IBV_QPT_UD
+    } else {
+        IBV_QPT_RC
+    };
+    let id = Box::into_raw(Box::new(IdPriv {
+        public: RdmaCmId {
+            verbs: ptr::null_mut(),
+            channel,
+            context,
+            qp: ptr::null_mut(),
+            route: RdmaRoute {
+                addr: RdmaAddr {
+                    src: SockaddrStorage([0; 128]),
+                    dst: SockaddrStorage([0; 128]),
+                    ibaddr: [0; 40],
+                },
+                path_rec: ptr::null_mut(),
+                num_paths: 0,
+            },
+            ps,
+            port_num: 0,
+            event: ptr::null_mut(),
+            send_cq_channel: ptr::null_mut(),
+            send_cq: ptr::null_mut(),
+            recv_cq_channel: ptr::null_mut(),
+            recv_cq: ptr::null_mut(),
+            srq: ptr::null_mut(),
+            pd: ptr::null_mut(),
+            qp_type,
+        },
+        token,
+        sync,
+        owns_channel: false,
+        ep_attr: None,
+    }));
+    lock(&registry().0).ids.insert(token, id as usize);
+    id
+}
+
+unsafe fn token_of(id: *mut RdmaCmId) -> Option<u64> {
+    if id.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL ids come from this library, so they are IdPriv.
+    Some(unsafe { (*(id as *mut IdPriv)).token })
+}
+
+/// Binds an id to the device (what librdmacm does once the id has a concrete address).
+unsafe fn attach_device(id: *mut RdmaCmId) {
+    // SAFETY: id is a live IdPriv of this library.
+    unsafe {
+        (*id).verbs = device_context();
+        (*id).port_num = 1;
+    }
+}
+
+/// `rdma_create_id`; a NULL channel makes a synchronous id with a channel of its own.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    channel: *mut RdmaEventChannel,
+    id: *mut *mut RdmaCmId,
+    context: *mut c_void,
+    ps: u32,
+) -> c_int {
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let sync = channel.is_null();
+    let channel = if sync {
+        rdma_create_event_channel()
+    } else {
+        channel
+    };
+    if channel.is_null() {
+        return -1;
+    }
+    // SAFETY: channel came from rdma_create_event_channel.
+    let ch_token = unsafe { (*(channel as *mut ChannelPriv)).token };
+    let mut e = Enc::op(Op::CreateId);
+    e.u64(ch_token).u32(ps);
+    match rpc(&e).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
+        Ok(token) => {
+            let new = new_id(token, channel, context, ps, sync);
+            // SAFETY: new was just allocated; id is the caller's out pointer.
+            unsafe {
+                (*new).owns_channel = sync;
+                *id = new as *mut RdmaCmId;
+            }
+            0
+        }
+        Err(errno) => {
+            if sync {
+                // SAFETY: the channel was made above for this id only.
+                unsafe { rdma_destroy_event_channel(channel) };
+            }
+            fail(errno)
+        }
+    }
+}
+
+/// `rdma_destroy_id`: waits, like librdmacm, until the id's retrieved events are acked.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (m, cv) = registry();
+    let mut reg = lock(m);
+    let deadline = Instant::now() + DESTROY_WAIT;
+    while reg.unacked.get(&token).copied().unwrap_or(0) > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!("cmsim: rdma_destroy_id: events of this id were not acked within {DESTROY_WAIT:?}");
+            return fail(libc::EBUSY);
+        }
+        reg = cv.wait_timeout(reg, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+    drop(reg);
+    let mut e = Enc::op(Op::DestroyId);
+    e.u64(token);
+    if let Err(errno) = rpc(&e) {
+        return fail(errno);
+    }
+    let mut reg = lock(m);
+    reg.ids.remove(&token);
+    reg.unacked.remove(&token);
+    drop(reg);
+    // SAFETY: the id is this library's IdPriv and the application gives it up with this call.
+    let id = unsafe { Box::from_raw(id as *mut IdPriv) };
+    let channel = id.public.channel as *mut ChannelPriv;
+    // Stashed events of the id were never seen by the application; the daemon acked them.
+    // SAFETY: the id's channel outlives it (librdmacm refuses to destroy a channel in use).
+    lock(unsafe { &(*channel).stash }).retain(|w| w.id != token);
+    if id.owns_channel {
+        // SAFETY: the channel was made for this id only.
+        unsafe { rdma_destroy_event_channel(channel as *mut RdmaEventChannel) };
+    }
+    0
+}
+
+/// `rdma_bind_addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> c_int {
+    // SAFETY: id came from this library; addr is the caller's sockaddr.
+    let (Some(token), Some(sa)) = (unsafe { token_of(id) }, unsafe { read_sockaddr(addr) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::BindAddr);
+    e.u64(token).addr(Some(sa));
+    if let Err(errno) = rpc(&e) {
+        return fail(errno);
+    }
+    // SAFETY: id is a live IdPriv.
+    unsafe {
+        refresh_addrs(id, token);
+        if !sa.ip().is_unspecified() {
+            attach_device(id);
+        }
+    }
+    0
+}
+
+/// Copies the daemon's view of the id's addresses into `id->route.addr`.
+unsafe fn refresh_addrs(id: *mut RdmaCmId, token: u64) {
+    let mut e = Enc::op(Op::QueryAddrs);
+    e.u64(token);
+    if let Ok(buf) = rpc(&e) {
+        let mut d = Dec::new(&buf);
+        let (local, peer) = (d.addr().ok().flatten(), d.addr().ok().flatten());
+        // SAFETY: id is a live IdPriv.
+        unsafe { set_addrs(id, local, peer) };
+    }
+}
+
+unsafe fn set_addrs(id: *mut RdmaCmId, local: Option<SocketAddr>, peer: Option<SocketAddr>) {
+    // SAFETY: id is a live IdPriv; the storages are 128 bytes.
+    unsafe {
+        if let Some(l) = local {
+            write_sockaddr(l, &mut (*id).route.addr.src.0);
+        }
+        if let Some(p) = peer {
+            write_sockaddr(p, &mut (*id).route.addr.dst.0);
+        }
+    }
+}
+
+/// `rdma_resolve_addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut RdmaCmId,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: id came from this library; src (optional) and dst are the caller's sockaddrs.
+    let (Some(token), src, Some(dst)) = (unsafe { token_of(id) }, unsafe { read_sockaddr(src) }, unsafe {
+        read_sockaddr(dst)
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    if dst.ip().is_multicast() {
+        // SAFETY: id is a live IdPriv.
+        return unsafe { resolve_multicast(id, token, src, dst) };
+    }
+    let mut e = Enc::op(Op::ResolveAddr);
+    e.u64(token)
+        .addr(src)
+        .addr(Some(dst))
+        .u32(timeout_ms.max(0) as u32);
+    let r = rpc_status(&e);
+    if r == 0 {
+        // SAFETY: id is a live IdPriv.
+        unsafe { set_addrs(id, src, Some(dst)) };
+    }
+    // SAFETY: id is a live IdPriv.
+    if r == 0 && unsafe { is_sync(id) } {
+        // SAFETY: as above.
+        return unsafe { complete(id) };
+    }
+    r
+}
+
+/// A multicast destination needs no resolution: the id is bound (to `src` when given and not
+/// bound yet) and `ADDR_RESOLVED` is queued on its channel at once.
+unsafe fn resolve_multicast(
+    id: *mut RdmaCmId,
+    token: u64,
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+) -> c_int {
+    // SAFETY: id is a live IdPriv.
+    unsafe {
+        if let (Some(src), true) = (src, (*id).verbs.is_null()) {
+            let mut e = Enc::op(Op::BindAddr);
+            e.u64(token).addr(Some(src));
+            if let Err(errno) = rpc(&e) {
+                return fail(errno);
+            }
+            refresh_addrs(id, token);
+            attach_device(id);
+        }
+        if (*id).verbs.is_null() {
+            // The simulator has no route from an unbound id to a group.
+            return fail(libc::EADDRNOTAVAIL);
+        }
+        set_addrs(id, None, Some(dst));
+        queue_local_event(id, token, EV_ADDR_RESOLVED, Some(dst));
+    }
+    0
+}
+
+/// Queues an event the library makes itself (multicast resolution and joins, which the
+/// simulator does not model) on the id's channel, behind those already read.
+unsafe fn queue_local_event(id: *mut RdmaCmId, token: u64, event: u32, peer: Option<SocketAddr>) {
+    let w = WireEvent {
+        event_no: LOCAL_EVENT,
+        id: token,
+        listen_id: 0,
+        event,
+        status: 0,
+        param: WireParam {
+            qp_num: proto::MCAST_QPN,
+            ..WireParam::default()
+        },
+        local: None,
+        peer,
+    };
+    // SAFETY: id is a live IdPriv with a live channel.
+    lock(unsafe { &(*((*id).channel as *mut ChannelPriv)).stash }).push_back(w);
+}
+
+/// `rdma_join_multicast_ex`: the id's QP joins the group of `mc_join_attr->addr`;
+/// `MULTICAST_JOIN` follows with the group's address vector, QP number and Q_Key.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut RdmaCmId,
+    mc_join_attr: *mut c_void,
+    _context: *mut c_void,
+) -> c_int {
+    // SAFETY: id came from this library; mc_join_attr is the caller's
+    // rdma_cm_join_mc_attr_ex (comp_mask, join_flags, then the address pointer at offset 8).
+    let (Some(token), group) = (unsafe { token_of(id) }, unsafe {
+        if mc_join_attr.is_null() {
+            None
+        } else {
+            read_sockaddr(*((mc_join_attr as *const u8).add(8) as *const *const libc::sockaddr))
+        }
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    let Some(group) = group.filter(|g| g.ip().is_multicast()) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::JoinMcast);
+    e.u64(token).bytes(&gid_of(group));
+    if let Err(errno) = rpc(&e) {
+        return fail(errno);
+    }
+    // SAFETY: id is a live IdPriv.
+    unsafe { queue_local_event(id, token, EV_MULTICAST_JOIN, Some(group)) };
+    0
+}
+
+/// `rdma_leave_multicast`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> c_int {
+    // SAFETY: id came from this library; addr is the caller's sockaddr.
+    let (Some(token), Some(group)) = (unsafe { token_of(id) }, unsafe { read_sockaddr(addr) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::LeaveMcast);
+    e.u64(token).bytes(&gid_of(group));
+    rpc_status(&e)
+}
+
+/// A group's GID: its IPv6 address, or the IPv4-mapped one.
+pub(crate) fn gid_of(addr: SocketAddr) -> [u8; 16] {
+    match addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// `rdma_resolve_route`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut RdmaCmId, timeout_ms: c_int) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::ResolveRoute);
+    e.u64(token).u32(timeout_ms.max(0) as u32);
+    let r = rpc_status(&e);
+    // SAFETY: id is a live IdPriv.
+    if r == 0 && unsafe { is_sync(id) } {
+        // SAFETY: as above.
+        return unsafe { complete(id) };
+    }
+    r
+}
+
+/// `rdma_listen`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut RdmaCmId, backlog: c_int) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::Listen);
+    e.u64(token).i32(backlog);
+    rpc_status(&e)
+}
+
+unsafe fn wire_param(param: *const RdmaConnParam) -> WireParam {
+    if param.is_null() {
+        // librdmacm's defaults for a NULL conn_param.
+        let d = cm_core::ConnParam::new();
+        return WireParam {
+            private_data: Vec::new(),
+            responder_resources: d.responder_resources,
+            initiator_depth: d.initiator_depth,
+            flow_control: d.flow_control,
+            retry_count: d.retry_count,
+            rnr_retry_count: d.rnr_retry_count,
+            srq: 0,
+            qp_num: 0,
+        };
+    }
+    // SAFETY: param is the caller's rdma_conn_param; private_data points at private_data_len bytes.
+    unsafe {
+        let p = &*param;
+        let pd = if p.private_data.is_null() || p.private_data_len == 0 {
+            Vec::new()
+        } else {
+            std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize).to_vec()
+        };
+        WireParam {
+            private_data: pd,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            flow_control: p.flow_control,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq,
+            qp_num: p.qp_num,
+        }
+    }
+}
+
+unsafe fn connect_or_accept(op: Op, id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
+    // SAFETY: id came from this library; param is NULL or the caller's.
+    let (Some(token), mut p) = (unsafe { token_of(id) }, unsafe { wire_param(param) }) else {
+        return fail(libc::EINVAL);
+    };
+    // Like librdmacm, an id with a QP announces that QP's number (the peer's event reports it).
+    // SAFETY: id is a live IdPriv; its qp is NULL or this library's.
+    if let Some(qp) = unsafe { (*id).qp.as_ref() } {
+        p.qp_num = qp.qp_num;
+    }
+    let mut e = Enc::op(op);
+    e.u64(token).param(&p);
+    let r = rpc_status(&e);
+    // SAFETY: id is a live IdPriv.
+    if r == 0 && unsafe { is_sync(id) } {
+        // SAFETY: as above.
+        return unsafe { complete(id) };
+    }
+    r
+}
+
+/// `rdma_connect`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_connect(id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { connect_or_accept(Op::Connect, id, param) }
+}
+
+/// `rdma_accept`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
+    // SAFETY: forwarded contract.
+    unsafe { connect_or_accept(Op::Accept, id, param) }
+}
+
+/// `rdma_reject`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(id: *mut RdmaCmId, private_data: *const c_void, len: u8) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let pd = if private_data.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the caller passes len readable bytes.
+        unsafe { std::slice::from_raw_parts(private_data as *const u8, len as usize) }.to_vec()
+    };
+    let mut e = Enc::op(Op::Reject);
+    e.u64(token).bytes(&pd);
+    rpc_status(&e)
+}
+
+/// `rdma_disconnect`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let mut e = Enc::op(Op::Disconnect);
+    e.u64(token);
+    rpc_status(&e)
+}
+
+/// `rdma_create_qp`: the QP lives in the simulator; the `ibv_qp` here carries its number and
+/// the caller's attributes. NULL CQs are created here with `cq_context = id`, as librdmacm does.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut RdmaCmId,
+    pd: *mut c_void,
+    attr: *mut IbvQpInitAttr,
+) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: id is a live IdPriv and attr the caller's ibv_qp_init_attr.
+    unsafe {
+        if (*id).verbs.is_null() {
+            attach_device(id);
+        }
+        if (*attr).send_cq.is_null() {
+            let (channel, cq) =
+                crate::verbs::default_cq((*id).verbs, (*attr).cap.max_send_wr, id as *mut c_void);
+            if cq.is_null() {
+                return -1;
+            }
+            (*id).send_cq_channel = channel;
+            (*id).send_cq = cq;
+            (*attr).send_cq = cq;
+        }
+        if (*attr).recv_cq.is_null() {
+            let (channel, cq) =
+                crate::verbs::default_cq((*id).verbs, (*attr).cap.max_recv_wr, id as *mut c_void);
+            if cq.is_null() {
+                destroy_default_cqs(id);
+                return -1;
+            }
+            (*id).recv_cq_channel = channel;
+            (*id).recv_cq = cq;
+            (*attr).recv_cq = cq;
+        }
+    }
+    // librdmacm uses the device's default PD for a NULL one and records it in id->pd.
+    let pd = if !pd.is_null() {
+        pd
+    } else {
+        // SAFETY: id is a live IdPriv.
+        let own = unsafe { (*id).pd };
+        if own.is_null() {
+            crate::verbs::default_pd()
+        } else {
+            own
+        }
+    };
+    // SAFETY: attr is the caller's ibv_qp_init_attr; its CQs came from this library.
+    let (cap, send_cq, recv_cq, sig_all, qp_type) = unsafe {
+        (
+            (*attr).cap,
+            crate::verbs::cq_token((*attr).send_cq),
+            crate::verbs::cq_token((*attr).recv_cq),
+            (*attr).sq_sig_all != 0,
+            (*attr).qp_type,
+        )
+    };
+    let mut e = Enc::op(Op::CreateQp);
+    e.u64(token)
+        .u32(cap.max_send_wr)
+        .u32(cap.max_recv_wr)
+        .u32(cap.max_send_sge)
+        .u32(cap.max_recv_sge)
+        .u32(cap.max_inline_data)
+        .u64(send_cq)
+        .u64(recv_cq)
+        .u8(sig_all as u8)
+        .u32(qp_type);
+    let buf = match rpc(&e) {
+        Ok(b) => b,
+        Err(errno) => {
+            // SAFETY: id is a live IdPriv.
+            unsafe { destroy_default_cqs(id) };
+            return fail(errno);
+        }
+    };
+    let mut d = Dec::new(&buf);
+    let mut vals = [0u32; 6];
+    for v in &mut vals {
+        match d.u32() {
+            Ok(x) => *v = x,
+            Err(_) => return fail(libc::EPROTO),
+        }
+    }
+    lock(&registry().0).recvs.insert(token, Default::default());
+    // SAFETY: attr is the caller's (written back as librdmacm does); id is a live IdPriv.
+    unsafe {
+        (*attr).cap = IbvQpCap {
+            max_send_wr: vals[0],
+            max_recv_wr: vals[1],
+            max_send_sge: vals[2],
+            max_recv_sge: vals[3],
+            max_inline_data: vals[4],
+        };
+        let qp = Box::new(crate::verbs::QpPriv {
+            public: IbvQp {
+                context: (*id).verbs,
+                qp_context: (*attr).qp_context,
+                pd,
+                send_cq: (*attr).send_cq,
+                recv_cq: (*attr).recv_cq,
+                srq: (*attr).srq,
+                handle: vals[5],
+                qp_num: vals[5],
+                state: IBV_QPS_INIT,
+                qp_type: (*attr).qp_type,
+                sync: [0; 11],
+                events_completed: 0,
+            },
+            token,
+            cap: (*attr).cap,
+            sq_sig_all: (*attr).sq_sig_all,
+        });
+        (*id).qp = Box::into_raw(qp) as *mut IbvQp;
+        (*id).pd = pd;
+    }
+    0
+}
+
+/// Destroys the CQs and channels `rdma_create_qp` made for the id (`ucma_destroy_cqs`).
+unsafe fn destroy_default_cqs(id: *mut RdmaCmId) {
+    // SAFETY: id is a live IdPriv; its CQ and channel fields are NULL or this library's.
+    unsafe {
+        for (cq, ch) in [
+            (&mut (*id).send_cq, &mut (*id).send_cq_channel),
+            (&mut (*id).recv_cq, &mut (*id).recv_cq_channel),
+        ] {
+            let cq = std::mem::replace(cq, ptr::null_mut());
+            if !cq.is_null() {
+                crate::verbs::ibv_destroy_cq(cq as *mut IbvCq);
+            }
+            let ch = std::mem::replace(ch, ptr::null_mut());
+            if !ch.is_null() {
+                crate::verbs::ibv_destroy_comp_channel(ch as *mut IbvCompChannel);
+            }
+        }
+    }
+}
+
+/// `rdma_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return;
+    };
+    let mut e = Enc::op(Op::DestroyQp);
+    e.u64(token);
+    if let Err(errno) = rpc(&e) {
+        eprintln!("cmsim: rdma_destroy_qp: {}", cm_core::errno_text(errno));
+        return;
+    }
+    lock(&registry().0).recvs.remove(&token);
+    // SAFETY: id is a live IdPriv; its qp, when set, is this library's QpPriv.
+    unsafe {
+        let qp = std::mem::replace(&mut (*id).qp, ptr::null_mut());
+        if !qp.is_null() {
+            drop(Box::from_raw(qp as *mut crate::verbs::QpPriv));
+        }
+        destroy_default_cqs(id);
+    }
+}
+
+/// Unhooks a QP `ibv_destroy_qp` destroyed from its id, so the id is not left pointing at it.
+pub(crate) fn forget_qp(token: u64, qp: *mut IbvQp) {
+    let mut reg = lock(&registry().0);
+    reg.recvs.remove(&token);
+    if let Some(&id) = reg.ids.get(&token) {
+        let id = id as *mut RdmaCmId;
+        // SAFETY: ids in the registry are live IdPriv; the registry lock serialises this.
+        unsafe {
+            if (*id).qp == qp {
+                (*id).qp = ptr::null_mut();
+            }
+        }
+    }
+}
+
+// ---- events -----------------------------------------------------------------------------
+
+/// `rdma_get_cm_event`: one datagram from the channel socket (honouring `O_NONBLOCK`).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut RdmaEventChannel,
+    event: *mut *mut RdmaCmEvent,
+) -> c_int {
+    if channel.is_null() || event.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let ch = channel as *mut ChannelPriv;
+    loop {
+        // SAFETY: channel came from rdma_create_event_channel.
+        let stashed = lock(unsafe { &(*ch).stash }).pop_front();
+        let w = match stashed {
+            Some(w) => w,
+            // SAFETY: as above.
+            None => match unsafe { recv_wire(ch) } {
+                Ok(w) => w,
+                Err(errno) => return fail(errno),
+            },
+        };
+        // SAFETY: channel is live (above); the ids found in the registry are live IdPriv.
+        if let Some(ev) = unsafe { build_event(channel, w) } {
+            // SAFETY: event is the caller's out pointer.
+            unsafe { *event = ev as *mut RdmaCmEvent };
+            return 0;
+        }
+        // The event's id was destroyed after the daemon sent it: the daemon acked it then.
+    }
+}
+
+/// Reads the next event datagram from a channel socket (blocking unless `O_NONBLOCK`).
+unsafe fn recv_wire(ch: *mut ChannelPriv) -> Result<WireEvent, c_int> {
+    // SAFETY: ch is a live channel of this library.
+    let fd = unsafe { (*ch).public.fd };
+    let mut buf = Vec::new();
+    loop {
+        let flags = if sock::is_nonblocking(fd) {
+            libc::MSG_DONTWAIT
+        } else {
+            0
+        };
+        match sock::recv_fd(fd, &mut buf, flags) {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("cmsim: the fabric daemon went away");
+                return Err(libc::ENODEV);
+            }
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+        let mut d = Dec::new(&buf);
+        if d.u8() == Ok(proto::CHAN_EVENT) {
+            return d.event().map_err(|_| libc::EPROTO);
+        }
+    }
+}
+
+/// Waits for the first event on the id's channel that `want` accepts; events for other ids
+/// read meanwhile are kept for later `rdma_get_cm_event` or synchronous calls.
+unsafe fn wait_wire(ch: *mut ChannelPriv, want: impl Fn(&WireEvent) -> bool) -> Result<WireEvent, c_int> {
+    {
+        // SAFETY: ch is a live channel of this library.
+        let mut stash = lock(unsafe { &(*ch).stash });
+        if let Some(pos) = stash.iter().position(&want) {
+            return Ok(stash.remove(pos).expect("position found"));
+        }
+    }
+    loop {
+        // SAFETY: as above.
+        let w = unsafe { recv_wire(ch) }?;
+        if want(&w) {
+            return Ok(w);
+        }
+        // SAFETY: as above.
+        lock(unsafe { &(*ch).stash }).push_back(w);
+    }
+}
+
+unsafe fn is_sync(id: *mut RdmaCmId) -> bool {
+    // SAFETY: id is a live IdPriv.
+    unsafe { (*(id as *mut IdPriv)).sync }
+}
+
+/// Gives an event the library consumed itself back to the daemon.
+fn ack_wire(w: &WireEvent) {
+    let mut e = Enc::op(Op::AckEvent);
+    e.u64(w.event_no);
+    let _ = rpc(&e);
+}
+
+/// librdmacm's `ucma_complete`: a synchronous call waits for the id's next event and turns
+/// its status into the call's result.
+unsafe fn complete(id: *mut RdmaCmId) -> c_int {
+    // SAFETY: id is a live synchronous IdPriv.
+    let (token, ch) = unsafe { ((*(id as *mut IdPriv)).token, (*id).channel as *mut ChannelPriv) };
+    // SAFETY: the id's channel is live.
+    let w = match unsafe { wait_wire(ch, |w| w.id == token) } {
+        Ok(w) => w,
+        Err(errno) => return fail(errno),
+    };
+    ack_wire(&w);
+    // SAFETY: id is live.
+    unsafe {
+        set_addrs(id, w.local, w.peer);
+        if w.event == EV_ADDR_RESOLVED {
+            attach_device(id);
+        }
+    }
+    match w.status {
+        0 => 0,
+        _ if w.event == EV_REJECTED => fail(libc::ECONNREFUSED),
+        s if s < 0 => fail(-s),
+        s => fail(s),
+    }
+}
+
+unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Option<*mut EventPriv> {
+    let (m, _) = registry();
+    let mut reg = lock(m);
+    let listen = if w.listen_id != 0 {
+        reg.ids.get(&w.listen_id).copied()
+    } else {
+        None
+    };
+    let id = match reg.ids.get(&w.id).copied() {
+        Some(id) => id as *mut RdmaCmId,
+        None if w.event == EV_CONNECT_REQUEST => {
+            let l = listen? as *mut RdmaCmId;
+            drop(reg);
+            // SAFETY: l is a live IdPriv (found in the registry).
+            let (context, ps) = unsafe { ((*l).context, (*l).ps) };
+            let child = new_id(w.id, channel, context, ps, false) as *mut RdmaCmId;
+            // SAFETY: child was just allocated.
+            unsafe { attach_device(child) };
+            reg = lock(m);
+            child
+        }
+        None => return None,
+    };
+    let counted = if w.event == EV_CONNECT_REQUEST && w.listen_id != 0 {
+        w.listen_id
+    } else {
+        w.id
+    };
+    *reg.unacked.entry(counted).or_insert(0) += 1;
+    drop(reg);
+    // SAFETY: id is a live IdPriv.
+    unsafe {
+        set_addrs(id, w.local, w.peer);
+        if w.event == EV_ADDR_RESOLVED {
+            attach_device(id);
+        }
+    }
+    let mut ev = Box::new(EventPriv {
+        public: RdmaCmEvent {
+            id,
+            listen_id: listen.map_or(ptr::null_mut(), |l| l as *mut RdmaCmId),
+            event: w.event,
+            status: w.status,
+            conn: RdmaConnParam {
+                private_data: ptr::null(),
+                private_data_len: 0,
+                responder_resources: w.param.responder_resources,
+                initiator_depth: w.param.initiator_depth,
+                flow_control: w.param.flow_control,
+                retry_count: w.param.retry_count,
+                rnr_retry_count: w.param.rnr_retry_count,
+                srq: w.param.srq,
+                pad0: 0,
+                qp_num: w.param.qp_num,
+                pad1: 0,
+            },
+            param_rest: [0; 32],
+        },
+        event_no: w.event_no,
+        counted,
+        private_data: w.param.private_data,
+    });
+    if !ev.private_data.is_empty() {
+        ev.public.conn.private_data = ev.private_data.as_ptr() as *const c_void;
+        ev.public.conn.private_data_len = ev.private_data.len().min(255) as u8;
+    }
+    // SAFETY: id is a live IdPriv.
+    let ps = unsafe { (*id).ps };
+    if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB)
+        && (w.event == EV_ESTABLISHED || w.event == EV_MULTICAST_JOIN)
+    {
+        // Datagram ids read `param.ud`: the peer's QP, the UDP port space's Q_Key and an
+        // address vector (the simulator routes by QP number, so the vector is nominal).
+        ud_param(&mut ev.public, w.param.qp_num, w.peer);
+    }
+    Some(Box::into_raw(ev))
+}
+
+/// Fills `event->param.ud` (`ah_attr` at offset 40, `qp_num` at 72, `qkey` at 76).
+fn ud_param(ev: &mut RdmaCmEvent, qp_num: u32, peer: Option<SocketAddr>) {
+    let mut ud = [0u8; 40];
+    // ah_attr.grh.dgid: the peer's address as an IPv4-mapped GID.
+    if let Some(SocketAddr::V4(v4)) = peer {
+        ud[10] = 0xff;
+        ud[11] = 0xff;
+        ud[12..16].copy_from_slice(&v4.ip().octets());
+    }
+    ud[16 + 5] = 64; // grh.hop_limit
+    ud[29] = 1; // is_global
+    ud[30] = 1; // port_num
+    ud[32..36].copy_from_slice(&qp_num.to_ne_bytes());
+    ud[36..40].copy_from_slice(&RDMA_UDP_QKEY.to_ne_bytes());
+    // The conn view's qp_num and padding overlap ah_attr: a datagram event has no conn view.
+    ev.conn.qp_num = u32::from_ne_bytes([ud[0], ud[1], ud[2], ud[3]]);
+    ev.conn.pad1 = u32::from_ne_bytes([ud[4], ud[5], ud[6], ud[7]]);
+    ev.param_rest.copy_from_slice(&ud[8..]);
+}
+
+/// `rdma_ack_cm_event`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
+    if event.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: event came from rdma_get_cm_event and is given back exactly once.
+    let ev = unsafe { Box::from_raw(event as *mut EventPriv) };
+    let r = if ev.event_no == LOCAL_EVENT {
+        0
+    } else {
+        let mut e = Enc::op(Op::AckEvent);
+        e.u64(ev.event_no);
+        rpc_status(&e)
+    };
+    let (m, cv) = registry();
+    let mut reg = lock(m);
+    if let Some(n) = reg.unacked.get_mut(&ev.counted) {
+        *n = n.saturating_sub(1);
+    }
+    drop(reg);
+    cv.notify_all();
+    r
+}
+
+/// `rdma_event_str`.
+#[no_mangle]
+pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
+    const NAMES: [&CStr; 16] = [
+        c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        c"RDMA_CM_EVENT_ADDR_ERROR",
+        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        c"RDMA_CM_EVENT_ROUTE_ERROR",
+        c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        c"RDMA_CM_EVENT_CONNECT_ERROR",
+        c"RDMA_CM_EVENT_UNREACHABLE",
+        c"RDMA_CM_EVENT_REJECTED",
+        c"RDMA_CM_EVENT_ESTABLISHED",
+        c"RDMA_CM_EVENT_DISCONNECTED",
+        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        c"RDMA_CM_EVENT_ADDR_CHANGE",
+        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    ];
+    NAMES
+        .get(event as usize)
+        .copied()
+        .unwrap_or(c"UNKNOWN EVENT")
+        .as_ptr()
+}
+
+/// `rdma_set_option`: the options the rdma-core programs set (type of service, address reuse,
+/// IPv6-only, ACK timeout) are accepted and have no effect on the simulator; others are `ENOSYS`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut RdmaCmId,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    const RDMA_OPTION_ID: c_int = 0;
+    // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT: rdma_cma.h's RDMA_OPTION_ID_* values.
+    const ACCEPTED: [c_int; 4] = [0, 1, 2, 3];
+    // SAFETY: id came from this library.
+    if unsafe { token_of(id) }.is_none() || optval.is_null() || optlen == 0 {
+        return fail(libc::EINVAL);
+    }
+    if level == RDMA_OPTION_ID && ACCEPTED.contains(&optname) {
+        return 0;
+    }
+    unsupported(&format!("rdma_set_option level {level} option {optname}"))
+}
+
+// ---- synchronous endpoints --------------------------------------------------------------
+
+/// `rdma_create_ep`: a synchronous id; passive (`RAI_PASSIVE`) ones are bound and remember
+/// `qp_init_attr` for `rdma_get_request`, active ones are resolved and get their QP.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut RdmaCmId,
+    res: *const RdmaAddrinfo,
+    pd: *mut c_void,
+    qp_init_attr: *mut IbvQpInitAttr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: res came from rdma_getaddrinfo (or is the caller's equivalent).
+    let res = unsafe { &*res };
+    let mut new: *mut RdmaCmId = ptr::null_mut();
+    // SAFETY: new is a valid out pointer.
+    if unsafe {
+        rdma_create_id(
+            ptr::null_mut(),
+            &mut new,
+            ptr::null_mut(),
+            res.ai_port_space as u32,
+        )
+    } != 0
+    {
+        return -1;
+    }
+    let setup = || -> c_int {
+        // SAFETY: new is a live synchronous IdPriv; res' addresses are NULL or valid sockaddrs;
+        // qp_init_attr is NULL or the caller's.
+        unsafe {
+            if res.ai_flags & RAI_PASSIVE != 0 {
+                if rdma_bind_addr(new, res.ai_src_addr as *mut libc::sockaddr) != 0 {
+                    return -1;
+                }
+                if !qp_init_attr.is_null() {
+                    (*(new as *mut IdPriv)).ep_attr = Some((*qp_init_attr, pd));
+                }
+                return 0;
+            }
+            let src = res.ai_src_addr as *mut libc::sockaddr;
+            if rdma_resolve_addr(new, src, res.ai_dst_addr as *mut libc::sockaddr, 2000) != 0 {
+                return -1;
+            }
+            if rdma_resolve_route(new, 2000) != 0 {
+                return -1;
+            }
+            if !qp_init_attr.is_null() {
+                (*qp_init_attr).qp_type = res.ai_qp_type as u32;
+                if rdma_create_qp(new, pd, qp_init_attr) != 0 {
+                    return -1;
+                }
+            }
+            0
+        }
+    };
+    if setup() != 0 {
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        // SAFETY: new is this function's id, not handed out.
+        unsafe { rdma_destroy_ep(new) };
+        return fail(errno);
+    }
+    // SAFETY: id is the caller's out pointer.
+    unsafe { *id = new };
+    0
+}
+
+/// `rdma_destroy_ep`: the QP (if any), then the id with its channel.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut RdmaCmId) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: id came from this library.
+    unsafe {
+        if !(*id).qp.is_null() {
+            rdma_destroy_qp(id);
+        }
+        rdma_destroy_id(id);
+    }
+}
+
+/// `rdma_get_request`: waits for a connection request on a synchronous listener; the new id
+/// gets a QP from the listener's `rdma_create_ep` attributes.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(listen: *mut RdmaCmId, id: *mut *mut RdmaCmId) -> c_int {
+    // SAFETY: listen came from this library.
+    let Some(token) = (unsafe { token_of(listen) }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: as above.
+    if id.is_null() || !unsafe { is_sync(listen) } {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: listen is a live IdPriv with a live channel.
+    let ch = unsafe { (*listen).channel } as *mut ChannelPriv;
+    // SAFETY: as above.
+    let w = match unsafe { wait_wire(ch, |w| w.event == EV_CONNECT_REQUEST && w.listen_id == token) } {
+        Ok(w) => w,
+        Err(errno) => return fail(errno),
+    };
+    ack_wire(&w);
+    // SAFETY: listen is live.
+    let (context, ps, ep_attr) = unsafe {
+        (
+            (*listen).context,
+            (*listen).ps,
+            (*(listen as *mut IdPriv)).ep_attr,
+        )
+    };
+    let child = new_id(w.id, ch as *mut RdmaEventChannel, context, ps, true) as *mut RdmaCmId;
+    // SAFETY: child was just allocated.
+    unsafe {
+        attach_device(child);
+        set_addrs(child, w.local, w.peer);
+    }
+    if let Some((mut attr, pd)) = ep_attr {
+        // SAFETY: child is live; attr is this function's copy.
+        if unsafe { rdma_create_qp(child, pd, &mut attr) } != 0 {
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
+            // SAFETY: child is live and not handed out.
+            unsafe {
+                rdma_reject(child, ptr::null(), 0);
+                rdma_destroy_id(child);
+            }
+            return fail(errno);
+        }
+    }
+    // SAFETY: id is the caller's out pointer.
+    unsafe { *id = child };
+    0
+}
+
+// ---- rdma_getaddrinfo -------------------------------------------------------------------
+
+/// An `rdma_addrinfo` with its addresses in the same allocation.
+#[repr(C)]
+struct AddrinfoPriv {
+    public: RdmaAddrinfo,
+    src: SockaddrStorage,
+    dst: SockaddrStorage,
+}
+
+fn resolve_node(node: Option<&str>, port: u16, passive: bool) -> Result<SocketAddr, c_int> {
+    let Some(node) = node else {
+        return if passive {
+            Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+        } else {
+            Err(libc::EINVAL)
+        };
+    };
+    if let Ok(ip) = node.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    use std::net::ToSocketAddrs;
+    (node, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or(libc::EADDRNOTAVAIL)
+}
+
+/// `rdma_getaddrinfo`: numeric addresses and names the system resolver knows; no route or
+/// connect data (`ai_route`, `ai_connect` stay NULL, as they do over RoCE).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const RdmaAddrinfo,
+    res: *mut *mut RdmaAddrinfo,
+) -> c_int {
+    if res.is_null() || (node.is_null() && service.is_null()) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: node and service are NULL or C strings; hints is NULL or the caller's.
+    let (node, service, hints) = unsafe {
+        (
+            (!node.is_null()).then(|| CStr::from_ptr(node).to_string_lossy().into_owned()),
+            (!service.is_null()).then(|| CStr::from_ptr(service).to_string_lossy().into_owned()),
+            hints.as_ref(),
+        )
+    };
+    let port = match service.as_deref().map(str::parse::<u16>) {
+        None => 0,
+        Some(Ok(p)) => p,
+        Some(Err(_)) => return fail(libc::EINVAL),
+    };
+    let flags = hints.map_or(0, |h| h.ai_flags);
+    let passive = flags & RAI_PASSIVE != 0;
+    if flags & RAI_NUMERICHOST != 0 && node.as_deref().is_some_and(|n| n.parse::<IpAddr>().is_err()) {
+        return fail(libc::EINVAL);
+    }
+    let addr = match resolve_node(node.as_deref(), port, passive) {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let mut ai = Box::new(AddrinfoPriv {
+        public: RdmaAddrinfo {
+            ai_flags: flags,
+            ai_family: if addr.is_ipv4() {
+                libc::AF_INET
+            } else {
+                libc::AF_INET6
+            },
+            ai_qp_type: hints.map_or(0, |h| h.ai_qp_type).max(0),
+            ai_port_space: hints.map_or(0, |h| h.ai_port_space),
+            ai_src_len: 0,
+            ai_dst_len: 0,
+            ai_src_addr: ptr::null_mut(),
+            ai_dst_addr: ptr::null_mut(),
+            ai_src_canonname: ptr::null_mut(),
+            ai_dst_canonname: ptr::null_mut(),
+            ai_route_len: 0,
+            ai_route: ptr::null_mut(),
+            ai_connect_len: 0,
+            ai_connect: ptr::null_mut(),
+            ai_next: ptr::null_mut(),
+        },
+        src: SockaddrStorage([0; 128]),
+        dst: SockaddrStorage([0; 128]),
+    });
+    if ai.public.ai_qp_type == 0 {
+        ai.public.ai_qp_type = IBV_QPT_RC as i32;
+    }
+    if ai.public.ai_port_space == 0 {
+        ai.public.ai_port_space = RDMA_PS_TCP as i32;
+    }
+    if passive {
+        ai.public.ai_src_len = write_sockaddr(addr, &mut ai.src.0);
+    } else {
+        ai.public.ai_dst_len = write_sockaddr(addr, &mut ai.dst.0);
+        let src_hint = hints.map_or(ptr::null(), |h| h.ai_src_addr as *const libc::sockaddr);
+        // SAFETY: hints' source address is NULL or a valid sockaddr of the caller's.
+        if let Some(src) = unsafe { read_sockaddr(src_hint) } {
+            ai.public.ai_src_len = write_sockaddr(src, &mut ai.src.0);
+        }
+    }
+    let raw = Box::into_raw(ai);
+    // SAFETY: raw is the allocation just made; the address fields point into it.
+    unsafe {
+        if (*raw).public.ai_src_len != 0 {
+            (*raw).public.ai_src_addr = (*raw).src.0.as_mut_ptr() as *mut c_void;
+        }
+        if (*raw).public.ai_dst_len != 0 {
+            (*raw).public.ai_dst_addr = (*raw).dst.0.as_mut_ptr() as *mut c_void;
+        }
+        *res = raw as *mut RdmaAddrinfo;
+    }
+    0
+}
+
+/// `rdma_freeaddrinfo`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut RdmaAddrinfo) {
+    let mut cur = res;
+    while !cur.is_null() {
+        // SAFETY: every element of the list came from rdma_getaddrinfo as an AddrinfoPriv.
+        let ai = unsafe { Box::from_raw(cur as *mut AddrinfoPriv) };
+        cur = ai.public.ai_next;
+    }
+}
+
+// ---- everything else --------------------------------------------------------------------
+
+macro_rules! unsupported_int {
+    ($($name:ident),* $(,)?) => {$(
+        /// Not supported on the simulator: returns -1 with errno `ENOSYS` and says so on stderr.
+        #[no_mangle]
+        pub extern "C" fn $name() -> c_int {
+            unsupported(stringify!($name))
+        }
+    )*};
+}
+
+macro_rules! unsupported_ptr {
+    ($($name:ident),* $(,)?) => {$(
+        /// Not supported on the simulator: returns NULL with errno `ENOSYS` and says so on stderr.
+        #[no_mangle]
+        pub extern "C" fn $name() -> *mut c_void {
+            unsupported(stringify!($name));
+            ptr::null_mut()
+        }
+    )*};
+}
+
+// Calls the rdma-core programs import but this library does not serve yet. The loader binds
+// every import at start (BIND_NOW), so each must exist; calling one is an error, never a crash.
+unsupported_int!(
+    rdma_create_qp_ex,
+    rdma_migrate_id,
+    rdma_establish,
+    rdma_init_qp_attr,
+    rdma_get_remote_ece,
+    ibv_modify_qp,
+    ibv_get_pkey_index,
+    ibv_get_device_index,
+    ibv_query_ece,
+    _ibv_query_gid_ex,
+    ibv_is_fork_initialized,
+    ibv_query_qp_data_in_order,
+    raccept,
+    rbind,
+    rclose,
+    rconnect,
+    rfcntl,
+    rgetsockopt,
+    rlisten,
+    rpoll,
+    rrecv,
+    rsend,
+    rsetsockopt,
+    rshutdown,
+    rsocket,
+);
+
+unsupported_ptr!(
+    ibv_create_qp,
+    ibv_qp_to_qp_ex,
+    ibv_reg_mr_iova,
+    ibv_reg_mr_iova2,
+    ibv_reg_dmabuf_mr,
+);

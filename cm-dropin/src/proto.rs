@@ -1,0 +1,492 @@
+//! The wire protocol between the drop-in library and the fabric daemon.
+//!
+//! Every message is one `SOCK_SEQPACKET` datagram, so framing is the kernel's. A request is
+//! `op: u32` then its fields; the reply is `errno: i32` (0 on success) then the result fields.
+//! Channel sockets carry daemon-to-process datagrams only: [`CHAN_ATTACHED`] once, then one
+//! [`CHAN_EVENT`] per CM event. Fields are little-endian; the encoding is written by hand
+//! because both ends are this crate.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Environment variable: the daemon's socket path.
+pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
+/// Environment variable: the simulated host (one of its addresses) the process runs on.
+pub const HOST_ENV: &str = "CMSIM_HOST";
+
+/// Requests a process sends on its control socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Op {
+    /// `pid: u32, host: str, argv0: str` → `proc: u64, host_index: u32, host_addr: addr,
+    /// daemon_pid: u32`.
+    Hello = 1,
+    /// → `channel: u64`.
+    CreateChannel,
+    /// `channel: u64`.
+    DestroyChannel,
+    /// Sent as the first datagram of a channel socket: `proc: u64, channel: u64`.
+    AttachChannel,
+    /// `channel: u64, ps: u32` → `id: u64`.
+    CreateId,
+    /// `id: u64`.
+    DestroyId,
+    /// `id: u64, addr: addr`.
+    BindAddr,
+    /// `id: u64, src: addr, dst: addr, timeout_ms: u32`.
+    ResolveAddr,
+    /// `id: u64, timeout_ms: u32`.
+    ResolveRoute,
+    /// `id: u64, caps: 5 x u32, send_cq: u64, recv_cq: u64, sq_sig_all: u8` →
+    /// `caps: 5 x u32, qp_num: u32`.
+    CreateQp,
+    /// `id: u64`.
+    DestroyQp,
+    /// `id: u64, backlog: i32`.
+    Listen,
+    /// `id: u64, param`.
+    Connect,
+    /// `id: u64, param`.
+    Accept,
+    /// `id: u64, private_data: bytes`.
+    Reject,
+    /// `id: u64`.
+    Disconnect,
+    /// `event: u64` (no reply is awaited by librdmacm's semantics, but one is sent).
+    AckEvent,
+    /// `id: u64` → `local: addr, peer: addr`.
+    QueryAddrs,
+    /// `cqe: u32, channel: u64` → `cq: u64`.
+    CreateCq,
+    /// `cq: u64`.
+    DestroyCq,
+    /// `cq: u64, max: u32` → `n: u32`, then n x [`WireWc`].
+    PollCq,
+    /// `id: u64, wr_id: u64, signaled: u8, data: bytes`.
+    PostSend,
+    /// `id: u64, wr_id: u64, len: u32`.
+    PostRecv,
+    /// Sent as the first datagram of a connection that is not a process: `addr` → `u8`, 1
+    /// when some id listens there (the wrapper's `--wait-for-listener`).
+    ProbeListener,
+    /// → `channel: u64` (a completion channel; its socket is attached separately).
+    CreateCompChannel,
+    /// `channel: u64`.
+    DestroyCompChannel,
+    /// Sent as the first datagram of a completion channel's socket: `proc: u64, channel: u64`.
+    AttachCompChannel,
+    /// `cq: u64`: the next completion queued on the CQ raises one event on its channel.
+    ReqNotifyCq,
+    /// `addr: u64, len: u64, access: u32` → `key: u32` (lkey and rkey).
+    RegMr,
+    /// `key: u32`.
+    DeregMr,
+    /// `id: u64, wr_id: u64, signaled: u8, remote_addr: u64, rkey: u32, data: bytes`: the
+    /// daemon writes `data` into the memory `rkey` names and completes the request.
+    RdmaWrite,
+    /// `id: u64, remote_addr: u64, rkey: u32, len: u32` → `status: u32, data: bytes`: the
+    /// bytes the memory holds; the caller places them, then reports [`Op::RdmaReadDone`].
+    RdmaRead,
+    /// `id: u64, wr_id: u64, signaled: u8, status: u32, len: u32`: completes an RDMA READ.
+    RdmaReadDone,
+    /// `id: u64, wr_id: u64, signaled: u8, remote_qpn: u32, imm: u8 + u32, data: bytes,
+    /// group: bytes`: a UD send to the QP numbered `remote_qpn` (delivered if it has a receive
+    /// posted, as UD does), or to every member of `group` (a GID) for the multicast QPN.
+    PostSendUd,
+    /// `id: u64, group: bytes` (a GID): the id's QP receives the group's datagrams.
+    JoinMcast,
+    /// `id: u64, group: bytes`.
+    LeaveMcast,
+}
+
+/// The QP number that addresses a multicast group.
+pub const MCAST_QPN: u32 = 0x00FF_FFFF;
+
+/// Completion-channel datagram: one completion event, `cq: u64`.
+pub const CHAN_COMP: u8 = 3;
+
+/// The largest message a QP may carry: a completion with its bytes must fit in one datagram.
+pub const MAX_MESSAGE: u32 = 128 * 1024;
+
+/// One work completion as the daemon reports it to `ibv_poll_cq`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WireWc {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// The QP's id token (the library maps it to `qp_num`).
+    pub id: u64,
+    /// `enum ibv_wc_status`.
+    pub status: u32,
+    /// `enum ibv_wc_opcode`.
+    pub opcode: u32,
+    /// `byte_len`.
+    pub byte_len: u32,
+    /// The received bytes (successful receives), scattered by the library into the posted buffers.
+    pub data: Vec<u8>,
+    /// `src_qp` (UD receives: the sender's QP).
+    pub src_qp: u32,
+    /// `imm_data` (as the sender gave it, network order).
+    pub imm_data: u32,
+    /// `wc_flags` (`IBV_WC_GRH`, `IBV_WC_WITH_IMM`).
+    pub wc_flags: u32,
+}
+
+impl Enc {
+    /// Appends a work completion.
+    pub fn wc(&mut self, wc: &WireWc) -> &mut Self {
+        self.u64(wc.wr_id)
+            .u64(wc.id)
+            .u32(wc.status)
+            .u32(wc.opcode)
+            .u32(wc.byte_len)
+            .bytes(&wc.data)
+            .u32(wc.src_qp)
+            .u32(wc.imm_data)
+            .u32(wc.wc_flags)
+    }
+}
+
+impl Dec<'_> {
+    /// Reads a work completion.
+    pub fn wc(&mut self) -> Result<WireWc, Malformed> {
+        Ok(WireWc {
+            wr_id: self.u64()?,
+            id: self.u64()?,
+            status: self.u32()?,
+            opcode: self.u32()?,
+            byte_len: self.u32()?,
+            data: self.bytes()?.to_vec(),
+            src_qp: self.u32()?,
+            imm_data: self.u32()?,
+            wc_flags: self.u32()?,
+        })
+    }
+}
+
+impl Op {
+    /// The op for a wire value.
+    pub fn from_u32(v: u32) -> Option<Op> {
+        use Op::*;
+        const ALL: [Op; 36] = [
+            Hello,
+            CreateChannel,
+            DestroyChannel,
+            AttachChannel,
+            CreateId,
+            DestroyId,
+            BindAddr,
+            ResolveAddr,
+            ResolveRoute,
+            CreateQp,
+            DestroyQp,
+            Listen,
+            Connect,
+            Accept,
+            Reject,
+            Disconnect,
+            AckEvent,
+            QueryAddrs,
+            CreateCq,
+            DestroyCq,
+            PollCq,
+            PostSend,
+            PostRecv,
+            ProbeListener,
+            CreateCompChannel,
+            DestroyCompChannel,
+            AttachCompChannel,
+            ReqNotifyCq,
+            RegMr,
+            DeregMr,
+            RdmaWrite,
+            RdmaRead,
+            RdmaReadDone,
+            PostSendUd,
+            JoinMcast,
+            LeaveMcast,
+        ];
+        ALL.into_iter().find(|op| *op as u32 == v)
+    }
+}
+
+/// Channel datagram: the daemon has bound this socket to its channel.
+pub const CHAN_ATTACHED: u8 = 1;
+/// Channel datagram: one CM event (see [`WireEvent`]).
+pub const CHAN_EVENT: u8 = 2;
+
+/// The connection parameters of `struct rdma_conn_param` without the pointer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WireParam {
+    /// Private data bytes.
+    pub private_data: Vec<u8>,
+    /// `responder_resources`.
+    pub responder_resources: u8,
+    /// `initiator_depth`.
+    pub initiator_depth: u8,
+    /// `flow_control`.
+    pub flow_control: u8,
+    /// `retry_count`.
+    pub retry_count: u8,
+    /// `rnr_retry_count`.
+    pub rnr_retry_count: u8,
+    /// `srq`.
+    pub srq: u8,
+    /// `qp_num`.
+    pub qp_num: u32,
+}
+
+/// One CM event as the daemon sends it on a channel socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireEvent {
+    /// The daemon's number for the event, given back by [`Op::AckEvent`].
+    pub event_no: u64,
+    /// The id the event is about (for `CONNECT_REQUEST`, the new child id).
+    pub id: u64,
+    /// The listener for `CONNECT_REQUEST`, else 0.
+    pub listen_id: u64,
+    /// `enum rdma_cm_event_type`.
+    pub event: u32,
+    /// `status`.
+    pub status: i32,
+    /// Connection parameters carried by the event.
+    pub param: WireParam,
+    /// The id's local address (so a child id knows it without a round trip).
+    pub local: Option<SocketAddr>,
+    /// The id's peer address.
+    pub peer: Option<SocketAddr>,
+}
+
+/// A protocol decoding failure: the peer sent something this version does not understand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Malformed;
+
+/// Builds one datagram.
+#[derive(Default, Debug)]
+pub struct Enc(pub Vec<u8>);
+
+impl Enc {
+    /// A request for `op`.
+    pub fn op(op: Op) -> Enc {
+        let mut e = Enc(Vec::with_capacity(64));
+        e.u32(op as u32);
+        e
+    }
+    /// Appends a byte.
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    /// Appends a `u32`.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends an `i32`.
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a `u64`.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends length-prefixed bytes.
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.0.extend_from_slice(v);
+        self
+    }
+    /// Appends an optional socket address.
+    pub fn addr(&mut self, a: Option<SocketAddr>) -> &mut Self {
+        match a {
+            None => {
+                self.u8(0);
+            }
+            Some(SocketAddr::V4(v4)) => {
+                self.u8(4);
+                self.0.extend_from_slice(&v4.ip().octets());
+                self.0.extend_from_slice(&v4.port().to_le_bytes());
+            }
+            Some(SocketAddr::V6(v6)) => {
+                self.u8(6);
+                self.0.extend_from_slice(&v6.ip().octets());
+                self.0.extend_from_slice(&v6.port().to_le_bytes());
+            }
+        }
+        self
+    }
+    /// Appends connection parameters.
+    pub fn param(&mut self, p: &WireParam) -> &mut Self {
+        self.bytes(&p.private_data);
+        for b in [
+            p.responder_resources,
+            p.initiator_depth,
+            p.flow_control,
+            p.retry_count,
+            p.rnr_retry_count,
+            p.srq,
+        ] {
+            self.u8(b);
+        }
+        self.u32(p.qp_num)
+    }
+    /// Appends a whole event datagram body.
+    pub fn event(&mut self, ev: &WireEvent) -> &mut Self {
+        self.u8(CHAN_EVENT)
+            .u64(ev.event_no)
+            .u64(ev.id)
+            .u64(ev.listen_id)
+            .u32(ev.event)
+            .i32(ev.status)
+            .param(&ev.param)
+            .addr(ev.local)
+            .addr(ev.peer)
+    }
+}
+
+/// Reads one datagram.
+#[derive(Debug)]
+pub struct Dec<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Dec<'a> {
+    /// Starts reading `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Dec { buf, pos: 0 }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
+        let end = self.pos.checked_add(n).ok_or(Malformed)?;
+        let s = self.buf.get(self.pos..end).ok_or(Malformed)?;
+        self.pos = end;
+        Ok(s)
+    }
+    /// Reads a byte.
+    pub fn u8(&mut self) -> Result<u8, Malformed> {
+        Ok(self.take(1)?[0])
+    }
+    /// Reads a `u16`.
+    pub fn u16(&mut self) -> Result<u16, Malformed> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().map_err(|_| Malformed)?,
+        ))
+    }
+    /// Reads a `u32`.
+    pub fn u32(&mut self) -> Result<u32, Malformed> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().map_err(|_| Malformed)?,
+        ))
+    }
+    /// Reads an `i32`.
+    pub fn i32(&mut self) -> Result<i32, Malformed> {
+        Ok(i32::from_le_bytes(
+            self.take(4)?.try_into().map_err(|_| Malformed)?,
+        ))
+    }
+    /// Reads a `u64`.
+    pub fn u64(&mut self) -> Result<u64, Malformed> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().map_err(|_| Malformed)?,
+        ))
+    }
+    /// Reads length-prefixed bytes.
+    pub fn bytes(&mut self) -> Result<&'a [u8], Malformed> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    /// Reads length-prefixed UTF-8.
+    pub fn str(&mut self) -> Result<&'a str, Malformed> {
+        std::str::from_utf8(self.bytes()?).map_err(|_| Malformed)
+    }
+    /// Reads an optional socket address.
+    pub fn addr(&mut self) -> Result<Option<SocketAddr>, Malformed> {
+        match self.u8()? {
+            0 => Ok(None),
+            4 => {
+                let o: [u8; 4] = self.take(4)?.try_into().map_err(|_| Malformed)?;
+                let port = self.u16()?;
+                Ok(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(o)), port)))
+            }
+            6 => {
+                let o: [u8; 16] = self.take(16)?.try_into().map_err(|_| Malformed)?;
+                let port = self.u16()?;
+                Ok(Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(o)), port)))
+            }
+            _ => Err(Malformed),
+        }
+    }
+    /// Reads connection parameters.
+    pub fn param(&mut self) -> Result<WireParam, Malformed> {
+        Ok(WireParam {
+            private_data: self.bytes()?.to_vec(),
+            responder_resources: self.u8()?,
+            initiator_depth: self.u8()?,
+            flow_control: self.u8()?,
+            retry_count: self.u8()?,
+            rnr_retry_count: self.u8()?,
+            srq: self.u8()?,
+            qp_num: self.u32()?,
+        })
+    }
+    /// Reads an event datagram's body (after its [`CHAN_EVENT`] tag).
+    pub fn event(&mut self) -> Result<WireEvent, Malformed> {
+        Ok(WireEvent {
+            event_no: self.u64()?,
+            id: self.u64()?,
+            listen_id: self.u64()?,
+            event: self.u32()?,
+            status: self.i32()?,
+            param: self.param()?,
+            local: self.addr()?,
+            peer: self.addr()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_survives_encoding_and_decoding() {
+        let ev = WireEvent {
+            event_no: 7,
+            id: 3,
+            listen_id: 1,
+            event: 4,
+            status: -110,
+            param: WireParam {
+                private_data: b"hello".to_vec(),
+                retry_count: 2,
+                qp_num: 99,
+                ..WireParam::default()
+            },
+            local: Some("10.0.0.1:7471".parse().unwrap()),
+            peer: Some("[fe80::1]:9".parse().unwrap()),
+        };
+        let mut e = Enc::default();
+        e.event(&ev);
+        let mut d = Dec::new(&e.0);
+        assert_eq!(d.u8(), Ok(CHAN_EVENT));
+        assert_eq!(d.event(), Ok(ev));
+    }
+
+    #[test]
+    fn a_truncated_datagram_is_malformed_not_a_panic() {
+        let mut e = Enc::op(Op::CreateId);
+        e.u64(5);
+        let mut d = Dec::new(&e.0[..6]);
+        assert_eq!(d.u32(), Ok(Op::CreateId as u32));
+        assert_eq!(d.u64(), Err(Malformed));
+    }
+
+    #[test]
+    fn every_op_maps_back_from_its_wire_value() {
+        for v in 1..=36 {
+            assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
+        }
+        assert_eq!(Op::from_u32(0), None);
+        assert_eq!(Op::from_u32(37), None);
+    }
+}

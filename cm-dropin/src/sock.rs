@@ -1,0 +1,316 @@
+//! `SOCK_SEQPACKET` Unix sockets and `poll`, the only system calls the daemon and the library
+//! need beyond std. Each datagram is one protocol message, so no framing code exists anywhere.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+/// The largest datagram either side sends: a poll reply with received bytes
+/// ([`MAX_MESSAGE`](crate::proto::MAX_MESSAGE) each, replies are cut at this size) stays below
+/// the kernel's default socket buffer, the limit of one `SOCK_SEQPACKET` message.
+pub const MAX_DATAGRAM: usize = 192 * 1024;
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cvt_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+fn sockaddr_un(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid (empty) value.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= sun.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    for (d, s) in sun.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((sun, len as libc::socklen_t))
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    // SAFETY: socket() has no memory arguments; a non-negative result is a new fd we own.
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fd was just returned by socket() and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A listening `SOCK_SEQPACKET` socket.
+#[derive(Debug)]
+pub struct SeqListener(OwnedFd);
+
+impl SeqListener {
+    /// Binds and listens at `path` (an existing socket file there is replaced). The file
+    /// appears only once the socket listens, so whoever sees it can connect.
+    pub fn bind(path: &Path) -> io::Result<SeqListener> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let fd = seqpacket()?;
+        let (sun, len) = sockaddr_un(&tmp)?;
+        // SAFETY: sun is a valid sockaddr_un of `len` meaningful bytes, alive for the call.
+        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) })?;
+        // SAFETY: plain call on an fd we own.
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
+        std::fs::rename(&tmp, path)?;
+        Ok(SeqListener(fd))
+    }
+
+    /// Accepts one connection.
+    pub fn accept(&self) -> io::Result<SeqConn> {
+        // SAFETY: NULL address arguments are allowed; the result is a new fd we own.
+        let fd = cvt(unsafe {
+            libc::accept4(
+                self.0.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fd was just returned by accept4 and is owned by nobody else.
+        Ok(SeqConn(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+}
+
+impl AsRawFd for SeqListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// One connected `SOCK_SEQPACKET` socket.
+#[derive(Debug)]
+pub struct SeqConn(OwnedFd);
+
+impl SeqConn {
+    /// Connects to the listener at `path`.
+    pub fn connect(path: &Path) -> io::Result<SeqConn> {
+        let fd = seqpacket()?;
+        let (sun, len) = sockaddr_un(path)?;
+        // SAFETY: sun is a valid sockaddr_un of `len` meaningful bytes, alive for the call.
+        cvt(unsafe { libc::connect(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) })?;
+        Ok(SeqConn(fd))
+    }
+
+    /// Sends one datagram, waiting for buffer space.
+    pub fn send(&self, msg: &[u8]) -> io::Result<()> {
+        self.send_flags(msg, 0)
+    }
+
+    /// Sends one datagram or fails with `WouldBlock` when the peer's buffer is full.
+    pub fn try_send(&self, msg: &[u8]) -> io::Result<()> {
+        self.send_flags(msg, libc::MSG_DONTWAIT)
+    }
+
+    fn send_flags(&self, msg: &[u8], flags: libc::c_int) -> io::Result<()> {
+        loop {
+            // SAFETY: msg is a valid buffer of msg.len() bytes for the duration of the call.
+            let r = unsafe {
+                libc::send(
+                    self.0.as_raw_fd(),
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    flags | libc::MSG_NOSIGNAL,
+                )
+            };
+            match cvt_size(r) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+                Ok(_) => return Ok(()),
+            }
+        }
+    }
+
+    /// Receives one datagram into `buf` (resized to it); `Ok(false)` when the peer closed.
+    pub fn recv(&self, buf: &mut Vec<u8>) -> io::Result<bool> {
+        recv_fd(self.0.as_raw_fd(), buf, 0)
+    }
+
+    /// Lends the fd to C code: the caller keeps this value alive while the fd is used.
+    pub fn into_raw_fd(self) -> RawFd {
+        use std::os::fd::IntoRawFd;
+        self.0.into_raw_fd()
+    }
+}
+
+impl AsRawFd for SeqConn {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Receives one datagram from a socket fd (`flags` as for recv(2)); `Ok(false)` when the peer
+/// closed. Fails with `WouldBlock` on a non-blocking fd with nothing queued.
+pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<bool> {
+    // Reused buffers keep their capacity: no zeroing and no allocation per message.
+    buf.clear();
+    buf.reserve(MAX_DATAGRAM);
+    loop {
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: spare is writable memory of spare.len() bytes for the duration of the call.
+        let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), flags) };
+        match cvt_size(r) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+            Ok(0) => return Ok(false),
+            Ok(n) => {
+                // SAFETY: the kernel initialised the first n bytes of the spare capacity.
+                unsafe { buf.set_len(n) };
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// Whether the application set `O_NONBLOCK` on `fd`.
+pub fn is_nonblocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL takes no pointer argument; a bad fd just returns -1.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+/// Closes an fd that was lent to C code with [`SeqConn::into_raw_fd`].
+pub fn close_fd(fd: RawFd) {
+    // SAFETY: the caller owned fd (it came from into_raw_fd) and gives up every use of it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+}
+
+/// Reads `len` bytes at `addr` in process `pid` (`process_vm_readv`: how the daemon, like a
+/// NIC, reads registered memory without a thread of the target's).
+pub fn read_process(pid: u32, addr: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    };
+    // SAFETY: local describes buf, writable for len bytes; the remote side is only accessed
+    // by the kernel, which checks it against the target's address space.
+    let n = cvt_size(unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) })?;
+    if n != len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short remote read"));
+    }
+    Ok(buf)
+}
+
+/// Writes `data` at `addr` in process `pid` (`process_vm_writev`).
+pub fn write_process(pid: u32, addr: u64, data: &[u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: local describes data, readable for its length (the kernel only reads it); the
+    // remote side is checked by the kernel against the target's address space.
+    let n = cvt_size(unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) })?;
+    if n != data.len() {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short remote write"));
+    }
+    Ok(())
+}
+
+/// Lets process `pid` (the daemon) read and write this process's memory under Yama's
+/// `ptrace_scope = 1`; without Yama the call fails harmlessly.
+pub fn allow_ptracer(pid: u32) {
+    // SAFETY: PR_SET_PTRACER takes a pid and no pointers.
+    let _ = unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) };
+}
+
+/// What `poll` reported for one fd.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ready {
+    /// Data (or end of file) can be read.
+    pub readable: bool,
+    /// Space to write.
+    pub writable: bool,
+    /// Hang-up or error.
+    pub closed: bool,
+}
+
+/// Waits up to `timeout_ms` (−1: forever) for `fds` (fd, want-write); returns their readiness.
+pub fn poll(fds: &[(RawFd, bool)], timeout_ms: i32) -> io::Result<Vec<Ready>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, write)| libc::pollfd {
+            fd,
+            events: libc::POLLIN | if write { libc::POLLOUT } else { 0 },
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: pfds is a valid array of pfds.len() pollfd structs for the duration of the call.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(pfds
+        .iter()
+        .map(|p| Ready {
+            readable: p.revents & libc::POLLIN != 0,
+            writable: p.revents & libc::POLLOUT != 0,
+            closed: p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagrams_keep_their_boundaries_and_close_reads_as_end() {
+        let dir = std::env::temp_dir().join(format!("cmsim-sock-test-{}", std::process::id()));
+        let l = SeqListener::bind(&dir).unwrap();
+        let c = SeqConn::connect(&dir).unwrap();
+        let s = l.accept().unwrap();
+        c.send(b"one").unwrap();
+        c.send(b"second").unwrap();
+        let mut buf = Vec::new();
+        assert!(s.recv(&mut buf).unwrap());
+        assert_eq!(buf, b"one");
+        assert!(s.recv(&mut buf).unwrap());
+        assert_eq!(buf, b"second");
+        let e = recv_fd(s.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        drop(c);
+        assert!(!s.recv(&mut buf).unwrap());
+        let _ = std::fs::remove_file(&dir);
+    }
+
+    #[test]
+    fn process_memory_is_read_and_written_in_place() {
+        let mut target = *b"0123456789";
+        let pid = std::process::id();
+        let addr = target.as_mut_ptr() as u64;
+        assert_eq!(read_process(pid, addr + 2, 3).unwrap(), b"234");
+        write_process(pid, addr + 4, b"ab").unwrap();
+        assert_eq!(std::hint::black_box(&target), b"0123ab6789");
+        assert!(read_process(pid, 0, 4).is_err(), "address 0 is never mapped");
+    }
+}

@@ -1,0 +1,626 @@
+//! rdma-core's own programs (Debian's rdmacm-utils), unmodified, against the drop-in libraries
+//! and a fabric daemon: server and client as separate processes, as on a real fabric.
+//!
+//! Each test skips with a message when the program is not installed (`apt-get install
+//! rdmacm-utils`; `scripts/test-all` installs it). Every wait is bounded: a hung program is
+//! killed and the test fails.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
+const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
+const SERVER: &str = "10.0.0.1";
+const CLIENT: &str = "10.0.0.2";
+
+fn installed(program: &str) -> bool {
+    let found = Path::new("/usr/bin").join(program).exists();
+    if !found {
+        eprintln!("skipped: /usr/bin/{program} is not installed (apt-get install rdmacm-utils)");
+    }
+    found
+}
+
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` at most `limit`; kills it and panics past that.
+fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut stdout = String::new();
+            let mut stderr = String::new();
+            if let Some(mut o) = child.stdout.take() {
+                o.read_to_string(&mut stdout).expect("read stdout");
+            }
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut stderr).expect("read stderr");
+            }
+            return Output {
+                status,
+                stdout,
+                stderr,
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A daemon for one test: two hosts, its own socket, gone when the test ends.
+struct Fabric {
+    socket: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Fabric {
+    fn start(name: &str, processes: usize, extra: &[&str]) -> Fabric {
+        let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+        let daemon = Command::new(DAEMON)
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--host",
+                SERVER,
+                "--host",
+                CLIENT,
+                "--seed",
+                "7",
+                "--max-seconds",
+                "120",
+            ])
+            .args(["--processes", &processes.to_string()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cmsim-daemon");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not create {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Fabric {
+            socket,
+            daemon: Some(daemon),
+        }
+    }
+
+    /// Starts `program` on `host`; a client (any host but the server's) starts only once the
+    /// server listens on port 7471 (every test uses it; rping is told so with `-p`), as a
+    /// person starting the pair by hand would wait.
+    fn spawn(&self, host: &str, program: &[&str]) -> Child {
+        self.spawn_with_port(host, 7471, program)
+    }
+
+    /// [`spawn`](Fabric::spawn) for a pair that uses another port (udaddy's is fixed: 7174).
+    fn spawn_with_port(&self, host: &str, port: u16, program: &[&str]) -> Child {
+        let mut cmd = Command::new(RUN);
+        if host != SERVER {
+            cmd.args(["--wait-for-listener", &format!("{SERVER}:{port}")]);
+        }
+        cmd.arg("--socket")
+            .arg(&self.socket)
+            .args(["--host", host, "--"])
+            .args(program)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cmsim-run")
+    }
+
+    /// Waits for the daemon to exit (it does once its processes are gone).
+    fn finish(mut self) -> Output {
+        wait(
+            self.daemon.take().expect("daemon running"),
+            Duration::from_secs(30),
+            "cmsim-daemon",
+        )
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Kills a server that, like cmtime's, serves until it is stopped.
+fn stop(mut server: Child) -> Output {
+    let _ = server.kill();
+    wait(server, Duration::from_secs(10), "server")
+}
+
+fn cmtime_pair(connections: usize) {
+    if !installed("cmtime") {
+        return;
+    }
+    let fabric = Fabric::start(&format!("cmtime{connections}"), 2, &[]);
+    let n = connections.to_string();
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", &n]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", &n]);
+    let out = wait(client, Duration::from_secs(90), "cmtime client");
+    let server_out = stop(server);
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{}\nserver: {}",
+        out.stdout,
+        out.stderr,
+        server_out.stderr
+    );
+    for step in [
+        "create id",
+        "bind addr",
+        "resolve addr",
+        "resolve route",
+        "create qp",
+        "connect",
+        "disconnect",
+        "destroy",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l.starts_with(step)),
+            "no `{step}` row in\n{}",
+            out.stdout
+        );
+    }
+    assert!(!out.stdout.contains("error"), "errors in\n{}", out.stdout);
+    assert!(out.stderr.is_empty(), "client stderr: {}", out.stderr);
+    let daemon = fabric.finish();
+    assert!(daemon.status.success(), "daemon: {}", daemon.stderr);
+    assert!(
+        daemon.stdout.lines().any(|l| l.starts_with("trace-hash: ")),
+        "{}",
+        daemon.stdout
+    );
+}
+
+#[test]
+fn cmtime_client_and_server_complete_100_connections() {
+    cmtime_pair(100);
+}
+
+#[test]
+fn cmtime_client_and_server_complete_1000_connections() {
+    cmtime_pair(1000);
+}
+
+#[test]
+fn a_partition_during_connect_makes_cmtime_report_unreachable() {
+    if !installed("cmtime") {
+        return;
+    }
+    // Every REQ is lost; with a 300 ms CM timeout each connect gives up as UNREACHABLE, -ETIMEDOUT.
+    let fabric = Fabric::start(
+        "partition",
+        2,
+        &["--cm-timeout", "300", "--fault", "0:partition 0 1"],
+    );
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "4"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "4"]);
+    let out = wait(client, Duration::from_secs(60), "cmtime client");
+    let server_out = stop(server);
+    let unreachable = out
+        .stdout
+        .lines()
+        .filter(|l| *l == "event: RDMA_CM_EVENT_UNREACHABLE, error: -110")
+        .count();
+    assert_eq!(unreachable, 4, "client output:\n{}\n{}", out.stdout, out.stderr);
+    // cmtime reports the failed connections and still exits 0, as it does on rxe.
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(out.stderr.is_empty(), "client stderr: {}", out.stderr);
+    assert!(
+        server_out.stdout.is_empty(),
+        "the server saw something: {}",
+        server_out.stdout
+    );
+    assert!(fabric.finish().status.success());
+}
+
+#[test]
+fn a_program_without_a_daemon_fails_with_a_message() {
+    if !installed("cmtime") {
+        return;
+    }
+    let child = Command::new(RUN)
+        .args([
+            "--socket",
+            "/nonexistent/cmsim.sock",
+            "--host",
+            SERVER,
+            "--",
+            "cmtime",
+            "-b",
+            SERVER,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let out = wait(child, Duration::from_secs(30), "cmtime");
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("cannot reach the fabric daemon"),
+        "stderr: {}",
+        out.stderr
+    );
+}
+
+/// Runs a server and a client that both finish on their own; returns (server, client, daemon).
+fn finishing_pair(name: &str, server: &[&str], client: &[&str], extra: &[&str]) -> (Output, Output, Output) {
+    let fabric = Fabric::start(name, 2, extra);
+    let s = fabric.spawn(SERVER, server);
+    let c = fabric.spawn(CLIENT, client);
+    let c = wait(c, Duration::from_secs(60), client[0]);
+    let s = wait(s, Duration::from_secs(30), server[0]);
+    let d = fabric.finish();
+    (s, c, d)
+}
+
+#[test]
+fn ucmatose_exchanges_messages_and_disconnects() {
+    if !installed("ucmatose") {
+        return;
+    }
+    let (s, c, d) = finishing_pair(
+        "ucmatose",
+        &["ucmatose", "-b", SERVER, "-c", "4", "-C", "20", "-S", "2000"],
+        // -t sets the type of service with rdma_set_option.
+        &[
+            "ucmatose", "-s", SERVER, "-b", CLIENT, "-c", "4", "-C", "20", "-S", "2000", "-t", "32",
+        ],
+        &[],
+    );
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(o.stdout.contains("return status 0"), "{who}: {}", o.stdout);
+        assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
+    }
+    assert!(s.stdout.contains("disconnected"), "{}", s.stdout);
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn an_unsupported_call_fails_with_enosys_and_a_message_not_a_crash() {
+    if !installed("ucmatose") {
+        return;
+    }
+    // -m migrates the ids to a new event channel: rdma_migrate_id is not served yet.
+    let (s, c, _) = finishing_pair(
+        "enosys",
+        &["ucmatose", "-b", SERVER, "-C", "1", "-m"],
+        &["ucmatose", "-s", SERVER, "-b", CLIENT, "-C", "1", "-m"],
+        &[],
+    );
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(
+            o.stderr
+                .contains("rdma_migrate_id is not supported on the simulator (ENOSYS)"),
+            "{who}: {}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains("Function not implemented"),
+            "{who}: {}",
+            o.stderr
+        );
+        // The program reports the failure through its own error path and exits.
+        assert!(
+            o.status.code().is_some(),
+            "{who} died of a signal: {:?}",
+            o.status
+        );
+    }
+}
+
+#[test]
+fn rdma_server_and_rdma_client_exchange_a_message_over_synchronous_endpoints() {
+    if !installed("rdma_server") || !installed("rdma_client") {
+        return;
+    }
+    // rdma_getaddrinfo, rdma_create_ep (passive and active), rdma_get_request, the blocking
+    // connect/accept, ibv_query_qp, inline sends and rdma_get_{send,recv}_comp, which wait on
+    // the completion channel.
+    let (s, c, d) = finishing_pair(
+        "rdmaserver",
+        &["rdma_server", "-s", SERVER],
+        &["rdma_client", "-s", SERVER],
+        &[],
+    );
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
+    assert_eq!(c.stdout, "rdma_client: start\nrdma_client: end 0\n");
+    assert!(
+        s.stderr.is_empty() && c.stderr.is_empty(),
+        "{}{}",
+        s.stderr,
+        c.stderr
+    );
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn rdma_client_without_a_server_reports_the_rejection() {
+    if !installed("rdma_client") {
+        return;
+    }
+    // No listener on the server's host: the synchronous connect fails with ECONNREFUSED.
+    let fabric = Fabric::start("noserver", 1, &[]);
+    let c = Command::new(RUN)
+        .arg("--socket")
+        .arg(&fabric.socket)
+        .args(["--host", CLIENT, "--", "rdma_client", "-s", SERVER])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let c = wait(c, Duration::from_secs(30), "rdma_client");
+    assert!(c.stdout.contains("rdma_client: end -1"), "{}", c.stdout);
+    assert!(
+        c.stderr.contains("rdma_connect: Connection refused"),
+        "{}",
+        c.stderr
+    );
+    assert!(fabric.finish().status.success());
+}
+
+#[test]
+fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
+    if !installed("rdma_server") || !installed("rdma_client") {
+        return;
+    }
+    let schedule = std::env::temp_dir().join(format!("cmsim-faults-{}.txt", std::process::id()));
+    std::fs::write(
+        &schedule,
+        "# the hosts cannot reach each other from the start\n0: partition 0 1\n",
+    )
+    .expect("write the schedule");
+    let schedule_arg = schedule.to_string_lossy().into_owned();
+    let fabric = Fabric::start("schedule", 2, &["--cm-timeout", "200", "--faults", &schedule_arg]);
+    let server = fabric.spawn(SERVER, &["rdma_server", "-s", SERVER]);
+    let client = fabric.spawn(CLIENT, &["rdma_client", "-s", SERVER]);
+    let c = wait(client, Duration::from_secs(30), "rdma_client");
+    let s = stop(server);
+    let _ = std::fs::remove_file(&schedule);
+    // Every REQ is lost: the blocking connect ends with UNREACHABLE, -ETIMEDOUT.
+    assert!(
+        c.stderr.contains("rdma_connect: Connection timed out"),
+        "{}",
+        c.stderr
+    );
+    assert!(c.stdout.contains("rdma_client: end -1"), "{}", c.stdout);
+    assert_eq!(c.status.code(), Some(255), "rdma_client returns -1 from main");
+    // The server blocks in rdma_get_request until it is killed (its buffered output is lost).
+    assert!(s.stderr.is_empty(), "server: {}", s.stderr);
+    assert!(fabric.finish().status.success());
+}
+
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers; None (with a message)
+/// when there is no C compiler or no headers.
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!(
+                "skipped: cannot compile {} (needs cc, librdmacm-dev, libibverbs-dev)",
+                src.display()
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_silent() {
+    let Some(echo) = compile_c("echo") else {
+        return;
+    };
+    let echo = echo.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "echo",
+        &[&echo, "server", SERVER],
+        &[&echo, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&echo);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
+    if !installed("rping") {
+        return;
+    }
+    // The server RDMA READs the client's ping buffer and RDMA WRITEs it back into the client's
+    // sink; -V makes the client compare the two every time. The completion channel and its
+    // thread carry every completion, and the disconnect's flush ends that thread.
+    let (s, c, d) = finishing_pair(
+        "rping",
+        &[
+            "rping", "-s", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-v",
+        ],
+        &[
+            "rping", "-c", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-V", "-v",
+        ],
+        &[],
+    );
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    let pings: Vec<&str> = c
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .collect();
+    assert_eq!(pings.len(), 20, "{}", c.stdout);
+    assert!(
+        pings[19].starts_with("ping data: rdma-ping-19: TUVWXYZ"),
+        "{}",
+        pings[19]
+    );
+    let read = s
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("server ping data: rdma-ping-"))
+        .count();
+    assert_eq!(read, 20, "the server read every ping: {}", s.stdout);
+    assert!(
+        !c.stderr.contains("mismatch") && !c.stdout.contains("mismatch"),
+        "{}",
+        c.stderr
+    );
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn channel_fds_are_readable_exactly_when_an_event_is_queued() {
+    let Some(fds) = compile_c("fds") else {
+        return;
+    };
+    let fds = fds.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair("fds", &[&fds, "server", SERVER], &[&fds, "client", SERVER], &[]);
+    let _ = std::fs::remove_file(&fds);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn removing_the_servers_device_under_a_running_rping_ends_the_server_with_an_error() {
+    if !installed("rping") {
+        return;
+    }
+    // rping without -C pings until something fails; the server's device goes away after 1.5 s
+    // (while connected, or still listening on a slow machine: both report the removal).
+    let fabric = Fabric::start("removal", 2, &["--fault", "1500:remove-device 0"]);
+    let server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471"]);
+    let client = fabric.spawn(CLIENT, &["rping", "-c", "-a", SERVER, "-p", "7471"]);
+    let s = wait(server, Duration::from_secs(30), "rping server");
+    let _ = stop(client);
+    assert!(
+        s.stderr.contains("cma detected device removal!!!!"),
+        "{}",
+        s.stderr
+    );
+    assert_eq!(s.status.code(), Some(255), "rping returns -1: {}", s.stderr);
+}
+
+#[test]
+fn udaddy_exchanges_datagrams_over_ud_qps() {
+    if !installed("udaddy") {
+        return;
+    }
+    // The UDP port space's SIDR exchange gives the client the server's QP number and Q_Key in
+    // ESTABLISHED's param.ud; the server answers each datagram's sender (ibv_create_ah_from_wc,
+    // the sender's QP number in imm_data); receive buffers start with the 40-byte GRH.
+    let fabric = Fabric::start("udaddy", 2, &[]);
+    let server = fabric.spawn_with_port(SERVER, 7174, &["udaddy", "-b", SERVER, "-c", "3", "-C", "10"]);
+    let client = fabric.spawn_with_port(
+        CLIENT,
+        7174,
+        &["udaddy", "-s", SERVER, "-b", CLIENT, "-c", "3", "-C", "10"],
+    );
+    let c = wait(client, Duration::from_secs(60), "udaddy client");
+    let s = wait(server, Duration::from_secs(30), "udaddy server");
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(o.stdout.contains("return status 0"), "{who}: {}", o.stdout);
+        assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
+    }
+    assert!(fabric.finish().status.success());
+}
+
+#[test]
+fn mckey_sends_to_a_multicast_group_and_the_member_receives() {
+    if !installed("mckey") {
+        return;
+    }
+    // Both join 224.0.0.1 (MULTICAST_JOIN with the group's GID, QPN 0xFFFFFF and Q_Key); the
+    // sender waits 3 s after joining (mckey's own pause), so the receiver, started first, has
+    // joined and posted its receives by then.
+    let fabric = Fabric::start("mckey", 2, &[]);
+    let receiver = fabric.spawn(SERVER, &["mckey", "-m", "224.0.0.1", "-b", SERVER, "-C", "10"]);
+    let sender = Command::new(RUN)
+        .arg("--socket")
+        .arg(&fabric.socket)
+        .args([
+            "--host",
+            CLIENT,
+            "--",
+            "mckey",
+            "-m",
+            "224.0.0.1",
+            "-b",
+            CLIENT,
+            "-s",
+            "-C",
+            "10",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let s = wait(sender, Duration::from_secs(60), "mckey sender");
+    let r = wait(receiver, Duration::from_secs(60), "mckey receiver");
+    for (who, o) in [("receiver", &r), ("sender", &s)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout
+                .contains("mckey: joined dgid: ::ffff:224.0.0.1 mlid 0x0 sl 0"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{who}: {}",
+            o.stdout
+        );
+        assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
+    }
+    assert!(r.stdout.contains("receiving data transfers"), "{}", r.stdout);
+    assert!(fabric.finish().status.success());
+}
