@@ -932,22 +932,26 @@ impl Gen {
             }
             770..=784 => {
                 let mut id = id;
+                let mut listen_id = if self.chance(300) {
+                    Some(self.handle(hosts))
+                } else {
+                    None
+                };
                 if self.skip.skips(Known::ForgedAck) {
-                    // Only forged events that name no id of the host: those are refused today.
-                    id = HandleRef::Forged {
+                    // Only forged events that name no id of the host (as the event's id or, for
+                    // CONNECT_REQUEST, its listener): those are refused today.
+                    let never = HandleRef::Forged {
                         owner: Owner::Never(0),
                         index: 0,
                         generation: 0,
                     };
+                    id = never;
+                    listen_id = listen_id.map(|_| never);
                 }
                 Op::AckForged {
                     h,
                     id,
-                    listen_id: if self.chance(300) {
-                        Some(self.handle(hosts))
-                    } else {
-                        None
-                    },
+                    listen_id,
                     event: self.pick(&CmEventType::ALL),
                     status: self.pick(&[0, -110, 28, i32::MIN]),
                     token: self.pick(&[0, 1, 2, 3, u64::MAX]),
