@@ -24,9 +24,11 @@ pub enum Check {
     Panic,
     /// An error with an errno outside the set librdmacm and verbs give.
     Errno,
-    /// An error naming another call than the one made, or a kind the call cannot give.
+    /// An error naming another call than the one made, a kind the call cannot give, or an
+    /// answer that contradicts itself (`poll_cq` counting other completions than it appended).
     ErrorCall,
-    /// An event for an id the application had destroyed, or for an id of another host.
+    /// An event for an id the application had destroyed or for an id of another host, or a
+    /// destroyed id's handle issued again.
     EventId,
     /// An event whose status does not fit its type.
     EventStatus,

@@ -338,6 +338,19 @@ fn start_watchdog(limit: Duration, skip: KnownSet) {
     });
 }
 
+/// Runs `f` for `seed` under the watchdog (see [`Campaign::wall_limit`]).
+pub fn watched<T>(seed: u64, limit: Duration, skip: KnownSet, f: impl FnOnce() -> T) -> T {
+    start_watchdog(limit, skip);
+    let w = watch();
+    w.seed.store(seed, Ordering::SeqCst);
+    w.since_ms
+        .store(w.epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
+    w.active.store(true, Ordering::SeqCst);
+    let out = f();
+    w.active.store(false, Ordering::SeqCst);
+    out
+}
+
 /// Runs a campaign; failures are collected by signature, the first of each minimised.
 pub fn run_campaign(c: &Campaign) -> Report {
     let started = Instant::now();

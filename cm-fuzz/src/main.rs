@@ -170,7 +170,7 @@ fn main() -> ExitCode {
         }
     };
     if let Some(seed) = a.replay {
-        return replay(seed, &a);
+        return cm_fuzz::watched(seed, a.campaign.wall_limit, a.campaign.skip, || replay(seed, &a));
     }
     let c = &a.campaign;
     let report = run_campaign(c);

@@ -214,3 +214,30 @@ fn shards_split_the_seed_range_and_summarise_as_json_lines() {
     }
     assert_eq!(total, 31);
 }
+
+#[test]
+fn the_watchdog_names_the_seed_and_ends_a_run_that_hangs() {
+    const CHILD: &str = "CM_FUZZ_WATCHDOG_CHILD";
+    let wait = std::time::Duration::from_secs(30);
+    if std::env::var_os(CHILD).is_some() {
+        // Stands in for a simulator that never returns; the watchdog must end the process.
+        cm_fuzz::watched(42, std::time::Duration::from_secs(1), KnownSet::NONE, || {
+            std::thread::sleep(wait)
+        });
+        panic!("the watchdog let a {wait:?} run finish");
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "the_watchdog_names_the_seed_and_ends_a_run_that_hangs",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("HANG: seed 42"), "{err}");
+    assert!(err.contains("--replay 42"), "{err}");
+}
