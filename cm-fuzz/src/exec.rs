@@ -1,0 +1,1106 @@
+//! Running a scenario against the simulator and checking every answer.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Once;
+use std::time::Duration;
+
+use cm_core::{
+    errno, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, LiveResources,
+    WorkCompletion,
+};
+use cm_sim::{ConfigError, SimFabric, SimHost};
+
+use crate::gen::{FabricSpec, HandleRef, HostSel, Op, Owner, ParamSel, Scenario};
+use crate::stats::Stats;
+
+/// Which check a sequence failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Check {
+    /// The simulator (or the harness around it) panicked.
+    Panic,
+    /// An error with an errno outside the set librdmacm and verbs give.
+    Errno,
+    /// An error naming another call than the one made, a kind the call cannot give, or an
+    /// answer that contradicts itself (`poll_cq` counting other completions than it appended).
+    ErrorCall,
+    /// An event for an id the application had destroyed or for an id of another host, or a
+    /// destroyed id's handle issued again.
+    EventId,
+    /// An event whose status does not fit its type.
+    EventStatus,
+    /// `ack_cm_event` accepted an event the backend never handed out.
+    ForgedAckAccepted,
+    /// `ack_cm_event` refused an event retrieved on that host (and incarnation), never acked.
+    GenuineAckRefused,
+    /// The per-host `live_resources` do not add up to the fabric's.
+    LiveAccounting,
+    /// After destroying everything, acking everything and running the timers out, something is
+    /// still alive.
+    Teardown,
+    /// The same seed ran twice gave different traces or answers.
+    Determinism,
+}
+
+impl Check {
+    /// Short name for reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Check::Panic => "panic",
+            Check::Errno => "errno",
+            Check::ErrorCall => "error-call",
+            Check::EventId => "event-id",
+            Check::EventStatus => "event-status",
+            Check::ForgedAckAccepted => "forged-ack-accepted",
+            Check::GenuineAckRefused => "genuine-ack-refused",
+            Check::LiveAccounting => "live-accounting",
+            Check::Teardown => "teardown",
+            Check::Determinism => "determinism",
+        }
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// Which check.
+    pub check: Check,
+    /// What makes two failures the same one: the panic's location and message shape, or the
+    /// check's own key (minimisation keeps the failure with the same signature).
+    pub signature: String,
+    /// What happened, in full.
+    pub detail: String,
+    /// The call (index into the scenario's calls) it happened at; `None` for teardown and
+    /// determinism.
+    pub at: Option<usize>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.at {
+            Some(i) => write!(f, "[{}] at call {i}: {}", self.check, self.detail),
+            None => write!(f, "[{}] {}", self.check, self.detail),
+        }
+    }
+}
+
+/// What one run gives back.
+pub struct RunResult {
+    /// The first failed check, if any.
+    pub failure: Option<Failure>,
+    /// Hash of every answer and both fabrics' trace hashes: equal for equal runs.
+    pub digest: u64,
+    /// Counts of calls, events and errors.
+    pub stats: Stats,
+    /// One line per call with its answer, when asked for.
+    pub log: Vec<String>,
+}
+
+thread_local! {
+    static CAPTURE: RefCell<Option<Option<(String, String)>>> = const { RefCell::new(None) };
+}
+
+/// Installs (once) a panic hook that, on threads running a sequence, records the panic's
+/// message and location instead of printing them; elsewhere the previous hook runs.
+fn install_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let captured = CAPTURE.with(|c| {
+                let mut c = c.borrow_mut();
+                match c.as_mut() {
+                    Some(slot) => {
+                        let msg = info
+                            .payload()
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "(non-string panic payload)".into());
+                        let loc = info.location().map_or_else(
+                            || "unknown location".into(),
+                            |l| format!("{}:{}", l.file(), l.line()),
+                        );
+                        *slot = Some((msg, loc));
+                        true
+                    }
+                    None => false,
+                }
+            });
+            if !captured {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Whether `f` panics, without printing the panic.
+pub(crate) fn panics_quietly(f: impl FnOnce()) -> bool {
+    install_hook();
+    CAPTURE.with(|c| *c.borrow_mut() = Some(None));
+    let panicked = panic::catch_unwind(AssertUnwindSafe(f)).is_err();
+    CAPTURE.with(|c| *c.borrow_mut() = None);
+    panicked
+}
+
+/// Digits replaced by `#`: two panics at one place with different numbers are one failure.
+fn shape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last_digit = false;
+    for c in text.chars().take(160) {
+        if c.is_ascii_digit() {
+            if !last_digit {
+                out.push('#');
+            }
+            last_digit = true;
+        } else {
+            out.push(c);
+            last_digit = false;
+        }
+    }
+    out
+}
+
+/// How to run a scenario.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions<'a> {
+    /// Only the calls with these indices, ascending (all when `None`).
+    pub keep: Option<&'a [usize]>,
+    /// Builder faults left out: (fabric, index in its schedule).
+    pub drop_faults: &'a [(u8, usize)],
+    /// Record each call with its answer in [`RunResult::log`].
+    pub log: bool,
+    /// A planted application bug, to show the checks find and minimise one: teardown drops the
+    /// events it holds instead of acking them.
+    pub forget_held_events: bool,
+}
+
+/// Runs `scenario` once as `opts` say. Panics are caught and reported as a failure.
+pub fn run_once(scenario: &Scenario, opts: &RunOptions<'_>) -> RunResult {
+    install_hook();
+    CAPTURE.with(|c| *c.borrow_mut() = Some(None));
+    let mut world = None;
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        let w = world.insert(World::new(scenario, opts)?);
+        Ok::<_, ConfigError>(w.run(opts.keep))
+    }));
+    let captured = CAPTURE.with(|c| c.borrow_mut().take()).flatten();
+    let (failure, stats, log, digest) = match outcome {
+        Ok(Ok(failure)) => {
+            let w = world.take().expect("world built");
+            (failure, w.stats, w.log, w.digest.finish())
+        }
+        Ok(Err(refused)) => {
+            // A configuration `try_build` refuses is a typed answer, not a failure; the run has
+            // nothing else to do. Its text goes into the digest so that replays compare it.
+            let text = refused.to_string();
+            let failure = text.is_empty().then(|| Failure {
+                check: Check::Panic,
+                signature: "configuration refused without a reason".into(),
+                detail: format!("try_build refused a configuration with an empty message: {refused:?}"),
+                at: None,
+            });
+            let mut digest = DefaultHasher::new();
+            text.hash(&mut digest);
+            let stats = Stats {
+                sequences: 1,
+                configs_refused: 1,
+                ..Stats::default()
+            };
+            (
+                failure,
+                stats,
+                vec![format!("configuration refused: {text}")],
+                digest.finish(),
+            )
+        }
+        Err(_) => {
+            let (msg, loc) = captured.unwrap_or_else(|| ("(panic not captured)".into(), "?".into()));
+            let (at, stats, log) = match world.take() {
+                Some(w) => (w.current, w.stats, w.log),
+                None => (None, Stats::default(), Vec::new()),
+            };
+            let failure = Failure {
+                check: Check::Panic,
+                signature: format!("panic at {loc}: {}", shape(msg.lines().next().unwrap_or(""))),
+                detail: format!("panicked at {loc}: {msg}"),
+                at,
+            };
+            (Some(failure), stats, log, 0)
+        }
+    };
+    RunResult {
+        failure,
+        digest,
+        stats,
+        log,
+    }
+}
+
+/// An event retrieved and not acked yet.
+struct Held {
+    from: HostSel,
+    incarnation: u32,
+    event: CmEvent,
+}
+
+struct World<'a> {
+    scenario: &'a Scenario,
+    fabrics: [SimFabric; 2],
+    hosts: [Vec<SimHost>; 2],
+    /// Handles each host was given, oldest first (never removed: stale ones are good input).
+    chans: [Vec<Vec<ChannelHandle>>; 2],
+    ids: [Vec<Vec<IdHandle>>; 2],
+    all_chans: Vec<ChannelHandle>,
+    all_ids: Vec<IdHandle>,
+    /// Ids destroyed by a successful `destroy_id` (or gone with a crash): no event may name them.
+    dead_ids: HashSet<IdHandle>,
+    held: Vec<Held>,
+    /// Each host's owner tag, once a handle showed it.
+    tags: [Vec<Option<u32>>; 2],
+    stats: Stats,
+    digest: DefaultHasher,
+    log: Vec<String>,
+    logging: bool,
+    forget_held: bool,
+    current: Option<usize>,
+}
+
+type Checked = Result<(), Failure>;
+
+fn fail(check: Check, signature: impl Into<String>, detail: impl Into<String>, at: Option<usize>) -> Checked {
+    Err(Failure {
+        check,
+        signature: signature.into(),
+        detail: detail.into(),
+        at,
+    })
+}
+
+/// Every errno librdmacm and verbs answer these calls with.
+const PLAUSIBLE_ERRNOS: [i32; 13] = [
+    errno::ENOENT,
+    errno::EBADF,
+    errno::ENOMEM,
+    errno::EBUSY,
+    errno::ENODEV,
+    errno::EINVAL,
+    errno::EOPNOTSUPP,
+    errno::EADDRINUSE,
+    errno::EADDRNOTAVAIL,
+    errno::ENETUNREACH,
+    errno::ETIMEDOUT,
+    errno::ECONNREFUSED,
+    errno::EHOSTUNREACH,
+];
+
+/// The call an error names, when its variant names one.
+pub(crate) fn error_call(e: &CmError) -> Option<Call> {
+    match e {
+        CmError::UnknownHandle { call, .. }
+        | CmError::WrongState { call, .. }
+        | CmError::UnackedEvents { call, .. }
+        | CmError::NoQp { call }
+        | CmError::NoDevice { call }
+        | CmError::WrongQpState { call, .. }
+        | CmError::PrivateDataTooLong { call, .. }
+        | CmError::AddrInUse { call }
+        | CmError::AddrNotAvailable { call }
+        | CmError::InvalidArgument { call, .. }
+        | CmError::QueueFull { call, .. }
+        | CmError::Os { call, .. } => Some(*call),
+        _ => None,
+    }
+}
+
+/// The call an operation is, for matching against the call its errors name.
+fn op_call(op: &Op) -> Option<Call> {
+    Some(match op {
+        Op::CreateEventChannel { .. } => Call::CreateEventChannel,
+        Op::DestroyEventChannel { .. } => Call::DestroyEventChannel,
+        Op::CreateId { .. } => Call::CreateId,
+        Op::DestroyId { .. } => Call::DestroyId,
+        Op::BindAddr { .. } => Call::BindAddr,
+        Op::ResolveAddr { .. } => Call::ResolveAddr,
+        Op::ResolveRoute { .. } => Call::ResolveRoute,
+        Op::CreateQp { .. } => Call::CreateQp,
+        Op::DestroyQp { .. } => Call::DestroyQp,
+        Op::Listen { .. } => Call::Listen,
+        Op::Connect { .. } => Call::Connect,
+        Op::Accept { .. } => Call::Accept,
+        Op::Reject { .. } => Call::Reject,
+        Op::Disconnect { .. } => Call::Disconnect,
+        Op::GetCmEvent { .. } | Op::TryGetCmEvent { .. } => Call::GetCmEvent,
+        Op::AckHeld { .. } | Op::AckForged { .. } => Call::AckCmEvent,
+        Op::GetLocalAddr { .. } => Call::GetLocalAddr,
+        Op::GetPeerAddr { .. } => Call::GetPeerAddr,
+        Op::PostSend { .. } => Call::PostSend,
+        Op::PostRecv { .. } => Call::PostRecv,
+        Op::PollCq { .. } | Op::TryPollCq { .. } => Call::PollCq,
+        Op::IdMachine { .. }
+        | Op::LiveResources { .. }
+        | Op::Inject { .. }
+        | Op::Advance { .. }
+        | Op::RunUntilIdle { .. } => return None,
+    })
+}
+
+/// Whether `e` is an answer `call` can give at all.
+fn error_fits_call(e: &CmError, call: Call) -> bool {
+    if let Some(named) = error_call(e) {
+        // An explicit source address makes resolve_addr bind first, and bind's errors are its.
+        return named == call || (call == Call::ResolveAddr && named == Call::BindAddr);
+    }
+    match e {
+        CmError::QpAttached => call == Call::DestroyId,
+        CmError::ChannelBusy { .. } => call == Call::DestroyEventChannel,
+        CmError::QpExists => call == Call::CreateQp,
+        CmError::EventNotOutstanding => call == Call::AckCmEvent,
+        _ => true,
+    }
+}
+
+/// Whether `status` fits an event of type `ty` (statuses the simulator's fault model and
+/// librdmacm give: 0, a negative errno, an IB CM reject reason or SIDR status).
+fn status_fits(ty: CmEventType, status: i32) -> bool {
+    match ty {
+        CmEventType::AddrResolved
+        | CmEventType::RouteResolved
+        | CmEventType::ConnectRequest
+        | CmEventType::Established
+        | CmEventType::AddrChange
+        | CmEventType::TimewaitExit
+        | CmEventType::DeviceRemoval
+        | CmEventType::ConnectResponse => status == 0,
+        CmEventType::AddrError | CmEventType::RouteError | CmEventType::ConnectError => status < 0,
+        CmEventType::Rejected => status > 0,
+        CmEventType::Unreachable => status == -errno::ETIMEDOUT || status > 0,
+        CmEventType::Disconnected => status == 0 || status == -errno::ETIMEDOUT,
+        // The simulator has no multicast, and never makes up events of a newer librdmacm.
+        _ => false,
+    }
+}
+
+fn build(spec: &FabricSpec, drop: impl Fn(usize) -> bool) -> Result<SimFabric, ConfigError> {
+    let mut b = SimFabric::builder().seed(spec.seed).config(spec.config.clone());
+    for addrs in &spec.hosts {
+        let texts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        b = b.host_with_addrs(&refs);
+    }
+    let mut faults = spec.faults.clone();
+    let mut i = 0;
+    faults.faults.retain(|_| {
+        i += 1;
+        !drop(i - 1)
+    });
+    b.faults(faults).try_build()
+}
+
+impl<'a> World<'a> {
+    /// The scenario's world, or the builder's refusal of one of its configurations.
+    fn new(scenario: &'a Scenario, opts: &RunOptions<'_>) -> Result<World<'a>, ConfigError> {
+        let drop_faults = opts.drop_faults;
+        let f0 = build(&scenario.fabrics[0], |i| drop_faults.contains(&(0, i)))?;
+        let f1 = build(&scenario.fabrics[1], |i| drop_faults.contains(&(1, i)))?;
+        let counts = scenario.host_counts();
+        let hosts = [
+            (0..counts[0]).map(|h| f0.host(h)).collect(),
+            (0..counts[1]).map(|h| f1.host(h)).collect(),
+        ];
+        Ok(World {
+            scenario,
+            fabrics: [f0, f1],
+            hosts,
+            chans: [vec![Vec::new(); counts[0]], vec![Vec::new(); counts[1]]],
+            ids: [vec![Vec::new(); counts[0]], vec![Vec::new(); counts[1]]],
+            all_chans: Vec::new(),
+            all_ids: Vec::new(),
+            dead_ids: HashSet::new(),
+            held: Vec::new(),
+            tags: [vec![None; counts[0]], vec![None; counts[1]]],
+            stats: Stats::default(),
+            digest: DefaultHasher::new(),
+            log: Vec::new(),
+            logging: opts.log,
+            forget_held: opts.forget_held_events,
+            current: None,
+        })
+    }
+
+    fn run(&mut self, keep: Option<&[usize]>) -> Option<Failure> {
+        let ops = &self.scenario.ops;
+        for (i, op) in ops.iter().enumerate() {
+            if keep.is_some_and(|k| k.binary_search(&i).is_err()) {
+                continue;
+            }
+            self.current = Some(i);
+            self.stats.calls += 1;
+            if let Err(f) = self.step(i, op) {
+                return Some(f);
+            }
+        }
+        self.current = None;
+        if let Err(f) = self.teardown() {
+            return Some(f);
+        }
+        for fabric in &self.fabrics {
+            fabric.trace_hash().hash(&mut self.digest);
+        }
+        None
+    }
+
+    fn note(&mut self, i: usize, op: &Op, answer: impl FnOnce() -> String) {
+        if self.logging {
+            self.log.push(format!("{i:4}: {op} -> {}", answer()));
+        }
+    }
+
+    fn host(&self, h: HostSel) -> SimHost {
+        self.hosts[h.fabric as usize][h.host as usize].clone()
+    }
+
+    fn learn_tag(&mut self, h: HostSel, owner: u32) {
+        self.tags[h.fabric as usize][h.host as usize].get_or_insert(owner);
+    }
+
+    fn pick<T: Copy>(
+        own: &[T],
+        all: &[T],
+        r: HandleRef,
+        forged: impl Fn(u32, u32, u32) -> T,
+        tag: impl Fn(Owner) -> u32,
+    ) -> T {
+        let nth_recent = |list: &[T], n: u16| {
+            list.get(list.len().checked_sub(1 + n as usize % list.len().max(1))?)
+                .copied()
+        };
+        let forge_default = || forged(0, 0, 0);
+        match r {
+            HandleRef::Own(n) => nth_recent(own, n).unwrap_or_else(forge_default),
+            HandleRef::Any(n) => nth_recent(all, n).unwrap_or_else(forge_default),
+            HandleRef::Forged {
+                owner,
+                index,
+                generation,
+            } => forged(tag(owner), index, generation),
+        }
+    }
+
+    fn owner_tag(&self, o: Owner) -> u32 {
+        match o {
+            // A host that issued nothing yet has an unknown tag; one that no backend has stands in.
+            Owner::Host(h) => self
+                .tags
+                .get(h.fabric as usize)
+                .and_then(|t| t.get(h.host as usize % t.len().max(1)))
+                .copied()
+                .flatten()
+                .unwrap_or(u32::MAX - 2),
+            Owner::Never(t) => t,
+        }
+    }
+
+    fn id(&self, h: HostSel, r: HandleRef) -> IdHandle {
+        let own = &self.ids[h.fabric as usize][h.host as usize];
+        Self::pick(own, &self.all_ids, r, IdHandle::new, |o| self.owner_tag(o))
+    }
+
+    fn chan(&self, h: HostSel, r: HandleRef) -> ChannelHandle {
+        let own = &self.chans[h.fabric as usize][h.host as usize];
+        Self::pick(own, &self.all_chans, r, ChannelHandle::new, |o| self.owner_tag(o))
+    }
+
+    fn conn_param(p: &ParamSel) -> ConnParam {
+        let mut c = ConnParam::new().with_private_data(&vec![0xA5; p.private_len]);
+        c.responder_resources = p.responder_resources;
+        c.initiator_depth = p.initiator_depth;
+        c.retry_count = p.retry_count;
+        c.rnr_retry_count = p.rnr_retry_count;
+        c.flow_control = p.flow_control;
+        c.srq = p.srq;
+        c.qp_num = p.qp_num;
+        c
+    }
+
+    /// Checks an error answer and counts it.
+    fn check_err(&mut self, i: usize, op: &Op, e: &CmError) -> Checked {
+        self.stats.error(e);
+        let n = e.errno();
+        std::mem::discriminant(e).hash(&mut self.digest);
+        n.hash(&mut self.digest);
+        if !PLAUSIBLE_ERRNOS.contains(&n) {
+            return fail(
+                Check::Errno,
+                format!("errno {n} from {}", crate::stats::error_kind(e)),
+                format!("{op} answered {e:?} with errno {n}, not one librdmacm gives"),
+                Some(i),
+            );
+        }
+        if e.to_string().is_empty() {
+            return fail(
+                Check::Errno,
+                "empty message",
+                format!("{op} answered {e:?} with an empty message"),
+                Some(i),
+            );
+        }
+        if let Some(call) = op_call(op) {
+            if !error_fits_call(e, call) {
+                return fail(
+                    Check::ErrorCall,
+                    format!("{} from {}", crate::stats::error_kind(e), call.name()),
+                    format!("{op} answered {e:?} ({e}), which is not about {}", call.name()),
+                    Some(i),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a retrieved event and files it (acked at once or held).
+    fn got_event(&mut self, i: usize, op: &Op, h: HostSel, ev: CmEvent, ack: bool) -> Checked {
+        let ty = ev.event();
+        self.stats.event(ty);
+        (ty.raw(), ev.status(), ev.private_data().len()).hash(&mut self.digest);
+        if !status_fits(ty, ev.status()) {
+            return fail(
+                Check::EventStatus,
+                format!("{ty} status"),
+                format!("{op} gave {ev} with status {}", ev.status()),
+                Some(i),
+            );
+        }
+        if self.dead_ids.contains(&ev.id()) || ev.listen_id().is_some_and(|l| self.dead_ids.contains(&l)) {
+            return fail(
+                Check::EventId,
+                format!("{ty} for a destroyed id"),
+                format!("{op} gave {ev} for an id already destroyed"),
+                Some(i),
+            );
+        }
+        let (f, hh) = (h.fabric as usize, h.host as usize);
+        let own = &self.ids[f][hh];
+        if ty == CmEventType::ConnectRequest {
+            match ev.listen_id() {
+                Some(l) if own.contains(&l) => {}
+                _ => {
+                    return fail(
+                        Check::EventId,
+                        "CONNECT_REQUEST without a listener of the host",
+                        format!("{op} gave {ev} whose listener is not an id of {h}"),
+                        Some(i),
+                    )
+                }
+            }
+            self.learn_tag(h, ev.id().owner());
+            self.ids[f][hh].push(ev.id());
+            self.all_ids.push(ev.id());
+        } else if !own.contains(&ev.id()) {
+            return fail(
+                Check::EventId,
+                format!("{ty} for an id not of the host"),
+                format!("{op} gave {ev} for an id {h} never had"),
+                Some(i),
+            );
+        }
+        if ack {
+            let text = format!("{ev}");
+            match self.host(h).ack_cm_event(ev) {
+                Ok(()) => {}
+                Err(e) => {
+                    return fail(
+                        Check::GenuineAckRefused,
+                        format!("ack of {ty} right after retrieval"),
+                        format!("{op}: acking {text} at once on its own host failed: {e:?}"),
+                        Some(i),
+                    )
+                }
+            }
+        } else {
+            let incarnation = self.fabrics[f].host_incarnation(hh);
+            self.held.push(Held {
+                from: h,
+                incarnation,
+                event: ev,
+            });
+        }
+        Ok(())
+    }
+
+    fn unit(&mut self, i: usize, op: &Op, r: cm_core::Result<()>) -> Checked {
+        self.note(i, op, || format!("{r:?}"));
+        match r {
+            Ok(()) => {
+                0u8.hash(&mut self.digest);
+                Ok(())
+            }
+            Err(e) => self.check_err(i, op, &e),
+        }
+    }
+
+    fn step(&mut self, i: usize, op: &Op) -> Checked {
+        match *op {
+            Op::CreateEventChannel { h } => {
+                let r = self.host(h).create_event_channel();
+                self.note(i, op, || format!("{r:?}"));
+                match r {
+                    Ok(ch) => {
+                        self.learn_tag(h, ch.owner());
+                        self.chans[h.fabric as usize][h.host as usize].push(ch);
+                        self.all_chans.push(ch);
+                        Ok(())
+                    }
+                    Err(e) => self.check_err(i, op, &e),
+                }
+            }
+            Op::DestroyEventChannel { h, ch } => {
+                let ch = self.chan(h, ch);
+                let r = self.host(h).destroy_event_channel(ch);
+                self.unit(i, op, r)
+            }
+            Op::CreateId { h, ch, ps } => {
+                let ch = self.chan(h, ch);
+                let r = self.host(h).create_id(ch, ps);
+                self.note(i, op, || format!("{r:?}"));
+                match r {
+                    Ok(id) => {
+                        if self.dead_ids.remove(&id) {
+                            // A slot's generation wrapped: a stale handle now names a new id.
+                            return fail(
+                                Check::EventId,
+                                "create_id reissued a destroyed handle",
+                                format!("{op} gave {id:?}, a handle already used and destroyed"),
+                                Some(i),
+                            );
+                        }
+                        self.learn_tag(h, id.owner());
+                        self.ids[h.fabric as usize][h.host as usize].push(id);
+                        self.all_ids.push(id);
+                        Ok(())
+                    }
+                    Err(e) => self.check_err(i, op, &e),
+                }
+            }
+            Op::DestroyId { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).destroy_id(id);
+                if r.is_ok() {
+                    self.dead_ids.insert(id);
+                }
+                self.unit(i, op, r)
+            }
+            Op::BindAddr { h, id, addr } => {
+                let (id, addr) = (self.id(h, id), self.scenario.resolve_addr(h.fabric, addr));
+                let r = self.host(h).bind_addr(id, addr);
+                self.unit(i, op, r)
+            }
+            Op::ResolveAddr {
+                h,
+                id,
+                src,
+                dst,
+                timeout,
+            } => {
+                let id = self.id(h, id);
+                let src = src.map(|a| self.scenario.resolve_addr(h.fabric, a));
+                let dst = self.scenario.resolve_addr(h.fabric, dst);
+                let r = self.host(h).resolve_addr(id, src, dst, timeout);
+                self.unit(i, op, r)
+            }
+            Op::ResolveRoute { h, id, timeout } => {
+                let id = self.id(h, id);
+                let r = self.host(h).resolve_route(id, timeout);
+                self.unit(i, op, r)
+            }
+            Op::CreateQp { h, id, caps } => {
+                let id = self.id(h, id);
+                let r = self.host(h).create_qp(id, caps).map(|_| ());
+                self.unit(i, op, r)
+            }
+            Op::DestroyQp { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).destroy_qp(id);
+                self.unit(i, op, r)
+            }
+            Op::Listen { h, id, backlog } => {
+                let id = self.id(h, id);
+                let r = self.host(h).listen(id, backlog);
+                self.unit(i, op, r)
+            }
+            Op::Connect { h, id, ref param } => {
+                let id = self.id(h, id);
+                let r = self.host(h).connect(id, &Self::conn_param(param));
+                self.unit(i, op, r)
+            }
+            Op::Accept { h, id, ref param } => {
+                let id = self.id(h, id);
+                let r = self.host(h).accept(id, &Self::conn_param(param));
+                self.unit(i, op, r)
+            }
+            Op::Reject { h, id, private_len } => {
+                let id = self.id(h, id);
+                let r = self.host(h).reject(id, &vec![0x5A; private_len]);
+                self.unit(i, op, r)
+            }
+            Op::Disconnect { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).disconnect(id);
+                self.unit(i, op, r)
+            }
+            Op::GetCmEvent { h, ch, timeout, ack } => {
+                let ch = self.chan(h, ch);
+                let r = self.host(h).get_cm_event(ch, timeout);
+                self.event_answer(i, op, h, r, ack)
+            }
+            Op::TryGetCmEvent { h, ch, ack } => {
+                let ch = self.chan(h, ch);
+                let r = self.host(h).try_get_cm_event(ch);
+                self.event_answer(i, op, h, r, ack)
+            }
+            Op::AckHeld { on, n } => {
+                if self.held.is_empty() {
+                    self.note(i, op, || "no event held".into());
+                    return Ok(());
+                }
+                let k = self.held.len() - 1 - n as usize % self.held.len();
+                let held = self.held.remove(k);
+                let target = on.unwrap_or(held.from);
+                let text = held.event.to_string();
+                let r = self.host(target).ack_cm_event(held.event);
+                if let Err(CmError::ForeignEvent(back)) = &r {
+                    // Refused as another host's: the event comes back and is still held.
+                    let event = back.take().expect("a refused event is handed back once");
+                    self.held.push(Held { event, ..held });
+                }
+                let own_and_alive = target == held.from
+                    && self.fabrics[target.fabric as usize].host_incarnation(target.host as usize)
+                        == held.incarnation;
+                if let (Err(e), true) = (&r, own_and_alive) {
+                    return fail(
+                        Check::GenuineAckRefused,
+                        format!("ack refused: {}", crate::stats::error_kind(e)),
+                        format!("{op}: acking {text}, retrieved on {target} and never acked, failed: {e:?}"),
+                        Some(i),
+                    );
+                }
+                self.unit(i, op, r)
+            }
+            Op::AckForged {
+                h,
+                id,
+                listen_id,
+                event,
+                status,
+                token,
+            } => {
+                let id = self.id(h, id);
+                let listen = listen_id.map(|l| self.id(h, l));
+                let forged = CmEvent::new(id, listen, event, status, ConnParam::ZERO, token);
+                let text = forged.to_string();
+                let r = self.host(h).ack_cm_event(forged);
+                if r.is_ok() {
+                    self.note(i, op, || "Ok(())".into());
+                    return fail(
+                        Check::ForgedAckAccepted,
+                        "forged event accepted",
+                        format!("{op}: {h} accepted the ack of {text}, an event made with CmEvent::new"),
+                        Some(i),
+                    );
+                }
+                self.unit(i, op, r)
+            }
+            Op::GetLocalAddr { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).get_local_addr(id);
+                if let Ok(a) = &r {
+                    a.hash(&mut self.digest);
+                }
+                self.unit(i, op, r.map(|_| ()))
+            }
+            Op::GetPeerAddr { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).get_peer_addr(id);
+                if let Ok(a) = &r {
+                    a.hash(&mut self.digest);
+                }
+                self.unit(i, op, r.map(|_| ()))
+            }
+            Op::PostSend { h, id, wr_id, len } => {
+                let id = self.id(h, id);
+                let r = self.host(h).post_send(id, wr_id, &vec![0x3C; len]);
+                self.unit(i, op, r)
+            }
+            Op::PostRecv { h, id, wr_id, len } => {
+                let id = self.id(h, id);
+                let r = self.host(h).post_recv(id, wr_id, len);
+                self.unit(i, op, r)
+            }
+            Op::PollCq { h, id, max, timeout } => {
+                let id = self.id(h, id);
+                let mut out = Vec::new();
+                let r = self.host(h).poll_cq(id, &mut out, max, timeout);
+                self.completions(i, op, r, &out, max)
+            }
+            Op::TryPollCq { h, id, max } => {
+                let id = self.id(h, id);
+                let mut out = Vec::new();
+                let r = self.host(h).try_poll_cq(id, &mut out, max);
+                self.completions(i, op, r, &out, max)
+            }
+            Op::IdMachine { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).id_machine(id);
+                self.note(i, op, || format!("{r:?}"));
+                match r {
+                    Ok(m) => {
+                        format!("{m:?}").hash(&mut self.digest);
+                        Ok(())
+                    }
+                    Err(e) => self.check_err(i, op, &e),
+                }
+            }
+            Op::LiveResources { h } => {
+                let live = self.host(h).live_resources();
+                self.note(i, op, || format!("{live:?}"));
+                live.hash(&mut self.digest);
+                self.check_accounting(h.fabric as usize, Some(i))
+            }
+            Op::Inject { fabric, ref fault } => {
+                self.note(i, op, || "done".into());
+                self.fabrics[fabric as usize].inject(fault.clone());
+                Ok(())
+            }
+            Op::Advance { fabric, by } => {
+                self.note(i, op, || "done".into());
+                self.fabrics[fabric as usize].advance(by);
+                Ok(())
+            }
+            Op::RunUntilIdle { fabric } => {
+                let t = self.fabrics[fabric as usize].run_until_idle();
+                self.note(i, op, || format!("{t:?}"));
+                Ok(())
+            }
+        }
+    }
+
+    fn event_answer(
+        &mut self,
+        i: usize,
+        op: &Op,
+        h: HostSel,
+        r: cm_core::Result<Option<CmEvent>>,
+        ack: bool,
+    ) -> Checked {
+        self.note(i, op, || match &r {
+            Ok(Some(ev)) => format!("Ok({ev})"),
+            other => format!("{other:?}"),
+        });
+        match r {
+            Ok(Some(ev)) => self.got_event(i, op, h, ev, ack),
+            Ok(None) => {
+                1u8.hash(&mut self.digest);
+                Ok(())
+            }
+            Err(e) => self.check_err(i, op, &e),
+        }
+    }
+
+    fn completions(
+        &mut self,
+        i: usize,
+        op: &Op,
+        r: cm_core::Result<usize>,
+        out: &[WorkCompletion],
+        max: usize,
+    ) -> Checked {
+        self.note(i, op, || format!("{r:?} {out:?}"));
+        match r {
+            Ok(n) => {
+                if n != out.len() || n > max {
+                    return fail(
+                        Check::ErrorCall,
+                        "poll_cq count",
+                        format!("{op} returned {n} but appended {} (max {max})", out.len()),
+                        Some(i),
+                    );
+                }
+                for wc in out {
+                    (wc.wr_id, wc.status as u32, wc.byte_len).hash(&mut self.digest);
+                    self.stats.completion(wc.status);
+                }
+                Ok(())
+            }
+            Err(e) => self.check_err(i, op, &e),
+        }
+    }
+
+    fn check_accounting(&self, f: usize, at: Option<usize>) -> Checked {
+        let mut sum = LiveResources::default();
+        for host in &self.hosts[f] {
+            let l = host.live_resources();
+            sum.channels += l.channels;
+            sum.ids += l.ids;
+            sum.qps += l.qps;
+            sum.unacked_events += l.unacked_events;
+            sum.queued_events += l.queued_events;
+        }
+        let whole = self.fabrics[f].live_resources();
+        if sum != whole {
+            return fail(
+                Check::LiveAccounting,
+                "per-host live_resources differ from the fabric's",
+                format!("fabric {f}: hosts add up to {sum:?}, the fabric says {whole:?}"),
+                at,
+            );
+        }
+        Ok(())
+    }
+
+    /// Acks every held event on its own host, destroys every QP, id and channel, runs every
+    /// timer out, and repeats while that brings new events; then nothing may be left alive.
+    fn teardown(&mut self) -> Checked {
+        for f in 0..2 {
+            for round in 0..6 {
+                self.fabrics[f].run_until_idle();
+                self.release(f)?;
+                if round > 0 && self.fabrics[f].live_resources() == LiveResources::default() {
+                    break;
+                }
+            }
+            self.fabrics[f].run_until_idle();
+            self.check_accounting(f, None)?;
+            let live = self.fabrics[f].live_resources();
+            if !live.is_clean() || live.queued_events != 0 {
+                return fail(
+                    Check::Teardown,
+                    format!(
+                        "left alive:{}{}{}{}{}",
+                        if live.channels > 0 { " channels" } else { "" },
+                        if live.ids > 0 { " ids" } else { "" },
+                        if live.qps > 0 { " qps" } else { "" },
+                        if live.unacked_events > 0 { " unacked" } else { "" },
+                        if live.queued_events > 0 { " queued" } else { "" },
+                    ),
+                    format!("fabric {f} after teardown: {live:?}"),
+                    None,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, f: usize) -> Checked {
+        let mut held: Vec<Held> = std::mem::take(&mut self.held);
+        if self.forget_held {
+            // The planted bug: the events are dropped, still counted against their ids.
+            held.clear();
+        }
+        for h in held {
+            if h.from.fabric as usize != f {
+                self.held.push(h);
+                continue;
+            }
+            let text = h.event.to_string();
+            let alive = self.fabrics[f].host_incarnation(h.from.host as usize) == h.incarnation;
+            if let (Err(e), true) = (self.host(h.from).ack_cm_event(h.event), alive) {
+                return fail(
+                    Check::GenuineAckRefused,
+                    format!("teardown ack refused: {}", crate::stats::error_kind(&e)),
+                    format!(
+                        "teardown: acking {text} on {}, where it was retrieved, failed: {e:?}",
+                        h.from
+                    ),
+                    None,
+                );
+            }
+        }
+        for host in 0..self.hosts[f].len() {
+            let hs = HostSel {
+                fabric: f as u8,
+                host: host as u8,
+            };
+            let b = self.host(hs);
+            let chans = self.chans[f][host].clone();
+            for &ch in &chans {
+                // Bounded: a channel holds finitely many events once the timers have run out.
+                for _ in 0..100_000 {
+                    match b.clone().try_get_cm_event(ch) {
+                        Ok(Some(ev)) => {
+                            self.got_event(
+                                usize::MAX,
+                                &Op::TryGetCmEvent {
+                                    h: hs,
+                                    ch: HandleRef::Own(0),
+                                    ack: true,
+                                },
+                                hs,
+                                ev,
+                                true,
+                            )
+                            .map_err(|mut fl| {
+                                fl.at = None;
+                                fl.detail = format!("teardown: {}", fl.detail);
+                                fl
+                            })?;
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            let ids = self.ids[f][host].clone();
+            for &id in ids.iter().rev() {
+                let mut b = b.clone();
+                let _ = b.destroy_qp(id);
+                if b.destroy_id(id).is_ok() {
+                    self.dead_ids.insert(id);
+                }
+            }
+            for &ch in &chans {
+                let _ = b.clone().destroy_event_channel(ch);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the scenario twice and compares the runs; returns the first run's result with a
+/// determinism failure when they differ.
+pub fn run_checked(scenario: &Scenario) -> RunResult {
+    let opts = RunOptions::default();
+    let first = run_once(scenario, &opts);
+    if first.failure.is_some() {
+        return first;
+    }
+    let second = run_once(scenario, &opts);
+    let mut result = first;
+    if let Some(f) = second.failure {
+        result.failure = Some(Failure {
+            detail: format!("the first run passed, the second failed: {}", f.detail),
+            ..f
+        });
+    } else if second.digest != result.digest {
+        result.failure = Some(Failure {
+            check: Check::Determinism,
+            signature: "two runs of one seed differ".into(),
+            detail: format!(
+                "two runs of seed {} gave different traces or answers ({:016x} then {:016x})",
+                scenario.seed, result.digest, second.digest
+            ),
+            at: None,
+        });
+    }
+    result
+}
+
+/// How long each run may take on the wall clock before the watchdog gives up on it.
+pub const DEFAULT_WALL_LIMIT: Duration = Duration::from_secs(60);

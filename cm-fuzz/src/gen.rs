@@ -1,0 +1,1282 @@
+//! Turning a seed into a scenario: two fabrics (hosts, configuration, fault schedule) and a list
+//! of calls with deliberately hostile arguments.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use cm_core::{CmEventType, PortSpace, QpCaps};
+use cm_sim::{Fault, FaultSchedule, SimConfig, TraceMode};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
+/// Families of inputs that reach a simulator defect already known (issue #9). The default
+/// generates every family; `--allow-known` leaves the named ones out so a campaign can measure
+/// everything else while the fixes are pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Known {
+    /// `SimConfig` values the builder's setters refuse but `SimBuilder::config` takes unchecked
+    /// (`cm_retries` >= 256 or `u32::MAX`, an inverted ephemeral range, `max_backlog` 0).
+    Config,
+    /// A latency range or `Delay` fault ending at `Duration::MAX` (division by zero).
+    DurationMax,
+    /// `resolve_addr` / `resolve_route` timeouts of `Duration::MAX`, which drive the virtual
+    /// clock to its end (arithmetic overflow).
+    ClockOverflow,
+    /// `RemoveDevice` faults (events generated after `DEVICE_REMOVAL` that the state machine
+    /// calls illegal).
+    DeviceRemoval,
+    /// Acking a retrieved event on another host or fabric (the failed ack consumes it).
+    WrongHostAck,
+    /// Acking a forged `CmEvent::new` that names a live id of the host (accepted).
+    ForgedAck,
+    /// Host addresses a builder should refuse with an error: loopback, unspecified.
+    HostAddr,
+}
+
+impl Known {
+    /// Every family.
+    pub const ALL: [Known; 7] = [
+        Known::Config,
+        Known::DurationMax,
+        Known::ClockOverflow,
+        Known::DeviceRemoval,
+        Known::WrongHostAck,
+        Known::ForgedAck,
+        Known::HostAddr,
+    ];
+
+    /// The name `--allow-known` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Known::Config => "config",
+            Known::DurationMax => "duration-max",
+            Known::ClockOverflow => "clock-overflow",
+            Known::DeviceRemoval => "device-removal",
+            Known::WrongHostAck => "wrong-host-ack",
+            Known::ForgedAck => "forged-ack",
+            Known::HostAddr => "host-addr",
+        }
+    }
+
+    const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// A set of [`Known`] families left out of generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KnownSet(u8);
+
+impl KnownSet {
+    /// Nothing left out: every input family is generated (the default).
+    pub const NONE: KnownSet = KnownSet(0);
+
+    /// Parses `all` or a comma-separated list of family names.
+    pub fn parse(text: &str) -> Result<KnownSet, String> {
+        let mut set = KnownSet::NONE;
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "all" {
+                Known::ALL.iter().for_each(|k| set.0 |= k.bit());
+                continue;
+            }
+            let k = Known::ALL
+                .iter()
+                .find(|k| k.name() == name)
+                .ok_or_else(|| format!("unknown defect family {name:?}; known: all, {}", Self::names()))?;
+            set.0 |= k.bit();
+        }
+        Ok(set)
+    }
+
+    fn names() -> String {
+        Known::ALL.map(Known::name).join(", ")
+    }
+
+    /// Whether `k` is left out.
+    pub const fn skips(self, k: Known) -> bool {
+        self.0 & k.bit() != 0
+    }
+
+    /// Whether nothing is left out.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for KnownSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = Known::ALL
+            .iter()
+            .filter(|k| self.skips(**k))
+            .map(|k| k.name())
+            .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+/// A host of one of the two fabrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostSel {
+    /// Fabric 0 or 1.
+    pub fabric: u8,
+    /// Host number on it.
+    pub host: u8,
+}
+
+impl fmt::Display for HostSel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "f{}h{}", self.fabric, self.host)
+    }
+}
+
+/// Which backend issued a forged handle's owner tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// The real tag of a host: the handle passes the owner check and meets the slab.
+    Host(HostSel),
+    /// A tag no backend ever gets (0, or one at the top of the range the counter never reaches).
+    Never(u32),
+}
+
+/// A handle argument: one the run has seen, or a forged one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandleRef {
+    /// The `n`-th most recent handle of this kind the calling host was given (live or not).
+    Own(u16),
+    /// The `n`-th most recent handle of this kind any host of either fabric was given.
+    Any(u16),
+    /// `IdHandle::new` / `ChannelHandle::new` with made-up parts.
+    Forged {
+        /// Owner tag.
+        owner: Owner,
+        /// Slot index.
+        index: u32,
+        /// Generation.
+        generation: u32,
+    },
+}
+
+impl fmt::Display for HandleRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandleRef::Own(n) => write!(f, "own[-{n}]"),
+            HandleRef::Any(n) => write!(f, "any[-{n}]"),
+            HandleRef::Forged {
+                owner: Owner::Host(h),
+                index,
+                generation,
+            } => write!(f, "forged({h}:{index}.{generation})"),
+            HandleRef::Forged {
+                owner: Owner::Never(t),
+                index,
+                generation,
+            } => write!(f, "forged(tag {t}:{index}.{generation})"),
+        }
+    }
+}
+
+/// An IP address argument, named relative to the fabric of the calling host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IpSel {
+    /// Address `which` of host `host` on the caller's fabric.
+    Host {
+        /// Host number (taken modulo the host count).
+        host: u8,
+        /// Which of its addresses (modulo their count).
+        which: u8,
+    },
+    /// The first address of a host of the other fabric: nobody here has it.
+    OtherFabric(u8),
+    /// Literal address.
+    Literal(IpAddr),
+}
+
+/// A socket address argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddrSel {
+    /// The IP.
+    pub ip: IpSel,
+    /// The port (0 asks for an ephemeral one).
+    pub port: u16,
+}
+
+/// Connection parameters for connect / accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ParamSel {
+    /// Private data length (may exceed every limit).
+    pub private_len: usize,
+    /// `responder_resources`.
+    pub responder_resources: u8,
+    /// `initiator_depth`.
+    pub initiator_depth: u8,
+    /// `retry_count`.
+    pub retry_count: u8,
+    /// `rnr_retry_count`.
+    pub rnr_retry_count: u8,
+    /// `flow_control`.
+    pub flow_control: u8,
+    /// `srq`.
+    pub srq: bool,
+    /// `qp_num`.
+    pub qp_num: u32,
+}
+
+/// One call of the sequence. Every `CmBackend` method has one, plus the fabric-level calls
+/// (`inject`, `advance`, `run_until_idle`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)] // fields are the call's arguments, named after the trait's parameters
+pub enum Op {
+    CreateEventChannel {
+        h: HostSel,
+    },
+    DestroyEventChannel {
+        h: HostSel,
+        ch: HandleRef,
+    },
+    CreateId {
+        h: HostSel,
+        ch: HandleRef,
+        ps: PortSpace,
+    },
+    DestroyId {
+        h: HostSel,
+        id: HandleRef,
+    },
+    BindAddr {
+        h: HostSel,
+        id: HandleRef,
+        addr: AddrSel,
+    },
+    ResolveAddr {
+        h: HostSel,
+        id: HandleRef,
+        src: Option<AddrSel>,
+        dst: AddrSel,
+        timeout: Duration,
+    },
+    ResolveRoute {
+        h: HostSel,
+        id: HandleRef,
+        timeout: Duration,
+    },
+    CreateQp {
+        h: HostSel,
+        id: HandleRef,
+        caps: QpCaps,
+    },
+    DestroyQp {
+        h: HostSel,
+        id: HandleRef,
+    },
+    Listen {
+        h: HostSel,
+        id: HandleRef,
+        backlog: i32,
+    },
+    Connect {
+        h: HostSel,
+        id: HandleRef,
+        param: ParamSel,
+    },
+    Accept {
+        h: HostSel,
+        id: HandleRef,
+        param: ParamSel,
+    },
+    Reject {
+        h: HostSel,
+        id: HandleRef,
+        private_len: usize,
+    },
+    Disconnect {
+        h: HostSel,
+        id: HandleRef,
+    },
+    /// `get_cm_event`; `ack` acks the event at once on the same host, else it is held.
+    GetCmEvent {
+        h: HostSel,
+        ch: HandleRef,
+        timeout: Duration,
+        ack: bool,
+    },
+    TryGetCmEvent {
+        h: HostSel,
+        ch: HandleRef,
+        ack: bool,
+    },
+    /// Acks the `n`-th most recent held event on host `on`, or on its own host when `None`.
+    AckHeld {
+        on: Option<HostSel>,
+        n: u16,
+    },
+    /// Acks an event made with `CmEvent::new`, never handed out by a backend.
+    AckForged {
+        h: HostSel,
+        id: HandleRef,
+        listen_id: Option<HandleRef>,
+        event: CmEventType,
+        status: i32,
+        token: u64,
+    },
+    GetLocalAddr {
+        h: HostSel,
+        id: HandleRef,
+    },
+    GetPeerAddr {
+        h: HostSel,
+        id: HandleRef,
+    },
+    PostSend {
+        h: HostSel,
+        id: HandleRef,
+        wr_id: u64,
+        len: usize,
+    },
+    PostRecv {
+        h: HostSel,
+        id: HandleRef,
+        wr_id: u64,
+        len: u32,
+    },
+    PollCq {
+        h: HostSel,
+        id: HandleRef,
+        max: usize,
+        timeout: Duration,
+    },
+    TryPollCq {
+        h: HostSel,
+        id: HandleRef,
+        max: usize,
+    },
+    IdMachine {
+        h: HostSel,
+        id: HandleRef,
+    },
+    LiveResources {
+        h: HostSel,
+    },
+    /// `SimFabric::inject` on fabric `fabric`.
+    Inject {
+        fabric: u8,
+        fault: Fault,
+    },
+    /// `SimFabric::advance`.
+    Advance {
+        fabric: u8,
+        by: Duration,
+    },
+    /// `SimFabric::run_until_idle`.
+    RunUntilIdle {
+        fabric: u8,
+    },
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Debug of the variant is exact and complete; handles read better in their own form.
+        match self {
+            Op::CreateEventChannel { h } => write!(f, "{h} create_event_channel()"),
+            Op::DestroyEventChannel { h, ch } => write!(f, "{h} destroy_event_channel({ch})"),
+            Op::CreateId { h, ch, ps } => write!(f, "{h} create_id({ch}, {ps})"),
+            Op::DestroyId { h, id } => write!(f, "{h} destroy_id({id})"),
+            Op::BindAddr { h, id, addr } => write!(f, "{h} bind_addr({id}, {addr:?})"),
+            Op::ResolveAddr {
+                h,
+                id,
+                src,
+                dst,
+                timeout,
+            } => write!(f, "{h} resolve_addr({id}, {src:?}, {dst:?}, {timeout:?})"),
+            Op::ResolveRoute { h, id, timeout } => write!(f, "{h} resolve_route({id}, {timeout:?})"),
+            Op::CreateQp { h, id, caps } => write!(f, "{h} create_qp({id}, {caps:?})"),
+            Op::DestroyQp { h, id } => write!(f, "{h} destroy_qp({id})"),
+            Op::Listen { h, id, backlog } => write!(f, "{h} listen({id}, {backlog})"),
+            Op::Connect { h, id, param } => write!(f, "{h} connect({id}, {param:?})"),
+            Op::Accept { h, id, param } => write!(f, "{h} accept({id}, {param:?})"),
+            Op::Reject { h, id, private_len } => write!(f, "{h} reject({id}, {private_len} bytes)"),
+            Op::Disconnect { h, id } => write!(f, "{h} disconnect({id})"),
+            Op::GetCmEvent { h, ch, timeout, ack } => {
+                write!(f, "{h} get_cm_event({ch}, {timeout:?}){}", ack_note(*ack))
+            }
+            Op::TryGetCmEvent { h, ch, ack } => write!(f, "{h} try_get_cm_event({ch}){}", ack_note(*ack)),
+            Op::AckHeld { on: Some(h), n } => write!(f, "{h} ack_cm_event(held[-{n}]) (maybe not its host)"),
+            Op::AckHeld { on: None, n } => write!(f, "ack_cm_event(held[-{n}]) on its own host"),
+            Op::AckForged {
+                h,
+                id,
+                listen_id,
+                event,
+                status,
+                token,
+            } => write!(
+                f,
+                "{h} ack_cm_event(CmEvent::new({id}, {listen_id:?}, {event}, {status}, .., token {token}))"
+            ),
+            Op::GetLocalAddr { h, id } => write!(f, "{h} get_local_addr({id})"),
+            Op::GetPeerAddr { h, id } => write!(f, "{h} get_peer_addr({id})"),
+            Op::PostSend { h, id, wr_id, len } => write!(f, "{h} post_send({id}, {wr_id}, {len} bytes)"),
+            Op::PostRecv { h, id, wr_id, len } => write!(f, "{h} post_recv({id}, {wr_id}, {len})"),
+            Op::PollCq { h, id, max, timeout } => write!(f, "{h} poll_cq({id}, max {max}, {timeout:?})"),
+            Op::TryPollCq { h, id, max } => write!(f, "{h} try_poll_cq({id}, max {max})"),
+            Op::IdMachine { h, id } => write!(f, "{h} id_machine({id})"),
+            Op::LiveResources { h } => write!(f, "{h} live_resources()"),
+            Op::Inject { fabric, fault } => write!(f, "f{fabric} inject({fault})"),
+            Op::Advance { fabric, by } => write!(f, "f{fabric} advance({by:?})"),
+            Op::RunUntilIdle { fabric } => write!(f, "f{fabric} run_until_idle()"),
+        }
+    }
+}
+
+fn ack_note(ack: bool) -> &'static str {
+    if ack {
+        " + ack"
+    } else {
+        " (held)"
+    }
+}
+
+/// One fabric of the scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricSpec {
+    /// The fabric's own seed.
+    pub seed: u64,
+    /// Each host's addresses.
+    pub hosts: Vec<Vec<IpAddr>>,
+    /// The configuration given to `SimBuilder::config`.
+    pub config: SimConfig,
+    /// Faults given to the builder.
+    pub faults: FaultSchedule,
+}
+
+/// Everything one seed expands into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scenario {
+    /// The seed.
+    pub seed: u64,
+    /// The two fabrics.
+    pub fabrics: [FabricSpec; 2],
+    /// The calls, in order.
+    pub ops: Vec<Op>,
+}
+
+/// The generator's random source: ChaCha8 with small helpers (no `rand` dependency).
+pub(crate) struct Gen {
+    rng: ChaCha8Rng,
+    skip: KnownSet,
+    /// The server and client hosts of the scenario's application steps.
+    cast: (HostSel, HostSel),
+}
+
+impl Gen {
+    fn below(&mut self, n: u64) -> u64 {
+        self.rng.next_u64() % n.max(1)
+    }
+
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+
+    /// Small numbers most of the time: recent handles are the interesting ones.
+    fn recent(&mut self) -> u16 {
+        match self.below(10) {
+            0..=5 => 0,
+            6 | 7 => 1,
+            8 => 2 + self.below(3) as u16,
+            _ => self.below(64) as u16,
+        }
+    }
+
+    fn duration(&mut self) -> Duration {
+        self.pick(&[
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(20),
+            Duration::from_millis(1),
+            Duration::from_millis(100),
+            Duration::from_secs(2),
+            Duration::from_secs(5),
+            Duration::from_secs(70),
+            Duration::from_secs(3600),
+            Duration::MAX,
+        ])
+    }
+
+    /// A wait: long waits let timers fire, zero waits only look.
+    fn wait(&mut self) -> Duration {
+        match self.below(10) {
+            0..=2 => Duration::ZERO,
+            3..=6 => Duration::from_millis(10),
+            7 => Duration::from_secs(5),
+            8 => Duration::from_secs(100),
+            _ => self.duration(),
+        }
+    }
+
+    fn resolve_timeout(&mut self) -> Duration {
+        let d = if self.chance(700) {
+            Duration::from_millis(self.pick(&[100, 2000]))
+        } else {
+            self.duration()
+        };
+        if d == Duration::MAX && self.skip.skips(Known::ClockOverflow) {
+            return Duration::from_secs(86_400);
+        }
+        d
+    }
+}
+
+const PORTS: [u16; 3] = [7471, 7472, 0];
+
+impl Gen {
+    pub(crate) fn new(seed: u64, skip: KnownSet) -> Gen {
+        let h0 = HostSel { fabric: 0, host: 0 };
+        Gen {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            skip,
+            cast: (h0, h0),
+        }
+    }
+
+    fn port(&mut self) -> u16 {
+        match self.below(20) {
+            0..=16 => self.pick(&PORTS),
+            17 => u16::MAX,
+            _ => self.below(65536) as u16,
+        }
+    }
+
+    fn ip(&mut self) -> IpSel {
+        match self.below(20) {
+            0..=14 => IpSel::Host {
+                host: self.below(3) as u8,
+                which: if self.chance(800) { 0 } else { 1 },
+            },
+            15 => IpSel::OtherFabric(self.below(3) as u8),
+            _ => IpSel::Literal(self.pick(&[
+                IpAddr::V4(Ipv4Addr::new(10, 9, 9, 9)),
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V4(Ipv4Addr::BROADCAST),
+                IpAddr::V4(Ipv4Addr::new(224, 0, 0, 1)),
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, 9)),
+                IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
+            ])),
+        }
+    }
+
+    fn addr(&mut self) -> AddrSel {
+        AddrSel {
+            ip: self.ip(),
+            port: self.port(),
+        }
+    }
+
+    fn host_on(&mut self, fabric: u8, hosts: &[usize; 2]) -> HostSel {
+        HostSel {
+            fabric,
+            host: self.below(hosts[fabric as usize] as u64) as u8,
+        }
+    }
+
+    fn any_host(&mut self, hosts: &[usize; 2]) -> HostSel {
+        // Fabric 1 is the foreign one: there mostly to be someone else's handles and events.
+        let fabric = u8::from(self.chance(150));
+        self.host_on(fabric, hosts)
+    }
+
+    fn handle(&mut self, hosts: &[usize; 2]) -> HandleRef {
+        match self.below(100) {
+            0..=84 => HandleRef::Own(self.recent()),
+            85..=92 => HandleRef::Any(self.recent()),
+            _ => {
+                let owner = if self.chance(700) {
+                    Owner::Host(self.any_host(hosts))
+                } else {
+                    Owner::Never(self.pick(&[0, u32::MAX, u32::MAX - 1, 0xF000_0000]))
+                };
+                HandleRef::Forged {
+                    owner,
+                    index: self.pick(&[0, 1, 2, 3, 5, 1000, u32::MAX]),
+                    generation: self.pick(&[0, 1, 2, u32::MAX]),
+                }
+            }
+        }
+    }
+
+    fn private_len(&mut self) -> usize {
+        if self.chance(600) {
+            return self.below(8) as usize;
+        }
+        self.pick(&[
+            0, 55, 56, 57, 135, 136, 137, 147, 148, 149, 179, 180, 181, 195, 196, 197, 255, 256, 257, 4096,
+        ])
+    }
+
+    fn param(&mut self) -> ParamSel {
+        if self.chance(600) {
+            return ParamSel {
+                private_len: self.private_len(),
+                responder_resources: 0xFF,
+                initiator_depth: 0xFF,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                flow_control: 0,
+                srq: false,
+                qp_num: 0,
+            };
+        }
+        ParamSel {
+            private_len: self.private_len(),
+            responder_resources: self.pick(&[0, 1, 16, 128, 129, 0xFE, 0xFF]),
+            initiator_depth: self.pick(&[0, 1, 16, 128, 129, 0xFE, 0xFF]),
+            retry_count: self.pick(&[0, 1, 7, 8, 0xFF]),
+            rnr_retry_count: self.pick(&[0, 1, 6, 7, 8, 0xFF]),
+            flow_control: self.pick(&[0, 1, 0xFF]),
+            srq: self.chance(100),
+            qp_num: self.pick(&[0, 1, 0x00FF_FFFF, u32::MAX]),
+        }
+    }
+
+    /// What an application passes: librdmacm's defaults with a little private data, mostly.
+    fn step_param(&mut self) -> ParamSel {
+        let mut p = self.param();
+        if self.chance(850) {
+            p = ParamSel {
+                private_len: self.below(16) as usize,
+                responder_resources: 0xFF,
+                initiator_depth: 0xFF,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                flow_control: 0,
+                srq: false,
+                qp_num: 0,
+            };
+        }
+        p
+    }
+
+    fn caps(&mut self) -> QpCaps {
+        if self.chance(700) {
+            return QpCaps::new();
+        }
+        let mut c = QpCaps::new();
+        let wr = [0, 1, 2, 16, 16384, 16385, u32::MAX];
+        c.max_send_wr = self.pick(&wr);
+        c.max_recv_wr = self.pick(&wr);
+        c.max_send_sge = self.pick(&[0, 1, 30, u32::MAX]);
+        c.max_recv_sge = self.pick(&[0, 1, 30, u32::MAX]);
+        c.max_inline_data = self.pick(&[0, 64, u32::MAX]);
+        c.max_message_size = self.pick(&[0, 1, 16, 4096, 1 << 20, (1 << 20) + 1, u32::MAX]);
+        c
+    }
+
+    fn fault(&mut self, hosts: usize) -> Fault {
+        let h = |g: &mut Gen| g.below(hosts as u64) as u16;
+        loop {
+            let fault = match self.below(13) {
+                0 => Fault::Partition {
+                    a: h(self),
+                    b: h(self),
+                },
+                1 => Fault::Heal {
+                    a: h(self),
+                    b: h(self),
+                },
+                2 => Fault::Loss {
+                    a: h(self),
+                    b: h(self),
+                    per_mille: self.pick(&[0, 1, 200, 500, 1000, u16::MAX]),
+                },
+                3 => {
+                    let spans = [
+                        Duration::ZERO,
+                        Duration::from_micros(10),
+                        Duration::from_millis(5),
+                        Duration::from_secs(10),
+                        Duration::MAX,
+                    ];
+                    let (min, max) = (self.pick(&spans), self.pick(&spans));
+                    if (min == Duration::MAX || max == Duration::MAX) && self.skip.skips(Known::DurationMax) {
+                        continue;
+                    }
+                    Fault::Delay {
+                        a: h(self),
+                        b: h(self),
+                        min,
+                        max,
+                    }
+                }
+                4 => Fault::Crash { host: h(self) },
+                5 => Fault::Restart { host: h(self) },
+                6 => {
+                    if self.skip.skips(Known::DeviceRemoval) {
+                        continue;
+                    }
+                    Fault::RemoveDevice { host: h(self) }
+                }
+                7 => Fault::RestoreDevice { host: h(self) },
+                8 => Fault::AddrChange { host: h(self) },
+                9 => Fault::FailAddrResolution {
+                    host: h(self),
+                    status: self.pick(&[-101, -110, -113, -19]),
+                    count: self.pick(&[0, 1, 2, u32::MAX]),
+                },
+                10 => Fault::FailRouteResolution {
+                    host: h(self),
+                    status: self.pick(&[-101, -110, -113, -19]),
+                    count: self.pick(&[0, 1, 2, u32::MAX]),
+                },
+                11 => Fault::Backlog {
+                    host: h(self),
+                    backlog: self.pick(&[0, 1, 2, u32::MAX]),
+                },
+                _ => Fault::RnrRetries {
+                    host: h(self),
+                    retries: self.pick(&[0, 1, 6, 7, u8::MAX]),
+                },
+            };
+            return fault;
+        }
+    }
+
+    fn config(&mut self) -> SimConfig {
+        let mut c = SimConfig {
+            trace: TraceMode::HashOnly,
+            ..SimConfig::default()
+        };
+        if self.chance(600) {
+            return c;
+        }
+        let lat = [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(5),
+            Duration::from_micros(50),
+            Duration::from_millis(3),
+            Duration::from_secs(1),
+        ];
+        let (a, b) = (self.pick(&lat), self.pick(&lat));
+        c.latency = a.min(b)..=a.max(b);
+        if self.chance(30) && !self.skip.skips(Known::DurationMax) {
+            c.latency = a..=Duration::MAX;
+        }
+        c.cm_timeout = self.pick(&[
+            Duration::ZERO,
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+            c.cm_timeout,
+        ]);
+        c.cm_retries = self.pick(&[0, 1, 3, 15]);
+        c.timewait = self.pick(&[Duration::ZERO, Duration::from_millis(1), Duration::from_secs(2)]);
+        c.max_backlog = self.pick(&[1, 2, 1024]);
+        c.ephemeral_ports = match self.below(4) {
+            0 => 40000..=40002,
+            1 => 1..=1,
+            2 => 65535..=65535,
+            _ => 32768..=60999,
+        };
+        c.max_rd_atomic = self.pick(&[0, 1, 16, 128, 255]);
+        // Mostly room for the application steps' QPs (16 work requests, 4 KiB messages).
+        c.max_qp_wr = self.pick(&[1, 16, 64, 16384, 16384]);
+        c.max_message_size = self.pick(&[1, 4096, 4096, 1 << 20, 1 << 20]);
+        c.rnr_timer = self.pick(&[Duration::ZERO, Duration::from_millis(1), c.rnr_timer]);
+        if self.chance(100) && !self.skip.skips(Known::Config) {
+            match self.below(4) {
+                0 => c.cm_retries = self.pick(&[255, 256, 1000, u32::MAX]),
+                1 => c.ephemeral_ports = RangeInclusive::new(50000, 40000),
+                2 => c.max_backlog = 0,
+                _ => c.ephemeral_ports = 0..=0,
+            }
+        }
+        c
+    }
+
+    fn fabric(&mut self, fabric: u8, hosts: usize) -> FabricSpec {
+        let mut addrs = Vec::with_capacity(hosts);
+        for i in 0..hosts {
+            let mut ips = vec![IpAddr::V4(Ipv4Addr::new(10, fabric, 0, i as u8 + 1))];
+            match self.below(4) {
+                0 => ips.push(IpAddr::V6(Ipv6Addr::new(
+                    0xfd00,
+                    u16::from(fabric),
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    i as u16 + 1,
+                ))),
+                1 => ips.push(IpAddr::V4(Ipv4Addr::new(10, fabric, 1, i as u8 + 1))),
+                _ => {}
+            }
+            addrs.push(ips);
+        }
+        if self.chance(5) && !self.skip.skips(Known::HostAddr) {
+            let bad = self.pick(&[
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ]);
+            let last = addrs.len() - 1;
+            addrs[last].push(bad);
+        }
+        let mut faults = FaultSchedule::new();
+        if self.chance(500) {
+            for _ in 0..=self.below(4) {
+                let at = self.pick(&[
+                    Duration::ZERO,
+                    Duration::from_micros(30),
+                    Duration::from_millis(5),
+                    Duration::from_secs(3),
+                    Duration::from_secs(60),
+                ]);
+                faults = faults.with(at, self.fault(hosts));
+            }
+        }
+        FabricSpec {
+            seed: self.rng.next_u64(),
+            hosts: addrs,
+            config: self.config(),
+            faults,
+        }
+    }
+
+    fn op(&mut self, hosts: &[usize; 2]) -> Op {
+        let h = self.any_host(hosts);
+        let id = self.handle(hosts);
+        match self.below(1000) {
+            0..=39 => Op::CreateEventChannel { h },
+            40..=59 => Op::DestroyEventChannel {
+                h,
+                ch: self.handle(hosts),
+            },
+            60..=139 => Op::CreateId {
+                h,
+                ch: self.handle(hosts),
+                ps: if self.chance(750) {
+                    PortSpace::Tcp
+                } else {
+                    self.pick(&PortSpace::ALL)
+                },
+            },
+            140..=169 => Op::DestroyId { h, id },
+            170..=219 => Op::BindAddr {
+                h,
+                id,
+                addr: self.addr(),
+            },
+            220..=289 => Op::ResolveAddr {
+                h,
+                id,
+                src: if self.chance(150) { Some(self.addr()) } else { None },
+                dst: self.addr(),
+                timeout: self.resolve_timeout(),
+            },
+            290..=339 => Op::ResolveRoute {
+                h,
+                id,
+                timeout: self.resolve_timeout(),
+            },
+            340..=389 => Op::CreateQp {
+                h,
+                id,
+                caps: self.caps(),
+            },
+            390..=409 => Op::DestroyQp { h, id },
+            410..=449 => Op::Listen {
+                h,
+                id,
+                backlog: self.pick(&[0, 1, 2, 8, -1, i32::MIN, i32::MAX]),
+            },
+            450..=499 => Op::Connect {
+                h,
+                id,
+                param: self.param(),
+            },
+            500..=539 => Op::Accept {
+                h,
+                id,
+                param: self.param(),
+            },
+            540..=554 => Op::Reject {
+                h,
+                id,
+                private_len: self.private_len(),
+            },
+            555..=584 => Op::Disconnect { h, id },
+            585..=704 => Op::GetCmEvent {
+                h,
+                ch: self.handle(hosts),
+                timeout: self.wait(),
+                ack: self.chance(850),
+            },
+            705..=739 => Op::TryGetCmEvent {
+                h,
+                ch: self.handle(hosts),
+                ack: self.chance(850),
+            },
+            740..=769 => {
+                let on =
+                    (self.chance(100) && !self.skip.skips(Known::WrongHostAck)).then(|| self.any_host(hosts));
+                Op::AckHeld { on, n: self.recent() }
+            }
+            770..=784 => {
+                let mut id = id;
+                let mut listen_id = if self.chance(300) {
+                    Some(self.handle(hosts))
+                } else {
+                    None
+                };
+                if self.skip.skips(Known::ForgedAck) {
+                    // Only forged events that name no id of the host (as the event's id or, for
+                    // CONNECT_REQUEST, its listener): those are refused today.
+                    let never = HandleRef::Forged {
+                        owner: Owner::Never(0),
+                        index: 0,
+                        generation: 0,
+                    };
+                    id = never;
+                    listen_id = listen_id.map(|_| never);
+                }
+                Op::AckForged {
+                    h,
+                    id,
+                    listen_id,
+                    event: self.pick(&CmEventType::ALL),
+                    status: self.pick(&[0, -110, 28, i32::MIN]),
+                    token: self.pick(&[0, 1, 2, 3, u64::MAX]),
+                }
+            }
+            785..=799 => Op::GetLocalAddr { h, id },
+            800..=814 => Op::GetPeerAddr { h, id },
+            815..=849 => Op::PostSend {
+                h,
+                wr_id: self.below(4),
+                len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, (1 << 20) + 1]),
+                id,
+            },
+            850..=884 => Op::PostRecv {
+                h,
+                wr_id: self.below(4),
+                len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, u32::MAX]),
+                id,
+            },
+            885..=914 => Op::PollCq {
+                h,
+                id,
+                max: self.pick(&[0, 1, 4, 64, usize::MAX]),
+                timeout: self.wait(),
+            },
+            915..=934 => Op::TryPollCq {
+                h,
+                id,
+                max: self.pick(&[0, 1, 64, usize::MAX]),
+            },
+            935..=944 => Op::IdMachine { h, id },
+            945..=949 => Op::LiveResources { h },
+            950..=969 => {
+                let fabric = u8::from(self.chance(200));
+                Op::Inject {
+                    fabric,
+                    fault: self.fault(hosts[fabric as usize]),
+                }
+            }
+            970..=989 => Op::Advance {
+                fabric: u8::from(self.chance(200)),
+                by: self.wait(),
+            },
+            _ => Op::RunUntilIdle {
+                fabric: u8::from(self.chance(200)),
+            },
+        }
+    }
+}
+
+/// The newest handle of the calling host: what a well-behaved application passes next.
+const NEWEST: HandleRef = HandleRef::Own(0);
+
+impl Gen {
+    /// A step of an ordinary application (listen, connect, accept, exchange, disconnect,
+    /// release), so sequences reach connected states; [`Gen::blocks`] then garbles some calls.
+    fn block(&mut self, kind: u64, hosts: &[usize; 2]) -> Vec<Op> {
+        let (fabric, server, client, port) = if self.chance(800) {
+            // The scenario's own cast, so that steps generated apart fit together.
+            (0, self.cast.0, self.cast.1, 7471)
+        } else {
+            let fabric = u8::from(self.chance(100));
+            (
+                fabric,
+                self.host_on(fabric, hosts),
+                self.host_on(fabric, hosts),
+                self.pick(&[7471, 7472]),
+            )
+        };
+        let ps = if self.chance(850) {
+            PortSpace::Tcp
+        } else {
+            self.pick(&PortSpace::ALL)
+        };
+        let wait = Duration::from_secs(5);
+        let get = |h: HostSel| Op::GetCmEvent {
+            h,
+            ch: NEWEST,
+            timeout: wait,
+            ack: true,
+        };
+        match kind {
+            0 => vec![
+                Op::CreateEventChannel { h: server },
+                Op::CreateId {
+                    h: server,
+                    ch: NEWEST,
+                    ps,
+                },
+                Op::BindAddr {
+                    h: server,
+                    id: NEWEST,
+                    addr: AddrSel {
+                        ip: IpSel::Host {
+                            host: server.host,
+                            which: 0,
+                        },
+                        port,
+                    },
+                },
+                Op::Listen {
+                    h: server,
+                    id: NEWEST,
+                    backlog: self.pick(&[0, 1, 8]),
+                },
+            ],
+            1 | 2 => vec![
+                Op::CreateEventChannel { h: client },
+                Op::CreateId {
+                    h: client,
+                    ch: NEWEST,
+                    ps,
+                },
+                Op::ResolveAddr {
+                    h: client,
+                    id: NEWEST,
+                    src: None,
+                    dst: AddrSel {
+                        ip: IpSel::Host {
+                            host: server.host,
+                            which: 0,
+                        },
+                        port,
+                    },
+                    timeout: Duration::from_secs(2),
+                },
+                get(client),
+                Op::ResolveRoute {
+                    h: client,
+                    id: NEWEST,
+                    timeout: Duration::from_secs(2),
+                },
+                get(client),
+                Op::CreateQp {
+                    h: client,
+                    id: NEWEST,
+                    caps: QpCaps::new(),
+                },
+                Op::PostRecv {
+                    h: client,
+                    id: NEWEST,
+                    wr_id: 1,
+                    len: 4096,
+                },
+                Op::Connect {
+                    h: client,
+                    id: NEWEST,
+                    param: self.step_param(),
+                },
+            ],
+            3 => {
+                let mut ops = vec![
+                    get(server),
+                    Op::CreateQp {
+                        h: server,
+                        id: NEWEST,
+                        caps: QpCaps::new(),
+                    },
+                    Op::PostRecv {
+                        h: server,
+                        id: NEWEST,
+                        wr_id: 2,
+                        len: 4096,
+                    },
+                ];
+                ops.push(if self.chance(850) {
+                    Op::Accept {
+                        h: server,
+                        id: NEWEST,
+                        param: self.step_param(),
+                    }
+                } else {
+                    Op::Reject {
+                        h: server,
+                        id: NEWEST,
+                        private_len: self.private_len(),
+                    }
+                });
+                ops.push(get(client));
+                ops.push(get(server));
+                ops
+            }
+            4 => vec![
+                Op::PostSend {
+                    h: client,
+                    id: NEWEST,
+                    wr_id: 3,
+                    len: self.pick(&[0, 64, 4096]),
+                },
+                Op::PollCq {
+                    h: client,
+                    id: NEWEST,
+                    max: 4,
+                    timeout: Duration::from_secs(1),
+                },
+                Op::PollCq {
+                    h: server,
+                    id: NEWEST,
+                    max: 4,
+                    timeout: Duration::from_secs(1),
+                },
+            ],
+            5 => vec![
+                Op::Disconnect {
+                    h: client,
+                    id: NEWEST,
+                },
+                get(server),
+                Op::Disconnect {
+                    h: server,
+                    id: NEWEST,
+                },
+                get(client),
+                Op::PollCq {
+                    h: client,
+                    id: NEWEST,
+                    max: 8,
+                    timeout: Duration::ZERO,
+                },
+            ],
+            6 => vec![
+                Op::DestroyQp {
+                    h: client,
+                    id: NEWEST,
+                },
+                Op::DestroyId {
+                    h: client,
+                    id: NEWEST,
+                },
+                Op::DestroyEventChannel {
+                    h: client,
+                    ch: NEWEST,
+                },
+            ],
+            _ => vec![
+                get(client),
+                get(server),
+                Op::Advance {
+                    fabric,
+                    by: self.wait(),
+                },
+            ],
+        }
+    }
+
+    /// Application steps with some calls replaced by random ones, or left out.
+    fn blocks(&mut self, kind: u64, hosts: &[usize; 2], ops: &mut Vec<Op>) {
+        for op in self.block(kind, hosts) {
+            match self.below(100) {
+                0..=5 => ops.push(self.op(hosts)),
+                6..=8 => {}
+                _ => ops.push(op),
+            }
+        }
+    }
+}
+
+impl Scenario {
+    /// The scenario `seed` expands into, leaving out the families in `skip`.
+    pub fn generate(seed: u64, skip: KnownSet) -> Scenario {
+        let mut g = Gen::new(seed, skip);
+        let hosts = [2 + g.below(2) as usize, 2 + g.below(2) as usize];
+        let fabrics = [g.fabric(0, hosts[0]), g.fabric(1, hosts[1])];
+        g.cast = (g.host_on(0, &hosts), g.host_on(0, &hosts));
+        let calls = 20 + g.below(181) as usize;
+        // Some sequences are pure noise, most mix application steps with noise.
+        let guided = g.below(10);
+        let mut ops = Vec::with_capacity(calls + 16);
+        // Steps mostly come in an application's order: listen, connect, accept, exchange,
+        // disconnect, release, drain.
+        const STORY: [u64; 7] = [0, 1, 3, 4, 5, 6, 7];
+        let mut next = 0;
+        if g.chance(700) {
+            // Every host starts with a channel and an id, so even noise meets live handles.
+            for (f, &n) in hosts.iter().enumerate() {
+                for host in 0..n as u8 {
+                    let h = HostSel {
+                        fabric: f as u8,
+                        host,
+                    };
+                    ops.push(Op::CreateEventChannel { h });
+                    ops.push(Op::CreateId {
+                        h,
+                        ch: NEWEST,
+                        ps: PortSpace::Tcp,
+                    });
+                }
+            }
+        }
+        while ops.len() < calls {
+            if g.below(10) < guided {
+                let kind = if g.chance(800) {
+                    next += 1;
+                    STORY[(next - 1) % STORY.len()]
+                } else {
+                    g.below(8)
+                };
+                g.blocks(kind, &hosts, &mut ops);
+            } else {
+                ops.push(g.op(&hosts));
+            }
+        }
+        ops.truncate(calls);
+        Scenario { seed, fabrics, ops }
+    }
+
+    /// Host counts of the two fabrics.
+    pub fn host_counts(&self) -> [usize; 2] {
+        [self.fabrics[0].hosts.len(), self.fabrics[1].hosts.len()]
+    }
+
+    /// Resolves an address argument for a call made on `fabric`.
+    pub fn resolve_addr(&self, fabric: u8, a: AddrSel) -> SocketAddr {
+        let ip = match a.ip {
+            IpSel::Host { host, which } => {
+                let hosts = &self.fabrics[fabric as usize].hosts;
+                let ips = &hosts[host as usize % hosts.len()];
+                ips[which as usize % ips.len()]
+            }
+            IpSel::OtherFabric(host) => {
+                let hosts = &self.fabrics[1 - fabric as usize].hosts;
+                hosts[host as usize % hosts.len()][0]
+            }
+            IpSel::Literal(ip) => ip,
+        };
+        SocketAddr::new(ip, a.port)
+    }
+}
