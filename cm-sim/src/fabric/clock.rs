@@ -1,0 +1,160 @@
+//! Virtual time, randomness and the discrete-event queue: what is scheduled, timers and their
+//! cancellation, running until a deadline.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TimerKind {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    RouteError,
+    ReqTimeout,
+    RepTimeout,
+    DreqTimeout,
+    TimewaitExit,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Action {
+    Req {
+        host: u16,
+        from: SlotRef,
+        payload: u32,
+        attempt: u8,
+    },
+    /// The IB CM sends a lost REQ again.
+    ResendReq {
+        host: u16,
+        from: SlotRef,
+        payload: u32,
+        attempt: u8,
+    },
+    /// The IB CM sends a lost REP or DREQ again.
+    Resend {
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    },
+    /// Fault number `n` of the fabric's list strikes.
+    Fault(u32),
+    /// A send has found no receive for as long as the receiver-not-ready retries allow.
+    Rnr { id: SlotRef, sends_done: u64 },
+    /// A send has gone unacknowledged (peer crashed, partitioned or gone) for as long as the
+    /// transport retries allow.
+    TransportRetry { id: SlotRef, sends_done: u64 },
+    Msg {
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        status: i32,
+        payload: u32,
+    },
+    Timer {
+        id: SlotRef,
+        epoch: u32,
+        kind: TimerKind,
+    },
+}
+
+/// A value drawn uniformly from `lo..=hi` (`lo <= hi`). The range `0..=u64::MAX` (a range
+/// ending at `Duration::MAX`) has no width that fits a `u64`: every value is in it.
+pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
+    match (hi - lo).checked_add(1) {
+        Some(width) => lo + rng.next_u64() % width,
+        None => rng.next_u64(),
+    }
+}
+
+impl Fabric {
+    pub(super) fn latency(&mut self) -> u64 {
+        let lo = nanos(*self.cfg.latency.start());
+        let hi = nanos(*self.cfg.latency.end());
+        if hi <= lo {
+            return lo;
+        }
+        draw_between(&mut self.rng, lo, hi)
+    }
+
+    pub(super) fn schedule(&mut self, time: u64, action: Action) {
+        self.sched.push(time, action, Lane::Heap);
+    }
+
+    pub(super) fn timer(&mut self, id: SlotRef, after: u64, kind: TimerKind) {
+        let s = self.slot(id);
+        s.timers += 1;
+        let epoch = s.epoch;
+        // Timeouts of one configured length expire in the order they are set, so each length
+        // gets a FIFO lane and stays out of the heap (a lane must see one length only; a push
+        // out of order falls back to the heap).
+        let lane = match kind {
+            TimerKind::ReqTimeout | TimerKind::RepTimeout | TimerKind::DreqTimeout => Lane::Fifo(0),
+            TimerKind::TimewaitExit => Lane::Fifo(1),
+            TimerKind::AddrResolved
+            | TimerKind::AddrError
+            | TimerKind::RouteResolved
+            | TimerKind::RouteError => Lane::Heap,
+        };
+        let time = self.now.saturating_add(after);
+        self.sched.push(time, Action::Timer { id, epoch, kind }, lane);
+    }
+
+    /// Cancels the id's pending timers.
+    pub(super) fn cancel_timers(&mut self, id: SlotRef) {
+        let s = self.slot(id);
+        s.epoch = s.epoch.wrapping_add(1);
+        let cancelled = std::mem::take(&mut s.timers);
+        self.timers_cancelled(cancelled);
+    }
+
+    /// Counts `n` queued timers as stale; once they are half the queue, removes them all, which
+    /// costs O(1) per timer over time and keeps the queue at most twice what is live.
+    pub(super) fn timers_cancelled(&mut self, n: u32) {
+        self.stale_timers += n as usize;
+        if self.stale_timers < 64 || self.stale_timers * 2 < self.sched.len() {
+            return;
+        }
+        let ids = &self.ids;
+        let mut removed_until = self.removed_until;
+        self.sched.retain(|time, action| match *action {
+            Action::Timer { id, epoch, .. } if ids.get(id).is_none_or(|slot| slot.epoch != epoch) => {
+                removed_until = removed_until.max(time);
+                false
+            }
+            _ => true,
+        });
+        self.removed_until = removed_until;
+        self.stale_timers = 0;
+    }
+
+    /// Runs scheduled actions up to `deadline` (virtual nanoseconds), stopping early as soon as
+    /// `done` holds. Returns whether `done` held.
+    pub(super) fn run_until(&mut self, deadline: u64, done: &dyn Fn(&Fabric) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            match self.sched.pop_due(deadline) {
+                Some((time, action)) => {
+                    self.now = self.now.max(time);
+                    self.dispatch(action);
+                }
+                None => {
+                    self.now = self.now.max(if deadline == u64::MAX {
+                        self.removed_until
+                    } else {
+                        deadline
+                    });
+                    return false;
+                }
+            }
+        }
+    }
+
+    pub(super) fn deadline(&self, timeout: Duration) -> u64 {
+        self.now.saturating_add(nanos(timeout))
+    }
+}

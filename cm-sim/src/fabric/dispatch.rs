@@ -1,0 +1,335 @@
+//! Dispatch of scheduled actions, and the IB CM exchange's reactions to messages and timers.
+
+use super::*;
+
+impl Fabric {
+    pub(super) fn dispatch(&mut self, action: Action) {
+        match action {
+            Action::Req {
+                host,
+                from,
+                payload,
+                attempt,
+            } => self.on_req(host, from, payload, attempt),
+            Action::ResendReq {
+                host,
+                from,
+                payload,
+                attempt,
+            } => {
+                if self.ids.get(from).is_some_and(|s| s.wire == Wire::ReqSent) {
+                    self.stats.messages_resent += 1;
+                    self.send_req(from, host, payload, attempt);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Resend {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+                attempt,
+            } => {
+                let waiting = match kind {
+                    MsgKind::Rep => Wire::RepSent,
+                    _ => Wire::DreqSent,
+                };
+                if self.ids.get(from).is_some_and(|s| s.wire == waiting) {
+                    self.stats.messages_resent += 1;
+                    self.send_attempt(from, to, kind, status, payload, attempt);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Fault(n) => {
+                let fault = self.faults[n as usize].clone();
+                self.strike(&fault);
+            }
+            Action::Rnr { id, sends_done } => self.on_rnr(id, sends_done),
+            Action::TransportRetry { id, sends_done } => self.on_transport_retry(id, sends_done),
+            Action::Msg {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+            } => {
+                if self.ids.contains(to) {
+                    self.on_msg(kind, to, from, status, payload);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Timer { id, epoch, kind } => match self.ids.get_mut(id) {
+                Some(s) if s.epoch == epoch => {
+                    s.timers -= 1;
+                    self.on_timer(id, kind);
+                }
+                // Saturating: a timer of an id dropped without `release` was never counted.
+                _ => self.stale_timers = self.stale_timers.saturating_sub(1),
+            },
+        }
+    }
+
+    pub(super) fn on_timer(&mut self, id: SlotRef, kind: TimerKind) {
+        match kind {
+            TimerKind::AddrResolved => {
+                // A wildcard-bound id takes the host's address of the destination's family.
+                let slot = self.slot(id);
+                let host = slot.host as usize;
+                if let Some(local) = slot.local.filter(|l| l.ip().is_unspecified()) {
+                    let ip = self.hosts[host]
+                        .addrs
+                        .iter()
+                        .copied()
+                        .find(|a| a.is_ipv4() == local.is_ipv4());
+                    if let Some(ip) = ip {
+                        self.slot(id).local = Some(SocketAddr::new(ip, local.port()));
+                    }
+                }
+                self.queue_event(id, SlotRef::NONE, CmEventType::AddrResolved, 0, NO_PAYLOAD);
+            }
+            TimerKind::AddrError => {
+                let status = self.slot(id).pending_status;
+                self.queue_event(id, SlotRef::NONE, CmEventType::AddrError, status, NO_PAYLOAD)
+            }
+            TimerKind::RouteResolved => {
+                self.queue_event(id, SlotRef::NONE, CmEventType::RouteResolved, 0, NO_PAYLOAD)
+            }
+            TimerKind::RouteError => {
+                let status = self.slot(id).pending_status;
+                self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
+            }
+            TimerKind::ReqTimeout => {
+                if self.slot(id).wire == Wire::ReqSent {
+                    self.stats.req_timeouts += 1;
+                    self.slot(id).wire = Wire::Closed;
+                    let remote = self.slot(id).remote;
+                    if !remote.is_none() {
+                        let pd = self.rej_payload(&[]);
+                        self.send(id, remote, MsgKind::Rej, reason::TIMEOUT, pd);
+                    }
+                    self.unreachable(id);
+                }
+            }
+            TimerKind::RepTimeout => {
+                if self.slot(id).wire == Wire::RepSent {
+                    self.stats.rep_timeouts += 1;
+                    self.slot(id).wire = Wire::Closed;
+                    self.unreachable(id);
+                }
+            }
+            TimerKind::DreqTimeout => {
+                if self.slot(id).wire == Wire::DreqSent {
+                    self.stats.dreq_timeouts += 1;
+                    self.enter_timewait(id);
+                    self.deliver_disconnected(id, -errno::ETIMEDOUT);
+                }
+            }
+            TimerKind::TimewaitExit => {
+                if self.slot(id).wire == Wire::TimeWait {
+                    self.slot(id).wire = Wire::Closed;
+                    if self.slot(id).disconnected {
+                        self.queue_event(id, SlotRef::NONE, CmEventType::TimewaitExit, 0, NO_PAYLOAD);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The IB CM gave up on an unanswered REQ or REP.
+    pub(super) fn unreachable(&mut self, id: SlotRef) {
+        self.queue_event(
+            id,
+            SlotRef::NONE,
+            CmEventType::Unreachable,
+            -errno::ETIMEDOUT,
+            NO_PAYLOAD,
+        );
+    }
+
+    pub(super) fn enter_timewait(&mut self, id: SlotRef) {
+        self.cancel_timers(id);
+        self.slot(id).wire = Wire::TimeWait;
+        let tw = nanos(self.cfg.timewait);
+        self.timer(id, tw, TimerKind::TimewaitExit);
+    }
+
+    /// `DISCONNECTED`, at most once per id (the kernel's CONNECT -> DISCONNECT exchange).
+    pub(super) fn deliver_disconnected(&mut self, id: SlotRef, status: i32) {
+        if !self.slot(id).disconnected {
+            self.slot(id).disconnected = true;
+            self.queue_event(id, SlotRef::NONE, CmEventType::Disconnected, status, NO_PAYLOAD);
+        }
+    }
+
+    pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
+        let Some(active) = self.ids.get(from) else {
+            self.take_payload(payload);
+            return;
+        };
+        // A host that crashed or lost its device while the REQ flew does not answer.
+        if active.wire != Wire::ReqSent || !self.hosts[host as usize].reachable() {
+            self.take_payload(payload);
+            return;
+        }
+        let ps = active.m.port_space();
+        let src = active.local;
+        let dst = self
+            .payloads
+            .get(payload)
+            .and_then(|p| p.dst)
+            .expect("REQ carries its destination");
+        let retry_count = self.payloads.get(payload).map_or(0, |p| p.wire.retry_count);
+        let listener = self.ports.listener(host, ps, dst.ip(), dst.port());
+        let refuse = |no_listener: bool| match (ps.is_connected(), no_listener) {
+            (true, true) => reason::INVALID_SERVICE_ID,
+            (true, false) => reason::CONSUMER_DEFINED,
+            (false, true) => reason::SIDR_UNSUPPORTED,
+            (false, false) => reason::SIDR_REJECT,
+        };
+        let Some(listener) = listener else {
+            self.take_payload(payload);
+            self.reply_without_id(host, from, refuse(true));
+            return;
+        };
+        let l = self.ids.get(listener).expect("listening ids are bound and alive");
+        let channel = l.channel;
+        let cap = self.hosts[host as usize].backlog_cap;
+        let full = l
+            .listener
+            .as_ref()
+            .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog.min(cap));
+        if full {
+            // The kernel drops a request its listener has no room for, without an answer; the
+            // sender's IB CM sends it again after its response timeout, until it gives up.
+            self.stats.backlog_drops += 1;
+            self.resend_req_later(from, host, payload, attempt);
+            return;
+        }
+        let child = self.ids.insert(IdSlot {
+            host,
+            channel,
+            m: IdMachine::new_child(ps),
+            local: Some(dst),
+            peer: src,
+            port_bound: false,
+            wire: Wire::ReqRcvd,
+            remote: from,
+            epoch: 0,
+            timers: 0,
+            queued: 0,
+            last_arrival: 0,
+            disconnected: false,
+            connect_error: false,
+            pending_status: 0,
+            retry_count,
+            peer_lost: false,
+            visible: false,
+            qp: None,
+            listener: None,
+        });
+        self.hosts[host as usize].counts.ids += 1;
+        self.channels.get_mut(channel).expect("listener's channel").ids += 1;
+        self.slot(listener)
+            .listener
+            .as_mut()
+            .expect("listener state")
+            .pending
+            .push_back(child);
+        // The MRA/REP tells the active side who answers; the simulator links them at once.
+        self.slot(from).remote = child;
+        self.queue_event(child, listener, CmEventType::ConnectRequest, 0, payload);
+    }
+
+    /// A REJ (or SIDR REP with an error status) from a host with no id to answer for.
+    pub(super) fn reply_without_id(&mut self, host: u16, to: SlotRef, status: i32) {
+        let lat = self.latency();
+        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
+            return;
+        };
+        if self.lost(host, to_host) {
+            self.trace_lost(host, SlotRef::NONE, MsgKind::Rej, to_host);
+            return;
+        }
+        let extra = self.extra_delay(host, to_host);
+        let dest = self.ids.get_mut(to).expect("checked");
+        let arrival = self
+            .now
+            .saturating_add(lat)
+            .saturating_add(extra)
+            .max(dest.last_arrival);
+        dest.last_arrival = arrival;
+        self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
+        let pd = self.rej_payload(&[]);
+        self.schedule(
+            arrival,
+            Action::Msg {
+                kind: MsgKind::Rej,
+                to,
+                from: SlotRef::NONE,
+                status,
+                payload: pd,
+            },
+        );
+    }
+
+    pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+        let wire = self.slot(to).wire;
+        let connected = self.slot(to).m.port_space().is_connected();
+        match (kind, wire) {
+            (MsgKind::Rep, Wire::ReqSent) => {
+                self.cancel_timers(to);
+                let s = self.slot(to);
+                s.wire = if connected { Wire::RepRcvd } else { Wire::Closed };
+                s.remote = from;
+                self.queue_event(to, SlotRef::NONE, CmEventType::ConnectResponse, 0, payload);
+                return;
+            }
+            (MsgKind::Rtu, Wire::RepSent) => {
+                self.cancel_timers(to);
+                self.slot(to).wire = Wire::Established;
+                self.queue_event(to, SlotRef::NONE, CmEventType::Established, 0, NO_PAYLOAD);
+            }
+            (MsgKind::Rej, Wire::ReqSent | Wire::RepRcvd | Wire::RepSent | Wire::ReqRcvd) => {
+                self.cancel_timers(to);
+                self.slot(to).wire = Wire::Closed;
+                // A child that was not accepted gets no events (the kernel drops them).
+                if wire != Wire::ReqRcvd {
+                    let event = if connected {
+                        CmEventType::Rejected
+                    } else {
+                        CmEventType::Unreachable
+                    };
+                    let payload = if connected {
+                        payload
+                    } else {
+                        self.take_payload(payload);
+                        NO_PAYLOAD
+                    };
+                    self.queue_event(to, SlotRef::NONE, event, status, payload);
+                    return;
+                }
+            }
+            (MsgKind::Dreq, Wire::Established | Wire::RepSent) => {
+                self.cancel_timers(to);
+                self.slot(to).wire = Wire::DreqRcvd;
+                self.deliver_disconnected(to, 0);
+            }
+            (MsgKind::Dreq, Wire::DreqSent) => {
+                // Both sides disconnected at once: each answers the other's DREQ.
+                self.enter_timewait(to);
+                self.deliver_disconnected(to, 0);
+                self.send(to, from, MsgKind::Drep, 0, NO_PAYLOAD);
+            }
+            (MsgKind::Drep, Wire::DreqSent) => {
+                self.enter_timewait(to);
+                self.deliver_disconnected(to, 0);
+            }
+            _ => {}
+        }
+        self.take_payload(payload);
+    }
+}
