@@ -44,6 +44,7 @@
 #![deny(missing_docs)]
 
 mod builder;
+mod exchange;
 mod fabric;
 mod faults;
 mod host;

@@ -37,14 +37,12 @@ impl Fabric {
             local: None,
             peer: None,
             port_bound: false,
-            wire: Wire::Idle,
+            cm: Exchange::new(),
             remote: SlotRef::NONE,
             epoch: 0,
             timers: 0,
             queued: 0,
             last_arrival: 0,
-            disconnected: false,
-            connect_error: false,
             pending_status: 0,
             retry_count: 0,
             peer_lost: false,
@@ -76,26 +74,13 @@ impl Fabric {
     /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
     /// and (lazily) its queued events.
     pub(super) fn release(&mut self, r: SlotRef) {
-        let remote = self.slot(r).remote;
-        let connected = self.slot(r).m.port_space().is_connected();
-        let rej = if connected {
-            reason::CONSUMER_DEFINED
-        } else {
-            reason::SIDR_REJECT
-        };
-        match self.slot(r).wire {
-            Wire::ReqSent if !remote.is_none() => {
-                let pd = self.rej_payload(&[]);
-                self.send(r, remote, MsgKind::Rej, reason::TIMEOUT, pd);
-            }
-            Wire::ReqRcvd | Wire::RepRcvd | Wire::RepSent => {
-                let pd = self.rej_payload(&[]);
-                self.send(r, remote, MsgKind::Rej, rej, pd);
-            }
-            Wire::Established => self.send(r, remote, MsgKind::Dreq, 0, NO_PAYLOAD),
-            Wire::DreqRcvd => self.send(r, remote, MsgKind::Drep, 0, NO_PAYLOAD),
-            _ => {}
-        }
+        let slot = self.slot(r);
+        let connected = slot.m.port_space().is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Destroy, connected)
+            .expect("destroy is never refused");
+        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
         self.vanish(r);
     }
 
@@ -228,11 +213,7 @@ impl Fabric {
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.create_qp()?;
         let slot = self.slot(r);
-        let cm_exchange_over = !matches!(
-            slot.wire,
-            Wire::Idle | Wire::ReqSent | Wire::RepRcvd | Wire::ReqRcvd | Wire::RepSent | Wire::Established
-        );
-        if slot.m.port_space().is_connected() && cm_exchange_over {
+        if slot.m.port_space().is_connected() && slot.cm.ended_early() {
             // The peer ended the exchange before the application saw it (e.g. a child whose
             // requester went away): the kernel has no QP attributes to give.
             return Err(CmError::Os {
@@ -341,24 +322,19 @@ impl Fabric {
             ps.private_data_limit(PrivateDataSlot::Connect),
         );
         slot.m = next;
-        slot.wire = Wire::ReqSent;
         slot.remote = SlotRef::NONE;
         slot.retry_count = wire.retry_count;
-        self.cancel_timers(r);
-        let timeout = nanos(self.cfg.cm_timeout);
-        self.timer(r, timeout, TimerKind::ReqTimeout);
+        let connected = ps.is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Connect, connected)
+            .expect("connect is never refused");
         let payload = self.new_payload(Payload {
             wire,
             private_data,
             dst: Some(dst),
         });
-        match self.host_of_ip(dst.ip()) {
-            Some(to_host) => self.send_req(r, to_host, payload, 0),
-            None => {
-                self.latency();
-                self.take_payload(payload);
-            }
-        }
+        self.apply(r, next, effects, SlotRef::NONE, payload);
         Ok(())
     }
 
@@ -367,7 +343,8 @@ impl Fabric {
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.accept(param.private_data.len())?;
         let (rr, depth) = self.check_resources(call, param)?;
-        if self.slot(r).wire != Wire::ReqRcvd {
+        let connected = self.slot(r).m.port_space().is_connected();
+        let Some((accepted, effects)) = self.slot(r).cm.on(Input::Accept, connected) else {
             // The request is gone (the active side gave up or was destroyed): the kernel
             // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
             let failed = self.slot(r).m.qp_error();
@@ -376,10 +353,9 @@ impl Fabric {
                 call,
                 errno: errno::EINVAL,
             });
-        }
+        };
         let slot = self.slot(r);
         let ps = slot.m.port_space();
-        let remote = slot.remote;
         let qp_num = slot.qp.as_ref().map_or(0, |q| q.qpn);
         let wire = WireParam {
             responder_resources: depth,
@@ -395,20 +371,12 @@ impl Fabric {
             ps.private_data_limit(PrivateDataSlot::Accept),
         );
         self.set_machine(r, next);
-        self.cancel_timers(r);
-        if ps.is_connected() {
-            self.slot(r).wire = Wire::RepSent;
-            let timeout = nanos(self.cfg.cm_timeout);
-            self.timer(r, timeout, TimerKind::RepTimeout);
-        } else {
-            self.slot(r).wire = Wire::Closed;
-        }
         let payload = self.new_payload(Payload {
             wire,
             private_data,
             dst: None,
         });
-        self.send(r, remote, MsgKind::Rep, 0, payload);
+        self.apply(r, accepted, effects, SlotRef::NONE, payload);
         Ok(())
     }
 
@@ -416,23 +384,22 @@ impl Fabric {
         let call = Call::Reject;
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.reject(private_data.len())?;
-        if self.slot(r).wire != Wire::ReqRcvd {
+        let slot = self.slot(r);
+        let connected = slot.m.port_space().is_connected();
+        let Some((rejected, effects)) = slot.cm.on(Input::Reject, connected) else {
             return Err(CmError::Os {
                 call,
                 errno: errno::EINVAL,
             });
-        }
-        let slot = self.slot(r);
-        let ps = slot.m.port_space();
-        let remote = slot.remote;
-        slot.m = next;
-        slot.wire = Wire::Closed;
-        let (status, payload) = if ps.is_connected() {
-            (reason::CONSUMER_DEFINED, self.rej_payload(private_data))
-        } else {
-            (reason::SIDR_REJECT, NO_PAYLOAD)
         };
-        self.send(r, remote, MsgKind::Rej, status, payload);
+        slot.m = next;
+        // A SIDR REP that rejects carries no private data.
+        let payload = if connected {
+            self.rej_payload(private_data)
+        } else {
+            NO_PAYLOAD
+        };
+        self.apply(r, rejected, effects, SlotRef::NONE, payload);
         Ok(())
     }
 
@@ -440,23 +407,13 @@ impl Fabric {
         let r = self.id_ref(host, id, Call::Disconnect)?;
         let next = self.slot(r).m.disconnect()?;
         self.set_machine(r, next);
-        let remote = self.slot(r).remote;
-        match self.slot(r).wire {
-            Wire::Established => {
-                self.slot(r).wire = Wire::DreqSent;
-                self.cancel_timers(r);
-                let timeout = nanos(self.cfg.cm_timeout);
-                self.timer(r, timeout, TimerKind::DreqTimeout);
-                self.send(r, remote, MsgKind::Dreq, 0, NO_PAYLOAD);
-            }
-            Wire::DreqRcvd => {
-                self.enter_timewait(r);
-                self.send(r, remote, MsgKind::Drep, 0, NO_PAYLOAD);
-            }
-            // Not established on the wire: the IB CM has neither a DREQ nor a DREP to send,
-            // and the kernel still returns 0.
-            _ => {}
-        }
+        let slot = self.slot(r);
+        let connected = slot.m.port_space().is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Disconnect, connected)
+            .expect("disconnect is never refused");
+        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
         Ok(())
     }
 

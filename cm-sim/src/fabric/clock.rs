@@ -9,10 +9,8 @@ pub(super) enum TimerKind {
     AddrError,
     RouteResolved,
     RouteError,
-    ReqTimeout,
-    RepTimeout,
-    DreqTimeout,
-    TimewaitExit,
+    /// One of the IB CM exchange's.
+    Cm(CmTimer),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,8 +89,8 @@ impl Fabric {
         // gets a FIFO lane and stays out of the heap (a lane must see one length only; a push
         // out of order falls back to the heap).
         let lane = match kind {
-            TimerKind::ReqTimeout | TimerKind::RepTimeout | TimerKind::DreqTimeout => Lane::Fifo(0),
-            TimerKind::TimewaitExit => Lane::Fifo(1),
+            TimerKind::Cm(CmTimer::Req | CmTimer::Rep | CmTimer::Dreq) => Lane::Fifo(0),
+            TimerKind::Cm(CmTimer::Timewait) => Lane::Fifo(1),
             TimerKind::AddrResolved
             | TimerKind::AddrError
             | TimerKind::RouteResolved

@@ -17,7 +17,11 @@ impl Fabric {
                 payload,
                 attempt,
             } => {
-                if self.ids.get(from).is_some_and(|s| s.wire == Wire::ReqSent) {
+                if self
+                    .ids
+                    .get(from)
+                    .is_some_and(|s| s.cm.awaits_answer_to(MsgKind::Req))
+                {
                     self.stats.messages_resent += 1;
                     self.send_req(from, host, payload, attempt);
                 } else {
@@ -32,11 +36,7 @@ impl Fabric {
                 payload,
                 attempt,
             } => {
-                let waiting = match kind {
-                    MsgKind::Rep => Wire::RepSent,
-                    _ => Wire::DreqSent,
-                };
-                if self.ids.get(from).is_some_and(|s| s.wire == waiting) {
+                if self.ids.get(from).is_some_and(|s| s.cm.awaits_answer_to(kind)) {
                     self.stats.messages_resent += 1;
                     self.send_attempt(from, to, kind, status, payload, attempt);
                 } else {
@@ -102,66 +102,22 @@ impl Fabric {
                 let status = self.slot(id).pending_status;
                 self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
             }
-            TimerKind::ReqTimeout => {
-                if self.slot(id).wire == Wire::ReqSent {
-                    self.stats.req_timeouts += 1;
-                    self.slot(id).wire = Wire::Closed;
-                    let remote = self.slot(id).remote;
-                    if !remote.is_none() {
-                        let pd = self.rej_payload(&[]);
-                        self.send(id, remote, MsgKind::Rej, reason::TIMEOUT, pd);
-                    }
-                    self.unreachable(id);
-                }
-            }
-            TimerKind::RepTimeout => {
-                if self.slot(id).wire == Wire::RepSent {
-                    self.stats.rep_timeouts += 1;
-                    self.slot(id).wire = Wire::Closed;
-                    self.unreachable(id);
-                }
-            }
-            TimerKind::DreqTimeout => {
-                if self.slot(id).wire == Wire::DreqSent {
-                    self.stats.dreq_timeouts += 1;
-                    self.enter_timewait(id);
-                    self.deliver_disconnected(id, -errno::ETIMEDOUT);
-                }
-            }
-            TimerKind::TimewaitExit => {
-                if self.slot(id).wire == Wire::TimeWait {
-                    self.slot(id).wire = Wire::Closed;
-                    if self.slot(id).disconnected {
-                        self.queue_event(id, SlotRef::NONE, CmEventType::TimewaitExit, 0, NO_PAYLOAD);
+            TimerKind::Cm(timer) => {
+                let before = self.slot(id).cm;
+                let connected = self.slot(id).m.port_space().is_connected();
+                let (next, effects) = before
+                    .on(Input::Timer(timer), connected)
+                    .expect("the exchange takes every timer");
+                if next.wire() != before.wire() {
+                    match timer {
+                        CmTimer::Req => self.stats.req_timeouts += 1,
+                        CmTimer::Rep => self.stats.rep_timeouts += 1,
+                        CmTimer::Dreq => self.stats.dreq_timeouts += 1,
+                        CmTimer::Timewait => {}
                     }
                 }
+                self.apply(id, next, effects, SlotRef::NONE, NO_PAYLOAD);
             }
-        }
-    }
-
-    /// The IB CM gave up on an unanswered REQ or REP.
-    pub(super) fn unreachable(&mut self, id: SlotRef) {
-        self.queue_event(
-            id,
-            SlotRef::NONE,
-            CmEventType::Unreachable,
-            -errno::ETIMEDOUT,
-            NO_PAYLOAD,
-        );
-    }
-
-    pub(super) fn enter_timewait(&mut self, id: SlotRef) {
-        self.cancel_timers(id);
-        self.slot(id).wire = Wire::TimeWait;
-        let tw = nanos(self.cfg.timewait);
-        self.timer(id, tw, TimerKind::TimewaitExit);
-    }
-
-    /// `DISCONNECTED`, at most once per id (the kernel's CONNECT -> DISCONNECT exchange).
-    pub(super) fn deliver_disconnected(&mut self, id: SlotRef, status: i32) {
-        if !self.slot(id).disconnected {
-            self.slot(id).disconnected = true;
-            self.queue_event(id, SlotRef::NONE, CmEventType::Disconnected, status, NO_PAYLOAD);
         }
     }
 
@@ -171,7 +127,7 @@ impl Fabric {
             return;
         };
         // A host that crashed or lost its device while the REQ flew does not answer.
-        if active.wire != Wire::ReqSent || !self.hosts[host as usize].reachable() {
+        if !active.cm.awaits_answer_to(MsgKind::Req) || !self.hosts[host as usize].reachable() {
             self.take_payload(payload);
             return;
         }
@@ -216,14 +172,12 @@ impl Fabric {
             local: Some(dst),
             peer: src,
             port_bound: false,
-            wire: Wire::ReqRcvd,
+            cm: Exchange::requested(),
             remote: from,
             epoch: 0,
             timers: 0,
             queued: 0,
             last_arrival: 0,
-            disconnected: false,
-            connect_error: false,
             pending_status: 0,
             retry_count,
             peer_lost: false,
@@ -277,58 +231,91 @@ impl Fabric {
     }
 
     pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
-        let wire = self.slot(to).wire;
-        let connected = self.slot(to).m.port_space().is_connected();
-        match (kind, wire) {
-            (MsgKind::Rep, Wire::ReqSent) => {
-                self.cancel_timers(to);
-                let s = self.slot(to);
-                s.wire = if connected { Wire::RepRcvd } else { Wire::Closed };
-                s.remote = from;
-                self.queue_event(to, SlotRef::NONE, CmEventType::ConnectResponse, 0, payload);
-                return;
-            }
-            (MsgKind::Rtu, Wire::RepSent) => {
-                self.cancel_timers(to);
-                self.slot(to).wire = Wire::Established;
-                self.queue_event(to, SlotRef::NONE, CmEventType::Established, 0, NO_PAYLOAD);
-            }
-            (MsgKind::Rej, Wire::ReqSent | Wire::RepRcvd | Wire::RepSent | Wire::ReqRcvd) => {
-                self.cancel_timers(to);
-                self.slot(to).wire = Wire::Closed;
-                // A child that was not accepted gets no events (the kernel drops them).
-                if wire != Wire::ReqRcvd {
-                    let event = if connected {
-                        CmEventType::Rejected
-                    } else {
-                        CmEventType::Unreachable
+        let slot = self.slot(to);
+        let connected = slot.m.port_space().is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Msg(kind, status), connected)
+            .expect("the exchange takes every message");
+        self.apply(to, next, effects, from, payload);
+    }
+
+    /// Moves `id`'s exchange to `next` and carries out the transition's `effects` in order.
+    /// `sender` sent the message being handled (if any); `payload` is what that message or
+    /// the call brought, handed to the effect that takes it and otherwise dropped.
+    pub(super) fn apply(
+        &mut self,
+        id: SlotRef,
+        next: Exchange,
+        effects: Effects,
+        sender: SlotRef,
+        payload: u32,
+    ) {
+        self.slot(id).cm = next;
+        let mut payload = payload;
+        for &effect in effects.as_slice() {
+            match effect {
+                Effect::CancelTimers => self.cancel_timers(id),
+                Effect::Arm(timer) => {
+                    let after = match timer {
+                        CmTimer::Timewait => self.cfg.timewait,
+                        CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cfg.cm_timeout,
                     };
-                    let payload = if connected {
-                        payload
+                    self.timer(id, nanos(after), TimerKind::Cm(timer));
+                }
+                Effect::PeerIsSender => self.slot(id).remote = sender,
+                Effect::Queue {
+                    event,
+                    status,
+                    with_message,
+                } => {
+                    let carried = if with_message {
+                        std::mem::replace(&mut payload, NO_PAYLOAD)
                     } else {
-                        self.take_payload(payload);
                         NO_PAYLOAD
                     };
-                    self.queue_event(to, SlotRef::NONE, event, status, payload);
-                    return;
+                    self.queue_event(id, SlotRef::NONE, event, status, carried);
+                }
+                Effect::Send {
+                    msg: MsgKind::Req,
+                    carry,
+                    ..
+                } => {
+                    debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
+                    let req = std::mem::replace(&mut payload, NO_PAYLOAD);
+                    let dst = self.slot(id).peer.expect("a resolved id has a destination");
+                    match self.host_of_ip(dst.ip()) {
+                        Some(to_host) => self.send_req(id, to_host, req, 0),
+                        None => {
+                            // The REQ leaves for an address no host has: it is lost without a
+                            // trace, after the same draw a sent one makes.
+                            self.latency();
+                            self.take_payload(req);
+                        }
+                    }
+                }
+                Effect::Send {
+                    msg,
+                    status,
+                    to,
+                    carry,
+                } => {
+                    let dest = match to {
+                        To::Peer => self.slot(id).remote,
+                        To::Sender => sender,
+                    };
+                    if dest.is_none() {
+                        // No REP or MRA named a peer yet: there is nobody to tell.
+                        continue;
+                    }
+                    let carried = match carry {
+                        Carry::Nothing => NO_PAYLOAD,
+                        Carry::EmptyPrivateData => self.rej_payload(&[]),
+                        Carry::CallPayload => std::mem::replace(&mut payload, NO_PAYLOAD),
+                    };
+                    self.send(id, dest, msg, status, carried);
                 }
             }
-            (MsgKind::Dreq, Wire::Established | Wire::RepSent) => {
-                self.cancel_timers(to);
-                self.slot(to).wire = Wire::DreqRcvd;
-                self.deliver_disconnected(to, 0);
-            }
-            (MsgKind::Dreq, Wire::DreqSent) => {
-                // Both sides disconnected at once: each answers the other's DREQ.
-                self.enter_timewait(to);
-                self.deliver_disconnected(to, 0);
-                self.send(to, from, MsgKind::Drep, 0, NO_PAYLOAD);
-            }
-            (MsgKind::Drep, Wire::DreqSent) => {
-                self.enter_timewait(to);
-                self.deliver_disconnected(to, 0);
-            }
-            _ => {}
         }
         self.take_payload(payload);
     }

@@ -3,8 +3,9 @@
 //! Two layers of state per id, as in the real stack:
 //! * the [`IdMachine`] is what the application has observed (it moves when calls succeed and
 //!   when events are *retrieved*) and is what calls are checked against;
-//! * [`Wire`] is the IB CM's view (it moves when messages arrive and timers fire) and decides
-//!   which messages are sent and which events are generated.
+//! * the [`Exchange`] is the IB CM's view (it moves when messages arrive and timers fire) and
+//!   decides which messages are sent and which events are generated. It is a pure machine
+//!   (`crate::exchange`); the fabric routes its effects (`Fabric::apply`).
 //!
 //! Events are queued on the channel when generated, in virtual-time order, and transformed on
 //! retrieval where librdmacm transforms them (the kernel's `CONNECT_RESPONSE` becomes
@@ -28,6 +29,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
+use crate::exchange::{reason, Carry, CmTimer, Effect, Effects, Exchange, Input, To};
 use crate::faults::{Fault, FaultSchedule, FaultStats};
 use crate::host::SimHost;
 use crate::ports::{BindError, Ports};

@@ -44,30 +44,16 @@ impl Fabric {
             }
             CmEventType::ConnectResponse => {
                 let slot = self.slot(q.id);
-                event = slot.m.connect_response_outcome();
-                // A REJ that arrived meanwhile makes librdmacm's RTU fail.
-                if event == CmEventType::Established
-                    && slot.wire == Wire::Closed
-                    && slot.m.port_space().is_connected()
-                {
-                    event = CmEventType::ConnectError;
-                }
-                match event {
-                    CmEventType::Established if slot.m.port_space().is_connected() => {
-                        slot.wire = Wire::Established;
-                        let remote = slot.remote;
-                        self.send(q.id, remote, MsgKind::Rtu, 0, NO_PAYLOAD);
-                    }
-                    CmEventType::ConnectError => {
-                        status = -1;
-                        slot.connect_error = true;
-                    }
-                    _ => {}
-                }
+                let connected = slot.m.port_space().is_connected();
+                let outcome = slot.m.connect_response_outcome();
+                let (seen, seen_status, next, effects) =
+                    slot.cm.on_connect_response(outcome, status, connected);
+                (event, status) = (seen, seen_status);
+                self.apply(q.id, next, effects, SlotRef::NONE, NO_PAYLOAD);
                 self.trace_event(q.id, event, status);
                 q.id
             }
-            CmEventType::Rejected | CmEventType::Disconnected if self.slot(q.id).connect_error => {
+            CmEventType::Rejected | CmEventType::Disconnected if self.slot(q.id).cm.swallows(event) => {
                 return None
             }
             _ => q.id,

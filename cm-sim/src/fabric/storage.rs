@@ -3,31 +3,6 @@
 
 use super::*;
 
-/// The IB CM's view of an id's connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Wire {
-    /// No exchange.
-    Idle,
-    /// Active: REQ sent, waiting for REP or REJ.
-    ReqSent,
-    /// Active: REP arrived; the RTU goes out when the application retrieves the event.
-    RepRcvd,
-    /// Passive: REQ arrived, not accepted.
-    ReqRcvd,
-    /// Passive: REP sent, waiting for the RTU.
-    RepSent,
-    /// Connected.
-    Established,
-    /// DREQ sent, waiting for the DREP.
-    DreqSent,
-    /// DREQ received, not answered yet.
-    DreqRcvd,
-    /// Disconnect complete; `TIMEWAIT_EXIT` pending.
-    TimeWait,
-    /// Nothing more will happen on the wire.
-    Closed,
-}
-
 pub(super) struct Listener {
     pub(super) backlog: u32,
     /// Children whose `CONNECT_REQUEST` is queued and not retrieved, in queue order.
@@ -41,7 +16,8 @@ pub(super) struct IdSlot {
     pub(super) local: Option<SocketAddr>,
     pub(super) peer: Option<SocketAddr>,
     pub(super) port_bound: bool,
-    pub(super) wire: Wire,
+    /// The IB CM exchange.
+    pub(super) cm: Exchange,
     pub(super) remote: SlotRef,
     /// Bumped whenever pending timers of the id must stop counting.
     pub(super) epoch: u32,
@@ -51,8 +27,6 @@ pub(super) struct IdSlot {
     pub(super) queued: u32,
     /// When the last message to this id arrives: messages to one id are delivered in order.
     pub(super) last_arrival: u64,
-    pub(super) disconnected: bool,
-    pub(super) connect_error: bool,
     /// Status of the `ADDR_ERROR` / `ROUTE_ERROR` a pending resolution timer delivers.
     pub(super) pending_status: i32,
     /// The connection's transport retries (the REQ's `retry_count`, both sides use it): how

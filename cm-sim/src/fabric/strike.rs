@@ -241,10 +241,13 @@ impl Fabric {
             ) {
                 continue;
             }
-            self.cancel_timers(r);
+            let connected = s.m.port_space().is_connected();
+            let (next, effects) =
+                s.cm.on(Input::DeviceRemoved, connected)
+                    .expect("the exchange takes the device's removal");
+            self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
             self.lose_peer_of(r);
             let s = self.slot(r);
-            s.wire = Wire::Closed;
             if state == cm_core::IdState::AddrQuery && !device {
                 // Resolving from a wildcard bind: the resolution fails instead.
                 s.pending_status = -errno::ENODEV;

@@ -3,20 +3,6 @@
 
 use super::*;
 
-/// IB CM reject reasons the simulator sends.
-pub(super) mod reason {
-    /// `IB_CM_REJ_TIMEOUT`: the active side gave up (or was destroyed) while its REQ was out.
-    pub(in crate::fabric) const TIMEOUT: i32 = 1;
-    /// `IB_CM_REJ_INVALID_SERVICE_ID`: no listener on that port.
-    pub(in crate::fabric) const INVALID_SERVICE_ID: i32 = 8;
-    /// `IB_CM_REJ_CONSUMER_DEFINED`: `rdma_reject`, a destroyed peer, or a full backlog.
-    pub(in crate::fabric) const CONSUMER_DEFINED: i32 = 28;
-    /// SIDR REP status `IB_SIDR_UNSUPPORTED`: no listener (datagram port spaces).
-    pub(in crate::fabric) const SIDR_UNSUPPORTED: i32 = 1;
-    /// SIDR REP status `IB_SIDR_REJECT`: `rdma_reject` (datagram port spaces).
-    pub(in crate::fabric) const SIDR_REJECT: i32 = 2;
-}
-
 /// What a REQ, REP or REJ carries: connection parameters as the receiver sees them, and a
 /// REQ's destination.
 pub(super) struct Payload {
