@@ -39,10 +39,9 @@ impl Fabric {
             port_bound: false,
             cm: Exchange::new(),
             remote: SlotRef::NONE,
-            epoch: 0,
-            timers: 0,
+            timers: IdTimers::default(),
             queued: 0,
-            last_arrival: 0,
+            last_arrival: SimTime::ZERO,
             pending_status: 0,
             retry_count: 0,
             peer_lost: false,
@@ -172,18 +171,18 @@ impl Fabric {
             self.stats.addr_errors += 1;
             self.slot(r).pending_status = status;
             let lat = self.latency();
-            self.timer(r, lat, TimerKind::AddrError);
+            self.timer(r, self.now.after_nanos(lat), TimerKind::AddrError);
         } else if !h.device {
             self.slot(r).pending_status = -errno::ENODEV;
             let lat = self.latency();
-            self.timer(r, lat, TimerKind::AddrError);
+            self.timer(r, self.now.after_nanos(lat), TimerKind::AddrError);
         } else if reachable {
             let lat = self.latency();
-            self.timer(r, lat, TimerKind::AddrResolved);
+            self.timer(r, self.now.after_nanos(lat), TimerKind::AddrResolved);
         } else {
             // Neighbour resolution gets no answer until the caller's timeout.
             self.slot(r).pending_status = -errno::ETIMEDOUT;
-            self.timer(r, nanos(timeout), TimerKind::AddrError);
+            self.timer(r, self.now + timeout, TimerKind::AddrError);
         }
         Ok(())
     }
@@ -201,9 +200,9 @@ impl Fabric {
             let status = h.fail_route.0;
             self.stats.route_errors += 1;
             self.slot(r).pending_status = status;
-            self.timer(r, lat, TimerKind::RouteError);
+            self.timer(r, self.now.after_nanos(lat), TimerKind::RouteError);
         } else {
-            self.timer(r, lat, TimerKind::RouteResolved);
+            self.timer(r, self.now.after_nanos(lat), TimerKind::RouteResolved);
         }
         Ok(())
     }

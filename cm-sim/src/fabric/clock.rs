@@ -77,14 +77,13 @@ impl Fabric {
         draw_between(&mut self.rng, lo, hi)
     }
 
-    pub(super) fn schedule(&mut self, time: u64, action: Action) {
-        self.sched.push(time, action, Lane::Heap);
+    pub(super) fn schedule(&mut self, time: SimTime, action: Action) {
+        self.sched.push(time.as_nanos(), action, Lane::Heap);
     }
 
-    pub(super) fn timer(&mut self, id: SlotRef, after: u64, kind: TimerKind) {
+    pub(super) fn timer(&mut self, id: SlotRef, at: SimTime, kind: TimerKind) {
         let s = self.slot(id);
-        s.timers += 1;
-        let epoch = s.epoch;
+        let epoch = s.timers.arm();
         // Timeouts of one configured length expire in the order they are set, so each length
         // gets a FIFO lane and stays out of the heap (a lane must see one length only; a push
         // out of order falls back to the heap).
@@ -96,15 +95,14 @@ impl Fabric {
             | TimerKind::RouteResolved
             | TimerKind::RouteError => Lane::Heap,
         };
-        let time = self.now.saturating_add(after);
-        self.sched.push(time, Action::Timer { id, epoch, kind }, lane);
+        self.sched
+            .push(at.as_nanos(), Action::Timer { id, epoch, kind }, lane);
     }
 
     /// Cancels the id's pending timers.
     pub(super) fn cancel_timers(&mut self, id: SlotRef) {
         let s = self.slot(id);
-        s.epoch = s.epoch.wrapping_add(1);
-        let cancelled = std::mem::take(&mut s.timers);
+        let cancelled = s.timers.cancel_all();
         self.timers_cancelled(cancelled);
     }
 
@@ -118,8 +116,8 @@ impl Fabric {
         let ids = &self.ids;
         let mut removed_until = self.removed_until;
         self.sched.retain(|time, action| match *action {
-            Action::Timer { id, epoch, .. } if ids.get(id).is_none_or(|slot| slot.epoch != epoch) => {
-                removed_until = removed_until.max(time);
+            Action::Timer { id, epoch, .. } if ids.get(id).is_none_or(|slot| !slot.timers.is_live(epoch)) => {
+                removed_until = removed_until.max(SimTime::from_nanos(time));
                 false
             }
             _ => true,
@@ -128,20 +126,20 @@ impl Fabric {
         self.stale_timers = 0;
     }
 
-    /// Runs scheduled actions up to `deadline` (virtual nanoseconds), stopping early as soon as
+    /// Runs scheduled actions up to `deadline`, stopping early as soon as
     /// `done` holds. Returns whether `done` held.
-    pub(super) fn run_until(&mut self, deadline: u64, done: &dyn Fn(&Fabric) -> bool) -> bool {
+    pub(super) fn run_until(&mut self, deadline: SimTime, done: &dyn Fn(&Fabric) -> bool) -> bool {
         loop {
             if done(self) {
                 return true;
             }
-            match self.sched.pop_due(deadline) {
+            match self.sched.pop_due(deadline.as_nanos()) {
                 Some((time, action)) => {
-                    self.now = self.now.max(time);
+                    self.now = self.now.max(SimTime::from_nanos(time));
                     self.dispatch(action);
                 }
                 None => {
-                    self.now = self.now.max(if deadline == u64::MAX {
+                    self.now = self.now.max(if deadline == SimTime::NEVER {
                         self.removed_until
                     } else {
                         deadline
@@ -152,7 +150,7 @@ impl Fabric {
         }
     }
 
-    pub(super) fn deadline(&self, timeout: Duration) -> u64 {
-        self.now.saturating_add(nanos(timeout))
+    pub(super) fn deadline(&self, timeout: Duration) -> SimTime {
+        self.now + timeout
     }
 }

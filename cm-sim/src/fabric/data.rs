@@ -80,9 +80,7 @@ impl Fabric {
         }
         qp.rnr_armed = true;
         let sends_done = qp.sends_done;
-        let at = self
-            .now
-            .saturating_add(timer.saturating_mul(u64::from(retries) + 1));
+        let at = self.now.after_nanos(timer.saturating_mul(u64::from(retries) + 1));
         self.schedule(
             at,
             Action::Rnr {
@@ -127,7 +125,7 @@ impl Fabric {
         }
         qp.retry_armed = true;
         let sends_done = qp.sends_done;
-        let at = self.now.saturating_add(per_try.saturating_mul(tries));
+        let at = self.now.after_nanos(per_try.saturating_mul(tries));
         self.schedule(
             at,
             Action::TransportRetry {

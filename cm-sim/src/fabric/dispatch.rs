@@ -62,14 +62,14 @@ impl Fabric {
                     self.take_payload(payload);
                 }
             }
-            Action::Timer { id, epoch, kind } => match self.ids.get_mut(id) {
-                Some(s) if s.epoch == epoch => {
-                    s.timers -= 1;
+            Action::Timer { id, epoch, kind } => {
+                if self.ids.get_mut(id).is_some_and(|s| s.timers.fire(epoch)) {
                     self.on_timer(id, kind);
+                } else {
+                    // Saturating: a timer of an id dropped without `release` was never counted.
+                    self.stale_timers = self.stale_timers.saturating_sub(1);
                 }
-                // Saturating: a timer of an id dropped without `release` was never counted.
-                _ => self.stale_timers = self.stale_timers.saturating_sub(1),
-            },
+            }
         }
     }
 
@@ -174,10 +174,9 @@ impl Fabric {
             port_bound: false,
             cm: Exchange::requested(),
             remote: from,
-            epoch: 0,
-            timers: 0,
+            timers: IdTimers::default(),
             queued: 0,
-            last_arrival: 0,
+            last_arrival: SimTime::ZERO,
             pending_status: 0,
             retry_count,
             peer_lost: false,
@@ -212,8 +211,8 @@ impl Fabric {
         let dest = self.ids.get_mut(to).expect("checked");
         let arrival = self
             .now
-            .saturating_add(lat)
-            .saturating_add(extra)
+            .after_nanos(lat)
+            .after_nanos(extra)
             .max(dest.last_arrival);
         dest.last_arrival = arrival;
         self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
@@ -261,7 +260,7 @@ impl Fabric {
                         CmTimer::Timewait => self.cfg.timewait,
                         CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cfg.cm_timeout,
                     };
-                    self.timer(id, nanos(after), TimerKind::Cm(timer));
+                    self.timer(id, self.now + after, TimerKind::Cm(timer));
                 }
                 Effect::PeerIsSender => self.slot(id).remote = sender,
                 Effect::Queue {

@@ -21,7 +21,7 @@ impl fmt::Debug for SimFabric {
         let fab = self.inner.borrow();
         f.debug_struct("SimFabric")
             .field("seed", &fab.seed.value)
-            .field("now", &SimTime::from_nanos(fab.now))
+            .field("now", &fab.now)
             .field("hosts", &fab.hosts.iter().map(|h| &h.addrs).collect::<Vec<_>>())
             .finish()
     }
@@ -94,7 +94,7 @@ impl SimFabric {
 
     /// Current virtual time.
     pub fn now(&self) -> SimTime {
-        SimTime::from_nanos(self.inner.borrow().now)
+        self.inner.borrow().now
     }
 
     /// Runs everything due within `duration` of virtual time and moves the clock on by it.
@@ -108,8 +108,8 @@ impl SimFabric {
     /// returns the time reached.
     pub fn run_until_idle(&self) -> SimTime {
         let mut fab = self.inner.borrow_mut();
-        fab.run_until(u64::MAX, &|_| false);
-        SimTime::from_nanos(fab.now)
+        fab.run_until(SimTime::NEVER, &|_| false);
+        fab.now
     }
 
     /// Resources alive on the whole fabric.
@@ -153,7 +153,7 @@ impl SimFabric {
             fab.check_fault(&fa.fault);
             let n = u32::try_from(fab.faults.len()).expect("fault count");
             fab.faults.push(fa.fault);
-            let at = nanos(fa.at);
+            let at = SimTime::ZERO + fa.at;
             fab.schedule(at, Action::Fault(n));
         }
     }

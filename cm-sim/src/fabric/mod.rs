@@ -37,6 +37,7 @@ use crate::qp::{Landing, Qp};
 use crate::sched::{Lane, Queue};
 use crate::slab::{Pool, Slab, SlotRef};
 use crate::time::{nanos, SimTime};
+use crate::timers::IdTimers;
 use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
 
 mod calls;
@@ -62,7 +63,7 @@ const NO_PAYLOAD: u32 = u32::MAX;
 pub(crate) struct Fabric {
     seed: Seed,
     cfg: SimConfig,
-    now: u64,
+    now: SimTime,
     rng: ChaCha8Rng,
     hosts: Vec<Host>,
     ids: Slab<IdSlot>,
@@ -74,7 +75,7 @@ pub(crate) struct Fabric {
     stale_timers: usize,
     /// The latest time of a cancelled timer removed from `sched`: running until idle used to
     /// pop such timers and move the clock to them, and still does.
-    removed_until: u64,
+    removed_until: SimTime,
     payloads: Pool<Payload>,
     ports: Ports,
     trace: Trace,
@@ -99,7 +100,7 @@ impl Fabric {
         let trace = Trace::new(cfg.trace);
         Fabric {
             seed,
-            now: 0,
+            now: SimTime::ZERO,
             rng: ChaCha8Rng::seed_from_u64(seed.value),
             links: vec![Link::default(); hosts.len() * hosts.len()],
             hosts: hosts.into_iter().map(Host::new).collect(),
@@ -110,7 +111,7 @@ impl Fabric {
             channels: Slab::new(),
             sched: Queue::new(),
             stale_timers: 0,
-            removed_until: 0,
+            removed_until: SimTime::ZERO,
             payloads: Pool::new(),
             ports,
             trace,

@@ -19,14 +19,12 @@ pub(super) struct IdSlot {
     /// The IB CM exchange.
     pub(super) cm: Exchange,
     pub(super) remote: SlotRef,
-    /// Bumped whenever pending timers of the id must stop counting.
-    pub(super) epoch: u32,
-    /// Timers of the current epoch still in the queue.
-    pub(super) timers: u32,
+    /// The id's timers in the queue, and which of them are live.
+    pub(super) timers: IdTimers,
     /// Events queued on the channel and not retrieved.
     pub(super) queued: u32,
     /// When the last message to this id arrives: messages to one id are delivered in order.
-    pub(super) last_arrival: u64,
+    pub(super) last_arrival: SimTime,
     /// Status of the `ADDR_ERROR` / `ROUTE_ERROR` a pending resolution timer delivers.
     pub(super) pending_status: i32,
     /// The connection's transport retries (the REQ's `retry_count`, both sides use it): how
@@ -103,8 +101,8 @@ pub(super) struct Host {
     pub(super) up: bool,
     /// Bumped by every crash: the application's handles of an earlier incarnation are gone.
     pub(super) incarnation: u32,
-    /// When it last crashed (virtual nanoseconds), for the errors its calls answer while down.
-    pub(super) crashed_at: u64,
+    /// When it last crashed, for the errors its calls answer while down.
+    pub(super) crashed_at: SimTime,
     /// The RDMA device is registered.
     pub(super) device: bool,
     /// Injected resolution failures still to come: (status, how many).
@@ -124,7 +122,7 @@ impl Host {
             counts: HostCounts::default(),
             up: true,
             incarnation: 0,
-            crashed_at: 0,
+            crashed_at: SimTime::ZERO,
             device: true,
             fail_addr: (0, 0),
             fail_route: (0, 0),
@@ -169,7 +167,7 @@ impl Fabric {
         }
         Err(CmError::HostCrashed {
             call,
-            at: Duration::from_nanos(h.crashed_at),
+            at: h.crashed_at.since_start(),
         })
     }
 

@@ -15,7 +15,7 @@ impl Fabric {
 
     pub(super) fn trace_fault(&mut self, host: u16, fault: &Fault) {
         self.trace.record(TraceRecord {
-            time: SimTime::from_nanos(self.now),
+            time: self.now,
             host,
             id: u32::MAX,
             what: TraceWhat::Fault(fault.kind()),
@@ -53,7 +53,8 @@ impl Fabric {
     /// the id's host crashed or its device went.
     pub(super) fn vanish(&mut self, r: SlotRef) {
         let s = self.slot(r);
-        let (host, ps, channel, queued, timers) = (s.host, s.m.port_space(), s.channel, s.queued, s.timers);
+        let (host, ps, channel, queued, timers) =
+            (s.host, s.m.port_space(), s.channel, s.queued, s.timers.pending());
         let bound = s.local.filter(|_| s.port_bound);
         self.ids.discard(r);
         self.timers_cancelled(timers);

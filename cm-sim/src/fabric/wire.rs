@@ -87,7 +87,7 @@ impl Fabric {
     pub(super) fn trace_event(&mut self, id: SlotRef, event: CmEventType, status: i32) {
         let host = self.ids.get(id).map_or(u16::MAX, |s| s.host);
         self.trace.record(TraceRecord {
-            time: SimTime::from_nanos(self.now),
+            time: self.now,
             host,
             id: id.index,
             what: TraceWhat::Event(event),
@@ -156,7 +156,7 @@ impl Fabric {
         status: i32,
     ) {
         self.trace.record(TraceRecord {
-            time: SimTime::from_nanos(self.now),
+            time: self.now,
             host: from_host,
             id: from.index,
             what: TraceWhat::Sent { msg, to: to_host },
@@ -167,7 +167,7 @@ impl Fabric {
     pub(super) fn trace_lost(&mut self, from_host: u16, from: SlotRef, msg: MsgKind, to_host: u16) {
         self.stats.messages_lost += 1;
         self.trace.record(TraceRecord {
-            time: SimTime::from_nanos(self.now),
+            time: self.now,
             host: from_host,
             id: from.index,
             what: TraceWhat::Lost { msg, to: to_host },
@@ -239,7 +239,7 @@ impl Fabric {
         if self.lost(from_host, to_host) {
             self.trace_lost(from_host, from, kind, to_host);
             if Self::retried(kind) && u32::from(attempt) < self.cfg.cm_retries {
-                let again = self.now.saturating_add(nanos(self.cfg.cm_response_timeout()));
+                let again = self.now + self.cfg.cm_response_timeout();
                 let attempt = attempt + 1;
                 self.schedule(
                     again,
@@ -261,8 +261,8 @@ impl Fabric {
         let dest = self.ids.get_mut(to).expect("checked");
         let arrival = self
             .now
-            .saturating_add(lat)
-            .saturating_add(extra)
+            .after_nanos(lat)
+            .after_nanos(extra)
             .max(dest.last_arrival);
         dest.last_arrival = arrival;
         self.trace_send(from_host, from, kind, to_host, status);
@@ -290,7 +290,7 @@ impl Fabric {
         let extra = self.extra_delay(from_host, to_host);
         self.trace_send(from_host, from, MsgKind::Req, to_host, 0);
         self.schedule(
-            self.now.saturating_add(lat).saturating_add(extra),
+            self.now.after_nanos(lat).after_nanos(extra),
             Action::Req {
                 host: to_host,
                 from,
@@ -304,7 +304,7 @@ impl Fabric {
     /// again after its response timeout, until its retries run out.
     pub(super) fn resend_req_later(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
         if u32::from(attempt) < self.cfg.cm_retries {
-            let again = self.now.saturating_add(nanos(self.cfg.cm_response_timeout()));
+            let again = self.now + self.cfg.cm_response_timeout();
             let attempt = attempt + 1;
             self.schedule(
                 again,
