@@ -44,6 +44,7 @@
 #![deny(missing_docs)]
 
 mod builder;
+mod exchange;
 mod fabric;
 mod faults;
 mod host;
@@ -53,6 +54,7 @@ mod qp;
 mod sched;
 mod slab;
 mod time;
+mod timers;
 mod trace;
 
 pub use builder::{parse_seed, ConfigError, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};

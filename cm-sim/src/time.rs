@@ -22,6 +22,14 @@ impl SimTime {
         self.0
     }
 
+    /// The end of virtual time: a deadline that never comes.
+    pub(crate) const NEVER: SimTime = SimTime(u64::MAX);
+
+    /// `nanos` nanoseconds later, saturating at the end of virtual time.
+    pub(crate) const fn after_nanos(self, nanos: u64) -> SimTime {
+        SimTime(self.0.saturating_add(nanos))
+    }
+
     /// Time since the start.
     pub const fn since_start(self) -> Duration {
         Duration::from_nanos(self.0)

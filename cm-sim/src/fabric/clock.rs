@@ -1,50 +1,156 @@
-//! Time control for executors that own the clock: an async executor runs its tasks until every
-//! one waits, then asks when the fabric next has something to do and moves time to the earlier
-//! of that and its own next timer.
+//! Virtual time, randomness and the discrete-event queue: what is scheduled, timers and their
+//! cancellation, running until a deadline.
 
-use std::time::Duration;
+use super::*;
 
-use super::SimFabric;
-use crate::time::SimTime;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TimerKind {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    RouteError,
+    /// One of the IB CM exchange's.
+    Cm(CmTimer),
+}
 
-impl SimFabric {
-    /// When the fabric next has something scheduled (a message arriving, a timer, a fault), or
-    /// `None` when nothing is. A cancelled timer may still be counted: the answer is never
-    /// later than the next real change, at worst earlier, where advancing to it changes nothing.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cm_core::{CmBackend, PortSpace};
-    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
-    /// assert_eq!(fabric.next_deadline(), None);
-    /// let mut h = fabric.host(0);
-    /// let ch = h.create_event_channel()?;
-    /// let id = h.create_id(ch, PortSpace::Tcp)?;
-    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
-    /// let next = fabric.next_deadline().expect("ADDR_RESOLVED is scheduled");
-    /// fabric.advance_to(next);
-    /// assert_eq!(fabric.now(), next);
-    /// assert!(h.try_get_cm_event(ch)?.is_some());
-    /// # Ok::<(), cm_core::CmError>(())
-    /// ```
-    pub fn next_deadline(&self) -> Option<SimTime> {
-        self.inner()
-            .borrow_mut()
-            .sched
-            .next_time()
-            .map(SimTime::from_nanos)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Action {
+    Req {
+        host: u16,
+        from: SlotRef,
+        payload: u32,
+        attempt: u8,
+    },
+    /// The IB CM sends a lost REQ again.
+    ResendReq {
+        host: u16,
+        from: SlotRef,
+        payload: u32,
+        attempt: u8,
+    },
+    /// The IB CM sends a lost REP or DREQ again.
+    Resend {
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    },
+    /// Fault number `n` of the fabric's list strikes.
+    Fault(u32),
+    /// A send has found no receive for as long as the receiver-not-ready retries allow.
+    Rnr { id: SlotRef, sends_done: u64 },
+    /// A send has gone unacknowledged (peer crashed, partitioned or gone) for as long as the
+    /// transport retries allow.
+    TransportRetry { id: SlotRef, sends_done: u64 },
+    Msg {
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        status: i32,
+        payload: u32,
+    },
+    Timer {
+        id: SlotRef,
+        epoch: u32,
+        kind: TimerKind,
+    },
+}
+
+/// A value drawn uniformly from `lo..=hi` (`lo <= hi`). The range `0..=u64::MAX` (a range
+/// ending at `Duration::MAX`) has no width that fits a `u64`: every value is in it.
+pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
+    match (hi - lo).checked_add(1) {
+        Some(width) => lo + rng.next_u64() % width,
+        None => rng.next_u64(),
+    }
+}
+
+impl Fabric {
+    pub(super) fn latency(&mut self) -> u64 {
+        let lo = nanos(*self.cfg.latency.start());
+        let hi = nanos(*self.cfg.latency.end());
+        if hi <= lo {
+            return lo;
+        }
+        draw_between(&mut self.rng, lo, hi)
     }
 
-    /// Runs everything due up to `t` and moves the clock to `t` (never backwards: a `t` in the
-    /// past runs what is due now).
-    pub fn advance_to(&self, t: SimTime) {
-        let mut fab = self.inner().borrow_mut();
-        let deadline = t.as_nanos().max(fab.now);
-        fab.run_until(deadline, &|_| false);
+    pub(super) fn schedule(&mut self, time: SimTime, action: Action) {
+        self.sched.push(time.as_nanos(), action, Lane::Heap);
     }
 
-    /// Time from the start of the run to now, for executors that hand out `Duration`s.
-    pub fn elapsed(&self) -> Duration {
-        self.now().since_start()
+    pub(super) fn timer(&mut self, id: SlotRef, at: SimTime, kind: TimerKind) {
+        let s = self.slot(id);
+        let epoch = s.timers.arm();
+        // Timeouts of one configured length expire in the order they are set, so each length
+        // gets a FIFO lane and stays out of the heap (a lane must see one length only; a push
+        // out of order falls back to the heap).
+        let lane = match kind {
+            TimerKind::Cm(CmTimer::Req | CmTimer::Rep | CmTimer::Dreq) => Lane::Fifo(0),
+            TimerKind::Cm(CmTimer::Timewait) => Lane::Fifo(1),
+            TimerKind::AddrResolved
+            | TimerKind::AddrError
+            | TimerKind::RouteResolved
+            | TimerKind::RouteError => Lane::Heap,
+        };
+        self.sched
+            .push(at.as_nanos(), Action::Timer { id, epoch, kind }, lane);
+    }
+
+    /// Cancels the id's pending timers.
+    pub(super) fn cancel_timers(&mut self, id: SlotRef) {
+        let s = self.slot(id);
+        let cancelled = s.timers.cancel_all();
+        self.timers_cancelled(cancelled);
+    }
+
+    /// Counts `n` queued timers as stale; once they are half the queue, removes them all, which
+    /// costs O(1) per timer over time and keeps the queue at most twice what is live.
+    pub(super) fn timers_cancelled(&mut self, n: u32) {
+        self.stale_timers += n as usize;
+        if self.stale_timers < 64 || self.stale_timers * 2 < self.sched.len() {
+            return;
+        }
+        let ids = &self.ids;
+        let mut removed_until = self.removed_until;
+        self.sched.retain(|time, action| match *action {
+            Action::Timer { id, epoch, .. } if ids.get(id).is_none_or(|slot| !slot.timers.is_live(epoch)) => {
+                removed_until = removed_until.max(SimTime::from_nanos(time));
+                false
+            }
+            _ => true,
+        });
+        self.removed_until = removed_until;
+        self.stale_timers = 0;
+    }
+
+    /// Runs scheduled actions up to `deadline`, stopping early as soon as
+    /// `done` holds. Returns whether `done` held.
+    pub(super) fn run_until(&mut self, deadline: SimTime, done: &dyn Fn(&Fabric) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            match self.sched.pop_due(deadline.as_nanos()) {
+                Some((time, action)) => {
+                    self.now = self.now.max(SimTime::from_nanos(time));
+                    self.dispatch(action);
+                }
+                None => {
+                    self.now = self.now.max(if deadline == SimTime::NEVER {
+                        self.removed_until
+                    } else {
+                        deadline
+                    });
+                    return false;
+                }
+            }
+        }
+    }
+
+    pub(super) fn deadline(&self, timeout: Duration) -> SimTime {
+        self.now + timeout
     }
 }

@@ -1,0 +1,472 @@
+//! The IB CM exchange of one id as a pure machine: (state, input) -> (next state, effects).
+//!
+//! An input is a call that touches the wire (connect, accept, reject, disconnect, destroy), a
+//! message that arrived (REQ and its answers: REP, RTU, REJ, DREQ, DREP), a timer that fired,
+//! the device's removal, or the retrieval of the kernel's `CONNECT_RESPONSE`. The effects say
+//! what the fabric does about it: send a message, queue an event, arm or cancel a timer, take
+//! the message's sender as the peer. The machine does no I/O, holds no references and knows no
+//! time: the fabric routes the effects (latency, loss, payloads, the trace) and the tests below
+//! drive it directly.
+//!
+//! This is the IB CM's view of a connection, which moves when messages arrive and timers fire;
+//! what the application has observed is `cm_core::IdMachine`, which moves when calls succeed
+//! and events are retrieved. The two differ while messages and events are in flight.
+
+use cm_core::{errno, CmEventType};
+
+use crate::trace::MsgKind;
+
+/// IB CM reject reasons the simulator sends.
+pub(crate) mod reason {
+    /// `IB_CM_REJ_TIMEOUT`: the active side gave up (or was destroyed) while its REQ was out.
+    pub(crate) const TIMEOUT: i32 = 1;
+    /// `IB_CM_REJ_INVALID_SERVICE_ID`: no listener on that port.
+    pub(crate) const INVALID_SERVICE_ID: i32 = 8;
+    /// `IB_CM_REJ_CONSUMER_DEFINED`: `rdma_reject`, a destroyed peer, or a full backlog.
+    pub(crate) const CONSUMER_DEFINED: i32 = 28;
+    /// SIDR REP status `IB_SIDR_UNSUPPORTED`: no listener (datagram port spaces).
+    pub(crate) const SIDR_UNSUPPORTED: i32 = 1;
+    /// SIDR REP status `IB_SIDR_REJECT`: `rdma_reject` (datagram port spaces).
+    pub(crate) const SIDR_REJECT: i32 = 2;
+}
+
+/// Where the exchange of one id stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// No exchange.
+    Idle,
+    /// Active: REQ sent, waiting for REP or REJ.
+    ReqSent,
+    /// Active: REP arrived; the RTU goes out when the application retrieves the event.
+    RepRcvd,
+    /// Passive: REQ arrived, not accepted.
+    ReqRcvd,
+    /// Passive: REP sent, waiting for the RTU.
+    RepSent,
+    /// Connected.
+    Established,
+    /// DREQ sent, waiting for the DREP.
+    DreqSent,
+    /// DREQ received, not answered yet.
+    DreqRcvd,
+    /// Disconnect complete; `TIMEWAIT_EXIT` pending.
+    TimeWait,
+    /// Nothing more will happen on the wire.
+    Closed,
+}
+
+/// The exchange's timers. Each is armed for a configured length: the three response timeouts
+/// for `cm_timeout`, the timewait for `timewait`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CmTimer {
+    /// No REP or REJ for the REQ.
+    Req,
+    /// No RTU for the REP.
+    Rep,
+    /// No DREP for the DREQ.
+    Dreq,
+    /// The end of timewait.
+    Timewait,
+}
+
+/// Whom a message goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum To {
+    /// The id's peer; a message to a peer not known yet (a REQ not answered by anyone) is not
+    /// sent. A REQ goes to the host of the id's destination instead.
+    Peer,
+    /// The sender of the message being handled.
+    Sender,
+}
+
+/// What a sent message carries besides its kind and status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Carry {
+    /// Nothing.
+    Nothing,
+    /// Empty private data, zero-padded as a REJ's is.
+    EmptyPrivateData,
+    /// The payload the call brought (a REQ's or REP's parameters, `rdma_reject`'s data).
+    CallPayload,
+}
+
+/// One thing the fabric does for a transition, in the order given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Cancel every pending timer of the id.
+    CancelTimers,
+    /// Arm a timer.
+    Arm(CmTimer),
+    /// Send a message.
+    Send {
+        msg: MsgKind,
+        status: i32,
+        to: To,
+        carry: Carry,
+    },
+    /// Queue an event on the id's channel; `with_message` hands it the payload of the message
+    /// being handled (a REP's parameters, a REJ's private data).
+    Queue {
+        event: CmEventType,
+        status: i32,
+        with_message: bool,
+    },
+    /// The sender of the message being handled is the peer from now on.
+    PeerIsSender,
+}
+
+/// The most effects one transition has.
+const MAX_EFFECTS: usize = 4;
+
+/// The effects of one transition, in order, stored inline: a transition allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Effects {
+    list: [Effect; MAX_EFFECTS],
+    len: u8,
+}
+
+impl Effects {
+    /// No effect.
+    pub(crate) const NONE: Effects = Effects {
+        list: [Effect::CancelTimers; MAX_EFFECTS],
+        len: 0,
+    };
+
+    const fn with(mut self, effect: Effect) -> Effects {
+        self.list[self.len as usize] = effect;
+        self.len += 1;
+        self
+    }
+
+    const fn with_if(self, cond: bool, effect: Effect) -> Effects {
+        if cond {
+            self.with(effect)
+        } else {
+            self
+        }
+    }
+
+    /// The effects in the order the fabric carries them out.
+    pub(crate) fn as_slice(&self) -> &[Effect] {
+        &self.list[..usize::from(self.len)]
+    }
+}
+
+/// What moves the exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// `rdma_connect`: the REQ goes out.
+    Connect,
+    /// `rdma_accept` of the request.
+    Accept,
+    /// `rdma_reject` of the request.
+    Reject,
+    /// `rdma_disconnect`.
+    Disconnect,
+    /// `rdma_destroy_id`: the kernel tells the peer what the state calls for.
+    Destroy,
+    /// The device went: the connection ends without a word on the wire.
+    DeviceRemoved,
+    /// A message arrived with its status.
+    Msg(MsgKind, i32),
+    /// A timer fired (one that was not cancelled).
+    Timer(CmTimer),
+}
+
+/// The IB CM exchange of one id. Small and `Copy`: the fabric keeps one per id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exchange {
+    wire: Wire,
+    /// `DISCONNECTED` was queued (the kernel generates it at most once per id).
+    disconnected: bool,
+    /// The `CONNECT_RESPONSE` was retrieved as `CONNECT_ERROR`: librdmacm swallows what the
+    /// failed connection still generates.
+    connect_error: bool,
+}
+
+impl Exchange {
+    /// An id with no exchange yet.
+    pub(crate) const fn new() -> Self {
+        Exchange {
+            wire: Wire::Idle,
+            disconnected: false,
+            connect_error: false,
+        }
+    }
+
+    /// A child id made by an arriving REQ.
+    pub(crate) const fn requested() -> Self {
+        Exchange {
+            wire: Wire::ReqRcvd,
+            ..Exchange::new()
+        }
+    }
+
+    /// Where the exchange stands.
+    pub(crate) const fn wire(self) -> Wire {
+        self.wire
+    }
+
+    /// Whether the IB CM still waits for an answer to `msg`, so that a lost copy is sent
+    /// again (REQ, REP and DREQ are retransmitted until answered; the rest are sent once).
+    pub(crate) const fn awaits_answer_to(self, msg: MsgKind) -> bool {
+        matches!(
+            (msg, self.wire),
+            (MsgKind::Req, Wire::ReqSent) | (MsgKind::Rep, Wire::RepSent) | (MsgKind::Dreq, Wire::DreqSent)
+        )
+    }
+
+    /// Whether the exchange ended before it established anything (the kernel then has no QP
+    /// attributes to give a new QP).
+    pub(crate) const fn ended_early(self) -> bool {
+        !matches!(
+            self.wire,
+            Wire::Idle | Wire::ReqSent | Wire::RepRcvd | Wire::ReqRcvd | Wire::RepSent | Wire::Established
+        )
+    }
+
+    /// Whether librdmacm swallows `event` instead of handing it out: after a `CONNECT_ERROR`,
+    /// the `REJECTED` or `DISCONNECTED` of the same failed connection.
+    pub(crate) const fn swallows(self, event: CmEventType) -> bool {
+        self.connect_error && matches!(event, CmEventType::Rejected | CmEventType::Disconnected)
+    }
+
+    fn to(self, wire: Wire) -> Self {
+        Exchange { wire, ..self }
+    }
+
+    /// Timewait after a completed disconnect, with `DISCONNECTED` if not said already.
+    fn timewait(self, status: i32) -> (Self, Effects) {
+        let next = Exchange {
+            wire: Wire::TimeWait,
+            disconnected: true,
+            ..self
+        };
+        let effects = Effects::NONE
+            .with(Effect::CancelTimers)
+            .with(Effect::Arm(CmTimer::Timewait))
+            .with_if(!self.disconnected, queue(CmEventType::Disconnected, status));
+        (next, effects)
+    }
+
+    /// The transition for `input` on a connected (`connected`: RC/TCP-like) or datagram port
+    /// space; `None` when the input is refused (accept or reject without a pending request).
+    /// An input that does not apply to the state (a late message, a DREQ on a closed exchange)
+    /// leaves it as it is, with no effect.
+    pub(crate) fn on(self, input: Input, connected: bool) -> Option<(Exchange, Effects)> {
+        use Wire::*;
+        let none = (self, Effects::NONE);
+        let rej_reason = if connected {
+            reason::CONSUMER_DEFINED
+        } else {
+            reason::SIDR_REJECT
+        };
+        Some(match (input, self.wire) {
+            (Input::Connect, _) => (
+                self.to(ReqSent),
+                Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with(Effect::Arm(CmTimer::Req))
+                    .with(send(MsgKind::Req, 0, To::Peer, Carry::CallPayload)),
+            ),
+            (Input::Accept, ReqRcvd) => {
+                let rep = send(MsgKind::Rep, 0, To::Peer, Carry::CallPayload);
+                if connected {
+                    let arm = Effect::Arm(CmTimer::Rep);
+                    (
+                        self.to(RepSent),
+                        Effects::NONE.with(Effect::CancelTimers).with(arm).with(rep),
+                    )
+                } else {
+                    (
+                        self.to(Closed),
+                        Effects::NONE.with(Effect::CancelTimers).with(rep),
+                    )
+                }
+            }
+            (Input::Reject, ReqRcvd) => {
+                let carry = if connected {
+                    Carry::CallPayload
+                } else {
+                    Carry::Nothing
+                };
+                (
+                    self.to(Closed),
+                    Effects::NONE.with(send(MsgKind::Rej, rej_reason, To::Peer, carry)),
+                )
+            }
+            (Input::Accept | Input::Reject, _) => return None,
+            (Input::Disconnect, Established) => (
+                self.to(DreqSent),
+                Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with(Effect::Arm(CmTimer::Dreq))
+                    .with(send(MsgKind::Dreq, 0, To::Peer, Carry::Nothing)),
+            ),
+            (Input::Disconnect, DreqRcvd) => (
+                self.to(TimeWait),
+                Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with(Effect::Arm(CmTimer::Timewait))
+                    .with(send(MsgKind::Drep, 0, To::Peer, Carry::Nothing)),
+            ),
+            // Not established on the wire: the IB CM has neither a DREQ nor a DREP to send, and
+            // the kernel still returns 0.
+            (Input::Disconnect, _) => none,
+            (Input::Destroy, wire) => {
+                let say = match wire {
+                    ReqSent => Some(send(
+                        MsgKind::Rej,
+                        reason::TIMEOUT,
+                        To::Peer,
+                        Carry::EmptyPrivateData,
+                    )),
+                    ReqRcvd | RepRcvd | RepSent => {
+                        Some(send(MsgKind::Rej, rej_reason, To::Peer, Carry::EmptyPrivateData))
+                    }
+                    Established => Some(send(MsgKind::Dreq, 0, To::Peer, Carry::Nothing)),
+                    DreqRcvd => Some(send(MsgKind::Drep, 0, To::Peer, Carry::Nothing)),
+                    Idle | DreqSent | TimeWait | Closed => None,
+                };
+                let effects = match say {
+                    Some(e) => Effects::NONE.with(e),
+                    None => Effects::NONE,
+                };
+                (self.to(Closed), effects)
+            }
+            (Input::DeviceRemoved, _) => (self.to(Closed), Effects::NONE.with(Effect::CancelTimers)),
+            (Input::Msg(MsgKind::Rep, _), ReqSent) => (
+                // A datagram exchange ends with the SIDR REP.
+                self.to(if connected { RepRcvd } else { Closed }),
+                Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with(Effect::PeerIsSender)
+                    .with(Effect::Queue {
+                        event: CmEventType::ConnectResponse,
+                        status: 0,
+                        with_message: true,
+                    }),
+            ),
+            (Input::Msg(MsgKind::Rtu, _), RepSent) => (
+                self.to(Established),
+                Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with(queue(CmEventType::Established, 0)),
+            ),
+            (Input::Msg(MsgKind::Rej, status), ReqSent | RepRcvd | RepSent | ReqRcvd) => {
+                // A child that was not accepted gets no events (the kernel drops them).
+                let event = if connected {
+                    CmEventType::Rejected
+                } else {
+                    CmEventType::Unreachable
+                };
+                let tell = Effect::Queue {
+                    event,
+                    status,
+                    with_message: connected,
+                };
+                let effects = Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with_if(self.wire != ReqRcvd, tell);
+                (self.to(Closed), effects)
+            }
+            (Input::Msg(MsgKind::Dreq, _), Established | RepSent) => {
+                let next = Exchange {
+                    wire: DreqRcvd,
+                    disconnected: true,
+                    ..self
+                };
+                let effects = Effects::NONE
+                    .with(Effect::CancelTimers)
+                    .with_if(!self.disconnected, queue(CmEventType::Disconnected, 0));
+                (next, effects)
+            }
+            (Input::Msg(MsgKind::Dreq, _), DreqSent) => {
+                // Both sides disconnected at once: each answers the other's DREQ.
+                let (next, effects) = self.timewait(0);
+                (
+                    next,
+                    effects.with(send(MsgKind::Drep, 0, To::Sender, Carry::Nothing)),
+                )
+            }
+            (Input::Msg(MsgKind::Drep, _), DreqSent) => self.timewait(0),
+            (Input::Msg(..), _) => none,
+            (Input::Timer(CmTimer::Req), ReqSent) => (
+                self.to(Closed),
+                Effects::NONE
+                    .with(send(
+                        MsgKind::Rej,
+                        reason::TIMEOUT,
+                        To::Peer,
+                        Carry::EmptyPrivateData,
+                    ))
+                    .with(queue(CmEventType::Unreachable, -errno::ETIMEDOUT)),
+            ),
+            (Input::Timer(CmTimer::Rep), RepSent) => (
+                self.to(Closed),
+                Effects::NONE.with(queue(CmEventType::Unreachable, -errno::ETIMEDOUT)),
+            ),
+            (Input::Timer(CmTimer::Dreq), DreqSent) => self.timewait(-errno::ETIMEDOUT),
+            (Input::Timer(CmTimer::Timewait), TimeWait) => (
+                self.to(Closed),
+                Effects::NONE.with_if(self.disconnected, queue(CmEventType::TimewaitExit, 0)),
+            ),
+            (Input::Timer(_), _) => none,
+        })
+    }
+
+    /// librdmacm's handling of the retrieved `CONNECT_RESPONSE`, which the application's
+    /// machine says becomes `outcome` (`ESTABLISHED` or `CONNECT_ERROR`): returns the event
+    /// handed out, its status, and the transition. `ESTABLISHED` on a connected port space
+    /// sends the RTU; a REJ that arrived meanwhile makes the RTU fail (`CONNECT_ERROR`).
+    pub(crate) fn on_connect_response(
+        self,
+        outcome: CmEventType,
+        status: i32,
+        connected: bool,
+    ) -> (CmEventType, i32, Exchange, Effects) {
+        let event = if outcome == CmEventType::Established && self.wire == Wire::Closed && connected {
+            CmEventType::ConnectError
+        } else {
+            outcome
+        };
+        match event {
+            CmEventType::Established if connected => (
+                event,
+                status,
+                self.to(Wire::Established),
+                Effects::NONE.with(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing)),
+            ),
+            CmEventType::ConnectError => (
+                event,
+                -1,
+                Exchange {
+                    connect_error: true,
+                    ..self
+                },
+                Effects::NONE,
+            ),
+            _ => (event, status, self, Effects::NONE),
+        }
+    }
+}
+
+const fn send(msg: MsgKind, status: i32, to: To, carry: Carry) -> Effect {
+    Effect::Send {
+        msg,
+        status,
+        to,
+        carry,
+    }
+}
+
+const fn queue(event: CmEventType, status: i32) -> Effect {
+    Effect::Queue {
+        event,
+        status,
+        with_message: false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

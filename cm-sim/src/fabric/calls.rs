@@ -1,0 +1,585 @@
+//! The bodies of the librdmacm calls, one per `CmBackend` method.
+
+use super::*;
+
+impl Fabric {
+    pub(crate) fn create_event_channel(&mut self, host: u16) -> R<ChannelHandle> {
+        self.host_up(host, Call::CreateEventChannel)?;
+        let r = self.channels.insert(Channel {
+            host,
+            queue: VecDeque::new(),
+            ids: 0,
+        });
+        self.hosts[host as usize].counts.channels += 1;
+        Ok(ChannelHandle::new(self.tag(host), r.index, r.generation))
+    }
+
+    pub(crate) fn destroy_event_channel(&mut self, host: u16, ch: ChannelHandle) -> R<()> {
+        let r = self.channel_ref(host, ch, Call::DestroyEventChannel)?;
+        let c = self.channels.get(r).expect("checked");
+        if c.ids > 0 {
+            return Err(CmError::ChannelBusy { ids: c.ids });
+        }
+        let c = self.channels.remove(r).expect("checked");
+        for q in c.queue {
+            self.take_payload(q.payload);
+        }
+        self.hosts[host as usize].counts.channels -= 1;
+        Ok(())
+    }
+
+    pub(crate) fn create_id(&mut self, host: u16, ch: ChannelHandle, ps: PortSpace) -> R<IdHandle> {
+        let channel = self.channel_ref(host, ch, Call::CreateId)?;
+        let r = self.ids.insert(IdSlot {
+            host,
+            channel,
+            m: IdMachine::new(ps),
+            local: None,
+            peer: None,
+            port_bound: false,
+            cm: Exchange::new(),
+            remote: SlotRef::NONE,
+            timers: IdTimers::default(),
+            queued: 0,
+            last_arrival: SimTime::ZERO,
+            pending_status: 0,
+            retry_count: 0,
+            peer_lost: false,
+            visible: true,
+            qp: None,
+            listener: None,
+        });
+        self.channels.get_mut(channel).expect("checked").ids += 1;
+        self.hosts[host as usize].counts.ids += 1;
+        Ok(IdHandle::new(self.tag(host), r.index, r.generation))
+    }
+
+    pub(crate) fn destroy_id(&mut self, host: u16, id: IdHandle) -> R<()> {
+        let r = self.id_ref(host, id, Call::DestroyId)?;
+        self.slot(r).m.destroy()?;
+        let children = self
+            .slot(r)
+            .listener
+            .take()
+            .map(|l| l.pending)
+            .unwrap_or_default();
+        for child in children {
+            self.release(child);
+        }
+        self.release(r);
+        Ok(())
+    }
+
+    /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
+    /// and (lazily) its queued events.
+    pub(super) fn release(&mut self, r: SlotRef) {
+        let slot = self.slot(r);
+        let connected = slot.m.port_space().is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Destroy, connected)
+            .expect("destroy is never refused");
+        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+        self.vanish(r);
+    }
+
+    pub(super) fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {
+        let ip = addr.ip();
+        let wildcard = ip.is_unspecified();
+        if !wildcard && !self.hosts[host as usize].addrs.contains(&ip) {
+            return Err(CmError::AddrNotAvailable { call });
+        }
+        if !wildcard && !self.hosts[host as usize].device {
+            // The address is local but no RDMA device carries it (removed).
+            return Err(CmError::Os {
+                call,
+                errno: errno::ENODEV,
+            });
+        }
+        let ps = self.slot(r).m.port_space();
+        let port = self
+            .ports
+            .bind(host, ps, (!wildcard).then_some(ip), addr.port(), r)
+            .map_err(|e| match e {
+                BindError::InUse => CmError::AddrInUse { call },
+                BindError::NotAvailable => CmError::AddrNotAvailable { call },
+            })?;
+        let slot = self.slot(r);
+        slot.local = Some(SocketAddr::new(ip, port));
+        slot.port_bound = true;
+        Ok(())
+    }
+
+    pub(crate) fn bind_addr(&mut self, host: u16, id: IdHandle, addr: SocketAddr) -> R<()> {
+        let r = self.id_ref(host, id, Call::BindAddr)?;
+        let next = self.slot(r).m.bind_addr(addr.ip().is_unspecified())?;
+        self.bind_port(host, r, addr, Call::BindAddr)?;
+        self.slot(r).m = next;
+        Ok(())
+    }
+
+    pub(crate) fn resolve_addr(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> R<()> {
+        let call = Call::ResolveAddr;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.resolve_addr()?;
+        let v4 = dst.is_ipv4();
+        let family_mismatch =
+            src.is_some_and(|s| s.is_ipv4() != v4) || self.slot(r).local.is_some_and(|l| l.is_ipv4() != v4);
+        if family_mismatch {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "source and destination address families differ",
+            });
+        }
+        let own = self.hosts[host as usize]
+            .addrs
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == v4);
+        // Loopback and wildcard destinations resolve to this host, as the kernel resolves them
+        // to the first local device.
+        let target = if dst.ip().is_unspecified() || dst.ip().is_loopback() {
+            own.ok_or(CmError::AddrNotAvailable { call })?
+        } else {
+            dst.ip()
+        };
+        if self.slot(r).m.state() == cm_core::IdState::Idle {
+            let src = match src {
+                Some(s) => s,
+                None => SocketAddr::new(own.ok_or(CmError::AddrNotAvailable { call })?, 0),
+            };
+            self.bind_port(host, r, src, call)?;
+        }
+        let reachable = self
+            .host_of_ip(target)
+            .is_some_and(|h| self.hosts[h as usize].reachable());
+        let slot = self.slot(r);
+        slot.peer = Some(SocketAddr::new(target, dst.port()));
+        slot.m = next;
+        self.cancel_timers(r);
+        let h = &mut self.hosts[host as usize];
+        if h.fail_addr.1 > 0 {
+            h.fail_addr.1 -= 1;
+            let status = h.fail_addr.0;
+            self.stats.addr_errors += 1;
+            self.slot(r).pending_status = status;
+            let lat = self.latency();
+            self.timer(r, self.now.after_nanos(lat), TimerKind::AddrError);
+        } else if !h.device {
+            self.slot(r).pending_status = -errno::ENODEV;
+            let lat = self.latency();
+            self.timer(r, self.now.after_nanos(lat), TimerKind::AddrError);
+        } else if reachable {
+            let lat = self.latency();
+            self.timer(r, self.now.after_nanos(lat), TimerKind::AddrResolved);
+        } else {
+            // Neighbour resolution gets no answer until the caller's timeout.
+            self.slot(r).pending_status = -errno::ETIMEDOUT;
+            self.timer(r, self.now + timeout, TimerKind::AddrError);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn resolve_route(&mut self, host: u16, id: IdHandle, _timeout: Duration) -> R<()> {
+        // RoCE (what rxe is) resolves routes from a work item without a path query, so the
+        // timeout, which bounds only the IB SA query, never applies.
+        let r = self.id_ref(host, id, Call::ResolveRoute)?;
+        let next = self.slot(r).m.resolve_route()?;
+        self.slot(r).m = next;
+        let lat = self.latency();
+        let h = &mut self.hosts[host as usize];
+        if h.fail_route.1 > 0 {
+            h.fail_route.1 -= 1;
+            let status = h.fail_route.0;
+            self.stats.route_errors += 1;
+            self.slot(r).pending_status = status;
+            self.timer(r, self.now.after_nanos(lat), TimerKind::RouteError);
+        } else {
+            self.timer(r, self.now.after_nanos(lat), TimerKind::RouteResolved);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create_qp(&mut self, host: u16, id: IdHandle, caps: QpCaps) -> R<QpCaps> {
+        let call = Call::CreateQp;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.create_qp()?;
+        let slot = self.slot(r);
+        if slot.m.port_space().is_connected() && slot.cm.ended_early() {
+            // The peer ended the exchange before the application saw it (e.g. a child whose
+            // requester went away): the kernel has no QP attributes to give.
+            return Err(CmError::Os {
+                call,
+                errno: errno::EINVAL,
+            });
+        }
+        let max_wr = self.cfg.max_qp_wr;
+        caps.check(max_wr, self.cfg.max_message_size)?;
+        if caps.max_send_sge > self.cfg.max_sge || caps.max_recv_sge > self.cfg.max_sge {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_send_sge / max_recv_sge above the device's max_sge",
+            });
+        }
+        if caps.max_inline_data > self.cfg.max_inline_data {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "max_inline_data above the device maximum",
+            });
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
+        let slot = self.slot(r);
+        slot.qp = Some(Qp::new(qpn, caps));
+        slot.m = next;
+        self.hosts[host as usize].counts.qps += 1;
+        Ok(caps)
+    }
+
+    pub(crate) fn destroy_qp(&mut self, host: u16, id: IdHandle) -> R<()> {
+        let r = self.id_ref(host, id, Call::DestroyQp)?;
+        let next = self.slot(r).m.destroy_qp()?;
+        let slot = self.slot(r);
+        slot.qp = None;
+        slot.m = next;
+        self.hosts[host as usize].counts.qps -= 1;
+        Ok(())
+    }
+
+    pub(crate) fn listen(&mut self, host: u16, id: IdHandle, backlog: i32) -> R<()> {
+        let r = self.id_ref(host, id, Call::Listen)?;
+        let next = self.slot(r).m.listen()?;
+        if !self.slot(r).port_bound {
+            self.bind_port(host, r, SocketAddr::from(([0, 0, 0, 0], 0)), Call::Listen)?;
+        }
+        let max = self.cfg.max_backlog;
+        let backlog = if backlog <= 0 || backlog as u32 > max {
+            max
+        } else {
+            backlog as u32
+        };
+        let slot = self.slot(r);
+        let (ps, port) = (slot.m.port_space(), slot.local.expect("bound").port());
+        slot.listener = Some(Box::new(Listener {
+            backlog,
+            pending: VecDeque::new(),
+        }));
+        slot.m = next;
+        self.ports.set_listening(host, ps, port, r, true);
+        Ok(())
+    }
+
+    pub(super) fn check_resources(&self, call: Call, param: &ConnParam) -> R<(u8, u8)> {
+        let max = self.cfg.max_rd_atomic;
+        let resolve = |v: u8| {
+            if v == 0xFF {
+                Ok(max)
+            } else if v > max {
+                Err(())
+            } else {
+                Ok(v)
+            }
+        };
+        match (resolve(param.responder_resources), resolve(param.initiator_depth)) {
+            (Ok(rr), Ok(id)) => Ok((rr, id)),
+            _ => Err(CmError::InvalidArgument {
+                call,
+                reason: "responder_resources / initiator_depth above the device maximum",
+            }),
+        }
+    }
+
+    pub(crate) fn connect(&mut self, host: u16, id: IdHandle, param: &ConnParam) -> R<()> {
+        let call = Call::Connect;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.connect(param.private_data.len())?;
+        let (rr, depth) = self.check_resources(call, param)?;
+        let slot = self.slot(r);
+        let ps = slot.m.port_space();
+        let dst = slot.peer.expect("a resolved id has a destination");
+        let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
+        // The receiver sees the request from its own point of view: our initiator depth is
+        // its responder resources and the other way round.
+        let wire = WireParam {
+            responder_resources: depth,
+            initiator_depth: rr,
+            flow_control: param.flow_control,
+            retry_count: param.retry_count.min(7),
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            srq: false,
+            qp_num,
+        };
+        let private_data = WirePrivateData::new(
+            param.private_data.as_slice(),
+            ps.private_data_limit(PrivateDataSlot::Connect),
+        );
+        slot.m = next;
+        slot.remote = SlotRef::NONE;
+        slot.retry_count = wire.retry_count;
+        let connected = ps.is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Connect, connected)
+            .expect("connect is never refused");
+        let payload = self.new_payload(Payload {
+            wire,
+            private_data,
+            dst: Some(dst),
+        });
+        self.apply(r, next, effects, SlotRef::NONE, payload);
+        Ok(())
+    }
+
+    pub(crate) fn accept(&mut self, host: u16, id: IdHandle, param: &ConnParam) -> R<()> {
+        let call = Call::Accept;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.accept(param.private_data.len())?;
+        let (rr, depth) = self.check_resources(call, param)?;
+        let connected = self.slot(r).m.port_space().is_connected();
+        let Some((accepted, effects)) = self.slot(r).cm.on(Input::Accept, connected) else {
+            // The request is gone (the active side gave up or was destroyed): the kernel
+            // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
+            let failed = self.slot(r).m.qp_error();
+            self.set_machine(r, failed);
+            return Err(CmError::Os {
+                call,
+                errno: errno::EINVAL,
+            });
+        };
+        let slot = self.slot(r);
+        let ps = slot.m.port_space();
+        let qp_num = slot.qp.as_ref().map_or(0, |q| q.qpn);
+        let wire = WireParam {
+            responder_resources: depth,
+            initiator_depth: rr,
+            flow_control: param.flow_control,
+            retry_count: 0,
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            srq: false,
+            qp_num,
+        };
+        let private_data = WirePrivateData::new(
+            param.private_data.as_slice(),
+            ps.private_data_limit(PrivateDataSlot::Accept),
+        );
+        self.set_machine(r, next);
+        let payload = self.new_payload(Payload {
+            wire,
+            private_data,
+            dst: None,
+        });
+        self.apply(r, accepted, effects, SlotRef::NONE, payload);
+        Ok(())
+    }
+
+    pub(crate) fn reject(&mut self, host: u16, id: IdHandle, private_data: &[u8]) -> R<()> {
+        let call = Call::Reject;
+        let r = self.id_ref(host, id, call)?;
+        let next = self.slot(r).m.reject(private_data.len())?;
+        let slot = self.slot(r);
+        let connected = slot.m.port_space().is_connected();
+        let Some((rejected, effects)) = slot.cm.on(Input::Reject, connected) else {
+            return Err(CmError::Os {
+                call,
+                errno: errno::EINVAL,
+            });
+        };
+        slot.m = next;
+        // A SIDR REP that rejects carries no private data.
+        let payload = if connected {
+            self.rej_payload(private_data)
+        } else {
+            NO_PAYLOAD
+        };
+        self.apply(r, rejected, effects, SlotRef::NONE, payload);
+        Ok(())
+    }
+
+    pub(crate) fn disconnect(&mut self, host: u16, id: IdHandle) -> R<()> {
+        let r = self.id_ref(host, id, Call::Disconnect)?;
+        let next = self.slot(r).m.disconnect()?;
+        self.set_machine(r, next);
+        let slot = self.slot(r);
+        let connected = slot.m.port_space().is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Disconnect, connected)
+            .expect("disconnect is never refused");
+        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+        Ok(())
+    }
+
+    pub(crate) fn get_cm_event(
+        &mut self,
+        host: u16,
+        ch: ChannelHandle,
+        timeout: Duration,
+    ) -> R<Option<CmEvent>> {
+        let r = self.channel_ref(host, ch, Call::GetCmEvent)?;
+        let deadline = self.deadline(timeout);
+        loop {
+            if let Some(t) = self.pop_event(r) {
+                // Built in what is returned, one return per kind of parameters: an event is
+                // over 300 bytes and every copy of it showed in profiles.
+                let Some(p) = t.payload else {
+                    return Ok(Some(CmEvent::new(
+                        t.id,
+                        t.listen_id,
+                        t.event,
+                        t.status,
+                        NO_PARAM,
+                        t.token,
+                    )));
+                };
+                return Ok(Some(CmEvent::new(
+                    t.id,
+                    t.listen_id,
+                    t.event,
+                    t.status,
+                    p.conn_param(),
+                    t.token,
+                )));
+            }
+            let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
+            if !self.run_until(deadline, &has_event) {
+                return Ok(None);
+            }
+        }
+    }
+
+    pub(crate) fn ack_cm_event(&mut self, host: u16, event: CmEvent) -> R<()> {
+        if event.counted_id().owner() != self.tag(host) {
+            // Another host's, fabric's or backend's: refused, and handed back so that the id
+            // it counts against can still be acked and destroyed where it lives.
+            return Err(CmError::ForeignEvent(ReturnedEvent::new(event)));
+        }
+        self.host_up(host, Call::AckCmEvent)?;
+        let r = token_ref(event.token());
+        let counted = match self.outstanding.get(r) {
+            Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
+            _ => return Err(CmError::EventNotOutstanding),
+        };
+        let next = self.slot(counted).m.on_ack()?;
+        self.outstanding.discard(r);
+        self.slot(counted).m = next;
+        self.hosts[host as usize].counts.unacked -= 1;
+        Ok(())
+    }
+
+    pub(crate) fn get_local_addr(&mut self, host: u16, id: IdHandle) -> R<Option<SocketAddr>> {
+        let r = self.id_ref(host, id, Call::GetLocalAddr)?;
+        Ok(self.slot(r).local)
+    }
+
+    pub(crate) fn get_peer_addr(&mut self, host: u16, id: IdHandle) -> R<Option<SocketAddr>> {
+        let r = self.id_ref(host, id, Call::GetPeerAddr)?;
+        Ok(self.slot(r).peer)
+    }
+
+    pub(super) fn qp_for(&mut self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {
+        let r = self.id_ref(host, id, call)?;
+        if self.slot(r).qp.is_none() {
+            return Err(CmError::NoQp { call });
+        }
+        Ok(r)
+    }
+
+    pub(crate) fn post_send(&mut self, host: u16, id: IdHandle, wr_id: u64, data: &[u8]) -> R<()> {
+        let call = Call::PostSend;
+        let r = self.qp_for(host, id, call)?;
+        self.slot(r).m.post_send()?;
+        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
+        let qp = self.slot(r).qp.as_mut().expect("checked");
+        qp.caps.check_length(WcOpcode::Send, data.len())?;
+        if qp.send_slots() >= qp.caps.max_send_wr {
+            return Err(CmError::QueueFull {
+                call,
+                outstanding: qp.send_slots(),
+            });
+        }
+        if in_err {
+            qp.push_flushed(wr_id, WcOpcode::Send);
+        } else {
+            qp.push_send(wr_id, data);
+            self.deliver_sends(r);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_recv(&mut self, host: u16, id: IdHandle, wr_id: u64, len: u32) -> R<()> {
+        let call = Call::PostRecv;
+        let r = self.qp_for(host, id, call)?;
+        self.slot(r).m.post_recv()?;
+        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
+        let qp = self.slot(r).qp.as_mut().expect("checked");
+        qp.caps.check_length(WcOpcode::Recv, len as usize)?;
+        if qp.recv_slots() >= qp.caps.max_recv_wr {
+            return Err(CmError::QueueFull {
+                call,
+                outstanding: qp.recv_slots(),
+            });
+        }
+        if in_err {
+            qp.push_flushed(wr_id, WcOpcode::Recv);
+        } else {
+            qp.push_recv(wr_id, len);
+            let remote = self.slot(r).remote;
+            self.deliver_sends(remote);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn poll_cq(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+        timeout: Duration,
+    ) -> R<usize> {
+        let r = self.qp_for(host, id, Call::PollCq)?;
+        let deadline = self.deadline(timeout);
+        let ready = |f: &Fabric| {
+            f.ids
+                .get(r)
+                .and_then(|s| s.qp.as_ref())
+                .is_none_or(|q| !q.cq_is_empty())
+        };
+        self.run_until(deadline, &ready);
+        Ok(self
+            .ids
+            .get_mut(r)
+            .and_then(|s| s.qp.as_mut())
+            .map_or(0, |q| q.poll(out, max)))
+    }
+
+    pub(crate) fn id_machine(&self, host: u16, id: IdHandle) -> R<IdMachine> {
+        let r = SlotRef {
+            index: id.index(),
+            generation: id.generation(),
+        };
+        self.id_ref(host, id, Call::GetLocalAddr)?;
+        Ok(self.ids.get(r).expect("checked").m)
+    }
+
+    pub(crate) fn live_resources(&self, host: Option<u16>) -> LiveResources {
+        let mut total = LiveResources::default();
+        for (i, h) in self.hosts.iter().enumerate() {
+            if host.is_none_or(|only| only as usize == i) {
+                total.channels += h.counts.channels;
+                total.ids += h.counts.ids;
+                total.qps += h.counts.qps;
+                total.unacked_events += h.counts.unacked;
+                total.queued_events += h.counts.queued;
+            }
+        }
+        total
+    }
+}

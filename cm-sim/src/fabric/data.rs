@@ -1,0 +1,187 @@
+//! The data path: sends landing in posted receives, receiver-not-ready and transport retries.
+
+use super::*;
+
+impl Fabric {
+    /// Lands `sender`'s pending sends in its peer's posted receives while both allow it.
+    /// Sends wait (as under receiver-not-ready retries, which are infinite by default) while
+    /// the peer has no receive posted or its QP is not ready to receive.
+    pub(super) fn deliver_sends(&mut self, sender: SlotRef) {
+        loop {
+            let Some(s) = self.ids.get(sender) else { return };
+            let remote = s.remote;
+            let sender_ready =
+                s.m.qp() == Some(QpState::Rts) && s.qp.as_ref().is_some_and(|q| q.has_pending_send());
+            let receiver_ready = self.ids.get(remote).is_some_and(|r| {
+                matches!(r.m.qp(), Some(QpState::Rtr | QpState::Rts))
+                    && r.qp.as_ref().is_some_and(|q| q.has_recv())
+            });
+            if !sender_ready {
+                return;
+            }
+            if self.path_broken(sender) {
+                self.arm_transport_retry(sender);
+                return;
+            }
+            if !receiver_ready {
+                self.arm_rnr(sender);
+                return;
+            }
+            let send = self
+                .slot(sender)
+                .qp
+                .as_mut()
+                .and_then(|q| q.pop_send())
+                .expect("checked");
+            let landing = self
+                .slot(remote)
+                .qp
+                .as_mut()
+                .and_then(|q| q.land(&send))
+                .expect("checked");
+            match landing {
+                Landing::Delivered => {
+                    self.slot(sender)
+                        .qp
+                        .as_mut()
+                        .expect("checked")
+                        .complete_send(send, WcStatus::Success);
+                }
+                Landing::TooLong => {
+                    self.stats.length_errors += 1;
+                    self.slot(sender)
+                        .qp
+                        .as_mut()
+                        .expect("checked")
+                        .complete_send(send, WcStatus::RemInvReqErr);
+                    for id in [remote, sender] {
+                        let next = self.slot(id).m.qp_error();
+                        self.set_machine(id, next);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The send at the head of `sender`'s queue found no receive: under a receiver-not-ready
+    /// retry limit, it gives up once the retries have run out (if it is still waiting then).
+    pub(super) fn arm_rnr(&mut self, sender: SlotRef) {
+        let host = self.slot(sender).host;
+        let Some(retries) = self.hosts[host as usize].rnr_retries else {
+            return;
+        };
+        let timer = nanos(self.cfg.rnr_timer);
+        let Some(qp) = self.slot(sender).qp.as_mut() else {
+            return;
+        };
+        if qp.rnr_armed {
+            return;
+        }
+        qp.rnr_armed = true;
+        let sends_done = qp.sends_done;
+        let at = self.now.after_nanos(timer.saturating_mul(u64::from(retries) + 1));
+        self.schedule(
+            at,
+            Action::Rnr {
+                id: sender,
+                sends_done,
+            },
+        );
+    }
+
+    /// Whether nothing `sender` sends can be acknowledged: its peer vanished with a crashed
+    /// host or a removed device, either host is unreachable, or the link between them is
+    /// partitioned. (A peer that destroyed its id told the IB CM; its sends still wait, as
+    /// README's departures say.)
+    pub(super) fn path_broken(&self, sender: SlotRef) -> bool {
+        if !self.links_faulted {
+            return false;
+        }
+        let Some(s) = self.ids.get(sender) else {
+            return false;
+        };
+        if s.peer_lost {
+            return true;
+        }
+        let Some(r) = self.ids.get(s.remote) else {
+            return false;
+        };
+        let (a, b) = (s.host as usize, r.host as usize);
+        let n = self.hosts.len();
+        !self.hosts[a].reachable() || !self.hosts[b].reachable() || self.links[a * n + b].partitioned
+    }
+
+    /// The send at the head of `sender`'s queue goes unacknowledged: the transport sends it
+    /// again every local ACK timeout, `retry_count` times, then gives up.
+    pub(super) fn arm_transport_retry(&mut self, sender: SlotRef) {
+        let per_try = nanos(self.cfg.ack_timeout);
+        let tries = u64::from(self.slot(sender).retry_count) + 1;
+        let Some(qp) = self.slot(sender).qp.as_mut() else {
+            return;
+        };
+        if qp.retry_armed {
+            return;
+        }
+        qp.retry_armed = true;
+        let sends_done = qp.sends_done;
+        let at = self.now.after_nanos(per_try.saturating_mul(tries));
+        self.schedule(
+            at,
+            Action::TransportRetry {
+                id: sender,
+                sends_done,
+            },
+        );
+    }
+
+    pub(super) fn on_transport_retry(&mut self, id: SlotRef, sends_done: u64) {
+        let Some(slot) = self.ids.get_mut(id) else { return };
+        let rts = slot.m.qp() == Some(QpState::Rts);
+        let Some(qp) = slot.qp.as_mut() else { return };
+        if !rts || !qp.retry_armed || qp.sends_done != sends_done || !qp.has_pending_send() {
+            return;
+        }
+        qp.retry_armed = false;
+        if !self.path_broken(id) {
+            // The path healed in time: one of the retries gets through.
+            self.deliver_sends(id);
+            return;
+        }
+        let qp = self.slot(id).qp.as_mut().expect("checked");
+        let send = qp.pop_send().expect("checked");
+        qp.complete_send(send, WcStatus::RetryExcErr);
+        self.stats.transport_retries_exceeded += 1;
+        let next = self.slot(id).m.qp_error();
+        self.set_machine(id, next);
+    }
+
+    /// After a fault that may have cut paths: sends already waiting (for a receive, say) learn
+    /// that their peer no longer answers. Fault path only: scans every id.
+    pub(super) fn recheck_waiting_sends(&mut self) {
+        for r in self.ids.refs() {
+            if self
+                .ids
+                .get(r)
+                .and_then(|s| s.qp.as_ref())
+                .is_some_and(|q| q.has_pending_send())
+            {
+                self.deliver_sends(r);
+            }
+        }
+    }
+
+    pub(super) fn on_rnr(&mut self, id: SlotRef, sends_done: u64) {
+        let Some(slot) = self.ids.get_mut(id) else { return };
+        let rts = slot.m.qp() == Some(QpState::Rts);
+        let Some(qp) = slot.qp.as_mut() else { return };
+        if !rts || !qp.rnr_armed || qp.sends_done != sends_done || !qp.has_pending_send() {
+            return;
+        }
+        let send = qp.pop_send().expect("checked");
+        qp.complete_send(send, WcStatus::RnrRetryExcErr);
+        self.stats.rnr_retries_exceeded += 1;
+        let next = self.slot(id).m.qp_error();
+        self.set_machine(id, next);
+    }
+}

@@ -1,0 +1,321 @@
+//! Dispatch of scheduled actions, and the IB CM exchange's reactions to messages and timers.
+
+use super::*;
+
+impl Fabric {
+    pub(super) fn dispatch(&mut self, action: Action) {
+        match action {
+            Action::Req {
+                host,
+                from,
+                payload,
+                attempt,
+            } => self.on_req(host, from, payload, attempt),
+            Action::ResendReq {
+                host,
+                from,
+                payload,
+                attempt,
+            } => {
+                if self
+                    .ids
+                    .get(from)
+                    .is_some_and(|s| s.cm.awaits_answer_to(MsgKind::Req))
+                {
+                    self.stats.messages_resent += 1;
+                    self.send_req(from, host, payload, attempt);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Resend {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+                attempt,
+            } => {
+                if self.ids.get(from).is_some_and(|s| s.cm.awaits_answer_to(kind)) {
+                    self.stats.messages_resent += 1;
+                    self.send_attempt(from, to, kind, status, payload, attempt);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Fault(n) => {
+                let fault = self.faults[n as usize].clone();
+                self.strike(&fault);
+            }
+            Action::Rnr { id, sends_done } => self.on_rnr(id, sends_done),
+            Action::TransportRetry { id, sends_done } => self.on_transport_retry(id, sends_done),
+            Action::Msg {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+            } => {
+                if self.ids.contains(to) {
+                    self.on_msg(kind, to, from, status, payload);
+                } else {
+                    self.take_payload(payload);
+                }
+            }
+            Action::Timer { id, epoch, kind } => {
+                if self.ids.get_mut(id).is_some_and(|s| s.timers.fire(epoch)) {
+                    self.on_timer(id, kind);
+                } else {
+                    // Saturating: a timer of an id dropped without `release` was never counted.
+                    self.stale_timers = self.stale_timers.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_timer(&mut self, id: SlotRef, kind: TimerKind) {
+        match kind {
+            TimerKind::AddrResolved => {
+                // A wildcard-bound id takes the host's address of the destination's family.
+                let slot = self.slot(id);
+                let host = slot.host as usize;
+                if let Some(local) = slot.local.filter(|l| l.ip().is_unspecified()) {
+                    let ip = self.hosts[host]
+                        .addrs
+                        .iter()
+                        .copied()
+                        .find(|a| a.is_ipv4() == local.is_ipv4());
+                    if let Some(ip) = ip {
+                        self.slot(id).local = Some(SocketAddr::new(ip, local.port()));
+                    }
+                }
+                self.queue_event(id, SlotRef::NONE, CmEventType::AddrResolved, 0, NO_PAYLOAD);
+            }
+            TimerKind::AddrError => {
+                let status = self.slot(id).pending_status;
+                self.queue_event(id, SlotRef::NONE, CmEventType::AddrError, status, NO_PAYLOAD)
+            }
+            TimerKind::RouteResolved => {
+                self.queue_event(id, SlotRef::NONE, CmEventType::RouteResolved, 0, NO_PAYLOAD)
+            }
+            TimerKind::RouteError => {
+                let status = self.slot(id).pending_status;
+                self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
+            }
+            TimerKind::Cm(timer) => {
+                let before = self.slot(id).cm;
+                let connected = self.slot(id).m.port_space().is_connected();
+                let (next, effects) = before
+                    .on(Input::Timer(timer), connected)
+                    .expect("the exchange takes every timer");
+                if next.wire() != before.wire() {
+                    match timer {
+                        CmTimer::Req => self.stats.req_timeouts += 1,
+                        CmTimer::Rep => self.stats.rep_timeouts += 1,
+                        CmTimer::Dreq => self.stats.dreq_timeouts += 1,
+                        CmTimer::Timewait => {}
+                    }
+                }
+                self.apply(id, next, effects, SlotRef::NONE, NO_PAYLOAD);
+            }
+        }
+    }
+
+    pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
+        let Some(active) = self.ids.get(from) else {
+            self.take_payload(payload);
+            return;
+        };
+        // A host that crashed or lost its device while the REQ flew does not answer.
+        if !active.cm.awaits_answer_to(MsgKind::Req) || !self.hosts[host as usize].reachable() {
+            self.take_payload(payload);
+            return;
+        }
+        let ps = active.m.port_space();
+        let src = active.local;
+        let dst = self
+            .payloads
+            .get(payload)
+            .and_then(|p| p.dst)
+            .expect("REQ carries its destination");
+        let retry_count = self.payloads.get(payload).map_or(0, |p| p.wire.retry_count);
+        let listener = self.ports.listener(host, ps, dst.ip(), dst.port());
+        let refuse = |no_listener: bool| match (ps.is_connected(), no_listener) {
+            (true, true) => reason::INVALID_SERVICE_ID,
+            (true, false) => reason::CONSUMER_DEFINED,
+            (false, true) => reason::SIDR_UNSUPPORTED,
+            (false, false) => reason::SIDR_REJECT,
+        };
+        let Some(listener) = listener else {
+            self.take_payload(payload);
+            self.reply_without_id(host, from, refuse(true));
+            return;
+        };
+        let l = self.ids.get(listener).expect("listening ids are bound and alive");
+        let channel = l.channel;
+        let cap = self.hosts[host as usize].backlog_cap;
+        let full = l
+            .listener
+            .as_ref()
+            .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog.min(cap));
+        if full {
+            // The kernel drops a request its listener has no room for, without an answer; the
+            // sender's IB CM sends it again after its response timeout, until it gives up.
+            self.stats.backlog_drops += 1;
+            self.resend_req_later(from, host, payload, attempt);
+            return;
+        }
+        let child = self.ids.insert(IdSlot {
+            host,
+            channel,
+            m: IdMachine::new_child(ps),
+            local: Some(dst),
+            peer: src,
+            port_bound: false,
+            cm: Exchange::requested(),
+            remote: from,
+            timers: IdTimers::default(),
+            queued: 0,
+            last_arrival: SimTime::ZERO,
+            pending_status: 0,
+            retry_count,
+            peer_lost: false,
+            visible: false,
+            qp: None,
+            listener: None,
+        });
+        self.hosts[host as usize].counts.ids += 1;
+        self.channels.get_mut(channel).expect("listener's channel").ids += 1;
+        self.slot(listener)
+            .listener
+            .as_mut()
+            .expect("listener state")
+            .pending
+            .push_back(child);
+        // The MRA/REP tells the active side who answers; the simulator links them at once.
+        self.slot(from).remote = child;
+        self.queue_event(child, listener, CmEventType::ConnectRequest, 0, payload);
+    }
+
+    /// A REJ (or SIDR REP with an error status) from a host with no id to answer for.
+    pub(super) fn reply_without_id(&mut self, host: u16, to: SlotRef, status: i32) {
+        let lat = self.latency();
+        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
+            return;
+        };
+        if self.lost(host, to_host) {
+            self.trace_lost(host, SlotRef::NONE, MsgKind::Rej, to_host);
+            return;
+        }
+        let extra = self.extra_delay(host, to_host);
+        let dest = self.ids.get_mut(to).expect("checked");
+        let arrival = self
+            .now
+            .after_nanos(lat)
+            .after_nanos(extra)
+            .max(dest.last_arrival);
+        dest.last_arrival = arrival;
+        self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
+        let pd = self.rej_payload(&[]);
+        self.schedule(
+            arrival,
+            Action::Msg {
+                kind: MsgKind::Rej,
+                to,
+                from: SlotRef::NONE,
+                status,
+                payload: pd,
+            },
+        );
+    }
+
+    pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+        let slot = self.slot(to);
+        let connected = slot.m.port_space().is_connected();
+        let (next, effects) = slot
+            .cm
+            .on(Input::Msg(kind, status), connected)
+            .expect("the exchange takes every message");
+        self.apply(to, next, effects, from, payload);
+    }
+
+    /// Moves `id`'s exchange to `next` and carries out the transition's `effects` in order.
+    /// `sender` sent the message being handled (if any); `payload` is what that message or
+    /// the call brought, handed to the effect that takes it and otherwise dropped.
+    pub(super) fn apply(
+        &mut self,
+        id: SlotRef,
+        next: Exchange,
+        effects: Effects,
+        sender: SlotRef,
+        payload: u32,
+    ) {
+        self.slot(id).cm = next;
+        let mut payload = payload;
+        for &effect in effects.as_slice() {
+            match effect {
+                Effect::CancelTimers => self.cancel_timers(id),
+                Effect::Arm(timer) => {
+                    let after = match timer {
+                        CmTimer::Timewait => self.cfg.timewait,
+                        CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cfg.cm_timeout,
+                    };
+                    self.timer(id, self.now + after, TimerKind::Cm(timer));
+                }
+                Effect::PeerIsSender => self.slot(id).remote = sender,
+                Effect::Queue {
+                    event,
+                    status,
+                    with_message,
+                } => {
+                    let carried = if with_message {
+                        std::mem::replace(&mut payload, NO_PAYLOAD)
+                    } else {
+                        NO_PAYLOAD
+                    };
+                    self.queue_event(id, SlotRef::NONE, event, status, carried);
+                }
+                Effect::Send {
+                    msg: MsgKind::Req,
+                    carry,
+                    ..
+                } => {
+                    debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
+                    let req = std::mem::replace(&mut payload, NO_PAYLOAD);
+                    let dst = self.slot(id).peer.expect("a resolved id has a destination");
+                    match self.host_of_ip(dst.ip()) {
+                        Some(to_host) => self.send_req(id, to_host, req, 0),
+                        None => {
+                            // The REQ leaves for an address no host has: it is lost without a
+                            // trace, after the same draw a sent one makes.
+                            self.latency();
+                            self.take_payload(req);
+                        }
+                    }
+                }
+                Effect::Send {
+                    msg,
+                    status,
+                    to,
+                    carry,
+                } => {
+                    let dest = match to {
+                        To::Peer => self.slot(id).remote,
+                        To::Sender => sender,
+                    };
+                    if dest.is_none() {
+                        // No REP or MRA named a peer yet: there is nobody to tell.
+                        continue;
+                    }
+                    let carried = match carry {
+                        Carry::Nothing => NO_PAYLOAD,
+                        Carry::EmptyPrivateData => self.rej_payload(&[]),
+                        Carry::CallPayload => std::mem::replace(&mut payload, NO_PAYLOAD),
+                    };
+                    self.send(id, dest, msg, status, carried);
+                }
+            }
+        }
+        self.take_payload(payload);
+    }
+}

@@ -1,0 +1,124 @@
+//! The fabric: hosts, ids, channels, the discrete-event queue and the IB CM protocol.
+//!
+//! Two layers of state per id, as in the real stack:
+//! * the [`IdMachine`] is what the application has observed (it moves when calls succeed and
+//!   when events are *retrieved*) and is what calls are checked against;
+//! * the [`Exchange`] is the IB CM's view (it moves when messages arrive and timers fire) and
+//!   decides which messages are sent and which events are generated. It is a pure machine
+//!   (`crate::exchange`); the fabric routes its effects (`Fabric::apply`).
+//!
+//! Events are queued on the channel when generated, in virtual-time order, and transformed on
+//! retrieval where librdmacm transforms them (the kernel's `CONNECT_RESPONSE` becomes
+//! `ESTABLISHED` after the QP reaches RTS and the RTU is sent, or `CONNECT_ERROR`). Events of
+//! a destroyed id are skipped lazily when they reach the head of the queue, so destroy never
+//! scans a queue.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+
+use cm_core::{
+    errno, next_backend_tag, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
+    IdHandle, IdMachine, LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState,
+    ReturnedEvent, WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA,
+};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
+use crate::exchange::{reason, Carry, CmTimer, Effect, Effects, Exchange, Input, To};
+use crate::faults::{Fault, FaultSchedule, FaultStats};
+use crate::host::SimHost;
+use crate::ports::{BindError, Ports};
+use crate::qp::{Landing, Qp};
+use crate::sched::{Lane, Queue};
+use crate::slab::{Pool, Slab, SlotRef};
+use crate::time::{nanos, SimTime};
+use crate::timers::IdTimers;
+use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
+
+mod calls;
+mod clock;
+mod data;
+mod dispatch;
+mod handle;
+mod retrieve;
+mod storage;
+mod strike;
+mod time_control;
+mod wire;
+
+use self::clock::*;
+pub use self::handle::SimFabric;
+use self::storage::*;
+use self::wire::*;
+
+/// Parameters of events that carry none.
+const NO_PARAM: ConnParam = ConnParam::ZERO;
+
+const NO_PAYLOAD: u32 = u32::MAX;
+
+pub(crate) struct Fabric {
+    seed: Seed,
+    cfg: SimConfig,
+    now: SimTime,
+    rng: ChaCha8Rng,
+    hosts: Vec<Host>,
+    ids: Slab<IdSlot>,
+    channels: Slab<Channel>,
+    sched: Queue<Action>,
+    /// Cancelled timers still in `sched`. Most timers are cancelled (every answered REQ, REP
+    /// and DREQ cancels a timeout a minute away), so without removing them the queue grows with
+    /// every connection ever made, and each push and pop with it.
+    stale_timers: usize,
+    /// The latest time of a cancelled timer removed from `sched`: running until idle used to
+    /// pop such timers and move the clock to them, and still does.
+    removed_until: SimTime,
+    payloads: Pool<Payload>,
+    ports: Ports,
+    trace: Trace,
+    next_qpn: u32,
+    /// Events handed out and not acked, on every host.
+    outstanding: Slab<Outstanding>,
+    /// `links[a * hosts + b]`: what faults did to messages from host `a` to host `b`.
+    links: Vec<Link>,
+    /// Every fault scheduled or injected, in that order (actions refer to them by index).
+    faults: Vec<Fault>,
+    /// Whether a fault ever touched a link or a host's reachability: until then no message
+    /// needs the checks (they cost a fault-free run several percent).
+    links_faulted: bool,
+    stats: FaultStats,
+}
+
+type R<T> = Result<T, CmError>;
+
+impl Fabric {
+    fn new(seed: Seed, hosts: Vec<Vec<IpAddr>>, cfg: SimConfig) -> Self {
+        let ports = Ports::new(hosts.len(), cfg.ephemeral_ports.clone());
+        let trace = Trace::new(cfg.trace);
+        Fabric {
+            seed,
+            now: SimTime::ZERO,
+            rng: ChaCha8Rng::seed_from_u64(seed.value),
+            links: vec![Link::default(); hosts.len() * hosts.len()],
+            hosts: hosts.into_iter().map(Host::new).collect(),
+            faults: Vec::new(),
+            links_faulted: false,
+            stats: FaultStats::default(),
+            ids: Slab::new(),
+            channels: Slab::new(),
+            sched: Queue::new(),
+            stale_timers: 0,
+            removed_until: SimTime::ZERO,
+            payloads: Pool::new(),
+            ports,
+            trace,
+            next_qpn: 0x11,
+            outstanding: Slab::new(),
+            cfg,
+        }
+    }
+}

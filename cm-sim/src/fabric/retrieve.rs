@@ -1,0 +1,104 @@
+//! Event retrieval: librdmacm's processing of each event in `rdma_get_cm_event`.
+
+use super::*;
+
+impl Fabric {
+    pub(super) fn pop_event(&mut self, ch: SlotRef) -> Option<Taken> {
+        loop {
+            let q = self.channels.get_mut(ch)?.queue.pop_front()?;
+            let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
+            if !alive {
+                // Its id was destroyed: the kernel discarded the event then.
+                self.take_payload(q.payload);
+                continue;
+            }
+            let host = self.slot(q.id).host;
+            self.slot(q.id).queued -= 1;
+            self.hosts[host as usize].counts.queued -= 1;
+            let payload = self.take_payload(q.payload);
+            if let Some(ev) = self.retrieve(q, payload) {
+                self.hosts[host as usize].counts.unacked += 1;
+                return Some(ev);
+            }
+        }
+    }
+
+    /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it.
+    pub(super) fn retrieve(&mut self, q: Queued, payload: Option<Payload>) -> Option<Taken> {
+        let mut event = q.event;
+        let mut status = q.status;
+        let mut listen_id = None;
+        let counted = match event {
+            CmEventType::ConnectRequest => {
+                let listener = q.listen;
+                let child = self.slot(q.id);
+                child.visible = true;
+                let popped = self
+                    .slot(listener)
+                    .listener
+                    .as_mut()
+                    .and_then(|l| l.pending.pop_front());
+                debug_assert_eq!(popped, Some(q.id), "requests are retrieved in queue order");
+                listen_id = Some(self.id_handle(listener));
+                listener
+            }
+            CmEventType::ConnectResponse => {
+                let slot = self.slot(q.id);
+                let connected = slot.m.port_space().is_connected();
+                let outcome = slot.m.connect_response_outcome();
+                let (seen, seen_status, next, effects) =
+                    slot.cm.on_connect_response(outcome, status, connected);
+                (event, status) = (seen, seen_status);
+                self.apply(q.id, next, effects, SlotRef::NONE, NO_PAYLOAD);
+                self.trace_event(q.id, event, status);
+                q.id
+            }
+            CmEventType::Rejected | CmEventType::Disconnected if self.slot(q.id).cm.swallows(event) => {
+                return None
+            }
+            _ => q.id,
+        };
+        let slot = self.slot(counted);
+        let next = slot.m.on_event(event).unwrap_or_else(|illegal| {
+            panic!(
+                "cm-sim bug: generated an illegal event: {illegal}; reproduce with {SEED_ENV}={}",
+                self.seed.value
+            )
+        });
+        self.set_machine(counted, next);
+        let id = self.id_handle(q.id);
+        let host = self.slot(counted).host;
+        let token = token_of(self.outstanding.insert(Outstanding {
+            host,
+            counted,
+            id,
+            event,
+        }));
+        Some(Taken {
+            id,
+            listen_id,
+            event,
+            status,
+            payload,
+            token,
+        })
+    }
+
+    /// Stores a new machine for `id`, flushing the QP if it just went to ERR.
+    pub(super) fn set_machine(&mut self, id: SlotRef, next: IdMachine) {
+        let slot = self.slot(id);
+        let before = slot.m.qp();
+        slot.m = next;
+        if before != Some(QpState::Err) && next.qp() == Some(QpState::Err) {
+            if let Some(qp) = slot.qp.as_mut() {
+                qp.flush();
+            }
+        }
+        if before != Some(QpState::Rts) && next.qp() == Some(QpState::Rts) {
+            // Sends that waited for this QP (or were posted on it before it was ready) can go.
+            let remote = slot.remote;
+            self.deliver_sends(id);
+            self.deliver_sends(remote);
+        }
+    }
+}

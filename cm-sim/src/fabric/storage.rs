@@ -1,0 +1,212 @@
+//! What the fabric stores per host, id, channel and outstanding event, and the handles the
+//! application holds to them.
+
+use super::*;
+
+pub(super) struct Listener {
+    pub(super) backlog: u32,
+    /// Children whose `CONNECT_REQUEST` is queued and not retrieved, in queue order.
+    pub(super) pending: VecDeque<SlotRef>,
+}
+
+pub(super) struct IdSlot {
+    pub(super) host: u16,
+    pub(super) channel: SlotRef,
+    pub(super) m: IdMachine,
+    pub(super) local: Option<SocketAddr>,
+    pub(super) peer: Option<SocketAddr>,
+    pub(super) port_bound: bool,
+    /// The IB CM exchange.
+    pub(super) cm: Exchange,
+    pub(super) remote: SlotRef,
+    /// The id's timers in the queue, and which of them are live.
+    pub(super) timers: IdTimers,
+    /// Events queued on the channel and not retrieved.
+    pub(super) queued: u32,
+    /// When the last message to this id arrives: messages to one id are delivered in order.
+    pub(super) last_arrival: SimTime,
+    /// Status of the `ADDR_ERROR` / `ROUTE_ERROR` a pending resolution timer delivers.
+    pub(super) pending_status: i32,
+    /// The connection's transport retries (the REQ's `retry_count`, both sides use it): how
+    /// many times an unacknowledged send is sent again before it fails.
+    pub(super) retry_count: u8,
+    /// The peer's QP went away without a word on the wire (its host crashed or its device was
+    /// removed): nothing sent to it will be acknowledged.
+    pub(super) peer_lost: bool,
+    /// Whether the application knows the id (false for a child until its request is retrieved).
+    pub(super) visible: bool,
+    pub(super) qp: Option<Qp>,
+    pub(super) listener: Option<Box<Listener>>,
+}
+
+pub(super) struct Channel {
+    pub(super) host: u16,
+    pub(super) queue: VecDeque<Queued>,
+    pub(super) ids: u32,
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Queued {
+    pub(super) id: SlotRef,
+    pub(super) listen: SlotRef,
+    pub(super) event: CmEventType,
+    pub(super) status: i32,
+    pub(super) payload: u32,
+}
+
+/// An event handed out and not acked yet; its slab reference is the event's token.
+pub(super) struct Outstanding {
+    pub(super) host: u16,
+    /// The id it counts against (the listener for `CONNECT_REQUEST`).
+    pub(super) counted: SlotRef,
+    pub(super) id: IdHandle,
+    pub(super) event: CmEventType,
+}
+
+pub(super) fn token_of(r: SlotRef) -> u64 {
+    (u64::from(r.generation) << 32) | u64::from(r.index)
+}
+
+pub(super) fn token_ref(token: u64) -> SlotRef {
+    SlotRef {
+        index: token as u32,
+        generation: (token >> 32) as u32,
+    }
+}
+
+/// An event retrieved, before it becomes the [`CmEvent`] handed out.
+pub(super) struct Taken {
+    pub(super) id: IdHandle,
+    pub(super) listen_id: Option<IdHandle>,
+    pub(super) event: CmEventType,
+    pub(super) status: i32,
+    pub(super) payload: Option<Payload>,
+    pub(super) token: u64,
+}
+
+#[derive(Default, Clone, Copy)]
+pub(super) struct HostCounts {
+    pub(super) channels: usize,
+    pub(super) ids: usize,
+    pub(super) qps: usize,
+    pub(super) unacked: usize,
+    pub(super) queued: usize,
+}
+
+pub(super) struct Host {
+    pub(super) addrs: Vec<IpAddr>,
+    pub(super) tag: u32,
+    pub(super) counts: HostCounts,
+    /// Not crashed.
+    pub(super) up: bool,
+    /// Bumped by every crash: the application's handles of an earlier incarnation are gone.
+    pub(super) incarnation: u32,
+    /// When it last crashed, for the errors its calls answer while down.
+    pub(super) crashed_at: SimTime,
+    /// The RDMA device is registered.
+    pub(super) device: bool,
+    /// Injected resolution failures still to come: (status, how many).
+    pub(super) fail_addr: (i32, u32),
+    pub(super) fail_route: (i32, u32),
+    /// Cap on every listener's backlog.
+    pub(super) backlog_cap: u32,
+    /// Receiver-not-ready retries before a send gives up (`None`: for ever).
+    pub(super) rnr_retries: Option<u8>,
+}
+
+impl Host {
+    pub(super) fn new(addrs: Vec<IpAddr>) -> Self {
+        Host {
+            addrs,
+            tag: next_backend_tag(),
+            counts: HostCounts::default(),
+            up: true,
+            incarnation: 0,
+            crashed_at: SimTime::ZERO,
+            device: true,
+            fail_addr: (0, 0),
+            fail_route: (0, 0),
+            backlog_cap: u32::MAX,
+            rnr_retries: None,
+        }
+    }
+
+    /// Whether CM messages can reach or leave the host.
+    pub(super) fn reachable(&self) -> bool {
+        self.up && self.device
+    }
+}
+
+/// The state of the link between two hosts, as faults leave it.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Link {
+    pub(super) partitioned: bool,
+    pub(super) loss_per_mille: u16,
+    /// Extra latency range in nanoseconds (0..=0: none).
+    pub(super) delay: (u64, u64),
+}
+
+impl Fabric {
+    /// Host number `index`, for the fabric's public accessors.
+    pub(super) fn host_at(&self, index: usize) -> &Host {
+        let n = self.hosts.len();
+        self.hosts
+            .get(index)
+            .unwrap_or_else(|| panic!("no host {index}: the fabric has {n}"))
+    }
+
+    pub(crate) fn tag(&self, host: u16) -> u32 {
+        self.hosts[host as usize].tag
+    }
+
+    /// Refuses every call of a crashed host, saying so (its handles are gone with it).
+    pub(super) fn host_up(&self, host: u16, call: Call) -> R<()> {
+        let h = &self.hosts[host as usize];
+        if h.up {
+            return Ok(());
+        }
+        Err(CmError::HostCrashed {
+            call,
+            at: h.crashed_at.since_start(),
+        })
+    }
+
+    pub(super) fn id_ref(&self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {
+        self.host_up(host, call)?;
+        let r = SlotRef {
+            index: id.index(),
+            generation: id.generation(),
+        };
+        match self.ids.get(r) {
+            Some(slot) if id.owner() == self.tag(host) && slot.host == host && slot.visible => Ok(r),
+            _ => Err(CmError::UnknownHandle {
+                call,
+                kind: HandleKind::Id,
+            }),
+        }
+    }
+
+    pub(super) fn channel_ref(&self, host: u16, ch: ChannelHandle, call: Call) -> R<SlotRef> {
+        self.host_up(host, call)?;
+        let r = SlotRef {
+            index: ch.index(),
+            generation: ch.generation(),
+        };
+        match self.channels.get(r) {
+            Some(c) if ch.owner() == self.tag(host) && c.host == host => Ok(r),
+            _ => Err(CmError::UnknownHandle {
+                call,
+                kind: HandleKind::Channel,
+            }),
+        }
+    }
+
+    pub(super) fn id_handle(&self, r: SlotRef) -> IdHandle {
+        let host = self.ids.get(r).map_or(0, |s| s.host);
+        IdHandle::new(self.tag(host), r.index, r.generation)
+    }
+
+    pub(super) fn slot(&mut self, r: SlotRef) -> &mut IdSlot {
+        self.ids.get_mut(r).expect("cm-sim: live id expected")
+    }
+}

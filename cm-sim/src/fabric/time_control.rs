@@ -1,0 +1,50 @@
+//! Time control for executors that own the clock: an async executor runs its tasks until every
+//! one waits, then asks when the fabric next has something to do and moves time to the earlier
+//! of that and its own next timer.
+
+use std::time::Duration;
+
+use super::SimFabric;
+use crate::time::SimTime;
+
+impl SimFabric {
+    /// When the fabric next has something scheduled (a message arriving, a timer, a fault), or
+    /// `None` when nothing is. A cancelled timer may still be counted: the answer is never
+    /// later than the next real change, at worst earlier, where advancing to it changes nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, PortSpace};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// assert_eq!(fabric.next_deadline(), None);
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// let next = fabric.next_deadline().expect("ADDR_RESOLVED is scheduled");
+    /// fabric.advance_to(next);
+    /// assert_eq!(fabric.now(), next);
+    /// assert!(h.try_get_cm_event(ch)?.is_some());
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    pub fn next_deadline(&self) -> Option<SimTime> {
+        self.inner()
+            .borrow_mut()
+            .sched
+            .next_time()
+            .map(SimTime::from_nanos)
+    }
+
+    /// Runs everything due up to `t` and moves the clock to `t` (never backwards: a `t` in the
+    /// past runs what is due now).
+    pub fn advance_to(&self, t: SimTime) {
+        let mut fab = self.inner().borrow_mut();
+        let deadline = t.max(fab.now);
+        fab.run_until(deadline, &|_| false);
+    }
+
+    /// Time from the start of the run to now, for executors that hand out `Duration`s.
+    pub fn elapsed(&self) -> Duration {
+        self.now().since_start()
+    }
+}

@@ -1,0 +1,329 @@
+//! The IB CM messages on the wire: what they carry, how they are sent, lost, delayed and
+//! resent.
+
+use super::*;
+
+/// What a REQ, REP or REJ carries: connection parameters as the receiver sees them, and a
+/// REQ's destination.
+pub(super) struct Payload {
+    pub(super) wire: WireParam,
+    pub(super) private_data: WirePrivateData,
+    pub(super) dst: Option<SocketAddr>,
+}
+/// [`ConnParam`] without its private data.
+#[derive(Clone, Copy)]
+pub(super) struct WireParam {
+    pub(super) responder_resources: u8,
+    pub(super) initiator_depth: u8,
+    pub(super) flow_control: u8,
+    pub(super) retry_count: u8,
+    pub(super) rnr_retry_count: u8,
+    pub(super) srq: bool,
+    pub(super) qp_num: u32,
+}
+
+/// Private data zero-padded to `len` bytes, as the IB CM puts it on the wire. Only the bytes up
+/// to the last non-zero one are kept (none, usually) and the padding is rebuilt on retrieval,
+/// so a message carries no copy of a 256-byte buffer.
+pub(super) struct WirePrivateData {
+    pub(super) len: u16,
+    pub(super) bytes: Box<[u8]>,
+}
+
+impl WirePrivateData {
+    /// `given` padded to `len`, which must hold it (the id's machine checked the length).
+    pub(super) fn new(given: &[u8], len: usize) -> Self {
+        assert!(
+            given.len() <= len && len <= MAX_PRIVATE_DATA,
+            "private data longer than its slot"
+        );
+        let used = given.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1);
+        WirePrivateData {
+            len: len as u16,
+            bytes: given[..used].into(),
+        }
+    }
+
+    pub(super) fn to_private_data(&self) -> PrivateData {
+        const ZEROS: [u8; MAX_PRIVATE_DATA] = [0; MAX_PRIVATE_DATA];
+        let len = usize::from(self.len);
+        if self.bytes.is_empty() {
+            return PrivateData::new(&ZEROS[..len]);
+        }
+        let mut padded = ZEROS;
+        padded[..self.bytes.len()].copy_from_slice(&self.bytes);
+        PrivateData::new(&padded[..len])
+    }
+}
+
+impl Payload {
+    pub(super) fn conn_param(&self) -> ConnParam {
+        let w = self.wire;
+        ConnParam {
+            private_data: self.private_data.to_private_data(),
+            responder_resources: w.responder_resources,
+            initiator_depth: w.initiator_depth,
+            flow_control: w.flow_control,
+            retry_count: w.retry_count,
+            rnr_retry_count: w.rnr_retry_count,
+            srq: w.srq,
+            qp_num: w.qp_num,
+        }
+    }
+}
+
+/// Parameters of events that carry none, on the wire (REJ).
+pub(super) const NO_WIRE_PARAM: WireParam = WireParam {
+    responder_resources: 0,
+    initiator_depth: 0,
+    flow_control: 0,
+    retry_count: 0,
+    rnr_retry_count: 0,
+    srq: false,
+    qp_num: 0,
+};
+
+impl Fabric {
+    pub(super) fn trace_event(&mut self, id: SlotRef, event: CmEventType, status: i32) {
+        let host = self.ids.get(id).map_or(u16::MAX, |s| s.host);
+        self.trace.record(TraceRecord {
+            time: self.now,
+            host,
+            id: id.index,
+            what: TraceWhat::Event(event),
+            status,
+        });
+    }
+
+    /// Queues an event for `id` on its channel. `CONNECT_REQUEST`s carry the listener too.
+    pub(super) fn queue_event(
+        &mut self,
+        id: SlotRef,
+        listen: SlotRef,
+        event: CmEventType,
+        status: i32,
+        payload: u32,
+    ) {
+        // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
+        // application sees (on retrieval).
+        if event != CmEventType::ConnectResponse {
+            self.trace_event(id, event, status);
+        }
+        let slot = self.slot(id);
+        slot.queued += 1;
+        let (host, channel) = (slot.host, slot.channel);
+        self.hosts[host as usize].counts.queued += 1;
+        let ch = self
+            .channels
+            .get_mut(channel)
+            .expect("cm-sim: an id's channel outlives it");
+        ch.queue.push_back(Queued {
+            id,
+            listen,
+            event,
+            status,
+            payload,
+        });
+    }
+
+    pub(super) fn new_payload(&mut self, payload: Payload) -> u32 {
+        self.payloads.insert(payload)
+    }
+
+    /// A REJ's payload: its private data, zero-padded to the 148 bytes the receiver sees.
+    pub(super) fn rej_payload(&mut self, data: &[u8]) -> u32 {
+        let len = PortSpace::Tcp.private_data_limit(PrivateDataSlot::Reject);
+        self.new_payload(Payload {
+            wire: NO_WIRE_PARAM,
+            private_data: WirePrivateData::new(data, len),
+            dst: None,
+        })
+    }
+
+    pub(super) fn take_payload(&mut self, payload: u32) -> Option<Payload> {
+        if payload == NO_PAYLOAD {
+            return None;
+        }
+        self.payloads.take(payload)
+    }
+
+    pub(super) fn trace_send(
+        &mut self,
+        from_host: u16,
+        from: SlotRef,
+        msg: MsgKind,
+        to_host: u16,
+        status: i32,
+    ) {
+        self.trace.record(TraceRecord {
+            time: self.now,
+            host: from_host,
+            id: from.index,
+            what: TraceWhat::Sent { msg, to: to_host },
+            status,
+        });
+    }
+
+    pub(super) fn trace_lost(&mut self, from_host: u16, from: SlotRef, msg: MsgKind, to_host: u16) {
+        self.stats.messages_lost += 1;
+        self.trace.record(TraceRecord {
+            time: self.now,
+            host: from_host,
+            id: from.index,
+            what: TraceWhat::Lost { msg, to: to_host },
+            status: 0,
+        });
+    }
+
+    /// Whether a message from host `a` to host `b` is lost now (draws only when a loss fault
+    /// is on, so runs without faults draw exactly what they always did).
+    pub(super) fn lost(&mut self, a: u16, b: u16) -> bool {
+        if !self.links_faulted {
+            return false;
+        }
+        let n = self.hosts.len();
+        let (Some(ha), Some(hb)) = (self.hosts.get(a as usize), self.hosts.get(b as usize)) else {
+            return false;
+        };
+        if !ha.reachable() || !hb.reachable() {
+            return true;
+        }
+        let link = self.links[a as usize * n + b as usize];
+        link.partitioned
+            || (link.loss_per_mille > 0 && self.rng.next_u64() % 1000 < u64::from(link.loss_per_mille))
+    }
+
+    /// Extra latency a delay fault adds between hosts `a` and `b`.
+    pub(super) fn extra_delay(&mut self, a: u16, b: u16) -> u64 {
+        if !self.links_faulted {
+            return 0;
+        }
+        let n = self.hosts.len();
+        let Some(link) = self.links.get(a as usize * n + b as usize) else {
+            return 0;
+        };
+        let (lo, hi) = link.delay;
+        if hi == 0 {
+            return 0;
+        }
+        self.stats.messages_delayed += 1;
+        draw_between(&mut self.rng, lo, hi)
+    }
+
+    /// The IB CM retransmits REQs, REPs and DREQs until answered; RTUs, REJs and DREPs are
+    /// sent once.
+    pub(super) fn retried(kind: MsgKind) -> bool {
+        matches!(kind, MsgKind::Req | MsgKind::Rep | MsgKind::Dreq)
+    }
+
+    /// Sends an IB CM message from `from` to the id `to` (which may be gone: then it is lost).
+    pub(super) fn send(&mut self, from: SlotRef, to: SlotRef, kind: MsgKind, status: i32, payload: u32) {
+        self.send_attempt(from, to, kind, status, payload, 0);
+    }
+
+    pub(super) fn send_attempt(
+        &mut self,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    ) {
+        let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+        let lat = self.latency();
+        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
+            self.take_payload(payload);
+            return;
+        };
+        if self.lost(from_host, to_host) {
+            self.trace_lost(from_host, from, kind, to_host);
+            if Self::retried(kind) && u32::from(attempt) < self.cfg.cm_retries {
+                let again = self.now + self.cfg.cm_response_timeout();
+                let attempt = attempt + 1;
+                self.schedule(
+                    again,
+                    Action::Resend {
+                        kind,
+                        to,
+                        from,
+                        status,
+                        payload,
+                        attempt,
+                    },
+                );
+            } else {
+                self.take_payload(payload);
+            }
+            return;
+        }
+        let extra = self.extra_delay(from_host, to_host);
+        let dest = self.ids.get_mut(to).expect("checked");
+        let arrival = self
+            .now
+            .after_nanos(lat)
+            .after_nanos(extra)
+            .max(dest.last_arrival);
+        dest.last_arrival = arrival;
+        self.trace_send(from_host, from, kind, to_host, status);
+        self.schedule(
+            arrival,
+            Action::Msg {
+                kind,
+                to,
+                from,
+                status,
+                payload,
+            },
+        );
+    }
+
+    /// Sends the REQ of `from` to the host that owns its destination.
+    pub(super) fn send_req(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
+        let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+        let lat = self.latency();
+        if self.lost(from_host, to_host) {
+            self.trace_lost(from_host, from, MsgKind::Req, to_host);
+            self.resend_req_later(from, to_host, payload, attempt);
+            return;
+        }
+        let extra = self.extra_delay(from_host, to_host);
+        self.trace_send(from_host, from, MsgKind::Req, to_host, 0);
+        self.schedule(
+            self.now.after_nanos(lat).after_nanos(extra),
+            Action::Req {
+                host: to_host,
+                from,
+                payload,
+                attempt,
+            },
+        );
+    }
+
+    /// A REQ got no answer (lost, or dropped by a full backlog): the sender's IB CM sends it
+    /// again after its response timeout, until its retries run out.
+    pub(super) fn resend_req_later(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
+        if u32::from(attempt) < self.cfg.cm_retries {
+            let again = self.now + self.cfg.cm_response_timeout();
+            let attempt = attempt + 1;
+            self.schedule(
+                again,
+                Action::ResendReq {
+                    host: to_host,
+                    from,
+                    payload,
+                    attempt,
+                },
+            );
+        } else {
+            self.take_payload(payload);
+        }
+    }
+
+    pub(super) fn host_of_ip(&self, ip: IpAddr) -> Option<u16> {
+        self.hosts
+            .iter()
+            .position(|h| h.addrs.contains(&ip))
+            .map(|i| i as u16)
+    }
+}
