@@ -571,23 +571,27 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // Output files are opened before the run: a path that cannot be written fails now.
-    let outputs = match cli::open_outputs(&o) {
-        Ok(outputs) => outputs,
-        Err(msg) => {
-            eprintln!("cmtime: {msg}");
-            return ExitCode::from(2);
-        }
-    };
     let result = match o.backend {
-        // A bad simulator set-up (`--bind 127.0.0.1`, `CM_SIM_SEED=abc`) is a usage error.
-        Backend::Sim => match cli::sim_fabric(&o) {
-            Ok((fabric, sources)) => run_sim(&o, fabric, &sources, outputs),
-            Err(e) => {
-                eprintln!("cmtime: {e}");
-                return ExitCode::from(2);
+        Backend::Sim => {
+            // A bad simulator set-up (`--bind 127.0.0.1`, `CM_SIM_SEED=abc`) is a usage error,
+            // found before any output file is created.
+            let (fabric, sources) = match cli::sim_fabric(&o) {
+                Ok(built) => built,
+                Err(e) => {
+                    eprintln!("cmtime: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            // Output files are opened before the run: a path that cannot be written fails now.
+            match cli::open_outputs(&o) {
+                Ok(outputs) => run_sim(&o, fabric, &sources, outputs),
+                Err(msg) => {
+                    eprintln!("cmtime: {msg}");
+                    return ExitCode::from(2);
+                }
             }
-        },
+        }
+        // `cli::parse` refuses the simulator's output files with the hardware backend.
         Backend::Hw => run_hw(&o),
     };
     match result {
