@@ -21,14 +21,21 @@
 //! ```
 //!
 //! The last lines are `seed: S`, `trace-hash: <hex>` (simulator only) and `connections/s: <n>`.
+//! `--help` lists the options; the command line is parsed and checked in `cmtime/cli.rs`.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cm::core::{ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
-use cm::sim::{SimFabric, TraceMode};
+use cm::sim::SimFabric;
+
+#[path = "cmtime/cli.rs"]
+mod cli;
+
+use cli::{Backend, Options, Outputs};
 
 const STEPS: [&str; 8] = [
     "create id",
@@ -51,104 +58,6 @@ const IDLE_WAIT: Duration = Duration::from_micros(5);
 /// How long the client waits on its channel when its server runs elsewhere (another thread or
 /// process): a wait that ends as soon as an event arrives, so only a bound.
 const REMOTE_WAIT: Duration = Duration::from_millis(100);
-
-/// Connections one client address can carry (its ephemeral ports, with room to spare).
-const PER_ADDRESS: usize = 20_000;
-
-/// Which ends of the benchmark this process runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// Server and client (concurrently on hardware, interleaved on one thread on the simulator).
-    Both,
-    /// The server alone (rdma-core's `cmtime` without `-s`).
-    Server,
-    /// The client alone (rdma-core's `cmtime -s ADDR`).
-    Client,
-}
-
-struct Options {
-    backend: String,
-    role: Role,
-    connections: usize,
-    seed: Option<u64>,
-    bind: Option<IpAddr>,
-    server: IpAddr,
-    port: u16,
-    timeout: Duration,
-    retries: u32,
-    trace: Option<String>,
-    mermaid: Option<String>,
-}
-
-fn usage() -> &'static str {
-    "usage: cmtime [--backend sim|hw] [--role both|server|client] [--connections N] [--seed S]\n\
-     \x20             [--bind ADDR] [--server ADDR] [--port P] [--timeout MS] [--retries R]\n\
-     \x20             [--trace FILE] [--trace-mermaid FILE]\n\
-     \x20 --backend     sim (default): the deterministic simulator; hw: librdmacm (feature `hw`)\n\
-     \x20 --role        hw only: both (default; server thread + client), server (listens on\n\
-     \x20               --bind, else --server; serves N connections, then exits) or client\n\
-     \x20 --connections connections to open (default 1000)\n\
-     \x20 --seed        simulator seed (default: CM_SIM_SEED, else drawn and printed)\n\
-     \x20 --bind        client address (cmtime -b); sim default 10.0.0.2. With more than 20000\n\
-     \x20               connections the simulated client gets extra addresses 10.255.x.y\n\
-     \x20 --server      server address (cmtime -s); sim default 10.0.0.1\n\
-     \x20 --port        server port (default 7471)\n\
-     \x20 --timeout     resolve timeout in ms (default 2000)\n\
-     \x20 --retries     resolve retries after ADDR_ERROR/ROUTE_ERROR (default 2)\n\
-     \x20 --trace       simulator only: write the trace, one line per event, to FILE\n\
-     \x20 --trace-mermaid  simulator only: write the trace as a Mermaid sequence diagram to FILE"
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut o = Options {
-        backend: "sim".into(),
-        role: Role::Both,
-        connections: 1000,
-        seed: None,
-        bind: None,
-        server: "10.0.0.1".parse().expect("literal"),
-        port: 7471,
-        timeout: Duration::from_millis(2000),
-        retries: 2,
-        trace: None,
-        mermaid: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--help" || flag == "-h" {
-            return Err(String::new());
-        }
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let bad = |what: &str| format!("{flag}: not {what}: {value}");
-        match flag.as_str() {
-            "--backend" => o.backend = value,
-            "--role" => {
-                o.role = match value.as_str() {
-                    "both" => Role::Both,
-                    "server" => Role::Server,
-                    "client" => Role::Client,
-                    _ => return Err(bad("both, server or client")),
-                }
-            }
-            "--connections" | "-c" => o.connections = value.parse().map_err(|_| bad("a number"))?,
-            "--seed" => o.seed = Some(cm::sim::parse_seed(&value).ok_or_else(|| bad("a seed"))?),
-            "--bind" | "-b" => o.bind = Some(value.parse().map_err(|_| bad("an IP address"))?),
-            "--server" | "-s" => o.server = value.parse().map_err(|_| bad("an IP address"))?,
-            "--port" | "-p" => o.port = value.parse().map_err(|_| bad("a port"))?,
-            "--timeout" | "-t" => {
-                o.timeout = Duration::from_millis(value.parse().map_err(|_| bad("milliseconds"))?)
-            }
-            "--retries" | "-r" => o.retries = value.parse().map_err(|_| bad("a number"))?,
-            "--trace" => o.trace = Some(value),
-            "--trace-mermaid" => o.mermaid = Some(value),
-            _ => return Err(format!("unknown option {flag}")),
-        }
-    }
-    if o.connections == 0 {
-        return Err("--connections must be at least 1".into());
-    }
-    Ok(o)
-}
 
 /// Start and end of one step, for the whole run and per connection.
 struct Times {
@@ -404,12 +313,12 @@ fn cmtime<B: CmBackend>(
     }
     t.end(0);
 
-    let src = |c: usize| sources.get(c / PER_ADDRESS).map(|ip| SocketAddr::new(*ip, 0));
-    if o.bind.is_some() {
+    let src = |c: usize| cli::source(sources, c);
+    if let Some(bind) = o.bind {
         t.begin(BIND);
         for (c, &id) in ids.iter().enumerate() {
             t.start(c, BIND);
-            client_b.bind_addr(id, src(c).expect("a bind address"))?;
+            client_b.bind_addr(id, src(c).unwrap_or(SocketAddr::new(bind, 0)))?;
             t.stop(c, BIND);
         }
         t.end(BIND);
@@ -534,40 +443,7 @@ fn total_us(t: &Times) -> f64 {
     }
 }
 
-/// The fabric `o` asks for, with the client's addresses; a bad option (`--bind 127.0.0.1`,
-/// `CM_SIM_SEED=abc`) is an error to report, not a panic.
-fn sim_fabric(o: &Options) -> Result<(SimFabric, Vec<String>), cm::sim::ConfigError> {
-    let client = o.bind.unwrap_or_else(|| "10.0.0.2".parse().expect("literal"));
-    // cmtime listens with backlog 0 (the system maximum) and its server keeps up with the
-    // requests from another thread; this one-thread version retrieves them between waits, so
-    // the simulated net.rdma_ucm.max_backlog is raised to hold a whole burst.
-    let backlog = u32::try_from(o.connections).unwrap_or(u32::MAX).max(1024);
-    let mut builder =
-        SimFabric::builder()
-            .max_backlog(backlog)
-            .trace(if o.trace.is_some() || o.mermaid.is_some() {
-                TraceMode::Full
-            } else {
-                TraceMode::HashOnly
-            });
-    if let Some(seed) = o.seed {
-        builder = builder.seed(seed);
-    }
-    // Spread the client over enough addresses for its ephemeral ports.
-    let extra = o.connections.div_ceil(PER_ADDRESS).saturating_sub(1);
-    let mut client_addrs = vec![client.to_string()];
-    client_addrs.extend((1..=extra).map(|i| format!("10.255.{}.{}", i / 250, i % 250 + 1)));
-    let refs: Vec<&str> = client_addrs.iter().map(String::as_str).collect();
-    let one_host = o.server == client;
-    builder = if one_host {
-        builder.host_with_addrs(&refs)
-    } else {
-        builder.host(&o.server.to_string()).host_with_addrs(&refs)
-    };
-    Ok((builder.try_build()?, client_addrs))
-}
-
-fn run_sim(o: &Options, fabric: SimFabric, client_addrs: Vec<String>) -> Result<(), String> {
+fn run_sim(o: &Options, fabric: SimFabric, sources: &[IpAddr], outputs: Outputs) -> Result<(), String> {
     // One host serves both ends when the client binds the server's address.
     let one_host = fabric.host_count() == 1;
     let (mut server, mut client_b) = if one_host {
@@ -575,16 +451,17 @@ fn run_sim(o: &Options, fabric: SimFabric, client_addrs: Vec<String>) -> Result<
     } else {
         (fabric.host(0), fabric.host(1))
     };
-    let sources: Vec<IpAddr> = client_addrs.iter().map(|a| a.parse().expect("address")).collect();
-    let t = cmtime(Some(&mut server), &mut client_b, o, &sources)
+    let t = cmtime(Some(&mut server), &mut client_b, o, sources)
         .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
     show_perf(&t, o.connections, o.bind.is_some());
-    if let Some(path) = &o.trace {
-        std::fs::write(path, fabric.trace_lines().join("\n") + "\n").map_err(|e| format!("{path}: {e}"))?;
-    }
-    if let Some(path) = &o.mermaid {
-        std::fs::write(path, fabric.trace_mermaid()).map_err(|e| format!("{path}: {e}"))?;
-    }
+    let write = |out: Option<(std::path::PathBuf, std::fs::File)>, text: String| match out {
+        Some((path, mut file)) => file
+            .write_all(text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display())),
+        None => Ok(()),
+    };
+    write(outputs.trace, fabric.trace_lines().join("\n") + "\n")?;
+    write(outputs.mermaid, fabric.trace_mermaid())?;
     println!("virtual time: {:.6} s", fabric.now().since_start().as_secs_f64());
     println!("seed: {}", fabric.seed());
     println!("trace-hash: {:016x}", fabric.trace_hash());
@@ -600,6 +477,7 @@ fn run_hw(o: &Options) -> Result<(), String> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{mpsc, Arc};
 
+    use cli::Role;
     use cm::hw::HwBackend;
 
     let new_backend = || HwBackend::new().map_err(|e| e.to_string());
@@ -610,7 +488,7 @@ fn run_hw(o: &Options) -> Result<(), String> {
     }
     if o.role == Role::Server {
         // Like rdma-core's server, it listens on the -b address.
-        let addr = SocketAddr::new(o.bind.unwrap_or(o.server), o.port);
+        let addr = SocketAddr::new(o.server, o.port);
         let mut b = new_backend()?;
         let never = AtomicBool::new(false);
         let accepted = serve(&mut b, addr, o.connections, &never, || {
@@ -676,35 +554,45 @@ fn run_hw(o: &Options) -> Result<(), String> {
 
 #[cfg(not(feature = "hw"))]
 fn run_hw(_: &Options) -> Result<(), String> {
+    // `cli::parse` refuses `--backend hw` in a build without it.
     Err("this build has no hardware backend: rebuild with `--features hw`".into())
 }
 
 fn main() -> ExitCode {
-    let o = match parse_args() {
-        Ok(o) => o,
+    let o = match cli::parse(std::env::args_os(), cfg!(feature = "hw")) {
+        Ok(cli::Parsed::Run(o)) => o,
+        Ok(cli::Parsed::Help(help)) => {
+            // clap prints help on stdout; a closed stdout is no reason to fail.
+            let _ = help.print();
+            return ExitCode::SUCCESS;
+        }
         Err(msg) => {
-            if !msg.is_empty() {
-                eprintln!("cmtime: {msg}");
-            }
-            eprintln!("{}", usage());
-            return if msg.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            };
+            eprintln!("cmtime: {msg}");
+            return ExitCode::from(2);
         }
     };
-    let result = match o.backend.as_str() {
-        "sim" if o.role != Role::Both => Err("--role server|client needs --backend hw".into()),
-        "sim" => match sim_fabric(&o) {
-            Ok((fabric, client_addrs)) => run_sim(&o, fabric, client_addrs),
-            Err(e) => {
-                eprintln!("cmtime: {e}");
-                return ExitCode::from(2);
+    let result = match o.backend {
+        Backend::Sim => {
+            // A bad simulator set-up (`--bind 127.0.0.1`, `CM_SIM_SEED=abc`) is a usage error,
+            // found before any output file is created.
+            let (fabric, sources) = match cli::sim_fabric(&o) {
+                Ok(built) => built,
+                Err(e) => {
+                    eprintln!("cmtime: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            // Output files are opened before the run: a path that cannot be written fails now.
+            match cli::open_outputs(&o) {
+                Ok(outputs) => run_sim(&o, fabric, &sources, outputs),
+                Err(msg) => {
+                    eprintln!("cmtime: {msg}");
+                    return ExitCode::from(2);
+                }
             }
-        },
-        "hw" => run_hw(&o),
-        other => Err(format!("unknown backend {other} (sim or hw)")),
+        }
+        // `cli::parse` refuses the simulator's output files with the hardware backend.
+        Backend::Hw => run_hw(&o),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

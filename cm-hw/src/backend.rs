@@ -24,6 +24,17 @@ pub const MAX_QP_BUFFER_BYTES: u64 = 1 << 30;
 /// The largest [`QpCaps::max_message_size`] accepted: 1 MiB, the simulator's default.
 pub const MAX_MESSAGE_SIZE: u32 = 1 << 20;
 
+/// Its statements with the `tracing` feature; nothing at all without it (so the records'
+/// arguments are neither evaluated nor compiled).
+#[cfg(feature = "tracing")]
+macro_rules! traced {
+    ($($body:tt)*) => { $($body)* };
+}
+#[cfg(not(feature = "tracing"))]
+macro_rules! traced {
+    ($($body:tt)*) => {};
+}
+
 /// One event channel.
 struct ChannelEntry {
     raw: sys::Channel,
@@ -285,6 +296,10 @@ impl HwBackend {
     /// Acks an event the backend does not hand out (an id it does not know), destroying the child a
     /// `CONNECT_REQUEST` brought (its request is then never seen by anyone).
     fn discard(&mut self, channel: u32, mut raw: sys::Event) {
+        traced! {
+            let event = CmEventType::from(raw.event_type());
+            tracing::debug!(channel, %event, "event discarded: not one of this backend's ids");
+        }
         if let Some(ch) = self.channels.at(channel) {
             if let Some(child) = raw.take_child(&ch.raw) {
                 // A fresh child has no events and no QP: destroying it cannot block.
@@ -351,6 +366,9 @@ impl HwBackend {
                 channel,
             },
         );
+        traced! {
+            tracing::debug!(%id, listen_id = ?listen_id, event = %ty, status = data.status, "event");
+        }
         Some(CmEvent::new(id, listen_id, ty, data.status, data.param, token))
     }
 
@@ -471,12 +489,14 @@ fn would_block(e: Errno) -> bool {
 const YIELD_ROUNDS: u32 = 64;
 
 impl CmBackend for HwBackend {
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn create_event_channel(&mut self) -> Result<ChannelHandle> {
         let raw = sys::Channel::create().map_err(|e| os_error(Call::CreateEventChannel, e))?;
         let (index, generation) = self.channels.insert(ChannelEntry { raw, unacked: 0 });
         Ok(ChannelHandle::new(self.tag, index, generation))
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn destroy_event_channel(&mut self, channel: ChannelHandle) -> Result<()> {
         let index = self.channel_index(Call::DestroyEventChannel, channel)?;
         let entry = self.channels.at(index).expect("checked");
@@ -501,6 +521,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn create_id(&mut self, channel: ChannelHandle, ps: PortSpace) -> Result<IdHandle> {
         let ch = self.channel_index(Call::CreateId, channel)?;
         let raw = sys::Id::create(&self.channels.at(ch).expect("checked").raw, ps.raw())
@@ -512,6 +533,7 @@ impl CmBackend for HwBackend {
     // The entry travels back through `take_with` once, when librdmacm refuses: its size is no
     // concern there.
     #[allow(clippy::result_large_err)]
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn destroy_id(&mut self, id: IdHandle) -> Result<()> {
         let index = self.id_index(Call::DestroyId, id)?;
         let entry = self.ids.at(index).expect("checked");
@@ -547,6 +569,7 @@ impl CmBackend for HwBackend {
         }
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn bind_addr(&mut self, id: IdHandle, addr: SocketAddr) -> Result<()> {
         let e = self.id(Call::BindAddr, id)?;
         e.machine.bind_addr(false)?;
@@ -558,6 +581,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn resolve_addr(
         &mut self,
         id: IdHandle,
@@ -574,6 +598,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn resolve_route(&mut self, id: IdHandle, timeout: Duration) -> Result<()> {
         let e = self.id(Call::ResolveRoute, id)?;
         let next = e.machine.resolve_route()?;
@@ -589,6 +614,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn create_qp(&mut self, id: IdHandle, caps: QpCaps) -> Result<QpCaps> {
         let index = self.id_index(Call::CreateQp, id)?;
         let e = self.ids.at(index).expect("checked");
@@ -654,6 +680,7 @@ impl CmBackend for HwBackend {
         }
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn destroy_qp(&mut self, id: IdHandle) -> Result<()> {
         let index = self.id_index(Call::DestroyQp, id)?;
         let e = self.ids.at_mut(index).expect("checked");
@@ -691,6 +718,7 @@ impl CmBackend for HwBackend {
         result
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn listen(&mut self, id: IdHandle, backlog: i32) -> Result<()> {
         let e = self.id(Call::Listen, id)?;
         let next = e.machine.listen()?;
@@ -699,6 +727,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
         let e = self.id(Call::Connect, id)?;
         let next = e.machine.connect(param.private_data.len())?;
@@ -710,6 +739,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
         let e = self.id(Call::Accept, id)?;
         let next = e.machine.accept(param.private_data.len())?;
@@ -731,6 +761,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn reject(&mut self, id: IdHandle, private_data: &[u8]) -> Result<()> {
         let e = self.id(Call::Reject, id)?;
         let next = e.machine.reject(private_data.len())?;
@@ -741,6 +772,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn disconnect(&mut self, id: IdHandle) -> Result<()> {
         let e = self.id(Call::Disconnect, id)?;
         let next = e.machine.disconnect()?;
@@ -759,6 +791,7 @@ impl CmBackend for HwBackend {
         }
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>> {
         let ch = self.channel_index(Call::GetCmEvent, channel)?;
         let deadline = convert::deadline(Instant::now(), timeout);
@@ -785,6 +818,7 @@ impl CmBackend for HwBackend {
         }
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn try_get_cm_event(&mut self, channel: ChannelHandle) -> Result<Option<CmEvent>> {
         let ch = self.channel_index(Call::GetCmEvent, channel)?;
         loop {
@@ -802,6 +836,7 @@ impl CmBackend for HwBackend {
         }
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()> {
         if event.counted_id().owner() != self.tag {
             // Another backend's: refused before anything is consumed, and handed back so that it
@@ -827,16 +862,23 @@ impl CmBackend for HwBackend {
         result
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn get_local_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>> {
         let e = self.id(Call::GetLocalAddr, id)?;
         Ok(convert::reported_addr(e.raw.local_addr()))
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn get_peer_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>> {
         let e = self.id(Call::GetPeerAddr, id)?;
         Ok(convert::reported_addr(e.raw.peer_addr()))
     }
 
+    // The payload is left out of the record (it may be large); its length is in.
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(level = "debug", skip(self, data), fields(len = data.len()), ret)
+    )]
     fn post_send(&mut self, id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()> {
         let call = Call::PostSend;
         let e = self.id(call, id)?;
@@ -869,6 +911,7 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn post_recv(&mut self, id: IdHandle, wr_id: u64, len: u32) -> Result<()> {
         let call = Call::PostRecv;
         let e = self.id(call, id)?;
@@ -900,6 +943,10 @@ impl CmBackend for HwBackend {
         Ok(())
     }
 
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(level = "debug", skip(self, out), ret)
+    )]
     fn poll_cq(
         &mut self,
         id: IdHandle,
@@ -954,6 +1001,10 @@ impl CmBackend for HwBackend {
         }
     }
 
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(level = "debug", skip(self, out), ret)
+    )]
     fn try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
         let index = self.qp_index(id)?;
         if max == 0 {

@@ -42,11 +42,19 @@ impl SimHost {
     }
 }
 
+/// Each call goes to the fabric with the host's number; with the `tracing` feature each is a
+/// DEBUG span named for the call, with its arguments, the host and the result.
 macro_rules! forward {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name(&mut self, $($arg: $ty),*) -> $ret {
-            self.fabric.inner().borrow_mut().$name(self.host, $($arg),*)
-        })*
+        $(
+            #[cfg_attr(
+                feature = "tracing",
+                tracing::instrument(level = "debug", skip(self), fields(host = self.host), ret)
+            )]
+            fn $name(&mut self, $($arg: $ty),*) -> $ret {
+                self.fabric.inner().borrow_mut().$name(self.host, $($arg),*)
+            }
+        )*
     };
 }
 
@@ -66,13 +74,47 @@ impl CmBackend for SimHost {
         accept(id: IdHandle, param: &ConnParam) -> Result<()>;
         reject(id: IdHandle, private_data: &[u8]) -> Result<()>;
         disconnect(id: IdHandle) -> Result<()>;
-        get_cm_event(channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>>;
         ack_cm_event(event: CmEvent) -> Result<()>;
         get_local_addr(id: IdHandle) -> Result<Option<SocketAddr>>;
         get_peer_addr(id: IdHandle) -> Result<Option<SocketAddr>>;
-        post_send(id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()>;
         post_recv(id: IdHandle, wr_id: u64, len: u32) -> Result<()>;
         poll_cq(id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize, timeout: Duration) -> Result<usize>;
+    }
+
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(level = "debug", skip(self), fields(host = self.host), ret)
+    )]
+    fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>> {
+        let got = self
+            .fabric
+            .inner()
+            .borrow_mut()
+            .get_cm_event(self.host, channel, timeout);
+        traced! {
+            if let Ok(Some(ev)) = &got {
+                let (host, id, event, status) = (self.host, ev.id(), ev.event(), ev.status());
+                tracing::debug!(host, %id, %event, status, "event");
+            }
+        }
+        got
+    }
+
+    // The payload is left out of the record (it may be large); its length is in.
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(
+            level = "debug",
+            skip(self, data),
+            fields(host = self.host, len = data.len()),
+            ret
+        )
+    )]
+    fn post_send(&mut self, id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .post_send(self.host, id, wr_id, data)
     }
 
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

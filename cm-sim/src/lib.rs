@@ -43,6 +43,17 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+/// Its statements with the `tracing` feature; nothing at all without it (so the records'
+/// arguments are neither evaluated nor compiled). Defined before the modules that use it.
+#[cfg(feature = "tracing")]
+macro_rules! traced {
+    ($($body:tt)*) => { $($body)* };
+}
+#[cfg(not(feature = "tracing"))]
+macro_rules! traced {
+    ($($body:tt)*) => {};
+}
+
 mod builder;
 mod exchange;
 mod fabric;

@@ -198,6 +198,12 @@ impl Trace {
     }
 
     pub(crate) fn record(&mut self, record: TraceRecord) {
+        // Every fault passes here when it strikes, scheduled or injected.
+        traced! {
+            if let TraceWhat::Fault(kind) = record.what {
+                tracing::info!(time = %record.time, host = record.host, fault = kind, "fault");
+            }
+        }
         for byte in record.encode() {
             self.hash = (self.hash ^ u64::from(byte)).wrapping_mul(FNV_PRIME);
         }
