@@ -405,6 +405,7 @@ build_project() {
     log "  $suite: ${exe#"$CARGO_DIR"/}"
     PROJECT_EXE[$suite]=$exe
   done
+  if dropin_selected; then build_dropin "$deadline"; fi
 }
 
 # Copy the built project binaries into the image and register their suites.
@@ -471,6 +472,285 @@ EOF
   done
 }
 
+# ------------------------------------------------------- drop-in comparison --
+# rdma-core's programs (Debian's rdmacm-utils), the pairs cm-dropin/tests/c_programs.rs runs on
+# the simulator, run twice with the same flags: on rxe in the guest, and on the simulator through
+# cmsim-daemon/cmsim-run on the host before the VM boots. The summary compares what each program
+# reported (exit statuses, the lines it printed with timings left out, connection and message
+# counts) in one line per program; any difference fails the lab.
+#
+# Why the simulator side runs on the host and not in the guest: it is the very environment of the
+# host tests (same binaries, same library directory cmsim-run lays out), and the daemon follows
+# the wall clock: in the guest, TCG's two emulated CPUs would be shared by the daemon and two
+# programs that spin (cmtime's sched_yield loops, ucmatose's busy ibv_poll_cq), so the daemon's
+# IB CM timeouts would fire from starvation and a mismatch would say more about TCG than about
+# the drop-in. rxe has no such problem: the kernel does its CM work.
+#
+# One row per pair:  suite | bound (s) | port | server ends by itself (1) or is stopped after the
+# client (0, cmtime's v44 server never exits) | server command | client command
+# @S and @C are the server's and the client's address: on rxe both are the guest's, on the
+# simulator two hosts, 10.0.0.1 and 10.0.0.2, as in the host tests.
+DROPIN_PAIRS=(
+  "dropin-cmtime-100|120|7471|0|cmtime -b @S -c 100|cmtime -s @S -b @C -c 100"
+  "dropin-cmtime-1000|180|7471|0|cmtime -b @S -c 1000|cmtime -s @S -b @C -c 1000"
+  "dropin-ucmatose|90|7471|1|ucmatose -b @S -c 4 -C 20 -S 2000|ucmatose -s @S -b @C -c 4 -C 20 -S 2000 -t 32"
+  "dropin-rdma-server|90|7471|1|rdma_server -s @S|rdma_client -s @S"
+)
+DROPIN_SIM_SERVER=10.0.0.1
+DROPIN_SIM_CLIENT=10.0.0.2
+declare -A DROPIN_EXE=()        # cmsim-daemon / cmsim-run, from cargo's JSON
+
+dropin_selected() {
+  local row
+  [[ -z $ONLY ]] && return 0
+  for row in "${DROPIN_PAIRS[@]}"; do [[ ",$ONLY," == *",${row%%|*},"* ]] && return 0; done
+  return 1
+}
+
+# Builds cm-dropin's daemon, wrapper and library (debug, as the host tests do), within what is
+# left of build_project's bound (deadline in $SECONDS).
+build_dropin() {
+  local deadline=$1 json=$WORK/cargo-dropin.json b exe
+  log "  dropin: cargo build -p cm-dropin"
+  if ! (cd "$CARGO_DIR" && timeout "$((deadline > SECONDS ? deadline - SECONDS : 1))" \
+          cargo build -p cm-dropin --message-format=json > "$json" 2> "$WORK/cargo-dropin.log"); then
+    tail -n 30 "$WORK/cargo-dropin.log" >&2
+    die "cargo build -p cm-dropin failed or hit the build bound (log: ${WORK#"$REPO"/}/cargo-dropin.log)"
+  fi
+  for b in cmsim-daemon cmsim-run; do
+    exe=$(grep -F '"reason":"compiler-artifact"' "$json" | grep -F '"kind":["bin"]' \
+          | grep -F "\"name\":\"$b\"" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4) || true
+    [[ -n $exe && -x $exe ]] || die "no bin '$b' executable in cargo's output (${json#"$REPO"/})"
+    DROPIN_EXE[$b]=$exe
+  done
+  log "  dropin: ${DROPIN_EXE[cmsim-daemon]#"$CARGO_DIR"/}, ${DROPIN_EXE[cmsim-run]#"$CARGO_DIR"/}"
+}
+
+# The guest side: each pair on rxe. The suite prints the record dropin_facts reads (the same
+# shape dropin_run_sim writes) and fails unless the client exited 0 and the server exited 0 or
+# was still serving when stopped.
+add_dropin_suites() {
+  local row suite tmo port ends scmd ccmd p
+  for p in cmtime ucmatose rdma_server rdma_client; do put_elf "$(command -v "$p")"; done
+  for row in "${DROPIN_PAIRS[@]}"; do
+    IFS='|' read -r suite tmo port ends scmd ccmd <<<"$row"
+    scmd=${scmd//@S/$ADDR}; ccmd=${ccmd//@S/$ADDR}; ccmd=${ccmd//@C/$ADDR}
+    add_suite "$suite" dropin "$tmo" <<EOF
+# CM messages rxe0's port has sent, per kind: "kind sent retries" (the IB CM's counters; sent
+# counts every retransmission too).
+cm_sent() {
+  for m in req rep rtu dreq drep rej mra lap apr sidr_req sidr_rep; do
+    t=\$(cat /sys/class/infiniband/rxe0/ports/1/cm_tx_msgs/\$m 2>/dev/null)
+    r=\$(cat /sys/class/infiniband/rxe0/ports/1/cm_tx_retries/\$m 2>/dev/null)
+    echo "\$m \${t:-x} \${r:-x}"
+  done
+}
+cm_sent > /tmp/cm.before
+sends0=\$(cat /sys/class/infiniband/rxe0/ports/1/hw_counters/rdma_sends)
+$scmd > /tmp/server.out 2> /tmp/server.err &
+srv=\$!
+wait_listen $port || { cat /tmp/server.out /tmp/server.err; exit 1; }
+timeout $((tmo - 25)) $ccmd > /tmp/client.out 2> /tmp/client.err
+crc=\$?
+if [ $ends = 1 ]; then
+  i=0
+  while kill -0 \$srv 2>/dev/null && [ \$i -lt 150 ]; do usleep 100000; i=\$((i + 1)); done
+fi
+if kill -0 \$srv 2>/dev/null; then
+  [ $ends = 1 ] && src=hung || src=stopped
+  kill \$srv; usleep 200000; kill -9 \$srv 2>/dev/null; wait \$srv
+else
+  wait \$srv; src=\$?
+fi
+usleep 200000
+cm_sent > /tmp/cm.after
+sends=\$((\$(cat /sys/class/infiniband/rxe0/ports/1/hw_counters/rdma_sends) - sends0))
+# Both ends are on this port (rxe loops back), so these are the pair's messages; first
+# transmissions only: a retry on a slow emulated CPU is not a different result. rxe's
+# rdma_sends counts every message sent, the IB CM's (QP1) included: the rest are the programs'.
+awk -v sends=\$sends 'NR == FNR { t[\$1] = \$2; r[\$1] = \$3; next }
+     \$2 == "x" || \$3 == "x" || t[\$1] == "x" { bad = 1; next }
+     { all += \$2 - t[\$1]; first[\$1] = (\$2 - \$3) - (t[\$1] - r[\$1]) }
+     END {
+       if (bad) { print "cm-sent: no IB CM counters"; exit }
+       printf "cm-sent: REQ %d, REP %d, RTU %d, DREQ %d, DREP %d\\n", first["req"], first["rep"], first["rtu"], first["dreq"], first["drep"]
+       printf "data-sends: %d\\n", sends - all
+     }' /tmp/cm.before /tmp/cm.after
+echo "server-rc: \$src"; echo "client-rc: \$crc"
+for f in server.out server.err client.out client.err; do
+  sed "s/^/\${f%.*}-\${f#*.}: /" /tmp/\$f
+done
+[ \$crc = 0 ] && { [ \$src = 0 ] || [ \$src = stopped ]; }
+EOF
+  done
+}
+
+# Waits at most $2 seconds for the background job $1 and sets DROPIN_RC to its exit status, or to
+# "hung" after killing it. (A variable, not output: `wait` needs the job's own shell, not a
+# command substitution's.)
+dropin_wait() {
+  local pid=$1 i=0
+  DROPIN_RC=0
+  while kill -0 "$pid" 2>/dev/null && ((i < $2 * 10)); do sleep 0.1; i=$((i + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; DROPIN_RC=hung; return
+  fi
+  wait "$pid" || DROPIN_RC=$?
+}
+
+# The host side: one pair on a fresh fabric daemon (seed 7, two hosts), each process under
+# `timeout` so that nothing outlives its bound even if the lab is killed. Writes the record to
+# $OUT/<suite>.sim (the daemon's output beside it, .daemon).
+dropin_run_sim() {
+  local suite=$1 tmo=$2 port=$3 ends=$4 scmd=$5 ccmd=$6
+  local dir=$WORK/dropin sock=$WORK/dropin/$suite.sock srv dmn src crc=0 i=0 f DROPIN_RC
+  mkdir -p "$dir"; rm -f "$sock"
+  scmd=${scmd//@S/$DROPIN_SIM_SERVER}
+  ccmd=${ccmd//@S/$DROPIN_SIM_SERVER}; ccmd=${ccmd//@C/$DROPIN_SIM_CLIENT}
+  # CMSIM_DEBUG: the daemon logs every request, so the sends the programs posted can be counted.
+  CMSIM_DEBUG=1 timeout -k 5 "$((tmo + 15))" "${DROPIN_EXE[cmsim-daemon]}" --socket "$sock" \
+    --host "$DROPIN_SIM_SERVER" --host "$DROPIN_SIM_CLIENT" --seed 7 --processes 2 \
+    --max-seconds "$((tmo + 10))" --trace "$OUT/$suite.trace" > "$OUT/$suite.daemon" 2>&1 &
+  dmn=$!
+  while [[ ! -S $sock ]] && kill -0 "$dmn" 2>/dev/null && ((i < 100)); do sleep 0.1; i=$((i + 1)); done
+  # shellcheck disable=SC2086  # the commands are word lists by design
+  timeout -k 5 "$tmo" "${DROPIN_EXE[cmsim-run]}" --socket "$sock" --host "$DROPIN_SIM_SERVER" -- \
+    $scmd > "$dir/server.out" 2> "$dir/server.err" &
+  srv=$!
+  # shellcheck disable=SC2086
+  timeout -k 5 "$((tmo - 25))" "${DROPIN_EXE[cmsim-run]}" --socket "$sock" --host "$DROPIN_SIM_CLIENT" \
+    --wait-for-listener "$DROPIN_SIM_SERVER:$port" -- $ccmd > "$dir/client.out" 2> "$dir/client.err" || crc=$?
+  if ((ends)) || ! kill -0 "$srv" 2>/dev/null; then
+    dropin_wait "$srv" 15; src=$DROPIN_RC
+  else
+    kill -TERM "$srv" 2>/dev/null || true; dropin_wait "$srv" 5; src=stopped
+  fi
+  dropin_wait "$dmn" 20
+  {
+    echo "fabric-rc: $DROPIN_RC"
+    # The trace's "sent" lines, once per id and kind: first transmissions, as counted on rxe.
+    awk '$4 == "sent" && !seen[$2 " " $3 " " $5]++ { n[$5]++ }
+         END { printf "cm-sent: REQ %d, REP %d, RTU %d, DREQ %d, DREP %d\n", n["REQ"], n["REP"], n["RTU"], n["DREQ"], n["DREP"] }' \
+      "$OUT/$suite.trace" 2>/dev/null || echo "cm-sent: no trace"
+    echo "data-sends: $(grep -c ' Some(PostSend) = 0$' "$OUT/$suite.daemon" || true)"
+    echo "server-rc: $src"; echo "client-rc: $crc"
+    for f in server.out server.err client.out client.err; do sed "s/^/${f%.*}-${f#*.}: /" "$dir/$f"; done
+  } > "$OUT/$suite.sim"
+  rm -f "$sock"
+}
+
+run_dropin_sims() {
+  local row suite tmo port ends scmd ccmd t0
+  for row in "${DROPIN_PAIRS[@]}"; do
+    IFS='|' read -r suite tmo port ends scmd ccmd <<<"$row"
+    [[ -n ${SUITE_KIND[$suite]:-} ]] || continue
+    log "simulator: $suite (on the host, cmsim-daemon)"
+    t0=$EPOCHREALTIME
+    dropin_run_sim "$suite" "$tmo" "$port" "$ends" "$scmd" "$ccmd"
+    log "simulator: $suite finished after $(elapsed "$t0")s"
+  done
+}
+
+# What is compared of one run, one "name: value" line each, from a record (lines "cm-sent:",
+# "data-sends:", "server-rc:", "client-rc:", "{server,client}-{out,err}: TEXT"). Lines that carry
+# decimal numbers are cmtime's timing rows: only their label (before the ':') is kept. The
+# programs print no counters: connections are those the client's flag asks for (-c) less one
+# per failure it reports; messages are the sends the fabric carried for the programs (on rxe its
+# counter less the IB CM's messages, on the simulator the sends the daemon accepted), except for
+# cmtime, which posts none (at 1000 connections rxe's counter does not follow its 5000 MADs one
+# for one, so the difference would be noise); REQs and REPs are counted on the fabric (first
+# transmissions: the IB CM sends neither again but as a counted retry). RTU, DREQ and DREP are
+# shown, not compared: the IB CM answers every duplicate REP with a fresh RTU and every
+# duplicate DREQ with a fresh DREP (not counted as retries), and a busy emulated CPU makes
+# duplicates (seen: 2304 RTUs for 1000 connections); when both programs disconnect at once
+# (rdma_server and rdma_client do) the count depends on which DREQ leaves first; and the
+# simulator sends no DREP to a peer that already destroyed its id (README's departures).
+dropin_facts() {
+  local rec=$1 cargs=$2
+  awk -v cargs="$cargs" '
+    function flag(f, dflt,   n, a, i) {
+      n = split(cargs, a, " ")
+      for (i = 1; i < n; i++) if (a[i] == f) return a[i + 1]
+      return dflt
+    }
+    function clean(s) {
+      if (s ~ /[0-9]\.[0-9]/ && index(s, ":")) s = substr(s, 1, index(s, ":") - 1)
+      gsub(/[ \t]+/, " ", s); sub(/^ /, "", s); sub(/ $/, "", s)
+      return s
+    }
+    {
+      i = index($0, ": "); if (!i) next
+      tag = substr($0, 1, i - 1); val = substr($0, i + 2)
+    }
+    tag == "cm-sent" { cm = val; next }
+    tag == "data-sends" { msgs = val; next }
+    tag == "server-rc" { src = val; next }
+    tag == "client-rc" { crc = val; next }
+    tag !~ /^(server|client)-(out|err)$/ { next }
+    { v = clean(val); if (v == "") next; n[tag]++; text[tag] = text[tag] (n[tag] > 1 ? " / " : "") v }
+    tag == "client-out" && val ~ /error/ { failures++ }
+    tag == "client-err" { failures++ }
+    END {
+      prog = cargs; sub(/ .*/, "", prog)
+      conns = flag("-c", prog == "cmtime" ? 100 : 1) - failures
+      if (conns < 0) conns = 0
+      if (prog == "cmtime") msgs = "none posted"
+      disc = cm; sub(/.*REP [0-9]+, /, "", disc); sub(/, RTU.*/, "", cm)
+      printf "exit: server %s, client %s\n", (src == "" ? "?" : src), (crc == "" ? "?" : crc)
+      printf "lines: server %d+%d, client %d+%d\n", n["server-out"], n["server-err"], n["client-out"], n["client-err"]
+      printf "connections: %s\nmessages: %s\ncm messages sent: %s\n", conns, (msgs == "" ? "?" : msgs), (cm == "" ? "?" : cm)
+      printf "server stdout: %s\nserver stderr: %s\n", text["server-out"], text["server-err"]
+      printf "client stdout: %s\nclient stderr: %s\n", text["client-out"], text["client-err"]
+      printf "shown only: %s\n", (disc == "" ? "?" : disc)
+    }' "$rec"
+}
+
+# The statuses and counts of one record's facts, on one line (server/client where there are two).
+dropin_short() {
+  [[ -n $1 ]] || { echo "no record"; return; }
+  awk -F': ' '
+    $1 == "exit" || $1 == "lines" { v = $2; sub(/^server /, "", v); sub(/, client /, "/", v); out = out (out == "" ? "" : ", ") $1 " " v }
+    $1 == "connections" { out = out ", " $2 " conn" }
+    $1 == "messages" { out = out ", msgs " $2 }
+    $1 == "cm messages sent" { v = $2; gsub(/ /, "", v); gsub(/,/, " ", v); out = out ", CM " v }
+    $1 == "shown only" { v = $2; gsub(/ /, "", v); gsub(/,/, " ", v); out = out " (" v ")" }
+    END { print out }' <<<"$1"
+}
+
+# One line per pair with both results; a pair counts once, failed on any difference, when a side
+# has no record, or when the simulator's daemon did not end cleanly. Runs inside summarize and
+# adds to its passed/failed counters.
+print_dropin_comparisons() {
+  local row suite tmo port ends scmd ccmd rxe sim verdict why
+  local -a shown=()
+  for row in "${DROPIN_PAIRS[@]}"; do
+    IFS='|' read -r suite tmo port ends scmd ccmd <<<"$row"
+    [[ -n ${SUITE_KIND[$suite]:-} ]] && shown+=("$row")
+  done
+  ((${#shown[@]})) || return 0
+  echo
+  log "rdma-core's programs, rxe (guest) vs simulator (host, cm-dropin): exit and lines (stdout+stderr) server/client; (RTU DREQ DREP) shown, not compared; timings not compared"
+  for row in "${shown[@]}"; do
+    IFS='|' read -r suite tmo port ends scmd ccmd <<<"$row"
+    rxe=""; sim=""; why=""
+    [[ -f $OUT/$suite.log ]] && rxe=$(dropin_facts "$OUT/$suite.log" "$ccmd")
+    [[ -f $OUT/$suite.sim ]] && sim=$(dropin_facts "$OUT/$suite.sim" "$ccmd")
+    if [[ -f $OUT/$suite.sim ]] && ! grep -qx 'fabric-rc: 0' "$OUT/$suite.sim"; then
+      why=" (cmsim-daemon: $(sed -n 's/^fabric-rc: //p' "$OUT/$suite.sim"))"
+    fi
+    if [[ -n $rxe && $(grep -v '^shown only:' <<<"$rxe") == "$(grep -v '^shown only:' <<<"$sim")" && -z $why ]]; then
+      verdict=same; passed=$((passed + 1))
+    else
+      verdict=DIFFERENT; failed=$((failed + 1))
+    fi
+    log "$(printf '%-13s %-9s rxe: %s | sim: %s%s' "${suite#dropin-}" "$verdict" "$(dropin_short "$rxe")" "$(dropin_short "$sim")" "$why")"
+    if [[ $verdict != same ]]; then
+      diff <(grep -v '^shown only:' <<<"$rxe") <(grep -v '^shown only:' <<<"$sim") | sed -n 's/^< /      rxe | /p; s/^> /      sim | /p' || true
+      log "  records: ${OUT#"$REPO"/}/$suite.log (rxe), $suite.sim and $suite.daemon (simulator)"
+    fi
+  done
+}
+
 build_initramfs() {
   log "building initramfs"
   rm -rf "$ROOT" "$OUT"; mkdir -p "$ROOT" "$OUT"
@@ -502,6 +782,7 @@ build_initramfs() {
 
   add_rdmacore_suites
   ((PROJECT)) && add_project_suites && add_interop_suites
+  if ((PROJECT)); then add_dropin_suites; fi
   add_extra_suites
   [[ $MODE == shell || ${#SUITE_NAMES[@]} -gt 0 ]] || die "no suites selected (--only '$ONLY')"
 
@@ -746,6 +1027,7 @@ summarize() {
     fi
   done
   print_cmtime_tables
+  print_dropin_comparisons
   echo
   log "$passed passed, $failed failed"
   ((failed == 0 && VM_TIMED_OUT == 0))
@@ -801,6 +1083,7 @@ main() {
     boot_shell
     return 0
   fi
+  run_dropin_sims
   boot_run
   summarize
 }
