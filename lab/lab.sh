@@ -52,7 +52,7 @@ ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 
 # Project binaries, data driven.  One row per binary:
 #   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments
-# kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, plain.
+# kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, echo, plain.
 # In guest arguments @ADDR and @N are replaced by the guest address and --connections.
 # hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
 # (which libtest reports as passed and would otherwise swallow) reach the console; its
@@ -63,6 +63,7 @@ PROJECT_BINS=(
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
+  "echo|echo|180|build --release --features hw,tokio --example echo|example:echo|--backend hw --server @ADDR --clients 100 --messages 100"
 )
 
 # Suites that run the project's cmtime against rdma-core's (see add_interop_suites); they need
@@ -1005,6 +1006,17 @@ summarize() {
         detail="no 'hw: N passed, M failed, K skipped' line from the runner"
         ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s; $detail"
       fi
+    elif [[ $kind == echo ]]; then
+      # The echo example's last line: "clients: N ok, M failed"; a run without it did not finish.
+      r=$(grep -E '^clients: [0-9]+ ok, [0-9]+ failed' "$OUT/$name.log" | tail -1) || true
+      if [[ -n $r ]]; then
+        detail=$r
+        [[ $r == *", 0 failed" ]] && ((rc == 0)) && res=ok || res=FAIL
+      else
+        res=FAIL; detail="no 'clients: N ok, M failed' line"
+        ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s; $detail"
+      fi
+      if [[ $res == ok ]]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
     elif [[ $kind == libtest ]] && r=$(count_libtest "$OUT/$name.log"); then
       read -r p f s <<<"$r"
       passed=$((passed + p)); failed=$((failed + f))

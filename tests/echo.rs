@@ -261,21 +261,19 @@ mod on_tokio {
         }
     }
 
-    #[test]
-    fn echo_runs_unchanged_on_tokio_multi_threaded_runtime() {
+    /// Runs echo (a server and two clients on a fabric of its own, seeded `seed`) in a
+    /// `LocalSet` on the calling thread, with `rt`'s worker threads running the reactor and the
+    /// timers; asserts every echo came back and nothing is left alive.
+    fn echo_in_local_set(rt: &tokio::runtime::Handle, seed: u64) {
         let fabric = SimFabric::builder()
-            .seed(21)
+            .seed(seed)
             .host("10.0.0.1")
             .host("10.0.0.2")
             .host("10.0.0.3")
             .build();
         let server: SocketAddr = "10.0.0.1:7471".parse().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .unwrap();
         let local = tokio::task::LocalSet::new();
-        let results = local.block_on(&rt, async {
+        let results = rt.block_on(local.run_until(async {
             let tr = TokioRuntime::new();
             let fds = Rc::new(StandIn::new());
             let backend = |i: usize| Ticking {
@@ -320,15 +318,52 @@ mod on_tokio {
             tokio::task::yield_now().await;
             ticker.abort();
             results
-        });
+        }));
         for r in &results {
-            assert_eq!(r.as_ref().map(|r| r.echoed), Ok(20), "{r:?}");
+            assert_eq!(r.as_ref().map(|r| r.echoed), Ok(20), "seed {seed}: {r:?}");
         }
         drop(local);
         assert!(
             fabric.live_resources().is_clean(),
-            "{:?}",
+            "seed {seed}: {:?}",
             fabric.live_resources()
         );
+    }
+
+    fn multi_threaded_runtime(workers: usize) -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn echo_runs_unchanged_on_tokio_multi_threaded_runtime() {
+        let rt = multi_threaded_runtime(2);
+        echo_in_local_set(rt.handle(), 21);
+    }
+
+    /// The crate docs' recipe for more than one core: one multi-threaded runtime, and per
+    /// thread a `LocalSet` with its own backend and `Cm`. Three threads run echo at once on one
+    /// runtime; each thread's connections stay on it while the runtime's shared reactor and
+    /// timers, on its worker threads, wake them.
+    #[test]
+    fn per_thread_channels_share_one_multi_threaded_runtime() {
+        let rt = std::sync::Arc::new(multi_threaded_runtime(2));
+        let threads: Vec<_> = (0..3u64)
+            .map(|i| {
+                let rt = rt.clone();
+                std::thread::Builder::new()
+                    .name(format!("echo-{i}"))
+                    .spawn(move || echo_in_local_set(rt.handle(), 30 + i))
+                    .expect("thread")
+            })
+            .collect();
+        for t in threads {
+            if let Err(panic) = t.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
     }
 }

@@ -517,7 +517,7 @@ fn end_error(ty: CmEventType, status: i32, private_data: Vec<u8>) -> Error {
     }
 }
 
-/// The next event of `id`, acked as it is taken.
+/// The next event of `id` (the driver acked it when it reached the mailbox).
 async fn next_event<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle) -> Result<EventInfo> {
     poll_fn(|cx| {
         let mut st = sh.st.borrow_mut();

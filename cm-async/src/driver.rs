@@ -7,7 +7,10 @@ use std::task::Waker;
 
 use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
 
-/// What a task learns from an event; the event itself is acked when this is taken out.
+/// What a task learns from an event. The event itself is acked as soon as the driver has
+/// taken this out of it: a `CmEvent` is over 300 bytes, and keeping it unacked in a mailbox
+/// until its task came cost a copy into the mailbox, one out and one into the ack, for no
+/// gain (librdmacm only needs every event acked before its id is destroyed).
 #[derive(Debug)]
 pub(crate) struct EventInfo {
     pub(crate) ty: CmEventType,
@@ -19,7 +22,7 @@ pub(crate) struct EventInfo {
 /// Events and completions of one id that its owner has not taken yet.
 #[derive(Default)]
 pub(crate) struct Mailbox {
-    events: VecDeque<CmEvent>,
+    events: VecDeque<EventInfo>,
     pub(crate) cq: VecDeque<WorkCompletion>,
     wakers: Vec<Waker>,
 }
@@ -89,6 +92,19 @@ impl<B: CmBackend> Shared<B> {
     /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
     /// anything was handed out.
     pub(crate) fn pump(&self, events: bool) -> bool {
+        self.pump_where(events, |_, _| true, |_, _| true)
+    }
+
+    /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
+    /// and polling only the watched CQs for which `cq_ready` says a poll may find something
+    /// (the simulator's executor knows; a call that finds nothing is most of what a step
+    /// costs).
+    pub(crate) fn pump_where(
+        &self,
+        events: bool,
+        event_ready: impl Fn(&B, ChannelHandle) -> bool,
+        cq_ready: impl Fn(&B, IdHandle) -> bool,
+    ) -> bool {
         let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         let mut st = self.st.borrow_mut();
         for (id, listener) in deferred {
@@ -98,6 +114,9 @@ impl<B: CmBackend> Shared<B> {
         if events && st.failed.is_none() {
             loop {
                 let ch = st.ch;
+                if !event_ready(&st.b, ch) {
+                    break;
+                }
                 match st.b.try_get_cm_event(ch) {
                     Ok(Some(ev)) => {
                         st.deliver(ev);
@@ -112,19 +131,32 @@ impl<B: CmBackend> Shared<B> {
             }
         }
         if !st.cq_watch.is_empty() {
-            let watch = std::mem::take(&mut st.cq_watch);
-            for id in watch {
+            // Collected first (no allocation when none is ready): polling needs the state
+            // mutably, and the watch set is kept as it is for the ids that had nothing.
+            let ready: Vec<IdHandle> = st
+                .cq_watch
+                .iter()
+                .copied()
+                .filter(|&id| cq_ready(&st.b, id))
+                .collect();
+            for id in ready {
                 if st.poll_cq_into_box(id) {
                     moved = true;
+                    st.cq_watch.remove(&id);
                     if let Some(bx) = st.boxes.get_mut(&id) {
                         bx.wake();
                     }
-                } else {
-                    st.cq_watch.insert(id);
                 }
             }
         }
         moved
+    }
+
+    /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ
+    /// some task waits on.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn has_other_work(&self) -> bool {
+        !self.deferred.borrow().is_empty() || !self.st.borrow().cq_watch.is_empty()
     }
 
     /// Tears `id` down now, or at the next pump when the state is in use.
@@ -169,8 +201,14 @@ impl<B: CmBackend> State<B> {
         };
         match owner.and_then(|o| self.boxes.get_mut(&o)) {
             Some(bx) => {
-                bx.events.push_back(ev);
+                bx.events.push_back(EventInfo {
+                    ty: ev.event(),
+                    status: ev.status(),
+                    id: ev.id(),
+                    private_data: ev.private_data().to_vec(),
+                });
                 bx.wake();
+                let _ = self.b.ack_cm_event(ev);
             }
             None => {
                 // Nobody owns the id any more: give the event back, refuse an orphan request.
@@ -183,17 +221,9 @@ impl<B: CmBackend> State<B> {
         }
     }
 
-    /// Takes the oldest event of `id` out of its mailbox, acking it.
+    /// Takes the oldest event of `id` out of its mailbox.
     pub(crate) fn take_event(&mut self, id: IdHandle) -> Option<EventInfo> {
-        let ev = self.boxes.get_mut(&id)?.events.pop_front()?;
-        let info = EventInfo {
-            ty: ev.event(),
-            status: ev.status(),
-            id: ev.id(),
-            private_data: ev.private_data().to_vec(),
-        };
-        let _ = self.b.ack_cm_event(ev);
-        Some(info)
+        self.boxes.get_mut(&id)?.events.pop_front()
     }
 
     /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
@@ -243,10 +273,8 @@ impl<B: CmBackend> State<B> {
         let _ = self.b.destroy_qp(id);
         if let Some(mut bx) = self.boxes.remove(&id) {
             for ev in bx.events.drain(..) {
-                let request = (listener && ev.event() == CmEventType::ConnectRequest).then(|| ev.id());
-                let _ = self.b.ack_cm_event(ev);
-                if let Some(child) = request {
-                    self.refuse(child);
+                if listener && ev.ty == CmEventType::ConnectRequest {
+                    self.refuse(ev.id);
                 }
             }
             bx.wake();
@@ -263,17 +291,5 @@ impl<B: CmBackend> Drop for State<B> {
         }
         self.regs = None;
         let _ = self.b.destroy_event_channel(self.ch);
-    }
-}
-
-/// Something a runtime calls when the backend may have new events or completions.
-pub(crate) trait Pump {
-    /// See [`Shared::pump`].
-    fn pump(&self, events: bool) -> bool;
-}
-
-impl<B: CmBackend> Pump for Shared<B> {
-    fn pump(&self, events: bool) -> bool {
-        Shared::pump(self, events)
     }
 }

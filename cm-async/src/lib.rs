@@ -7,8 +7,9 @@
 //!   [`send`](Connection::send), [`recv`](Connection::recv) and
 //!   [`disconnect`](Connection::disconnect).
 //! * Ownership enforces librdmacm's release order: a connection releases its QP, then its
-//!   id; the channel goes when the last object made from it goes. Events are acked when the
-//!   task they are for takes them, or when their id is released. Dropping a connection, a
+//!   id; the channel goes when the last object made from it goes. Events are acked by the
+//!   channel's driver as it hands what they say (type, status, private data) to the mailbox
+//!   of the id they are for, so an id never waits on an unacked event to be destroyed. Dropping a connection, a
 //!   request, a listener, or a `connect`/`accept` future halfway, releases what it holds at once
 //!   (a connected peer sees `DISCONNECTED`), without blocking.
 //! * Every failure is an [`Error`]: `ADDR_ERROR`, `ROUTE_ERROR`, `REJECTED` (with the peer's
@@ -73,9 +74,12 @@
 //! not be `Send`. On tokio, tasks are spawned with `spawn_local` and run in a `LocalSet`, which
 //! runs inside a multi-threaded runtime on the thread that drives it (the echo example and its
 //! test do exactly that); the fds are watched by tokio's reactor on whichever thread. To use
-//! more cores, give each thread its own `LocalSet`, backend and `Cm`: the hardware backend is
-//! `Send`, so it can be made on one thread and moved to another before its channel is opened.
-//! Connections themselves cannot move between threads. The alternative (a driver owning the
+//! more cores, give each thread its own `LocalSet`, backend and `Cm`, all on one multi-threaded
+//! runtime whose worker threads run the reactor and the timers (`tests/echo.rs` runs three such
+//! threads at once). The hardware backend is `Send`, so it can be made on one thread and moved
+//! to another before its channel is opened. Connections themselves cannot move between
+//! threads: each holds an `Rc` of its channel's driver, and the driver's state (mailboxes,
+//! wakers, the backend's handles) is borrowed without a lock by whichever task runs. The alternative (a driver owning the
 //! backend behind a lock, handing out `Send` handles) would put a lock and a cross-thread
 //! wake-up on every call of the simulator too, and the simulator's determinism would then
 //! depend on a multi-threaded scheduler; the application code is the same under both designs,
@@ -84,7 +88,10 @@
 //! # The simulator's executor
 //!
 //! [`sim::Sim`] polls ready tasks in an order drawn from the fabric's seed; when every task
-//! waits, it lets each channel's driver take what the fabric has ([`Cm::pump`]), and when that
+//! waits, it lets each channel's driver take what the fabric has ([`Cm::pump`]), asking only
+//! the channels and CQs the fabric says have something
+//! ([`SimFabric::may_have_event`](cm_sim::SimFabric::may_have_event),
+//! [`may_have_completion`](cm_sim::SimFabric::may_have_completion)), and when that
 //! wakes nobody it moves virtual time to the earlier of the fabric's next scheduled action
 //! ([`SimFabric::next_deadline`](cm_sim::SimFabric::next_deadline)) and the earliest sleep.
 //! Nothing scheduled and no sleep: a deadlock, reported with the waiting tasks and the seed. A

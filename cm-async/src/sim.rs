@@ -20,7 +20,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::conn::Cm;
-use crate::driver::Pump;
+use crate::driver::Shared;
 use crate::error::Result;
 use crate::runtime::{joinable, JoinHandle, Runtime};
 
@@ -155,7 +155,8 @@ struct Core {
     ready: Arc<Mutex<Vec<usize>>>,
     timers: RefCell<BTreeMap<(u64, u64), Waker>>,
     timer_seq: Cell<u64>,
-    pumps: RefCell<Vec<Weak<dyn Pump>>>,
+    /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
+    pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
     spawned: Cell<u64>,
 }
 
@@ -212,8 +213,7 @@ impl SimRuntime {
     /// An event channel on `host`, driven by this executor.
     pub fn cm(&self, host: SimHost) -> Result<Cm<SimHost, SimRuntime>> {
         let cm = Cm::new(host, self.clone())?;
-        let pump: Rc<dyn Pump> = cm.sh.clone();
-        self.core.pumps.borrow_mut().push(Rc::downgrade(&pump));
+        self.core.pumps.borrow_mut().push(Rc::downgrade(&cm.sh));
         Ok(cm)
     }
 }
@@ -422,6 +422,8 @@ struct Executor<T> {
     /// Per host: the incarnation its closure runs in, and where its output lands.
     running: Vec<Option<(u32, Output<T>)>>,
     outcomes: Vec<Option<T>>,
+    /// The fabric's crash and restart counts when hosts were last reaped and started.
+    crashes_seen: (u64, u64),
 }
 
 impl<T: 'static> Executor<T> {
@@ -445,6 +447,7 @@ impl<T: 'static> Executor<T> {
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7a5c_0de5_eed0_0001),
             running: (0..n).map(|_| None).collect(),
             outcomes: (0..n).map(|_| None).collect(),
+            crashes_seen: (u64::MAX, u64::MAX),
         }
     }
 
@@ -605,9 +608,11 @@ impl<T: 'static> Executor<T> {
 
     /// Lets every channel's driver take what the fabric has for it.
     fn pump_all(&self) {
-        // Asking a channel that has nothing is most of what an idle step would cost; the
-        // fabric counts the events queued on all channels, and the drivers drain theirs.
-        let events = self.core.fabric.live_resources().queued_events > 0;
+        // Asking a channel or a CQ that has nothing is most of what an idle step would cost:
+        // the fabric says which have something (the count of events queued anywhere first, then
+        // per channel and per CQ), and only those are asked.
+        let events_anywhere = self.core.fabric.live_resources().queued_events > 0;
+        let fabric = &self.core.fabric;
         let mut i = 0;
         loop {
             let pump = {
@@ -621,8 +626,18 @@ impl<T: 'static> Executor<T> {
                     }
                 }
             };
-            pump.pump(events);
             i += 1;
+            let events = events_anywhere && {
+                let st = pump.st.borrow();
+                fabric.may_have_event(st.b.index(), st.ch)
+            };
+            if events || pump.has_other_work() {
+                pump.pump_where(
+                    events,
+                    |b, ch| fabric.may_have_event(b.index(), ch),
+                    |b, id| fabric.may_have_completion(b.index(), id),
+                );
+            }
         }
     }
 
@@ -681,8 +696,14 @@ impl<T: 'static> Executor<T> {
             } {
                 entry.1.wake();
             }
-            self.reap_crashed();
-            self.start_hosts();
+            // Hosts go down or come back only by a crash or a restart: without one since the
+            // last step, every host is as it was and there is nothing to reap or start.
+            let stats = self.core.fabric.fault_stats();
+            if (stats.crashes, stats.restarts) != self.crashes_seen {
+                self.crashes_seen = (stats.crashes, stats.restarts);
+                self.reap_crashed();
+                self.start_hosts();
+            }
         }
         self.kill(|_| true);
         self.core.pumps.borrow_mut().clear();

@@ -1,8 +1,11 @@
 //! Time control for executors that own the clock: an async executor runs its tasks until every
 //! one waits, then asks when the fabric next has something to do and moves time to the earlier
-//! of that and its own next timer.
+//! of that and its own next timer; and, so that it asks only the channels and CQs that have
+//! something, whether one does.
 
 use std::time::Duration;
+
+use cm_core::{Call, ChannelHandle, IdHandle};
 
 use super::SimFabric;
 use crate::time::SimTime;
@@ -46,5 +49,51 @@ impl SimFabric {
     /// Time from the start of the run to now, for executors that hand out `Duration`s.
     pub fn elapsed(&self) -> Duration {
         self.now().since_start()
+    }
+
+    /// Whether `try_get_cm_event(ch)` on host number `host` may return something now: an event
+    /// is queued on the channel, or the call would fail (the channel is gone, the host is
+    /// down). `false` means that retrieval would return `Ok(None)` once what is due now has
+    /// run; an executor that has just moved time on may skip the channel.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, PortSpace};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// assert!(!fabric.may_have_event(0, ch));
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// fabric.advance_to(fabric.next_deadline().expect("ADDR_RESOLVED is scheduled"));
+    /// assert!(fabric.may_have_event(0, ch));
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    pub fn may_have_event(&self, host: usize, ch: ChannelHandle) -> bool {
+        let fab = self.inner().borrow();
+        let Ok(host) = u16::try_from(host) else {
+            return true;
+        };
+        match fab.channel_ref(host, ch, Call::GetCmEvent) {
+            Ok(r) => fab.channels.get(r).is_some_and(|c| !c.queue.is_empty()),
+            Err(_) => true,
+        }
+    }
+
+    /// Whether `try_poll_cq(id)` on host number `host` may return something now: a completion
+    /// is on the id's CQ, or the call would fail (no such id or QP, the host is down).
+    pub fn may_have_completion(&self, host: usize, id: IdHandle) -> bool {
+        let fab = self.inner().borrow();
+        let Ok(host) = u16::try_from(host) else {
+            return true;
+        };
+        match fab.id_ref(host, id, Call::PollCq) {
+            Ok(r) => fab
+                .ids
+                .get(r)
+                .and_then(|s| s.qp.as_ref())
+                .is_none_or(|q| !q.cq_is_empty()),
+            Err(_) => true,
+        }
     }
 }
