@@ -59,7 +59,7 @@ ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 # counts come from the runner's own `hw: N passed, M failed, K skipped` line (hwrunner).
 PROJECT_BINS=(
   "hw-test|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
-  "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 hw"
+  "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 --sample-size 10 hw"
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
