@@ -357,6 +357,28 @@ fn a_forged_event_is_refused_and_the_real_one_still_acks() {
 }
 
 #[test]
+fn a_forged_event_with_a_guessed_token_is_refused() {
+    // Tokens are not small counters a forger can guess: the real event's id and type with the
+    // first few token values ack nothing, so the real event still acks afterwards.
+    let mut bed = bed!();
+    let dst = bed.server_addr();
+    let src = SocketAddr::new(bed.client_ip, 0);
+    let c = &mut bed.client;
+    let ch = c.create_event_channel().unwrap();
+    let id = c.create_id(ch, PortSpace::Tcp).unwrap();
+    c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
+    let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
+    for token in 0..64 {
+        let forged = CmEvent::new(id, None, ev.event(), ev.status(), ConnParam::ZERO, token);
+        assert_err(c.ack_cm_event(forged), CmError::EventNotOutstanding);
+    }
+    assert_eq!(c.id_machine(id).unwrap().unacked(), 1, "the guesses acked nothing");
+    c.ack_cm_event(ev).unwrap();
+    destroy_all(c, &[id], ch);
+    assert_clean(&bed);
+}
+
+#[test]
 fn invalid_arguments_are_refused_with_einval() {
     let mut bed = bed!();
     let dst = bed.server_addr();

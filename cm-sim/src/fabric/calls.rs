@@ -461,7 +461,7 @@ impl Fabric {
             return Err(CmError::ForeignEvent(ReturnedEvent::new(event)));
         }
         self.host_up(host, Call::AckCmEvent)?;
-        let r = token_ref(event.token());
+        let r = token_ref(event.token(), self.tag(host));
         let counted = match self.outstanding.get(r) {
             Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
             _ => return Err(CmError::EventNotOutstanding),

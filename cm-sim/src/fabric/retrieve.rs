@@ -68,12 +68,16 @@ impl Fabric {
         self.set_machine(counted, next);
         let id = self.id_handle(q.id);
         let host = self.slot(counted).host;
-        let token = token_of(self.outstanding.insert(Outstanding {
-            host,
-            counted,
-            id,
-            event,
-        }));
+        let tag = self.tag(host);
+        let token = token_of(
+            self.outstanding.insert(Outstanding {
+                host,
+                counted,
+                id,
+                event,
+            }),
+            tag,
+        );
         Some(Taken {
             id,
             listen_id,

@@ -63,14 +63,26 @@ pub(super) struct Outstanding {
     pub(super) event: CmEventType,
 }
 
-pub(super) fn token_of(r: SlotRef) -> u64 {
-    (u64::from(r.generation) << 32) | u64::from(r.index)
+/// The key a host's event tokens are masked with, drawn from its backend tag (never from the
+/// seeded generator, so traces do not move): without it a token is a small slab reference, and
+/// `CmEvent::new` with token 0 would ack the first real event of the id.
+fn token_key(tag: u32) -> u64 {
+    // splitmix64's finaliser: every tag gives an unrelated 64-bit key.
+    let mut z = u64::from(tag).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
-pub(super) fn token_ref(token: u64) -> SlotRef {
+pub(super) fn token_of(r: SlotRef, tag: u32) -> u64 {
+    ((u64::from(r.generation) << 32) | u64::from(r.index)) ^ token_key(tag)
+}
+
+pub(super) fn token_ref(token: u64, tag: u32) -> SlotRef {
+    let t = token ^ token_key(tag);
     SlotRef {
-        index: token as u32,
-        generation: (token >> 32) as u32,
+        index: t as u32,
+        generation: (t >> 32) as u32,
     }
 }
 
