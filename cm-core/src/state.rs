@@ -1515,4 +1515,40 @@ mod tests {
         );
         assert_eq!(m.on_ack().unwrap(), IdMachine { unacked: 1, ..m });
     }
+
+    #[test]
+    fn a_child_whose_device_went_away_can_be_neither_accepted_nor_rejected() {
+        for child in [
+            IdMachine::new_child(PortSpace::Tcp),
+            IdMachine::new_child(PortSpace::Tcp).create_qp().unwrap(),
+        ] {
+            let removed = child.device_removed();
+            assert_eq!(
+                removed.phase(),
+                ConnPhase::Requested,
+                "the request is still unanswered"
+            );
+            for (call, got) in [
+                (Call::Accept, removed.accept(0)),
+                (Call::Reject, removed.reject(0)),
+            ] {
+                assert!(
+                    matches!(
+                        got,
+                        Err(CmError::WrongState { call: c, state: IdState::DeviceRemoval, .. }) if c == call
+                    ),
+                    "{call}: {got:?}"
+                );
+            }
+        }
+        let listener = bound().listen().unwrap();
+        assert!(matches!(
+            listener.accept(0),
+            Err(CmError::WrongState {
+                call: Call::Accept,
+                state: IdState::Listen,
+                ..
+            })
+        ));
+    }
 }
