@@ -1082,4 +1082,476 @@ mod tests {
         );
         assert!(l.on_ack().unwrap().on_ack().unwrap().destroy().is_ok());
     }
+
+    /// What retrieving one event does to an id in the table below.
+    #[derive(Clone, Copy, Debug)]
+    enum Cell {
+        /// Refused: `on_event` names the event, the state and the phase.
+        Refused,
+        /// Legal and changes nothing but the unacked count.
+        Same,
+        /// Legal and moves the id to this state, phase and QP state (the device as before).
+        To(IdState, ConnPhase, Option<QpState>),
+        /// `ADDR_RESOLVED`: like `To`, and the id now has a device.
+        ToWithDevice(IdState, ConnPhase, Option<QpState>),
+    }
+
+    fn bound() -> IdMachine {
+        IdMachine::new(PortSpace::Tcp).bind_addr(false).unwrap()
+    }
+
+    fn addr_query() -> IdMachine {
+        IdMachine::new(PortSpace::Tcp).resolve_addr().unwrap()
+    }
+
+    fn route_query() -> IdMachine {
+        addr_query()
+            .on_event(AddrResolved)
+            .unwrap()
+            .resolve_route()
+            .unwrap()
+    }
+
+    fn route_resolved_with_qp() -> IdMachine {
+        route_query()
+            .on_event(RouteResolved)
+            .unwrap()
+            .create_qp()
+            .unwrap()
+    }
+
+    fn connecting() -> IdMachine {
+        route_resolved_with_qp().connect(0).unwrap()
+    }
+
+    fn connecting_udp() -> IdMachine {
+        IdMachine::new(PortSpace::Udp)
+            .resolve_addr()
+            .unwrap()
+            .on_event(AddrResolved)
+            .unwrap()
+            .resolve_route()
+            .unwrap()
+            .on_event(RouteResolved)
+            .unwrap()
+            .connect(0)
+            .unwrap()
+    }
+
+    fn accepted_child() -> IdMachine {
+        IdMachine::new_child(PortSpace::Tcp)
+            .create_qp()
+            .unwrap()
+            .accept(0)
+            .unwrap()
+    }
+
+    /// Every id state and handshake phase an application can observe, with the facts that decide
+    /// event legality varied where they matter (QP or none, device or none, UDP, a removal not
+    /// announced yet).
+    fn fixtures() -> Vec<(&'static str, IdMachine)> {
+        vec![
+            ("idle", IdMachine::new(PortSpace::Tcp)),
+            ("bound", bound()),
+            (
+                "bound to the wildcard",
+                IdMachine::new(PortSpace::Tcp).bind_addr(true).unwrap(),
+            ),
+            ("addr query", addr_query()),
+            ("addr resolved", addr_query().on_event(AddrResolved).unwrap()),
+            ("route query", route_query()),
+            ("route resolved", route_query().on_event(RouteResolved).unwrap()),
+            ("connecting", connecting()),
+            ("connecting, QP destroyed", connecting().destroy_qp().unwrap()),
+            ("connecting, QP in ERR", connecting().disconnect().unwrap()),
+            ("connecting UDP", connecting_udp()),
+            (
+                "responded",
+                connecting()
+                    .destroy_qp()
+                    .unwrap()
+                    .on_event(ConnectResponse)
+                    .unwrap(),
+            ),
+            ("established", established_active()),
+            ("failed", connecting().on_event(Rejected).unwrap()),
+            ("child requested", IdMachine::new_child(PortSpace::Tcp)),
+            ("child accepted", accepted_child()),
+            (
+                "child rejected",
+                IdMachine::new_child(PortSpace::Tcp).reject(0).unwrap(),
+            ),
+            (
+                "child established",
+                accepted_child().on_event(Established).unwrap(),
+            ),
+            (
+                "disconnected",
+                established_active().on_event(Disconnected).unwrap(),
+            ),
+            ("listening", bound().listen().unwrap()),
+            ("removed, not announced", established_active().device_removed()),
+            ("removed without a QP, not announced", bound().device_removed()),
+            ("removed", established_active().on_event(DeviceRemoval).unwrap()),
+            ("destroying", bound().destroy().unwrap()),
+        ]
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn every_event_in_every_state_is_refused_or_moves_the_id_as_the_table_says() {
+        use Cell::{Refused as __, Same as OK, To, ToWithDevice};
+        use ConnPhase as P;
+        use IdState as S;
+        use QpState as Q;
+        let (init, rts, err) = (Some(Q::Init), Some(Q::Rts), Some(Q::Err));
+        let removed = |qp| To(S::DeviceRemoval, P::None, qp);
+        let gone = |p, qp| To(S::DeviceRemoval, p, qp);
+        let failed = |qp| To(S::Connect, P::Failed, qp);
+        // Columns: AddrResolved AddrError RouteResolved RouteError ConnectRequest
+        // ConnectResponse ConnectError Unreachable Rejected Established Disconnected
+        // DeviceRemoval MulticastJoin MulticastError AddrChange TimewaitExit.
+        let table: [[Cell; 16]; 24] = [
+            /* idle */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
+            /* bound */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, OK, __],
+            /* wildcard */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
+            /* addr query */ [ToWithDevice(S::AddrResolved, P::None, None), To(S::AddrBound, P::None, None), __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
+            /* addr resolved */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, OK, __],
+            /* route query */ [__, __, To(S::RouteResolved, P::None, None), To(S::AddrResolved, P::None, None), __, __, __, __, __, __, __, removed(None), __, __, OK, __],
+            /* route resolved */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, OK, __],
+            /* connecting */ [__, __, __, __, __, __, failed(err), failed(init), failed(err), To(S::Connect, P::Established, rts), __, gone(P::Connecting, err), __, __, OK, __],
+            /* connecting, no QP */ [__, __, __, __, __, To(S::Connect, P::Responded, None), failed(None), failed(None), failed(None), __, __, gone(P::Connecting, None), __, __, OK, __],
+            /* connecting, QP ERR */ [__, __, __, __, __, __, failed(err), failed(err), failed(err), __, __, gone(P::Connecting, err), __, __, OK, __],
+            /* connecting UDP */ [__, __, __, __, __, To(S::Connect, P::Responded, None), failed(None), failed(None), failed(None), To(S::Connect, P::Established, None), __, gone(P::Connecting, None), __, __, OK, __],
+            /* responded */ [__, __, __, __, __, __, __, failed(None), failed(None), __, __, gone(P::Responded, None), __, __, OK, __],
+            /* established */ [__, __, __, __, __, __, __, __, __, __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
+            /* failed */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
+            /* child requested */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Requested, None), __, __, OK, __],
+            /* child accepted */ [__, __, __, __, __, __, __, failed(rts), failed(err), To(S::Connect, P::Established, rts), To(S::Disconnect, P::Accepted, rts), gone(P::Accepted, err), __, __, OK, __],
+            /* child rejected */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Rejected, None), __, __, OK, __],
+            /* child established */ [__, __, __, __, __, __, __, __, __, __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
+            /* disconnected */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Established, err), __, __, OK, OK],
+            /* listening */ [__, __, __, __, OK, __, __, __, __, __, __, removed(None), __, __, OK, __],
+            /* removed, pending */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Established, err), __, __, __, __],
+            /* removed, no QP, pending */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
+            /* removed */ [__, __, __, __, __, __, __, __, __, __, __, __, __, __, OK, __],
+            /* destroying */ [__, __, __, __, __, __, __, __, __, __, __, __, __, __, __, __],
+        ];
+        let fixtures = fixtures();
+        assert_eq!(fixtures.len(), table.len());
+        for ((name, m), row) in fixtures.into_iter().zip(table) {
+            for (event, cell) in CmEventType::ALL.into_iter().zip(row) {
+                let got = m.on_event(event);
+                assert_eq!(got.is_ok(), m.check_event(event).is_ok(), "{name}: check_event({event})");
+                let counted = IdMachine {
+                    unacked: m.unacked + 1,
+                    removal_pending: false,
+                    ..m
+                };
+                let want = match cell {
+                    Cell::Refused => Err(IllegalEvent {
+                        event,
+                        state: m.state,
+                        phase: m.phase,
+                    }),
+                    Cell::Same => Ok(IdMachine {
+                        unacked: m.unacked + 1,
+                        ..m
+                    }),
+                    Cell::To(state, phase, qp) => Ok(IdMachine { state, phase, qp, ..counted }),
+                    Cell::ToWithDevice(state, phase, qp) => Ok(IdMachine {
+                        state,
+                        phase,
+                        qp,
+                        device: true,
+                        ..counted
+                    }),
+                };
+                assert_eq!(got, want, "{name}: {event}");
+            }
+        }
+    }
+
+    #[test]
+    fn states_display_as_the_kernel_and_verbs_names() {
+        let ids = [
+            (IdState::Idle, "RDMA_CM_IDLE"),
+            (IdState::AddrQuery, "RDMA_CM_ADDR_QUERY"),
+            (IdState::AddrResolved, "RDMA_CM_ADDR_RESOLVED"),
+            (IdState::RouteQuery, "RDMA_CM_ROUTE_QUERY"),
+            (IdState::RouteResolved, "RDMA_CM_ROUTE_RESOLVED"),
+            (IdState::Connect, "RDMA_CM_CONNECT"),
+            (IdState::Disconnect, "RDMA_CM_DISCONNECT"),
+            (IdState::AddrBound, "RDMA_CM_ADDR_BOUND"),
+            (IdState::Listen, "RDMA_CM_LISTEN"),
+            (IdState::DeviceRemoval, "RDMA_CM_DEVICE_REMOVAL"),
+            (IdState::Destroying, "RDMA_CM_DESTROYING"),
+        ];
+        for (state, name) in ids {
+            assert_eq!((state.name(), state.to_string()), (name, name.to_string()));
+        }
+        let qps = [
+            (QpState::Reset, "IBV_QPS_RESET"),
+            (QpState::Init, "IBV_QPS_INIT"),
+            (QpState::Rtr, "IBV_QPS_RTR"),
+            (QpState::Rts, "IBV_QPS_RTS"),
+            (QpState::Err, "IBV_QPS_ERR"),
+        ];
+        for (state, name) in qps {
+            assert_eq!((state.name(), state.to_string()), (name, name.to_string()));
+        }
+        let illegal = IdMachine::new(PortSpace::Tcp)
+            .on_event(CmEventType::Established)
+            .unwrap_err();
+        assert_eq!(
+            illegal.to_string(),
+            "RDMA_CM_EVENT_ESTABLISHED is not legal for an id in RDMA_CM_IDLE (None)"
+        );
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn qp_transitions_and_posting_follow_the_ib_spec_in_every_state() {
+        use QpState::*;
+        const ALL: [QpState; 5] = [Reset, Init, Rtr, Rts, Err];
+        // Rows: from; columns: to, in the order of ALL.
+        let modify = [
+            /* Reset */ [true, true, false, false, true],
+            /* Init */ [true, true, true, false, true],
+            /* Rtr */ [true, false, false, true, true],
+            /* Rts */ [true, false, false, true, true],
+            /* Err */ [true, false, false, false, true],
+        ];
+        for (from, row) in ALL.into_iter().zip(modify) {
+            for (to, legal) in ALL.into_iter().zip(row) {
+                assert_eq!(from.can_modify_to(to), legal, "{from} -> {to}");
+            }
+        }
+        let send = [false, false, false, true, true];
+        let recv = [false, true, true, true, true];
+        for ((qp, send), recv) in ALL.into_iter().zip(send).zip(recv) {
+            assert_eq!((qp.can_post_send(), qp.can_post_recv()), (send, recv), "{qp}");
+        }
+    }
+
+    #[test]
+    fn accessors_report_what_the_calls_committed() {
+        let m = IdMachine::new(PortSpace::Udp);
+        assert_eq!(
+            (m.port_space(), m.role(), m.has_device(), m.qp(), m.unacked()),
+            (PortSpace::Udp, Role::Unassigned, false, None, 0)
+        );
+        let l = bound().listen().unwrap();
+        assert_eq!(
+            (l.port_space(), l.role(), l.has_device()),
+            (PortSpace::Tcp, Role::Listener, true)
+        );
+        assert_eq!(addr_query().role(), Role::Active);
+        assert_eq!(IdMachine::new_child(PortSpace::Tcp).role(), Role::Passive);
+    }
+
+    #[test]
+    fn only_an_established_connection_disconnects_on_the_wire() {
+        assert!(established_active().disconnect_reaches_wire());
+        assert!(accepted_child()
+            .on_event(Established)
+            .unwrap()
+            .disconnect_reaches_wire());
+        for m in [
+            connecting(),
+            accepted_child(),
+            connecting().on_event(Rejected).unwrap(),
+        ] {
+            assert!(!m.disconnect_reaches_wire(), "{:?}", m.phase());
+        }
+    }
+
+    #[test]
+    fn accept_after_the_qp_went_to_err_is_refused_with_its_state() {
+        let child = IdMachine::new_child(PortSpace::Tcp).create_qp().unwrap();
+        let err = child.disconnect().unwrap().accept(0).unwrap_err();
+        assert_eq!(
+            err,
+            CmError::WrongQpState {
+                call: Call::Accept,
+                state: QpState::Err
+            }
+        );
+        let ud = IdMachine::new_child(PortSpace::Udp).create_qp().unwrap();
+        assert_eq!(ud.qp(), Some(QpState::Rts));
+        let ud = ud.accept(136).unwrap();
+        assert_eq!((ud.phase(), ud.qp()), (ConnPhase::Accepted, Some(QpState::Rts)));
+    }
+
+    #[test]
+    fn create_qp_is_refused_when_the_connection_attempt_is_over() {
+        let failed = connecting().destroy_qp().unwrap().on_event(Rejected).unwrap();
+        assert!(matches!(
+            failed.create_qp(),
+            Err(CmError::WrongState {
+                call: Call::CreateQp,
+                state: IdState::Connect,
+                ..
+            })
+        ));
+        for open in [
+            connecting().destroy_qp().unwrap(),
+            connecting()
+                .destroy_qp()
+                .unwrap()
+                .on_event(ConnectResponse)
+                .unwrap(),
+            accepted_child().destroy_qp().unwrap(),
+            established_active().destroy_qp().unwrap(),
+            route_query(),
+            addr_query().on_event(AddrResolved).unwrap(),
+        ] {
+            assert_eq!(
+                open.create_qp().unwrap().qp(),
+                Some(QpState::Init),
+                "{:?}",
+                open.phase()
+            );
+        }
+        let removed = bound().device_removed();
+        assert!(matches!(
+            removed.create_qp(),
+            Err(CmError::WrongState {
+                state: IdState::DeviceRemoval,
+                ..
+            })
+        ));
+        assert!(bound().destroy().unwrap().create_qp().is_err(), "destroying");
+        assert_eq!(
+            IdMachine::new(PortSpace::Tcp).create_qp().unwrap_err(),
+            CmError::NoDevice { call: Call::CreateQp }
+        );
+    }
+
+    #[test]
+    fn after_device_removal_only_destroy_is_legal_on_an_id_without_a_qp() {
+        let m = bound().device_removed();
+        assert_eq!((m.state(), m.qp()), (IdState::DeviceRemoval, None));
+        let calls = [
+            m.bind_addr(false),
+            m.resolve_addr(),
+            m.resolve_route(),
+            m.listen(),
+            m.create_qp(),
+            m.connect(0),
+            m.accept(0),
+            m.reject(0),
+            m.disconnect(),
+        ];
+        for call in calls {
+            assert!(matches!(call, Err(CmError::WrongState { .. })), "{call:?}");
+        }
+        assert_eq!(
+            m.destroy_qp().unwrap_err(),
+            CmError::NoQp {
+                call: Call::DestroyQp
+            }
+        );
+        assert_eq!(m.destroy().unwrap().state(), IdState::Destroying);
+        let announced = m.on_event(DeviceRemoval).unwrap();
+        assert_eq!((announced.qp(), announced.unacked()), (None, 1));
+        assert!(announced.on_ack().unwrap().destroy().is_ok());
+        let destroying = bound().destroy().unwrap();
+        assert_eq!(destroying.device_removed(), destroying, "nothing to remove from");
+    }
+
+    #[test]
+    fn the_data_path_checks_the_qp_and_the_port_space() {
+        let m = IdMachine::new(PortSpace::Tcp);
+        assert_eq!(m.post_send().unwrap_err(), CmError::NoQp { call: Call::PostSend });
+        assert_eq!(m.post_recv().unwrap_err(), CmError::NoQp { call: Call::PostRecv });
+        let ud = IdMachine::new(PortSpace::Udp)
+            .bind_addr(false)
+            .unwrap()
+            .create_qp()
+            .unwrap();
+        assert!(matches!(
+            ud.post_send(),
+            Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                ..
+            })
+        ));
+        assert!(ud.post_recv().is_ok());
+        let est = established_active();
+        assert!(est.post_send().is_ok() && est.post_recv().is_ok());
+        let broken = est.qp_error();
+        assert_eq!(
+            broken,
+            IdMachine {
+                qp: Some(QpState::Err),
+                ..est
+            }
+        );
+        assert!(broken.post_send().is_ok(), "posted in ERR, completes flushed");
+        assert_eq!(m.qp_error(), m, "no QP to break");
+    }
+
+    #[test]
+    fn connect_response_outcome_follows_the_qp() {
+        assert_eq!(connecting().connect_response_outcome(), Established);
+        assert_eq!(
+            connecting().destroy_qp().unwrap().connect_response_outcome(),
+            ConnectResponse
+        );
+        assert_eq!(
+            connecting().disconnect().unwrap().connect_response_outcome(),
+            ConnectError
+        );
+        assert_eq!(connecting_udp().connect_response_outcome(), Established);
+    }
+
+    #[test]
+    fn counting_and_acking_change_only_the_unacked_count() {
+        let m = established_active().count_event().count_event();
+        assert_eq!(
+            m,
+            IdMachine {
+                unacked: 2,
+                ..established_active()
+            }
+        );
+        assert_eq!(m.on_ack().unwrap(), IdMachine { unacked: 1, ..m });
+    }
+
+    #[test]
+    fn a_child_whose_device_went_away_can_be_neither_accepted_nor_rejected() {
+        for child in [
+            IdMachine::new_child(PortSpace::Tcp),
+            IdMachine::new_child(PortSpace::Tcp).create_qp().unwrap(),
+        ] {
+            let removed = child.device_removed();
+            assert_eq!(
+                removed.phase(),
+                ConnPhase::Requested,
+                "the request is still unanswered"
+            );
+            for (call, got) in [
+                (Call::Accept, removed.accept(0)),
+                (Call::Reject, removed.reject(0)),
+            ] {
+                assert!(
+                    matches!(
+                        got,
+                        Err(CmError::WrongState { call: c, state: IdState::DeviceRemoval, .. }) if c == call
+                    ),
+                    "{call}: {got:?}"
+                );
+            }
+        }
+        let listener = bound().listen().unwrap();
+        assert!(matches!(
+            listener.accept(0),
+            Err(CmError::WrongState {
+                call: Call::Accept,
+                state: IdState::Listen,
+                ..
+            })
+        ));
+    }
 }

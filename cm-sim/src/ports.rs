@@ -280,4 +280,178 @@ mod tests {
         p.set_listening(0, PortSpace::Tcp, 2, id(2), true);
         assert_eq!(p.listener(0, PortSpace::Tcp, b, 2), Some(id(2)));
     }
+
+    #[test]
+    fn unbinding_one_of_two_bindings_keeps_the_other() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let c: IpAddr = "10.0.0.3".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        for (first, second) in [(id(1), id(2)), (id(2), id(1))] {
+            let mut p2 = Ports::new(1, 40000..=40001);
+            p2.bind(0, PortSpace::Tcp, Some(a), 7, id(1)).unwrap();
+            p2.bind(0, PortSpace::Tcp, Some(b), 7, id(2)).unwrap();
+            p2.set_listening(0, PortSpace::Tcp, 7, id(1), true);
+            p2.set_listening(0, PortSpace::Tcp, 7, id(2), true);
+            p2.unbind(0, PortSpace::Tcp, 7, first);
+            let (gone, kept) = if first == id(1) { (a, b) } else { (b, a) };
+            assert_eq!(p2.listener(0, PortSpace::Tcp, kept, 7), Some(second));
+            assert_eq!(p2.listener(0, PortSpace::Tcp, gone, 7), None);
+            assert_eq!(
+                p2.bind(0, PortSpace::Tcp, Some(kept), 7, id(3)),
+                Err(BindError::InUse),
+                "the remaining binding still holds its address"
+            );
+            assert_eq!(p2.bind(0, PortSpace::Tcp, Some(gone), 7, id(3)), Ok(7));
+        }
+        // Three bindings: removing the first moves the next one up, the last stays behind it.
+        p.bind(0, PortSpace::Tcp, Some(a), 7, id(1)).unwrap();
+        p.bind(0, PortSpace::Tcp, Some(b), 7, id(2)).unwrap();
+        p.bind(0, PortSpace::Tcp, Some(c), 7, id(3)).unwrap();
+        p.unbind(0, PortSpace::Tcp, 7, id(1));
+        p.unbind(0, PortSpace::Tcp, 7, id(2));
+        p.set_listening(0, PortSpace::Tcp, 7, id(3), true);
+        assert_eq!(p.listener(0, PortSpace::Tcp, c, 7), Some(id(3)));
+        p.unbind(0, PortSpace::Tcp, 7, id(3));
+        assert!(p.map.is_empty(), "a port without bindings is forgotten");
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, None, 7, id(4)),
+            Ok(7),
+            "free for a wildcard again"
+        );
+        p.unbind(0, PortSpace::Tcp, 8, id(4));
+        p.unbind(0, PortSpace::Udp, 7, id(4));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 7, id(5)),
+            Err(BindError::NotAvailable),
+            "unbinding elsewhere left the wildcard in place"
+        );
+    }
+
+    #[test]
+    fn ephemeral_port_search_wraps_around_the_range_and_skips_taken_ports() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut p = Ports::new(2, 40000..=40002);
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 40001, id(1)), Ok(40001));
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 0, id(2)), Ok(40000));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 0, id(3)),
+            Ok(40002),
+            "40001 is taken"
+        );
+        p.unbind(0, PortSpace::Tcp, 40000, id(2));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 0, id(4)),
+            Ok(40000),
+            "the cursor wrapped past the range's end"
+        );
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 0, id(5)),
+            Err(BindError::NotAvailable)
+        );
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(b), 0, id(6)),
+            Ok(40001),
+            "a full search leaves the cursor where it began; another address may share a port"
+        );
+        assert_eq!(
+            p.bind(1, PortSpace::Tcp, Some(a), 0, id(7)),
+            Ok(40000),
+            "cursors are per host"
+        );
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, None, 0, id(8)),
+            Err(BindError::NotAvailable)
+        );
+        assert_eq!(
+            p.bind(0, PortSpace::Udp, None, 0, id(8)),
+            Ok(40002),
+            "port spaces are separate; the cursor is the host's"
+        );
+    }
+
+    #[test]
+    fn a_single_port_range_and_one_at_the_top_of_the_port_space_work() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut p = Ports::new(1, 65535..=65535);
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 0, id(1)), Ok(65535));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 0, id(2)),
+            Err(BindError::NotAvailable)
+        );
+        p.unbind(0, PortSpace::Tcp, 65535, id(1));
+        assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 0, id(2)), Ok(65535));
+    }
+
+    #[test]
+    fn a_wildcard_binding_conflicts_with_every_address() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        assert_eq!(p.bind(0, PortSpace::Tcp, None, 9, id(1)), Ok(9));
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, Some(a), 9, id(2)),
+            Err(BindError::NotAvailable)
+        );
+        assert_eq!(
+            p.bind(0, PortSpace::Tcp, None, 9, id(2)),
+            Err(BindError::NotAvailable)
+        );
+    }
+
+    #[test]
+    fn listening_can_be_stopped_and_other_ids_are_not_touched() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        p.bind(0, PortSpace::Tcp, Some(a), 5, id(1)).unwrap();
+        p.bind(0, PortSpace::Tcp, Some(b), 5, id(2)).unwrap();
+        p.set_listening(0, PortSpace::Tcp, 5, id(2), true);
+        assert_eq!(p.listener(0, PortSpace::Tcp, a, 5), None, "only id 2 listens");
+        assert_eq!(p.listener(0, PortSpace::Tcp, b, 5), Some(id(2)));
+        p.set_listening(0, PortSpace::Tcp, 5, id(2), false);
+        assert_eq!(p.listener(0, PortSpace::Tcp, b, 5), None);
+        p.set_listening(0, PortSpace::Tcp, 6, id(1), true);
+        assert_eq!(p.listener(0, PortSpace::Tcp, a, 5), None, "another port named");
+    }
+
+    fn hash_of(write: impl FnOnce(&mut FxHasher)) -> u64 {
+        let mut h = FxHasher::default();
+        write(&mut h);
+        h.finish()
+    }
+
+    /// A hasher that mapped keys together would put every binding in one bucket and make binds
+    /// scan them all: each input, at each width, must change the hash.
+    #[test]
+    fn the_port_hasher_tells_every_input_apart() {
+        let all = [
+            hash_of(|h| h.write(&[1])),
+            hash_of(|h| h.write(&[2])),
+            hash_of(|h| h.write(&[1, 1])),
+            hash_of(|h| h.write_u8(3)),
+            hash_of(|h| h.write_u16(4)),
+            hash_of(|h| h.write_u32(5)),
+            hash_of(|h| h.write_u64(6)),
+            hash_of(|h| h.write_usize(7)),
+            hash_of(|_| ()),
+        ];
+        let mut distinct = all.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), all.len(), "{all:x?}");
+        // After a prefix, each bit of the next word still matters (a bitwise or would drop
+        // the bits the prefix had set).
+        let mut after_prefix: Vec<u64> = (0..64)
+            .map(|bit| {
+                hash_of(|h| {
+                    h.write_u64(u64::MAX);
+                    h.write_u64(1 << bit);
+                })
+            })
+            .collect();
+        after_prefix.sort_unstable();
+        after_prefix.dedup();
+        assert_eq!(after_prefix.len(), 64);
+    }
 }

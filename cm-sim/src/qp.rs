@@ -234,4 +234,170 @@ mod tests {
         qp.poll(&mut out, 1);
         assert_eq!(out[0].status, WcStatus::LocLenErr);
     }
+
+    fn send(wr_id: u64, data: &[u8]) -> PostedSend {
+        PostedSend {
+            wr_id,
+            data: data.to_vec(),
+        }
+    }
+
+    fn polled(qp: &mut Qp, max: usize) -> Vec<WorkCompletion> {
+        let mut out = Vec::new();
+        let n = qp.poll(&mut out, max);
+        assert_eq!(n, out.len(), "poll reports what it moved");
+        out
+    }
+
+    #[test]
+    fn work_requests_hold_their_slot_until_their_completion_is_polled() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert!(!qp.has_pending_send() && !qp.has_recv() && qp.cq_is_empty());
+        qp.push_send(1, b"a");
+        qp.push_send(2, b"b");
+        qp.push_recv(3, 8);
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (2, 1));
+        assert!(qp.has_pending_send() && qp.has_recv());
+        let first = qp.pop_send().expect("posted");
+        assert_eq!(
+            (first.wr_id, qp.send_slots()),
+            (1, 2),
+            "taken off the queue, slot still held"
+        );
+        qp.complete_send(first, WcStatus::Success);
+        assert!(!qp.cq_is_empty());
+        let wcs = polled(&mut qp, 16);
+        assert_eq!(wcs.len(), 1);
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (1, 1));
+        qp.flush();
+        assert!(!qp.has_pending_send() && !qp.has_recv());
+        assert_eq!(polled(&mut qp, 16).len(), 2);
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert!(qp.cq_is_empty());
+    }
+
+    #[test]
+    fn poll_moves_at_most_max_completions_oldest_first() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        assert_eq!(polled(&mut qp, 4).len(), 0, "nothing ever posted");
+        for wr_id in 0..5 {
+            qp.push_flushed(wr_id, WcOpcode::Recv);
+        }
+        qp.push_flushed(5, WcOpcode::Send);
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (1, 5));
+        let ids = |wcs: Vec<WorkCompletion>| wcs.into_iter().map(|wc| wc.wr_id).collect::<Vec<_>>();
+        assert_eq!(ids(polled(&mut qp, 2)), [0, 1]);
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (1, 3));
+        assert_eq!(ids(polled(&mut qp, 0)), [0u64; 0]);
+        assert_eq!(ids(polled(&mut qp, 10)), [2, 3, 4, 5]);
+        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert_eq!(ids(polled(&mut qp, 10)), [0u64; 0]);
+    }
+
+    #[test]
+    fn a_work_request_posted_in_err_completes_flushed_at_once() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.push_flushed(4, WcOpcode::Send);
+        qp.push_flushed(5, WcOpcode::Recv);
+        assert!(!qp.has_pending_send() && !qp.has_recv(), "never queued");
+        let got: Vec<_> = polled(&mut qp, 4)
+            .into_iter()
+            .map(|wc| (wc.wr_id, wc.opcode, wc.status, wc.byte_len))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (4, WcOpcode::Send, WcStatus::WrFlushErr, 0),
+                (5, WcOpcode::Recv, WcStatus::WrFlushErr, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn taking_the_head_send_disarms_its_timers_and_counts_it() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        assert!(qp.pop_send().is_none(), "no queues yet");
+        qp.push_recv(9, 1);
+        assert!(qp.pop_send().is_none(), "no send posted");
+        qp.push_send(1, b"x");
+        qp.rnr_armed = true;
+        qp.retry_armed = true;
+        let s = qp.pop_send().unwrap();
+        assert_eq!(s.wr_id, 1);
+        assert_eq!((qp.sends_done, qp.rnr_armed, qp.retry_armed), (1, false, false));
+        assert!(qp.pop_send().is_none());
+        assert_eq!(qp.sends_done, 1, "nothing taken, nothing counted");
+    }
+
+    #[test]
+    fn a_message_as_long_as_the_receive_buffer_is_delivered_with_its_length() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        assert!(qp.land(&send(1, b"abc")).is_none(), "no queues yet");
+        qp.push_send(8, b"zz");
+        assert!(qp.land(&send(1, b"abc")).is_none(), "no receive posted");
+        qp.push_recv(7, 3);
+        qp.push_recv(6, 3);
+        assert!(matches!(qp.land(&send(1, b"abc")), Some(Landing::Delivered)));
+        assert!(matches!(qp.land(&send(2, b"")), Some(Landing::Delivered)));
+        let wcs = polled(&mut qp, 4);
+        let got: Vec<_> = wcs
+            .iter()
+            .map(|wc| (wc.wr_id, wc.opcode, wc.status, wc.byte_len, wc.data.as_slice()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (7, WcOpcode::Recv, WcStatus::Success, 3, &b"abc"[..]),
+                (6, WcOpcode::Recv, WcStatus::Success, 0, &b""[..])
+            ]
+        );
+        assert_eq!(qp.recv_slots(), 0);
+    }
+
+    #[test]
+    fn a_too_long_message_consumes_the_receive_without_data() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.push_recv(7, 2);
+        qp.push_recv(8, 64);
+        assert!(matches!(qp.land(&send(9, b"abc")), Some(Landing::TooLong)));
+        let wcs = polled(&mut qp, 4);
+        assert_eq!(wcs.len(), 1);
+        let wc = &wcs[0];
+        assert_eq!(
+            (wc.wr_id, wc.opcode, wc.status, wc.byte_len, wc.data.len()),
+            (7, WcOpcode::Recv, WcStatus::LocLenErr, 0, 0)
+        );
+        assert!(qp.has_recv(), "the next receive is still posted");
+    }
+
+    #[test]
+    fn send_completions_count_bytes_only_on_success() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.push_send(1, b"four");
+        qp.push_send(2, b"five!");
+        let ok = qp.pop_send().unwrap();
+        qp.complete_send(ok, WcStatus::Success);
+        let failed = qp.pop_send().unwrap();
+        qp.complete_send(failed, WcStatus::RetryExcErr);
+        let got: Vec<_> = polled(&mut qp, 4)
+            .into_iter()
+            .map(|wc| (wc.wr_id, wc.opcode, wc.status, wc.byte_len, wc.data.len()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcOpcode::Send, WcStatus::Success, 4, 0),
+                (2, WcOpcode::Send, WcStatus::RetryExcErr, 0, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn flushing_a_qp_that_never_saw_a_work_request_completes_nothing() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.flush();
+        assert!(qp.cq_is_empty());
+        assert_eq!(polled(&mut qp, 4).len(), 0);
+    }
 }

@@ -113,6 +113,9 @@ mod scenarios;
 #[path = "../conformance/misuse.rs"]
 mod misuse;
 
+#[path = "../conformance/datapath.rs"]
+mod datapath;
+
 #[path = "../conformance/props.rs"]
 mod props;
 
