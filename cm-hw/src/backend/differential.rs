@@ -7,6 +7,7 @@
 //! forever or leave the backend holding freed memory is still not made: it comes back as
 //! [`RawOutcome::NotIssued`] with the reason, which the suite lists.
 
+use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -136,15 +137,13 @@ impl HwBackend {
         let Ok(slots) = i32::try_from(caps.max_send_wr + caps.max_recv_wr) else {
             return RawOutcome::NotIssued("capabilities too large for one CQ");
         };
-        if !self.pds.contains_key(&context) {
-            match sys::Pd::alloc(&e.raw) {
-                Ok(pd) => {
-                    self.pds.insert(context, pd);
-                }
+        let pd = match self.pds.entry(context) {
+            Entry::Occupied(pd) => pd.into_mut(),
+            Entry::Vacant(slot) => match sys::Pd::alloc(&e.raw) {
+                Ok(pd) => slot.insert(pd),
                 Err(errno) => return RawOutcome::Failed(errno),
-            }
-        }
-        let pd = self.pds.get(&context).expect("inserted");
+            },
+        };
         match sys::Qp::create(&e.raw, pd, &caps, slots as u32, slots) {
             Ok((raw, _granted)) => {
                 let e = self.ids.at_mut(index).expect("checked");
