@@ -24,7 +24,8 @@
 //!
 //! ```text
 //! cargo run --example differential                        # simulator and machine only (no device)
-//! cargo run --features differential --example differential -- --hw --addr 10.0.0.1
+//! cargo run --features differential --example differential -- --hw --addr 10.0.0.1 \
+//!     --remove-device rxe0:veth0      # also the device-removal state, last (deletes and re-adds rxe0)
 //! ```
 //!
 //! The table goes to stdout between `--- differential table` and `--- end of table`, then one
@@ -73,9 +74,11 @@ enum St {
     Unreachable,
     DisconnectedActive,
     DisconnectedPassive,
+    /// An established active id whose device went away (`DEVICE_REMOVAL` retrieved); last.
+    DeviceRemoval,
 }
 
-const STATES: [St; 18] = [
+const STATES: [St; 19] = [
     St::Idle,
     St::Bound,
     St::AddrQuery,
@@ -94,6 +97,7 @@ const STATES: [St; 18] = [
     St::Unreachable,
     St::DisconnectedActive,
     St::DisconnectedPassive,
+    St::DeviceRemoval,
 ];
 
 impl St {
@@ -117,6 +121,7 @@ impl St {
             St::Unreachable => "unreachable",
             St::DisconnectedActive => "disconnected-active",
             St::DisconnectedPassive => "disconnected-passive",
+            St::DeviceRemoval => "device-removal",
         }
     }
 
@@ -231,6 +236,7 @@ enum Rc {
 fn errno_name(e: i32) -> String {
     let name = match e {
         1 => "EPERM",
+        6 => "ENXIO",
         errno::ENOENT => "ENOENT",
         errno::EBADF => "EBADF",
         11 => "EAGAIN",
@@ -515,7 +521,7 @@ fn drive<B: CmBackend>(
     expect(client, cch, CmEventType::Established, t)?;
     expect(server, sch, CmEventType::Established, t)?;
     match st {
-        St::EstablishedActive => return Ok(client_target(Some(sch))),
+        St::EstablishedActive | St::DeviceRemoval => return Ok(client_target(Some(sch))),
         St::EstablishedPassive => return Ok(child_target),
         _ => {}
     }
@@ -618,6 +624,7 @@ fn probe<B: Probed>(
     addr: SocketAddr,
     local: IpAddr,
     w: Waits,
+    remove_device: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<(Outcome, (Rc, Option<QpState>)), String> {
     let target = drive(server, client, st, addr, local, w)?;
     let (b, peer) = if target.on_server {
@@ -625,6 +632,25 @@ fn probe<B: Probed>(
     } else {
         (&mut *client, &mut *server)
     };
+    if st == St::DeviceRemoval {
+        remove_device()?;
+        // The id's DEVICE_REMOVAL, past whatever else the removal brought; all acked.
+        let deadline = std::time::Instant::now() + w.event;
+        loop {
+            let ev = b
+                .get_cm_event(target.ch, w.event)
+                .map_err(|e| format!("waiting for DEVICE_REMOVAL: {e}"))?
+                .ok_or("no DEVICE_REMOVAL")?;
+            let hit = ev.id() == target.id && ev.event() == CmEventType::DeviceRemoval;
+            b.ack_cm_event(ev).map_err(|e| format!("ack: {e}"))?;
+            if hit {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err("no DEVICE_REMOVAL in time".into());
+            }
+        }
+    }
     let machine = b.id_machine(target.id).map_err(|e| format!("id_machine: {e}"))?;
     let verdict = op.verdict(&machine);
     let qp_before = b.qp(target.id);
@@ -686,6 +712,11 @@ fn sim_probe(st: St, op: Op) -> Result<(Outcome, (Rc, Option<QpState>)), String>
         after: Duration::from_millis(400),
     };
     let local = "10.0.0.2".parse().unwrap();
+    // The client's host (1) loses its device.
+    let mut remove = || {
+        fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+        Ok(())
+    };
     probe(
         &mut server,
         &mut client,
@@ -694,6 +725,7 @@ fn sim_probe(st: St, op: Op) -> Result<(Outcome, (Rc, Option<QpState>)), String>
         "10.0.0.1:7471".parse().unwrap(),
         local,
         w,
+        &mut remove,
     )
 }
 
@@ -728,7 +760,27 @@ mod hw {
         };
         for run in 0..runs {
             let addr = SocketAddr::new(addr.ip(), addr.port() + 2 * run as u16);
-            match probe(&mut server, &mut client, st, op, addr, addr.ip(), WAITS) {
+            // The parent removes the device once every probe of the state is ready, and says so
+            // with a line on stdin.
+            let mut remove = || {
+                println!("probe-ready");
+                let _ = std::io::stdout().flush();
+                let mut line = String::new();
+                match std::io::stdin().read_line(&mut line) {
+                    Ok(n) if n > 0 => Ok(()),
+                    _ => Err("the parent did not remove the device".to_string()),
+                }
+            };
+            match probe(
+                &mut server,
+                &mut client,
+                st,
+                op,
+                addr,
+                addr.ip(),
+                WAITS,
+                &mut remove,
+            ) {
                 Ok((outcome, _)) => println!("{}", outcome.encode()),
                 Err(e) => println!("probe-error {e}"),
             }
@@ -745,7 +797,34 @@ mod hw {
         runs: usize,
         child: Child,
         lines: Receiver<String>,
+        /// Lines read while waiting for `probe-ready`, handed to `finish`.
+        early: Vec<String>,
         deadline: Instant,
+    }
+
+    impl Running {
+        /// Waits until the probe is ready for the device removal (false: it failed or ran out
+        /// of time first; `finish` then reports why).
+        pub(super) fn ready(&mut self, until: Instant) -> bool {
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    return false;
+                }
+                match self.lines.recv_timeout(until - now) {
+                    Ok(line) if line == "probe-ready" => return true,
+                    Ok(line) => self.early.push(line),
+                    Err(_) => return false,
+                }
+            }
+        }
+
+        /// Tells a ready probe that the device is gone.
+        pub(super) fn go(&mut self) {
+            if let Some(stdin) = self.child.stdin.as_mut() {
+                let _ = stdin.write_all(b"go\n").and_then(|()| stdin.flush());
+            }
+        }
     }
 
     pub(super) fn spawn(st: St, op: Op, addr: SocketAddr, runs: usize, suite_deadline: Instant) -> Running {
@@ -758,6 +837,7 @@ mod hw {
         let mut child = Command::new(exe)
             .args(["--child", st.name(), op.name(), "--addr", &addr.to_string()])
             .args(["--runs", &runs.to_string()])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -779,6 +859,7 @@ mod hw {
             runs,
             child,
             lines,
+            early: Vec::new(),
             deadline: (Instant::now() + bound).min(suite_deadline),
         }
     }
@@ -796,15 +877,19 @@ mod hw {
     /// still running) or a death (the child gone). The child is killed either way.
     pub(super) fn finish(mut r: Running) -> Vec<Outcome> {
         let mut results = Vec::new();
+        let mut early = std::mem::take(&mut r.early).into_iter();
         while results.len() < r.runs {
             let now = Instant::now();
             if now >= r.deadline {
                 break;
             }
-            match r
-                .lines
-                .recv_timeout((r.deadline - now).min(Duration::from_millis(200)))
-            {
+            let next = match early.next() {
+                Some(line) => Ok(line),
+                None => r
+                    .lines
+                    .recv_timeout((r.deadline - now).min(Duration::from_millis(200))),
+            };
+            match next {
                 Ok(line) => {
                     if let Some(o) = Outcome::decode(&line) {
                         results.push(o);
@@ -921,14 +1006,22 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut hw_addr: Option<IpAddr> = None;
     let mut hw = false;
+    let mut removal: Option<String> = None;
     let mut i = 0;
     let bad = |msg: String| {
-        eprintln!("differential: {msg} (options: --hw, --addr IP)");
+        eprintln!("differential: {msg} (options: --hw, --addr IP, --remove-device LINK:NETDEV)");
         ExitCode::from(2)
     };
     while i < args.len() {
         match args[i].as_str() {
             "--hw" => hw = true,
+            "--remove-device" => {
+                i += 1;
+                match args.get(i) {
+                    Some(spec) if spec.contains(':') => removal = Some(spec.clone()),
+                    _ => return bad("--remove-device needs LINK:NETDEV (rxe0:veth0)".into()),
+                }
+            }
             "--addr" => {
                 i += 1;
                 let Some(a) = args.get(i).and_then(|a| a.split(':').next()?.parse().ok()) else {
@@ -965,10 +1058,10 @@ fn main() -> ExitCode {
         (true, Some(a)) => Some(a),
         (true, None) => return bad("--hw needs --addr IP or CM_HW_ADDR".into()),
     };
-    run(hw_addr)
+    run(hw_addr, removal.as_deref())
 }
 
-fn run(hw_addr: Option<IpAddr>) -> ExitCode {
+fn run(hw_addr: Option<IpAddr>, removal: Option<&str>) -> ExitCode {
     let started = std::time::Instant::now();
     let list = departures();
     let mut rows = Vec::new();
@@ -992,7 +1085,7 @@ fn run(hw_addr: Option<IpAddr>) -> ExitCode {
             eprintln!("differential: --hw without a device: {e}");
             return ExitCode::FAILURE;
         }
-        hw_column(ip, &mut rows);
+        hw_column(ip, removal, &mut rows);
     }
     let hw_ran = hw_addr.is_some();
 
@@ -1029,10 +1122,11 @@ fn run(hw_addr: Option<IpAddr>) -> ExitCode {
                 }
             }
         }
-        let mut hw_text = if hw_ran {
-            String::new()
-        } else {
+        // Device removal runs only where the program may remove and restore the device.
+        let mut hw_text = if row.hw.is_empty() {
             "(not run)".to_string()
+        } else {
+            String::new()
         };
         for (o, n) in &row.hw {
             if !hw_text.is_empty() {
@@ -1143,6 +1237,41 @@ fn run(hw_addr: Option<IpAddr>) -> ExitCode {
     }
 }
 
+/// `rdma link delete LINK` of `LINK:NETDEV`, started (it may wait for the probes to let go).
+#[cfg(feature = "differential")]
+fn remove_device(spec: &str) -> std::io::Result<std::process::Child> {
+    let link = spec.split(':').next().unwrap_or(spec);
+    std::process::Command::new("rdma")
+        .args(["link", "delete", link])
+        .spawn()
+}
+
+/// `rdma link add LINK type rxe netdev NETDEV`, waited for within 30 s.
+#[cfg(feature = "differential")]
+fn restore_device(spec: &str) {
+    let Some((link, netdev)) = spec.split_once(':') else {
+        return;
+    };
+    let added = std::process::Command::new("rdma")
+        .args(["link", "add", link, "type", "rxe", "netdev", netdev])
+        .spawn()
+        .map(|mut c| wait_bounded(&mut c, std::time::Instant::now() + Duration::from_secs(30)));
+    eprintln!("differential: rdma link add {link}: {added:?}");
+}
+
+/// Waits for `child` until `until`; false (and the child killed) when it did not end in time.
+#[cfg(feature = "differential")]
+fn wait_bounded(child: &mut std::process::Child, until: std::time::Instant) -> bool {
+    while std::time::Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    false
+}
+
 #[cfg(feature = "differential")]
 fn hw_probe() -> Result<(), CmError> {
     cm::hw::probe()
@@ -1154,12 +1283,12 @@ fn hw_probe() -> Result<(), CmError> {
 }
 
 #[cfg(not(feature = "differential"))]
-fn hw_column(_ip: IpAddr, _rows: &mut [Row]) {
+fn hw_column(_ip: IpAddr, _removal: Option<&str>, _rows: &mut [Row]) {
     unreachable!("--hw is refused without the differential feature");
 }
 
 #[cfg(feature = "differential")]
-fn hw_column(ip: IpAddr, rows: &mut [Row]) {
+fn hw_column(ip: IpAddr, removal: Option<&str>, rows: &mut [Row]) {
     use std::collections::BTreeMap;
     // One port range per probe: concurrent probes must not share a listener's address.
     let port = |si: usize, oi: usize, run: usize| 20000 + (si * OPS.len() + oi) as u16 * 16 + run as u16 * 2;
@@ -1180,7 +1309,11 @@ fn hw_column(ip: IpAddr, rows: &mut [Row]) {
         .filter(|(_, st)| st.slow())
         .flat_map(|(si, st)| spawn_state(si, st))
         .collect();
-    for (si, st) in STATES.into_iter().enumerate().filter(|(_, st)| !st.slow()) {
+    for (si, st) in STATES
+        .into_iter()
+        .enumerate()
+        .filter(|(_, st)| !st.slow() && *st != St::DeviceRemoval)
+    {
         let t = std::time::Instant::now();
         for r in spawn_state(si, st) {
             let key = (r.st, r.op);
@@ -1196,8 +1329,47 @@ fn hw_column(ip: IpAddr, rows: &mut [Row]) {
         let key = (r.st, r.op);
         results.entry(key).or_default().extend(hw::finish(r));
     }
+    // Device removal last: it takes the device from every probe at once.
+    if let Some(link) = removal {
+        let si = STATES
+            .iter()
+            .position(|&s| s == St::DeviceRemoval)
+            .expect("listed");
+        let removal_deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut probes = spawn_state(si, St::DeviceRemoval);
+        let ready_until = std::time::Instant::now() + Duration::from_secs(30);
+        let ready = probes
+            .iter_mut()
+            .map(|r| r.ready(ready_until))
+            .filter(|&ready| ready)
+            .count();
+        eprintln!("differential: {ready} of {} removal probes ready", probes.len());
+        match remove_device(link) {
+            Ok(mut delete) => {
+                std::thread::sleep(Duration::from_millis(500));
+                for r in &mut probes {
+                    r.go();
+                }
+                for r in probes {
+                    let key = (r.st, r.op);
+                    results.entry(key).or_default().extend(hw::finish(r));
+                }
+                // The probes have exited or been killed: the removal can finish, and the device
+                // comes back for whatever runs next.
+                let ended = wait_bounded(&mut delete, removal_deadline);
+                eprintln!(
+                    "differential: rdma link delete {}",
+                    if ended { "finished" } else { "still running" }
+                );
+                restore_device(link);
+            }
+            Err(e) => eprintln!("differential: device removal not run: {e}"),
+        }
+    }
     for row in rows {
-        let outcomes = results.remove(&(row.st, row.op)).unwrap_or_default();
+        let Some(outcomes) = results.remove(&(row.st, row.op)) else {
+            continue;
+        };
         let mut counted: BTreeMap<Outcome, usize> = BTreeMap::new();
         for o in outcomes {
             *counted.entry(o).or_default() += 1;

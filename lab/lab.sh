@@ -67,7 +67,8 @@ PROJECT_BINS=(
   # Every trait call in every id state on the raw librdmacm, against the machine and the
   # simulator (issue 15). Its own bound is 4 minutes (the UNREACHABLE probes wait for the IB
   # CM's retries); debug build: the time goes to the kernel, and it spares a release build.
-  "differential|differential|300|build --features differential --example differential|example:differential|--hw --addr @ADDR"
+  # It deletes rxe0 for its device-removal probes, last, and adds it back on veth0 (guest/init).
+  "differential|differential|300|build --features differential --example differential|example:differential|--hw --addr @ADDR --remove-device rxe0:veth0"
 )
 
 # Suites that run the project's cmtime against rdma-core's (see add_interop_suites); they need
