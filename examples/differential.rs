@@ -621,8 +621,7 @@ fn probe<B: Probed>(
     client: &mut B,
     st: St,
     op: Op,
-    addr: SocketAddr,
-    local: IpAddr,
+    (addr, local): (SocketAddr, IpAddr),
     w: Waits,
     remove_device: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<(Outcome, (Rc, Option<QpState>)), String> {
@@ -722,8 +721,7 @@ fn sim_probe(st: St, op: Op) -> Result<(Outcome, (Rc, Option<QpState>)), String>
         &mut client,
         st,
         op,
-        "10.0.0.1:7471".parse().unwrap(),
-        local,
+        ("10.0.0.1:7471".parse().unwrap(), local),
         w,
         &mut remove,
     )
@@ -776,8 +774,7 @@ mod hw {
                 &mut client,
                 st,
                 op,
-                addr,
-                addr.ip(),
+                (addr, addr.ip()),
                 WAITS,
                 &mut remove,
             ) {
