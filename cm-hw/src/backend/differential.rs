@@ -66,6 +66,7 @@ impl HwBackend {
     /// The machine is moved on when the call succeeded and the machine allows the call, and left
     /// as it was otherwise, so that the events that follow are delivered (and counted) as usual.
     /// A handle this backend does not know is `NotIssued`.
+    #[doc(hidden)]
     pub fn raw_call(&mut self, id: IdHandle, call: RawCall) -> RawOutcome {
         let Ok(index) = self.id_index(cm_core::Call::GetLocalAddr, id) else {
             return RawOutcome::NotIssued("unknown handle");
@@ -117,6 +118,7 @@ impl HwBackend {
     }
 
     /// The state libibverbs holds for the id's QP; None without a QP.
+    #[doc(hidden)]
     pub fn raw_qp_state(&self, id: IdHandle) -> Option<QpState> {
         let index = self.id_index(cm_core::Call::GetLocalAddr, id).ok()?;
         let e = self.ids.at(index)?;
