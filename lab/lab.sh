@@ -52,7 +52,8 @@ ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 
 # Project binaries, data driven.  One row per binary:
 #   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments
-# kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, echo, plain.
+# kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, echo,
+# differential, plain.
 # In guest arguments @ADDR and @N are replaced by the guest address and --connections.
 # hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
 # (which libtest reports as passed and would otherwise swallow) reach the console; its
@@ -64,6 +65,11 @@ PROJECT_BINS=(
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
   "echo|echo|180|build --release --features hw,tokio --example echo|example:echo|--backend hw --server @ADDR --clients 100 --messages 100"
+  # Every trait call in every id state on the raw librdmacm, against the machine and the
+  # simulator (issue 15). Its own bound is 4 minutes (the UNREACHABLE probes wait for the IB
+  # CM's retries); debug build: the time goes to the kernel, and it spares a release build.
+  # It deletes rxe0 for its device-removal probes, last, and adds it back on veth0 (guest/init).
+  "differential|differential|300|build --features differential --example differential|example:differential|--hw --addr @ADDR --remove-device rxe0:veth0"
 )
 
 # Suites that run the project's cmtime against rdma-core's (see add_interop_suites); they need
@@ -967,6 +973,16 @@ cmtime_table() {
   awk 'on && !NF { exit } /^[[:space:]]*step[[:space:]]/ { on = 1 } on' "$1"
 }
 
+# The differential suite's table goes to lab/work/differential-table.txt (with the lines after
+# it: differences, stale list entries, the counts); the summary gets its `differential:` line.
+differential_summary() {
+  [[ -f $1 ]] || return 0
+  awk '/^--- differential table/ { on = 1 } on' "$1" | tr -d '\r' > "$WORK/differential-table.txt"
+  local line
+  line=$(grep -a '^differential: ' "$1" | tail -n 1 | tr -d '\r')
+  printf '%s (table: %s)' "${line:-no 'differential:' line}" "${WORK#"$REPO"/}/differential-table.txt"
+}
+
 summarize() {
   split_console
   local passed=0 failed=0 name kind rc secs res detail r
@@ -1027,6 +1043,7 @@ summarize() {
       if ((rc == 0)); then res=ok; passed=$((passed + 1)); else res=FAIL; failed=$((failed + 1)); fi
       ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s"
       [[ $kind == libtest ]] && detail+="${detail:+; }no libtest result line"
+      [[ $kind == differential ]] && detail+="${detail:+; }$(differential_summary "$OUT/$name.log")"
     fi
     log "$(printf 'suite %-18s %-5s rc=%-4s %7ss  %s' "$name" "$res" "${rc:--}" "$secs" "$detail")"
     if [[ $res != ok && -f $OUT/$name.log ]]; then

@@ -17,6 +17,9 @@ use crate::pool::{Prefetched, SlotPool};
 use crate::slab::Slab;
 use crate::sys::{self, Errno};
 
+#[cfg(feature = "differential")]
+pub(crate) mod differential;
+
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
 /// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
 pub const MAX_QP_BUFFER_BYTES: u64 = 1 << 30;

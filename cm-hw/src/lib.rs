@@ -76,6 +76,9 @@ mod pool;
 mod slab;
 mod sys;
 
+#[cfg(feature = "differential")]
+#[doc(hidden)]
+pub use backend::differential::{RawCall, RawOutcome};
 pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_QP_BUFFER_BYTES};
 
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -825,6 +825,23 @@ impl Qp {
         state == ffi::ibv_qp_state::IBV_QPS_ERR
     }
 
+    /// The QP's state as libibverbs last set it (`qp->state`, updated by every `ibv_modify_qp`,
+    /// librdmacm's included).
+    #[cfg(feature = "differential")]
+    pub(crate) fn state(&self) -> cm_core::QpState {
+        use cm_core::QpState;
+        use ffi::ibv_qp_state::*;
+        // SAFETY: the QP is alive (destroyed only by consuming `self`); reading a plain field.
+        match unsafe { (*self.qp.as_ptr()).state } {
+            IBV_QPS_RESET => QpState::Reset,
+            IBV_QPS_INIT => QpState::Init,
+            IBV_QPS_RTR => QpState::Rtr,
+            IBV_QPS_RTS => QpState::Rts,
+            // SQD, SQE and unknown states: none of them lets work through as RTS would.
+            _ => QpState::Err,
+        }
+    }
+
     /// The device context of the QP's PD.
     pub(crate) fn context(&self) -> usize {
         self.pd.context()

@@ -372,7 +372,11 @@ fn a_forged_event_with_a_guessed_token_is_refused() {
         let forged = CmEvent::new(id, None, ev.event(), ev.status(), ConnParam::ZERO, token);
         assert_err(c.ack_cm_event(forged), CmError::EventNotOutstanding);
     }
-    assert_eq!(c.id_machine(id).unwrap().unacked(), 1, "the guesses acked nothing");
+    assert_eq!(
+        c.id_machine(id).unwrap().unacked(),
+        1,
+        "the guesses acked nothing"
+    );
     c.ack_cm_event(ev).unwrap();
     destroy_all(c, &[id], ch);
     assert_clean(&bed);
@@ -417,5 +421,23 @@ fn invalid_arguments_are_refused_with_einval() {
     b.create_qp(client.id, QpCaps::new()).unwrap();
     assert_eq!(b.connect(client.id, &big).unwrap_err().errno(), errno::EINVAL);
     destroy_all(b, &[client.id, v6], client.ch);
+    assert_clean(&bed);
+}
+
+#[test]
+fn disconnect_on_a_listener_is_a_no_op_as_in_librdmacm() {
+    // Measured by the lab's differential suite: the kernel takes rdma_disconnect on a listener
+    // bound to a device and returns 0; a wildcard listener has no device, and librdmacm refuses.
+    let mut bed = bed!();
+    let server = listen(&mut bed, 8);
+    let b = &mut bed.server;
+    let before = b.id_machine(server.listener).unwrap();
+    b.disconnect(server.listener).unwrap();
+    assert_eq!(b.id_machine(server.listener).unwrap(), before, "still listening");
+    let wildcard = b.create_id(server.ch, PortSpace::Tcp).unwrap();
+    b.listen(wildcard, 8).unwrap();
+    let err = b.disconnect(wildcard).unwrap_err();
+    assert_eq!(err.errno(), errno::EINVAL);
+    destroy_all(b, &[wildcard, server.listener], server.ch);
     assert_clean(&bed);
 }

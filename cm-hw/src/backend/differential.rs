@@ -1,0 +1,238 @@
+//! Calls issued through librdmacm without the [`IdMachine`](cm_core::IdMachine) check, for the
+//! lab's differential suite (`examples/differential.rs`), which compares what librdmacm does in
+//! each state with what the machine decides. Internal: behind the `differential` feature and
+//! hidden from the docs.
+//!
+//! Only the state check is bypassed. A call that would make librdmacm dereference NULL, block
+//! forever or leave the backend holding freed memory is still not made: it comes back as
+//! [`RawOutcome::NotIssued`] with the reason, which the suite lists.
+
+use std::collections::hash_map::Entry;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cm_core::{CmBackend, ConnParam, IdHandle, QpCaps, QpState, WcOpcode};
+
+use super::{HwBackend, QpEntry};
+use crate::convert;
+use crate::pool::{Prefetched, SlotPool};
+use crate::sys;
+
+/// One trait call, with its arguments, to be made on librdmacm directly.
+#[derive(Clone, Debug)]
+pub enum RawCall {
+    /// `rdma_bind_addr`.
+    BindAddr(SocketAddr),
+    /// `rdma_resolve_addr` from no source address.
+    ResolveAddr(SocketAddr, Duration),
+    /// `rdma_resolve_route`.
+    ResolveRoute(Duration),
+    /// `rdma_listen`.
+    Listen(i32),
+    /// `rdma_create_qp` with the backend's PD, CQ and buffers.
+    CreateQp(QpCaps),
+    /// `rdma_destroy_qp`.
+    DestroyQp,
+    /// `rdma_connect` (never a NULL parameter).
+    Connect(ConnParam),
+    /// `rdma_accept` (never a NULL parameter).
+    Accept(ConnParam),
+    /// `rdma_reject`.
+    Reject(Vec<u8>),
+    /// `rdma_disconnect`.
+    Disconnect,
+    /// `rdma_destroy_id`.
+    DestroyId,
+    /// `ibv_post_send` of the bytes.
+    PostSend(Vec<u8>),
+    /// `ibv_post_recv` of a buffer of this length.
+    PostRecv(u32),
+}
+
+/// What librdmacm (or verbs) answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RawOutcome {
+    /// The call returned 0.
+    Ok,
+    /// The call failed with this errno.
+    Failed(i32),
+    /// The call was not made: librdmacm would crash, hang or leak; the reason says which.
+    NotIssued(&'static str),
+}
+
+impl HwBackend {
+    /// Makes `call` on `id` through librdmacm without asking the id's machine first.
+    ///
+    /// The machine is moved on when the call succeeded and the machine allows the call, and left
+    /// as it was otherwise, so that the events that follow are delivered (and counted) as usual.
+    /// A handle this backend does not know is `NotIssued`.
+    #[doc(hidden)]
+    pub fn raw_call(&mut self, id: IdHandle, call: RawCall) -> RawOutcome {
+        let Ok(index) = self.id_index(cm_core::Call::GetLocalAddr, id) else {
+            return RawOutcome::NotIssued("unknown handle");
+        };
+        let e = self.ids.at_mut(index).expect("checked");
+        let device = e.raw.verbs() != 0;
+        let m = e.machine;
+        let result = match call {
+            RawCall::BindAddr(addr) => e.raw.bind_addr(&addr).map(|()| m.bind_addr(!device)),
+            RawCall::ResolveAddr(dst, t) => e
+                .raw
+                .resolve_addr(None, &dst, convert::millis_ceil(t))
+                .map(|()| m.resolve_addr()),
+            RawCall::ResolveRoute(_) if !device => {
+                return RawOutcome::NotIssued("no device: rdma_resolve_route dereferences id->verbs")
+            }
+            RawCall::ResolveRoute(t) => e
+                .raw
+                .resolve_route(convert::millis_ceil(t))
+                .map(|()| m.resolve_route()),
+            RawCall::Listen(backlog) => e.raw.listen(backlog).map(|()| m.listen()),
+            RawCall::Connect(_) if !device => {
+                return RawOutcome::NotIssued(
+                    "no device: rdma_connect's parameter check dereferences id->verbs",
+                )
+            }
+            RawCall::Connect(p) => e.raw.connect(&p).map(|()| m.connect(p.private_data.len())),
+            RawCall::Accept(_) if !device => {
+                return RawOutcome::NotIssued("no device: rdma_accept dereferences id->verbs")
+            }
+            RawCall::Accept(p) => e.raw.accept(&p).map(|()| m.accept(p.private_data.len())),
+            RawCall::Reject(data) => e.raw.reject(&data).map(|()| m.reject(data.len())),
+            RawCall::Disconnect => e.raw.disconnect().map(|()| m.disconnect()),
+            RawCall::CreateQp(caps) => return self.raw_create_qp(index, caps),
+            RawCall::DestroyQp => return self.raw_destroy_qp(index),
+            RawCall::DestroyId => return self.raw_destroy_id(id, index),
+            RawCall::PostSend(data) => return self.raw_post(index, WcOpcode::Send, &data, 0),
+            RawCall::PostRecv(len) => return self.raw_post(index, WcOpcode::Recv, &[], len),
+        };
+        match result {
+            Ok(next) => {
+                if let Ok(next) = next {
+                    self.ids.at_mut(index).expect("checked").machine = next;
+                }
+                RawOutcome::Ok
+            }
+            Err(errno) => RawOutcome::Failed(errno),
+        }
+    }
+
+    /// The state libibverbs holds for the id's QP; None without a QP.
+    #[doc(hidden)]
+    pub fn raw_qp_state(&self, id: IdHandle) -> Option<QpState> {
+        let index = self.id_index(cm_core::Call::GetLocalAddr, id).ok()?;
+        let e = self.ids.at(index)?;
+        e.qp.as_ref().map(|q| q.raw.state())
+    }
+
+    fn raw_create_qp(&mut self, index: u32, caps: QpCaps) -> RawOutcome {
+        let e = self.ids.at(index).expect("checked");
+        let context = e.raw.verbs();
+        if context == 0 {
+            return RawOutcome::NotIssued("no device: no protection domain to create the QP on");
+        }
+        if e.qp.is_some() || e.raw.has_qp() {
+            // librdmacm would overwrite id->qp and leak the first QP, which the backend still
+            // holds and would destroy through an id that no longer knows it.
+            return RawOutcome::NotIssued("a QP exists: librdmacm overwrites id->qp and leaks the first");
+        }
+        let Ok(slots) = i32::try_from(caps.max_send_wr + caps.max_recv_wr) else {
+            return RawOutcome::NotIssued("capabilities too large for one CQ");
+        };
+        let pd = match self.pds.entry(context) {
+            Entry::Occupied(pd) => pd.into_mut(),
+            Entry::Vacant(slot) => match sys::Pd::alloc(&e.raw) {
+                Ok(pd) => slot.insert(pd),
+                Err(errno) => return RawOutcome::Failed(errno),
+            },
+        };
+        match sys::Qp::create(&e.raw, pd, &caps, slots as u32, slots) {
+            Ok((raw, _granted)) => {
+                let e = self.ids.at_mut(index).expect("checked");
+                e.qp = Some(QpEntry {
+                    raw,
+                    pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
+                    caps,
+                    early: Prefetched::default(),
+                });
+                if let Ok(next) = e.machine.create_qp() {
+                    e.machine = next;
+                }
+                self.qps += 1;
+                RawOutcome::Ok
+            }
+            Err(errno) => {
+                self.release_pd(context, index);
+                RawOutcome::Failed(errno)
+            }
+        }
+    }
+
+    fn raw_destroy_qp(&mut self, index: u32) -> RawOutcome {
+        let e = self.ids.at_mut(index).expect("checked");
+        let Some(q) = e.qp.take() else {
+            return RawOutcome::NotIssued("no QP: rdma_destroy_qp passes NULL to ibv_destroy_qp");
+        };
+        let context = q.raw.context();
+        let outcome = match q.raw.destroy(&e.raw) {
+            Ok(_pd) => RawOutcome::Ok,
+            Err((Some(raw), errno)) => {
+                e.qp = Some(QpEntry { raw, ..q });
+                return RawOutcome::Failed(errno);
+            }
+            Err((None, errno)) => RawOutcome::Failed(errno),
+        };
+        if let Ok(next) = e.machine.destroy_qp() {
+            e.machine = next;
+        }
+        self.qps -= 1;
+        self.release_pd(context, index);
+        outcome
+    }
+
+    fn raw_destroy_id(&mut self, id: IdHandle, index: u32) -> RawOutcome {
+        let e = self.ids.at(index).expect("checked");
+        if e.qp.is_some() || e.raw.has_qp() {
+            return RawOutcome::NotIssued("a QP is attached: librdmacm leaks it");
+        }
+        if e.raw.holders() > 0 {
+            return RawOutcome::NotIssued("unacked events: rdma_destroy_id blocks until they are acked");
+        }
+        // Every unacked event holds its id (checked above) and there is no QP: the machine has
+        // nothing to refuse, so the guarded path makes exactly the librdmacm call.
+        match self.destroy_id(id) {
+            Ok(()) => RawOutcome::Ok,
+            Err(err) => RawOutcome::Failed(err.errno()),
+        }
+    }
+
+    fn raw_post(&mut self, index: u32, op: WcOpcode, data: &[u8], len: u32) -> RawOutcome {
+        let e = self.ids.at_mut(index).expect("checked");
+        let Some(q) = e.qp.as_mut() else {
+            return RawOutcome::NotIssued("no QP: the verbs call would get a NULL QP");
+        };
+        if !e.machine.port_space().is_connected() && op == WcOpcode::Send {
+            return RawOutcome::NotIssued("UD send without an address handle: providers dereference it");
+        }
+        let size = if op == WcOpcode::Send {
+            data.len() as u32
+        } else {
+            len
+        };
+        let Some(slot) = q.pool.post(op, 0, size) else {
+            return RawOutcome::NotIssued("queue full");
+        };
+        let result = if op == WcOpcode::Send {
+            q.raw.post_send(slot, data)
+        } else {
+            q.raw.post_recv(slot, len)
+        };
+        match result {
+            Ok(()) => RawOutcome::Ok,
+            Err(errno) => {
+                q.pool.unpost(slot);
+                RawOutcome::Failed(errno)
+            }
+        }
+    }
+}

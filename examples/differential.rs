@@ -1,0 +1,1384 @@
+//! The differential suite: every call of the trait in every state the id machine knows, made on
+//! the raw librdmacm (the machine's check bypassed), compared with the machine's verdict and with
+//! the simulator's answer.
+//!
+//! For each (state, call) pair the program drives a fresh id into the state and makes the call,
+//! recording the return (0 or the errno), the QP's state before and after, and the events that
+//! follow for the id. Three columns result:
+//!
+//! * **librdmacm** — the call made through `cm_hw::HwBackend::raw_call` in a child process of
+//!   its own under a time bound, so that a hang or a crash is a table entry rather than the end
+//!   of the run. Calls that would crash, hang or leak in librdmacm are not made; the table says
+//!   why (`not issued: ...`).
+//! * **machine** — what `IdMachine` answers for the id as the backend tracks it.
+//! * **simulator** — the same drive and call on `cm-sim`, through the trait (guarded, as users
+//!   call it).
+//!
+//! A pair *differs* when librdmacm's return or resulting QP state is not the machine's, or the
+//! simulator's return is not the machine's. A difference fails the run unless it is on the list of
+//! known departures (`tests/differential-departures.txt`), each entry with its reason; an entry
+//! that matched nothing fails the run too, so the list cannot go stale. States whose outcome
+//! depends on timing (a call while a resolution is in flight) run five times and are reported
+//! with each outcome's count. Probes of one state run concurrently; states that take the IB CM's
+//! retries to reach (UNREACHABLE) start first and are collected last.
+//!
+//! ```text
+//! cargo run --example differential                        # simulator and machine only (no device)
+//! cargo run --features differential --example differential -- --hw --addr 10.0.0.1 \
+//!     --remove-device rxe0:veth0      # also the device-removal state, last (deletes and re-adds rxe0)
+//! ```
+//!
+//! The table goes to stdout between `--- differential table` and `--- end of table`, then one
+//! line `differential: ...` with the counts. Exit code 0 when nothing unlisted differs, 1
+//! otherwise, 2 for a bad option.
+
+// Without the `differential` feature only the simulator's column is built: the code that runs
+// and reads back the librdmacm probes is then unused.
+#![cfg_attr(not(feature = "differential"), allow(dead_code))]
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cm::core::{
+    errno, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine, PortSpace, QpCaps,
+    QpState,
+};
+use cm::sim::{SimFabric, SimHost};
+
+/// The list of known departures, checked in next to the tests that check it against the README.
+const DEPARTURES: &str = include_str!("../tests/differential-departures.txt");
+
+/// How many times a timing-dependent state is probed.
+const TIMING_RUNS: usize = 5;
+
+/// The states probed, each the state of the id the call is made on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum St {
+    Idle,
+    Bound,
+    AddrQuery,
+    AddrResolved,
+    RouteQuery,
+    RouteResolved,
+    RouteResolvedQp,
+    Listen,
+    Connecting,
+    Requested,
+    RequestedQp,
+    Accepted,
+    EstablishedActive,
+    EstablishedPassive,
+    Rejected,
+    Unreachable,
+    DisconnectedActive,
+    DisconnectedPassive,
+    /// An established active id whose device went away (`DEVICE_REMOVAL` retrieved); last.
+    DeviceRemoval,
+}
+
+const STATES: [St; 19] = [
+    St::Idle,
+    St::Bound,
+    St::AddrQuery,
+    St::AddrResolved,
+    St::RouteQuery,
+    St::RouteResolved,
+    St::RouteResolvedQp,
+    St::Listen,
+    St::Connecting,
+    St::Requested,
+    St::RequestedQp,
+    St::Accepted,
+    St::EstablishedActive,
+    St::EstablishedPassive,
+    St::Rejected,
+    St::Unreachable,
+    St::DisconnectedActive,
+    St::DisconnectedPassive,
+    St::DeviceRemoval,
+];
+
+impl St {
+    fn name(self) -> &'static str {
+        match self {
+            St::Idle => "idle",
+            St::Bound => "bound",
+            St::AddrQuery => "addr-query",
+            St::AddrResolved => "addr-resolved",
+            St::RouteQuery => "route-query",
+            St::RouteResolved => "route-resolved",
+            St::RouteResolvedQp => "route-resolved+qp",
+            St::Listen => "listen",
+            St::Connecting => "connecting",
+            St::Requested => "requested",
+            St::RequestedQp => "requested+qp",
+            St::Accepted => "accepted",
+            St::EstablishedActive => "established-active",
+            St::EstablishedPassive => "established-passive",
+            St::Rejected => "rejected",
+            St::Unreachable => "unreachable",
+            St::DisconnectedActive => "disconnected-active",
+            St::DisconnectedPassive => "disconnected-passive",
+            St::DeviceRemoval => "device-removal",
+        }
+    }
+
+    fn parse(s: &str) -> Option<St> {
+        STATES.into_iter().find(|st| st.name() == s)
+    }
+
+    /// Whether the call races an operation in flight (the kernel may or may not have finished it).
+    fn timing(self) -> bool {
+        matches!(self, St::AddrQuery | St::RouteQuery)
+    }
+
+    /// Whether reaching the state takes the IB CM's retries (about a minute on rxe).
+    fn slow(self) -> bool {
+        matches!(self, St::Unreachable)
+    }
+}
+
+/// The calls made in each state: every call the machine decides on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Op {
+    BindAddr,
+    ResolveAddr,
+    ResolveRoute,
+    Listen,
+    CreateQp,
+    DestroyQp,
+    Connect,
+    Accept,
+    Reject,
+    Disconnect,
+    DestroyId,
+    PostSend,
+    PostRecv,
+}
+
+const OPS: [Op; 13] = [
+    Op::BindAddr,
+    Op::ResolveAddr,
+    Op::ResolveRoute,
+    Op::Listen,
+    Op::CreateQp,
+    Op::DestroyQp,
+    Op::Connect,
+    Op::Accept,
+    Op::Reject,
+    Op::Disconnect,
+    Op::DestroyId,
+    Op::PostSend,
+    Op::PostRecv,
+];
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::BindAddr => "bind_addr",
+            Op::ResolveAddr => "resolve_addr",
+            Op::ResolveRoute => "resolve_route",
+            Op::Listen => "listen",
+            Op::CreateQp => "create_qp",
+            Op::DestroyQp => "destroy_qp",
+            Op::Connect => "connect",
+            Op::Accept => "accept",
+            Op::Reject => "reject",
+            Op::Disconnect => "disconnect",
+            Op::DestroyId => "destroy_id",
+            Op::PostSend => "post_send",
+            Op::PostRecv => "post_recv",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        OPS.into_iter().find(|op| op.name() == s)
+    }
+
+    /// The machine's verdict for the call on an id in `m`: the return and the QP's state after.
+    fn verdict(self, m: &IdMachine) -> (Rc, Option<QpState>) {
+        let step = match self {
+            Op::BindAddr => m.bind_addr(false),
+            Op::ResolveAddr => m.resolve_addr(),
+            Op::ResolveRoute => m.resolve_route(),
+            Op::Listen => m.listen(),
+            Op::CreateQp => m.create_qp(),
+            Op::DestroyQp => m.destroy_qp(),
+            Op::Connect => m.connect(0),
+            Op::Accept => m.accept(0),
+            Op::Reject => m.reject(0),
+            Op::Disconnect => m.disconnect(),
+            Op::DestroyId => m.destroy(),
+            Op::PostSend => m.post_send().map(|()| *m),
+            Op::PostRecv => m.post_recv().map(|()| *m),
+        };
+        match step {
+            Ok(next) => (Rc::Ok, next.qp()),
+            Err(e) => (Rc::Errno(e.errno()), m.qp()),
+        }
+    }
+}
+
+/// A call's return.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Rc {
+    Ok,
+    Errno(i32),
+    NotIssued(String),
+    /// The child did not finish in its bound.
+    Hang,
+    /// The child died without a result (a signal, or a failed drive).
+    Died(String),
+}
+
+fn errno_name(e: i32) -> String {
+    let name = match e {
+        1 => "EPERM",
+        6 => "ENXIO",
+        errno::ENOENT => "ENOENT",
+        errno::EBADF => "EBADF",
+        11 => "EAGAIN",
+        errno::ENOMEM => "ENOMEM",
+        errno::EBUSY => "EBUSY",
+        17 => "EEXIST",
+        errno::ENODEV => "ENODEV",
+        errno::EINVAL => "EINVAL",
+        errno::ENOSYS => "ENOSYS",
+        errno::ENODATA => "ENODATA",
+        71 => "EPROTO",
+        errno::EOPNOTSUPP => "EOPNOTSUPP",
+        errno::EADDRINUSE => "EADDRINUSE",
+        errno::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+        errno::ENETUNREACH => "ENETUNREACH",
+        106 => "EISCONN",
+        107 => "ENOTCONN",
+        errno::ETIMEDOUT => "ETIMEDOUT",
+        errno::ECONNREFUSED => "ECONNREFUSED",
+        errno::EHOSTUNREACH => "EHOSTUNREACH",
+        114 => "EALREADY",
+        _ => return format!("errno{e}"),
+    };
+    name.to_string()
+}
+
+fn errno_from_name(s: &str) -> Option<i32> {
+    if let Some(n) = s.strip_prefix("errno") {
+        return n.parse().ok();
+    }
+    (1..200).find(|&e| errno_name(e) == s)
+}
+
+impl fmt::Display for Rc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rc::Ok => f.write_str("ok"),
+            Rc::Errno(e) => f.write_str(&errno_name(*e)),
+            Rc::NotIssued(why) => write!(f, "not issued ({why})"),
+            Rc::Hang => f.write_str("hang"),
+            Rc::Died(why) => write!(f, "died ({why})"),
+        }
+    }
+}
+
+/// What one probe saw.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Outcome {
+    rc: Rc,
+    qp_before: Option<QpState>,
+    qp_after: Option<QpState>,
+    /// The events that followed for the id (`peer:` for the other end's).
+    events: Vec<String>,
+}
+
+fn qp_name(q: Option<QpState>) -> &'static str {
+    match q {
+        None => "-",
+        Some(QpState::Reset) => "RESET",
+        Some(QpState::Init) => "INIT",
+        Some(QpState::Rtr) => "RTR",
+        Some(QpState::Rts) => "RTS",
+        Some(QpState::Err) => "ERR",
+    }
+}
+
+fn qp_parse(s: &str) -> Option<QpState> {
+    match s {
+        "RESET" => Some(QpState::Reset),
+        "INIT" => Some(QpState::Init),
+        "RTR" => Some(QpState::Rtr),
+        "RTS" => Some(QpState::Rts),
+        "ERR" => Some(QpState::Err),
+        _ => None,
+    }
+}
+
+impl Outcome {
+    /// The return and the QP transition, as the table shows them.
+    fn short(&self) -> String {
+        let mut s = self.rc.to_string();
+        if self.qp_before != self.qp_after {
+            s += &format!(" qp {}->{}", qp_name(self.qp_before), qp_name(self.qp_after));
+        }
+        s
+    }
+
+    /// One line for the parent to read back from a child.
+    fn encode(&self) -> String {
+        let rc = match &self.rc {
+            Rc::Ok => "ok".to_string(),
+            Rc::Errno(e) => errno_name(*e),
+            Rc::NotIssued(why) => format!("not-issued:{}", why.replace(' ', "~")),
+            Rc::Hang => "hang".to_string(),
+            Rc::Died(why) => format!("died:{}", why.replace(' ', "~")),
+        };
+        format!(
+            "probe-result rc={rc} qp={}>{} events={}",
+            qp_name(self.qp_before),
+            qp_name(self.qp_after),
+            if self.events.is_empty() {
+                "-".to_string()
+            } else {
+                self.events.join(",")
+            }
+        )
+    }
+
+    fn decode(line: &str) -> Option<Outcome> {
+        let rest = line.strip_prefix("probe-result ")?;
+        let mut rc = None;
+        let mut qp = None;
+        let mut events = Vec::new();
+        for field in rest.split(' ') {
+            let (k, v) = field.split_once('=')?;
+            match k {
+                "rc" => {
+                    rc = Some(match v {
+                        "ok" => Rc::Ok,
+                        "hang" => Rc::Hang,
+                        v if v.starts_with("not-issued:") => Rc::NotIssued(v[11..].replace('~', " ")),
+                        v if v.starts_with("died:") => Rc::Died(v[5..].replace('~', " ")),
+                        v => Rc::Errno(errno_from_name(v)?),
+                    })
+                }
+                "qp" => {
+                    let (a, b) = v.split_once('>')?;
+                    qp = Some((qp_parse(a), qp_parse(b)));
+                }
+                "events" if v != "-" => events = v.split(',').map(str::to_string).collect(),
+                _ => {}
+            }
+        }
+        let (qp_before, qp_after) = qp?;
+        Some(Outcome {
+            rc: rc?,
+            qp_before,
+            qp_after,
+            events,
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Driving an id into a state, generic over the backend
+
+/// How long the drive waits for one event; the IB CM's retries need far longer for UNREACHABLE.
+#[derive(Clone, Copy)]
+struct Waits {
+    event: Duration,
+    unreachable: Duration,
+    /// How long events are collected after the call.
+    after: Duration,
+}
+
+/// Where a probe's id lives once driven.
+struct Target {
+    /// The id the call is made on is the server backend's (a child or the listener).
+    on_server: bool,
+    id: IdHandle,
+    ch: ChannelHandle,
+    /// The other end's channel, whose events are recorded as `peer:`.
+    peer_ch: Option<ChannelHandle>,
+}
+
+fn expect<B: CmBackend>(
+    b: &mut B,
+    ch: ChannelHandle,
+    ty: CmEventType,
+    t: Duration,
+) -> Result<IdHandle, String> {
+    let ev = b
+        .get_cm_event(ch, t)
+        .map_err(|e| format!("waiting for {ty}: {e}"))?
+        .ok_or_else(|| format!("no {ty} within {t:?}"))?;
+    let (got, id) = (ev.event(), ev.id());
+    b.ack_cm_event(ev).map_err(|e| format!("ack: {e}"))?;
+    if got != ty {
+        return Err(format!("expected {ty}, got {got}"));
+    }
+    Ok(id)
+}
+
+/// Drives a fresh id into `st`, with a server (listener) on `server` at `addr` where the state
+/// needs a peer; the client's own address is `local` (port `addr`'s + 1 where it needs a port).
+fn drive<B: CmBackend>(
+    server: &mut B,
+    client: &mut B,
+    st: St,
+    addr: SocketAddr,
+    local: IpAddr,
+    w: Waits,
+) -> Result<Target, String> {
+    let e = |what: &'static str| move |err: CmError| format!("{what}: {err}");
+    let t = w.event;
+    let cch = client.create_event_channel().map_err(e("client channel"))?;
+    let id = client.create_id(cch, PortSpace::Tcp).map_err(e("create_id"))?;
+    let client_target = |peer_ch| Target {
+        on_server: false,
+        id,
+        ch: cch,
+        peer_ch,
+    };
+    match st {
+        St::Idle => return Ok(client_target(None)),
+        St::Bound => {
+            client
+                .bind_addr(id, SocketAddr::new(local, 0))
+                .map_err(e("bind_addr"))?;
+            return Ok(client_target(None));
+        }
+        St::Listen => {
+            client
+                .bind_addr(id, SocketAddr::new(local, addr.port()))
+                .map_err(e("bind_addr"))?;
+            client.listen(id, 8).map_err(e("listen"))?;
+            return Ok(client_target(None));
+        }
+        _ => {}
+    }
+    // Everything else resolves towards a listener on `addr`.
+    let sch = server.create_event_channel().map_err(e("server channel"))?;
+    let listener = server.create_id(sch, PortSpace::Tcp).map_err(e("listener"))?;
+    server.bind_addr(listener, addr).map_err(e("listener bind"))?;
+    server.listen(listener, 8).map_err(e("listen"))?;
+    client
+        .resolve_addr(id, None, addr, t)
+        .map_err(e("resolve_addr"))?;
+    if st == St::AddrQuery {
+        return Ok(client_target(Some(sch)));
+    }
+    expect(client, cch, CmEventType::AddrResolved, t)?;
+    if st == St::AddrResolved {
+        return Ok(client_target(Some(sch)));
+    }
+    client.resolve_route(id, t).map_err(e("resolve_route"))?;
+    if st == St::RouteQuery {
+        return Ok(client_target(Some(sch)));
+    }
+    expect(client, cch, CmEventType::RouteResolved, t)?;
+    if st == St::RouteResolved {
+        return Ok(client_target(Some(sch)));
+    }
+    client.create_qp(id, QpCaps::new()).map_err(e("create_qp"))?;
+    if st == St::RouteResolvedQp {
+        return Ok(client_target(Some(sch)));
+    }
+    client.connect(id, &ConnParam::new()).map_err(e("connect"))?;
+    if st == St::Connecting {
+        return Ok(client_target(Some(sch)));
+    }
+    let child = expect(server, sch, CmEventType::ConnectRequest, t)?;
+    let child_target = Target {
+        on_server: true,
+        id: child,
+        ch: sch,
+        peer_ch: Some(cch),
+    };
+    match st {
+        St::Requested => return Ok(child_target),
+        St::Rejected => {
+            server.reject(child, b"").map_err(e("reject"))?;
+            expect(client, cch, CmEventType::Rejected, t)?;
+            return Ok(client_target(Some(sch)));
+        }
+        St::Unreachable => {
+            expect(client, cch, CmEventType::Unreachable, w.unreachable)?;
+            return Ok(client_target(Some(sch)));
+        }
+        _ => {}
+    }
+    server
+        .create_qp(child, QpCaps::new())
+        .map_err(e("child create_qp"))?;
+    if st == St::RequestedQp {
+        return Ok(child_target);
+    }
+    server.accept(child, &ConnParam::new()).map_err(e("accept"))?;
+    if st == St::Accepted {
+        return Ok(child_target);
+    }
+    expect(client, cch, CmEventType::Established, t)?;
+    expect(server, sch, CmEventType::Established, t)?;
+    match st {
+        St::EstablishedActive | St::DeviceRemoval => return Ok(client_target(Some(sch))),
+        St::EstablishedPassive => return Ok(child_target),
+        _ => {}
+    }
+    client.disconnect(id).map_err(e("disconnect"))?;
+    expect(server, sch, CmEventType::Disconnected, t)?;
+    if st == St::DisconnectedPassive {
+        return Ok(child_target);
+    }
+    server.disconnect(child).map_err(e("child disconnect"))?;
+    expect(client, cch, CmEventType::Disconnected, t)?;
+    debug_assert_eq!(st, St::DisconnectedActive);
+    Ok(client_target(Some(sch)))
+}
+
+/// A backend the probe can make a call on: guarded (the simulator) or raw (librdmacm).
+trait Probed: CmBackend {
+    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration) -> Rc;
+    fn qp(&self, id: IdHandle) -> Option<QpState>;
+    /// Lets time pass without an event (the simulator's clock runs only in its waits).
+    fn pause(&mut self, ch: ChannelHandle, t: Duration) -> Option<cm::CmEvent>;
+}
+
+fn rc_of(r: Result<(), CmError>) -> Rc {
+    match r {
+        Ok(()) => Rc::Ok,
+        Err(e) => Rc::Errno(e.errno()),
+    }
+}
+
+impl Probed for SimHost {
+    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration) -> Rc {
+        rc_of(match op {
+            Op::BindAddr => self.bind_addr(id, addr),
+            Op::ResolveAddr => self.resolve_addr(id, None, addr, t),
+            Op::ResolveRoute => self.resolve_route(id, t),
+            Op::Listen => self.listen(id, 8),
+            Op::CreateQp => self.create_qp(id, QpCaps::new()).map(|_| ()),
+            Op::DestroyQp => self.destroy_qp(id),
+            Op::Connect => self.connect(id, &ConnParam::new()),
+            Op::Accept => self.accept(id, &ConnParam::new()),
+            Op::Reject => self.reject(id, b""),
+            Op::Disconnect => self.disconnect(id),
+            Op::DestroyId => self.destroy_id(id),
+            Op::PostSend => self.post_send(id, 1, b"probe"),
+            Op::PostRecv => self.post_recv(id, 1, 64),
+        })
+    }
+
+    fn qp(&self, id: IdHandle) -> Option<QpState> {
+        self.id_machine(id).ok().and_then(|m| m.qp())
+    }
+
+    fn pause(&mut self, ch: ChannelHandle, t: Duration) -> Option<cm::CmEvent> {
+        self.get_cm_event(ch, t).ok().flatten()
+    }
+}
+
+#[cfg(feature = "differential")]
+impl Probed for cm::hw::HwBackend {
+    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration) -> Rc {
+        use cm::hw::{RawCall, RawOutcome};
+        let call = match op {
+            Op::BindAddr => RawCall::BindAddr(addr),
+            Op::ResolveAddr => RawCall::ResolveAddr(addr, t),
+            Op::ResolveRoute => RawCall::ResolveRoute(t),
+            Op::Listen => RawCall::Listen(8),
+            Op::CreateQp => RawCall::CreateQp(QpCaps::new()),
+            Op::DestroyQp => RawCall::DestroyQp,
+            Op::Connect => RawCall::Connect(ConnParam::new()),
+            Op::Accept => RawCall::Accept(ConnParam::new()),
+            Op::Reject => RawCall::Reject(Vec::new()),
+            Op::Disconnect => RawCall::Disconnect,
+            Op::DestroyId => RawCall::DestroyId,
+            Op::PostSend => RawCall::PostSend(b"probe".to_vec()),
+            Op::PostRecv => RawCall::PostRecv(64),
+        };
+        match self.raw_call(id, call) {
+            RawOutcome::Ok => Rc::Ok,
+            RawOutcome::Failed(e) => Rc::Errno(e),
+            RawOutcome::NotIssued(why) => Rc::NotIssued(why.to_string()),
+        }
+    }
+
+    fn qp(&self, id: IdHandle) -> Option<QpState> {
+        self.raw_qp_state(id)
+    }
+
+    fn pause(&mut self, ch: ChannelHandle, t: Duration) -> Option<cm::CmEvent> {
+        self.get_cm_event(ch, t).ok().flatten()
+    }
+}
+
+/// Drives an id into `st`, makes `op` on it, and records what follows. Also returns the
+/// machine's verdict for the call, taken from the backend's machine just before it.
+fn probe<B: Probed>(
+    server: &mut B,
+    client: &mut B,
+    st: St,
+    op: Op,
+    (addr, local): (SocketAddr, IpAddr),
+    w: Waits,
+    remove_device: &mut dyn FnMut() -> Result<(), String>,
+) -> Result<(Outcome, (Rc, Option<QpState>)), String> {
+    let target = drive(server, client, st, addr, local, w)?;
+    let (b, peer) = if target.on_server {
+        (&mut *server, &mut *client)
+    } else {
+        (&mut *client, &mut *server)
+    };
+    if st == St::DeviceRemoval {
+        remove_device()?;
+        // The id's DEVICE_REMOVAL, past whatever else the removal brought; all acked.
+        let deadline = std::time::Instant::now() + w.event;
+        loop {
+            let ev = b
+                .get_cm_event(target.ch, w.event)
+                .map_err(|e| format!("waiting for DEVICE_REMOVAL: {e}"))?
+                .ok_or("no DEVICE_REMOVAL")?;
+            let hit = ev.id() == target.id && ev.event() == CmEventType::DeviceRemoval;
+            b.ack_cm_event(ev).map_err(|e| format!("ack: {e}"))?;
+            if hit {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err("no DEVICE_REMOVAL in time".into());
+            }
+        }
+    }
+    let machine = b.id_machine(target.id).map_err(|e| format!("id_machine: {e}"))?;
+    let verdict = op.verdict(&machine);
+    let qp_before = b.qp(target.id);
+    // A bind needs an address of its own (the port 0 picks one); the rest aim at the listener.
+    let call_addr = match op {
+        Op::BindAddr => SocketAddr::new(if target.on_server { addr.ip() } else { local }, 0),
+        _ => addr,
+    };
+    let rc = b.issue(target.id, op, call_addr, w.event);
+    let qp_after = if rc == Rc::Ok && op == Op::DestroyId {
+        None
+    } else {
+        b.qp(target.id)
+    };
+    // Events that follow, on both ends, within the window; each acked at once.
+    let mut events = Vec::new();
+    let slice = w.after / 4;
+    for _ in 0..4 {
+        while let Some(ev) = b.pause(target.ch, slice) {
+            if ev.id() == target.id || ev.counted_id() == target.id {
+                events.push(ev.event().name().trim_start_matches("RDMA_CM_EVENT_").to_string());
+            }
+            let _ = b.ack_cm_event(ev);
+        }
+        if let Some(pch) = target.peer_ch {
+            while let Some(ev) = peer.pause(pch, Duration::ZERO) {
+                events.push(format!(
+                    "peer:{}",
+                    ev.event().name().trim_start_matches("RDMA_CM_EVENT_")
+                ));
+                let _ = peer.ack_cm_event(ev);
+            }
+        }
+    }
+    Ok((
+        Outcome {
+            rc,
+            qp_before,
+            qp_after,
+            events,
+        },
+        verdict,
+    ))
+}
+
+// ------------------------------------------------------------------------------------------------
+// The simulator's column
+
+fn sim_probe(st: St, op: Op) -> Result<(Outcome, (Rc, Option<QpState>)), String> {
+    let fabric = SimFabric::builder()
+        .seed(15)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .build();
+    let (mut server, mut client) = (fabric.host(0), fabric.host(1));
+    let w = Waits {
+        event: Duration::from_secs(2),
+        unreachable: Duration::from_secs(300),
+        after: Duration::from_millis(400),
+    };
+    let local = "10.0.0.2".parse().unwrap();
+    // The client's host (1) loses its device.
+    let mut remove = || {
+        fabric.inject(cm::sim::Fault::RemoveDevice { host: 1 });
+        Ok(())
+    };
+    probe(
+        &mut server,
+        &mut client,
+        st,
+        op,
+        ("10.0.0.1:7471".parse().unwrap(), local),
+        w,
+        &mut remove,
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// The librdmacm column: each probe in a child process
+
+#[cfg(feature = "differential")]
+mod hw {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc::{self, Receiver};
+    use std::time::Instant;
+
+    use super::*;
+
+    pub(super) const WAITS: Waits = Waits {
+        event: Duration::from_secs(10),
+        unreachable: Duration::from_secs(150),
+        after: Duration::from_millis(800),
+    };
+
+    /// The child: `runs` probes of one pair on the hardware backend, one after the other (each
+    /// on ports of its own), each result on stdout as soon as it is known.
+    pub(super) fn child(st: St, op: Op, addr: SocketAddr, runs: usize) -> ExitCode {
+        let backends = cm::hw::HwBackend::new().and_then(|s| Ok((s, cm::hw::HwBackend::new()?)));
+        let (mut server, mut client) = match backends {
+            Ok(b) => b,
+            Err(e) => {
+                println!("probe-error backend: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for run in 0..runs {
+            let addr = SocketAddr::new(addr.ip(), addr.port() + 2 * run as u16);
+            // The parent removes the device once every probe of the state is ready, and says so
+            // with a line on stdin.
+            let mut remove = || {
+                println!("probe-ready");
+                let _ = std::io::stdout().flush();
+                let mut line = String::new();
+                match std::io::stdin().read_line(&mut line) {
+                    Ok(n) if n > 0 => Ok(()),
+                    _ => Err("the parent did not remove the device".to_string()),
+                }
+            };
+            match probe(
+                &mut server,
+                &mut client,
+                st,
+                op,
+                (addr, addr.ip()),
+                WAITS,
+                &mut remove,
+            ) {
+                Ok((outcome, _)) => println!("{}", outcome.encode()),
+                Err(e) => println!("probe-error {e}"),
+            }
+            let _ = std::io::stdout().flush();
+        }
+        // The kernel releases every id and QP with the process; the backends' own teardown could
+        // block on the state a probe left behind on purpose (the parent does not wait for it).
+        std::process::exit(0)
+    }
+
+    pub(super) struct Running {
+        pub(super) st: St,
+        pub(super) op: Op,
+        runs: usize,
+        child: Child,
+        lines: Receiver<String>,
+        /// Lines read while waiting for `probe-ready`, handed to `finish`.
+        early: Vec<String>,
+        deadline: Instant,
+    }
+
+    impl Running {
+        /// Waits until the probe is ready for the device removal (false: it failed or ran out
+        /// of time first; `finish` then reports why).
+        pub(super) fn ready(&mut self, until: Instant) -> bool {
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    return false;
+                }
+                match self.lines.recv_timeout(until - now) {
+                    Ok(line) if line == "probe-ready" => return true,
+                    Ok(line) => self.early.push(line),
+                    Err(_) => return false,
+                }
+            }
+        }
+
+        /// Tells a ready probe that the device is gone.
+        pub(super) fn go(&mut self) {
+            if let Some(stdin) = self.child.stdin.as_mut() {
+                let _ = stdin.write_all(b"go\n").and_then(|()| stdin.flush());
+            }
+        }
+    }
+
+    pub(super) fn spawn(st: St, op: Op, addr: SocketAddr, runs: usize, suite_deadline: Instant) -> Running {
+        let exe = std::env::current_exe().expect("own path");
+        let bound = if st.slow() {
+            WAITS.unreachable + Duration::from_secs(30)
+        } else {
+            Duration::from_secs(30) * runs as u32
+        };
+        let mut child = Command::new(exe)
+            .args(["--child", st.name(), op.name(), "--addr", &addr.to_string()])
+            .args(["--runs", &runs.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn a probe");
+        // Read on a thread of its own: a child whose exit hangs in the kernel has still told
+        // its results, and the parent must not wait for the exit to read them.
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            st,
+            op,
+            runs,
+            child,
+            lines,
+            early: Vec::new(),
+            deadline: (Instant::now() + bound).min(suite_deadline),
+        }
+    }
+
+    fn bare(rc: Rc) -> Outcome {
+        Outcome {
+            rc,
+            qp_before: None,
+            qp_after: None,
+            events: Vec::new(),
+        }
+    }
+
+    /// Collects the probe's results within its bound; what did not come is a hang (the child
+    /// still running) or a death (the child gone). The child is killed either way.
+    pub(super) fn finish(mut r: Running) -> Vec<Outcome> {
+        let mut results = Vec::new();
+        let mut early = std::mem::take(&mut r.early).into_iter();
+        while results.len() < r.runs {
+            let now = Instant::now();
+            if now >= r.deadline {
+                break;
+            }
+            let next = match early.next() {
+                Some(line) => Ok(line),
+                None => r
+                    .lines
+                    .recv_timeout((r.deadline - now).min(Duration::from_millis(200))),
+            };
+            match next {
+                Ok(line) => {
+                    if let Some(o) = Outcome::decode(&line) {
+                        results.push(o);
+                    } else if let Some(e) = line.strip_prefix("probe-error ") {
+                        results.push(bare(Rc::Died(format!("drive failed: {e}"))));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Output closed: the child exited or died; say how.
+                    let why = match r.child.wait() {
+                        Ok(status) => {
+                            use std::os::unix::process::ExitStatusExt;
+                            match status.signal() {
+                                Some(sig) => format!("signal {sig}"),
+                                None => format!("exit {}", status.code().unwrap_or(-1)),
+                            }
+                        }
+                        Err(e) => format!("wait: {e}"),
+                    };
+                    while results.len() < r.runs {
+                        results.push(bare(Rc::Died(why.clone())));
+                    }
+                }
+            }
+        }
+        while results.len() < r.runs {
+            results.push(bare(Rc::Hang));
+        }
+        // Killed without waiting: an exit stuck in the kernel must not hold the suite up.
+        let _ = r.child.kill();
+        for o in &results {
+            eprintln!("differential: {} {}: {}", r.st.name(), r.op.name(), o.short());
+        }
+        results
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The table
+
+/// One known departure: a (state, call) pair whose column differs from the machine, and why.
+struct Departure {
+    state: String,
+    op: String,
+    column: String,
+    outcome: String,
+    reason: String,
+    used: std::cell::Cell<bool>,
+}
+
+fn departures() -> Vec<Departure> {
+    DEPARTURES
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (key, reason) = l.split_once('|').expect("`state call column outcome | reason`");
+            let f: Vec<&str> = key.split_whitespace().collect();
+            assert_eq!(f.len(), 4, "`state call column outcome | reason`: {l}");
+            Departure {
+                state: f[0].to_string(),
+                op: f[1].to_string(),
+                column: f[2].to_string(),
+                outcome: f[3].to_string(),
+                reason: reason.trim().to_string(),
+                used: std::cell::Cell::new(false),
+            }
+        })
+        .collect()
+}
+
+fn listed<'a>(list: &'a [Departure], st: St, op: Op, column: &str, o: &Outcome) -> Option<&'a Departure> {
+    let rc = o.rc.to_string();
+    let rc = rc.split(' ').next().unwrap_or_default();
+    let d = list.iter().find(|d| {
+        (d.state == "*" || d.state == st.name())
+            && (d.op == "*" || d.op == op.name())
+            && d.column == column
+            && (d.outcome == "*" || d.outcome == rc)
+    })?;
+    d.used.set(true);
+    Some(d)
+}
+
+struct Row {
+    st: St,
+    op: Op,
+    machine: (Rc, Option<QpState>),
+    sim: Outcome,
+    /// Each distinct librdmacm outcome with its count (one entry but for timing states).
+    hw: Vec<(Outcome, usize)>,
+}
+
+fn machine_text(m: &(Rc, Option<QpState>), before: Option<QpState>) -> String {
+    let o = Outcome {
+        rc: m.0.clone(),
+        qp_before: before,
+        qp_after: m.1,
+        events: Vec::new(),
+    };
+    o.short()
+}
+
+/// Whether a column's outcome agrees with the machine (return and QP state after).
+fn agrees(o: &Outcome, m: &(Rc, Option<QpState>), compare_qp: bool) -> bool {
+    match o.rc {
+        Rc::NotIssued(_) => true,
+        _ => o.rc == m.0 && (!compare_qp || o.qp_after == m.1),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut hw_addr: Option<IpAddr> = None;
+    let mut hw = false;
+    let mut removal: Option<String> = None;
+    let mut i = 0;
+    let bad = |msg: String| {
+        eprintln!("differential: {msg} (options: --hw, --addr IP, --remove-device LINK:NETDEV)");
+        ExitCode::from(2)
+    };
+    while i < args.len() {
+        match args[i].as_str() {
+            "--hw" => hw = true,
+            "--remove-device" => {
+                i += 1;
+                match args.get(i) {
+                    Some(spec) if spec.contains(':') => removal = Some(spec.clone()),
+                    _ => return bad("--remove-device needs LINK:NETDEV (rxe0:veth0)".into()),
+                }
+            }
+            "--addr" => {
+                i += 1;
+                let Some(a) = args.get(i).and_then(|a| a.split(':').next()?.parse().ok()) else {
+                    return bad("--addr needs an IP address".into());
+                };
+                hw_addr = Some(a);
+            }
+            #[cfg(feature = "differential")]
+            "--child" => {
+                let (Some(st), Some(op)) = (
+                    args.get(i + 1).and_then(|s| St::parse(s)),
+                    args.get(i + 2).and_then(|s| Op::parse(s)),
+                ) else {
+                    return bad("--child STATE CALL".into());
+                };
+                let Some(addr) = args.get(i + 4).and_then(|a| a.parse().ok()) else {
+                    return bad("--child needs --addr IP:PORT".into());
+                };
+                let runs = args.get(i + 6).and_then(|n| n.parse().ok()).unwrap_or(1);
+                return hw::child(st, op, addr, runs);
+            }
+            other => return bad(format!("unknown option {other}")),
+        }
+        i += 1;
+    }
+    if hw && cfg!(not(feature = "differential")) {
+        return bad("--hw needs the build with --features differential".into());
+    }
+    let hw_addr = match (
+        hw,
+        hw_addr.or_else(|| std::env::var("CM_HW_ADDR").ok()?.parse().ok()),
+    ) {
+        (false, _) => None,
+        (true, Some(a)) => Some(a),
+        (true, None) => return bad("--hw needs --addr IP or CM_HW_ADDR".into()),
+    };
+    run(hw_addr, removal.as_deref())
+}
+
+fn run(hw_addr: Option<IpAddr>, removal: Option<&str>) -> ExitCode {
+    let started = std::time::Instant::now();
+    let list = departures();
+    let mut rows = Vec::new();
+    let mut drive_failures = Vec::new();
+    for st in STATES {
+        for op in OPS {
+            match sim_probe(st, op) {
+                Ok((sim, machine)) => rows.push(Row {
+                    st,
+                    op,
+                    machine,
+                    sim,
+                    hw: Vec::new(),
+                }),
+                Err(e) => drive_failures.push(format!("simulator {} {}: {e}", st.name(), op.name())),
+            }
+        }
+    }
+    if let Some(ip) = hw_addr {
+        if let Err(e) = hw_probe() {
+            eprintln!("differential: --hw without a device: {e}");
+            return ExitCode::FAILURE;
+        }
+        hw_column(ip, removal, &mut rows);
+    }
+    let hw_ran = hw_addr.is_some();
+
+    println!(
+        "--- differential table ({} backend columns)",
+        if hw_ran {
+            "librdmacm, machine, simulator"
+        } else {
+            "machine, simulator"
+        }
+    );
+    println!(
+        "{:<21} {:<13} {:<34} {:<24} {:<24} verdict",
+        "state", "call", "librdmacm", "machine", "simulator"
+    );
+    let (mut agree, mut departs, mut unlisted, mut not_issued, mut timing) = (0, 0, 0, 0, 0);
+    let mut problems = Vec::new();
+    for row in &rows {
+        let m = &row.machine;
+        let mut verdicts = Vec::new();
+        let mut ok = true;
+        if !agrees(&row.sim, m, true) {
+            match listed(&list, row.st, row.op, "simulator", &row.sim) {
+                Some(d) => verdicts.push(format!("departure (simulator): {}", d.reason)),
+                None => {
+                    ok = false;
+                    problems.push(format!(
+                        "{} {}: simulator {} / machine {}",
+                        row.st.name(),
+                        row.op.name(),
+                        row.sim.short(),
+                        machine_text(m, row.sim.qp_before)
+                    ));
+                }
+            }
+        }
+        // Device removal runs only where the program may remove and restore the device.
+        let mut hw_text = if row.hw.is_empty() {
+            "(not run)".to_string()
+        } else {
+            String::new()
+        };
+        for (o, n) in &row.hw {
+            if !hw_text.is_empty() {
+                hw_text += " / ";
+            }
+            hw_text += &o.short();
+            if row.st.timing() {
+                hw_text += &format!(" x{n}");
+            }
+            if matches!(o.rc, Rc::NotIssued(_)) {
+                not_issued += 1;
+            }
+            if agrees(o, m, true) {
+                continue;
+            }
+            match listed(&list, row.st, row.op, "librdmacm", o) {
+                Some(d) => verdicts.push(format!("departure: {}", d.reason)),
+                None => {
+                    ok = false;
+                    problems.push(format!(
+                        "{} {}: librdmacm {} / machine {}",
+                        row.st.name(),
+                        row.op.name(),
+                        o.short(),
+                        machine_text(m, row.sim.qp_before)
+                    ));
+                }
+            }
+        }
+        if row.st.timing() && hw_ran {
+            timing += 1;
+            verdicts.push(format!("timing-dependent, {TIMING_RUNS} runs"));
+        }
+        let listed_any = verdicts.iter().any(|v| v.starts_with("departure"));
+        match (ok, listed_any) {
+            (false, _) => unlisted += 1,
+            (true, true) => departs += 1,
+            (true, false) => agree += 1,
+        }
+        let verdict = if ok {
+            if verdicts.is_empty() {
+                "agree".to_string()
+            } else {
+                verdicts.join("; ")
+            }
+        } else {
+            "DIFFERS (not listed)".to_string()
+        };
+        println!(
+            "{:<21} {:<13} {:<34} {:<24} {:<24} {}",
+            row.st.name(),
+            row.op.name(),
+            hw_text,
+            machine_text(m, row.sim.qp_before),
+            row.sim.short(),
+            verdict
+        );
+        let events: Vec<String> = row
+            .hw
+            .iter()
+            .filter(|(o, _)| !o.events.is_empty())
+            .map(|(o, _)| format!("librdmacm: {}", o.events.join(" ")))
+            .chain((!row.sim.events.is_empty()).then(|| format!("simulator: {}", row.sim.events.join(" "))))
+            .collect();
+        if !events.is_empty() {
+            println!("{:<35}events {}", "", events.join(" | "));
+        }
+    }
+    println!("--- end of table");
+    let stale: Vec<&Departure> = list
+        .iter()
+        // An entry for a timing-dependent state may match no run of this one.
+        .filter(|d| !d.used.get() && !St::parse(&d.state).is_some_and(St::timing))
+        .filter(|d| hw_ran || d.column == "simulator")
+        .collect();
+    for p in &problems {
+        println!("differs: {p}");
+    }
+    for d in &stale {
+        println!(
+            "stale departure (matched nothing): {} {} {} {} | {}",
+            d.state, d.op, d.column, d.outcome, d.reason
+        );
+    }
+    for f in &drive_failures {
+        println!("drive failed: {f}");
+    }
+    println!(
+        "differential: {} pairs ({} states x {} calls), {agree} agree, {departs} known departures, \
+         {unlisted} unlisted differences, {not_issued} not issued, {timing} timing-dependent, \
+         {} stale list entries, {} drive failures; {}; {:.1}s",
+        rows.len(),
+        STATES.len(),
+        OPS.len(),
+        stale.len(),
+        drive_failures.len(),
+        if hw_ran {
+            "librdmacm measured"
+        } else {
+            "librdmacm not run (no --hw)"
+        },
+        started.elapsed().as_secs_f64()
+    );
+    if unlisted == 0 && stale.is_empty() && drive_failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `rdma link delete LINK` of `LINK:NETDEV`, started (it may wait for the probes to let go).
+#[cfg(feature = "differential")]
+fn remove_device(spec: &str) -> std::io::Result<std::process::Child> {
+    let link = spec.split(':').next().unwrap_or(spec);
+    std::process::Command::new("rdma")
+        .args(["link", "delete", link])
+        .spawn()
+}
+
+/// `rdma link add LINK type rxe netdev NETDEV`, waited for within 30 s.
+#[cfg(feature = "differential")]
+fn restore_device(spec: &str) {
+    let Some((link, netdev)) = spec.split_once(':') else {
+        return;
+    };
+    let added = std::process::Command::new("rdma")
+        .args(["link", "add", link, "type", "rxe", "netdev", netdev])
+        .spawn()
+        .map(|mut c| wait_bounded(&mut c, std::time::Instant::now() + Duration::from_secs(30)));
+    eprintln!("differential: rdma link add {link}: {added:?}");
+}
+
+/// Waits for `child` until `until`; false (and the child killed) when it did not end in time.
+#[cfg(feature = "differential")]
+fn wait_bounded(child: &mut std::process::Child, until: std::time::Instant) -> bool {
+    while std::time::Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    false
+}
+
+#[cfg(feature = "differential")]
+fn hw_probe() -> Result<(), CmError> {
+    cm::hw::probe()
+}
+
+#[cfg(not(feature = "differential"))]
+fn hw_probe() -> Result<(), CmError> {
+    unreachable!("--hw is refused without the differential feature");
+}
+
+#[cfg(not(feature = "differential"))]
+fn hw_column(_ip: IpAddr, _removal: Option<&str>, _rows: &mut [Row]) {
+    unreachable!("--hw is refused without the differential feature");
+}
+
+#[cfg(feature = "differential")]
+fn hw_column(ip: IpAddr, removal: Option<&str>, rows: &mut [Row]) {
+    use std::collections::BTreeMap;
+    // One port range per probe: concurrent probes must not share a listener's address.
+    let port = |si: usize, oi: usize, run: usize| 20000 + (si * OPS.len() + oi) as u16 * 16 + run as u16 * 2;
+    // Everything within the suite's bound, so that the table is printed whatever hangs.
+    let suite_deadline = std::time::Instant::now() + Duration::from_secs(210);
+    let spawn_state = |si: usize, st: St| {
+        let runs = if st.timing() { TIMING_RUNS } else { 1 };
+        OPS.into_iter()
+            .enumerate()
+            .map(|(oi, op)| hw::spawn(st, op, SocketAddr::new(ip, port(si, oi, 0)), runs, suite_deadline))
+            .collect::<Vec<_>>()
+    };
+    let mut results: BTreeMap<(St, Op), Vec<Outcome>> = BTreeMap::new();
+    // The slow states first, collected last: their retries run while the others are probed.
+    let slow: Vec<hw::Running> = STATES
+        .into_iter()
+        .enumerate()
+        .filter(|(_, st)| st.slow())
+        .flat_map(|(si, st)| spawn_state(si, st))
+        .collect();
+    for (si, st) in STATES
+        .into_iter()
+        .enumerate()
+        .filter(|(_, st)| !st.slow() && *st != St::DeviceRemoval)
+    {
+        let t = std::time::Instant::now();
+        for r in spawn_state(si, st) {
+            let key = (r.st, r.op);
+            results.entry(key).or_default().extend(hw::finish(r));
+        }
+        eprintln!(
+            "differential: {} probed in {:.1}s",
+            st.name(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    for r in slow {
+        let key = (r.st, r.op);
+        results.entry(key).or_default().extend(hw::finish(r));
+    }
+    // Device removal last: it takes the device from every probe at once.
+    if let Some(link) = removal {
+        let si = STATES
+            .iter()
+            .position(|&s| s == St::DeviceRemoval)
+            .expect("listed");
+        let removal_deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut probes = spawn_state(si, St::DeviceRemoval);
+        let ready_until = std::time::Instant::now() + Duration::from_secs(30);
+        let ready = probes
+            .iter_mut()
+            .map(|r| r.ready(ready_until))
+            .filter(|&ready| ready)
+            .count();
+        eprintln!("differential: {ready} of {} removal probes ready", probes.len());
+        match remove_device(link) {
+            Ok(mut delete) => {
+                std::thread::sleep(Duration::from_millis(500));
+                for r in &mut probes {
+                    r.go();
+                }
+                for r in probes {
+                    let key = (r.st, r.op);
+                    results.entry(key).or_default().extend(hw::finish(r));
+                }
+                // The probes have exited or been killed: the removal can finish, and the device
+                // comes back for whatever runs next.
+                let ended = wait_bounded(&mut delete, removal_deadline);
+                eprintln!(
+                    "differential: rdma link delete {}",
+                    if ended { "finished" } else { "still running" }
+                );
+                restore_device(link);
+            }
+            Err(e) => eprintln!("differential: device removal not run: {e}"),
+        }
+    }
+    for row in rows {
+        let Some(outcomes) = results.remove(&(row.st, row.op)) else {
+            continue;
+        };
+        let mut counted: BTreeMap<Outcome, usize> = BTreeMap::new();
+        for o in outcomes {
+            *counted.entry(o).or_default() += 1;
+        }
+        // Merge runs whose return and QP agree but whose events differ.
+        let mut merged: Vec<(Outcome, usize)> = Vec::new();
+        for (o, n) in counted {
+            match merged.iter_mut().find(|(m, _)| m.short() == o.short()) {
+                Some((_, total)) => *total += n,
+                None => merged.push((o, n)),
+            }
+        }
+        row.hw = merged;
+    }
+}
