@@ -841,7 +841,7 @@ boot_run() {
   qemu_cmd
   local total=$BOOT_TIMEOUT n
   for n in "${SUITE_NAMES[@]}"; do total=$((total + SUITE_TMO[$n] + 5)); done
-  total=$((total + 30)); ((total <= 900)) || total=900   # keep a whole run well under 30 min
+  total=$((total + 30)); ((total <= 1500)) || total=1500   # keep a whole run under 30 min
   VM_TIMEOUT=${VM_TIMEOUT:-$total}
   log "booting (bound: ${BOOT_TIMEOUT}s to rxe ready, ${VM_TIMEOUT}s in all)"
   : > "$CONSOLE_LOG"
