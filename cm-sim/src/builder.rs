@@ -716,7 +716,17 @@ mod tests {
         assert_eq!(all(1).to_string(), "loss 1<->all 1000/1000");
         let two = || SimBuilder::new().host("10.0.0.1").host("10.0.0.2");
         let err = refusal(two().faults(FaultSchedule::new().with(Duration::ZERO, all(2))));
-        assert!(matches!(err, ConfigError::FaultHost { host: 2, hosts: 2, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ConfigError::FaultHost {
+                    host: 2,
+                    hosts: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(two()
             .seed(1)
             .faults(FaultSchedule::new().with(Duration::ZERO, all(1)))
