@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 
-use cm::core::{CmBackend, CmEventType, PortSpace};
+use cm::api::{CmBackend, CmEventType, PortSpace};
 
 mod support;
 

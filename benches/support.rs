@@ -4,9 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use cm::core::{
-    ChannelHandle, CmBackend, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps,
-};
+use cm::api::{ChannelHandle, CmBackend, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
 use cm::sim::{SimFabric, TraceMode};
 use cm::SimHost;
 

@@ -29,7 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use cm::core::{ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
+use cm::api::{ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
 use cm::sim::SimFabric;
 
 #[path = "cmtime/cli.rs"]
@@ -158,7 +158,7 @@ impl Server {
         Ok(progressed)
     }
 
-    fn handle<B: CmBackend>(&mut self, b: &mut B, ev: cm::core::CmEvent) -> Result<(), CmError> {
+    fn handle<B: CmBackend>(&mut self, b: &mut B, ev: cm::api::CmEvent) -> Result<(), CmError> {
         let (ty, id, status) = (ev.event(), ev.id(), ev.status());
         b.ack_cm_event(ev)?;
         match ty {
@@ -204,7 +204,7 @@ fn serve<B: CmBackend>(
     let limit = Instant::now() + Duration::from_secs(600);
     while server.accepted < n || server.children > 0 {
         if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > limit {
-            return Err(timed_out(cm::core::Call::GetCmEvent));
+            return Err(timed_out(cm::api::Call::GetCmEvent));
         }
         // Blocks until an event arrives (bounded, to look at `stop` now and then).
         if let Some(ev) = b.get_cm_event(server.ch, REMOTE_WAIT)? {
@@ -216,10 +216,10 @@ fn serve<B: CmBackend>(
     Ok(accepted)
 }
 
-fn timed_out(call: cm::core::Call) -> CmError {
+fn timed_out(call: cm::api::Call) -> CmError {
     CmError::Os {
         call,
-        errno: cm::core::errno::ETIMEDOUT,
+        errno: cm::api::errno::ETIMEDOUT,
     }
 }
 
@@ -275,7 +275,7 @@ fn run_step<B: CmBackend>(
             }
         }
         if Instant::now() > limit {
-            return Err(timed_out(cm::core::Call::GetCmEvent));
+            return Err(timed_out(cm::api::Call::GetCmEvent));
         }
     }
     Ok(())
@@ -359,7 +359,7 @@ fn cmtime<B: CmBackend>(
             }
             eprintln!("client: {ty} (status {status}) on {id} while resolving");
             Err(CmError::Os {
-                call: cm::core::Call::GetCmEvent,
+                call: cm::api::Call::GetCmEvent,
                 errno: -status,
             })
         })?;
@@ -386,8 +386,8 @@ fn cmtime<B: CmBackend>(
         }
         eprintln!("client: {ty} (status {status}) on {id} while connecting");
         Err(CmError::Os {
-            call: cm::core::Call::Connect,
-            errno: cm::core::errno::ECONNREFUSED,
+            call: cm::api::Call::Connect,
+            errno: cm::api::errno::ECONNREFUSED,
         })
     })?;
     t.end(5);

@@ -41,7 +41,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cm::core::{
+use cm::api::{
     errno, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine, PortSpace, QpCaps,
     QpState,
 };

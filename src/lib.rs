@@ -44,8 +44,9 @@
 //!
 //! # The layers underneath
 //!
-//! * [`core`]: the [`CmBackend`] trait, librdmacm's types, the shared [`CmError`] and the
-//!   id/QP state machine.
+//! * [`api`] (the `cm-core` crate): the [`CmBackend`] trait, librdmacm's types, the shared
+//!   [`CmError`] and the id/QP state machine. It is not called `core`, which would shadow the
+//!   standard `core` crate in code that says `use cm::*`.
 //! * `sim` (default feature `sim`): the seeded in-memory fabric ([`SimFabric`], [`SimHost`]), for
 //!   tests without hardware.
 //! * `hw` (feature `hw`): the same trait over the real librdmacm ([`HwBackend`]); needs the
@@ -85,7 +86,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use cm_async as app;
-pub use cm_core as core;
+pub use cm_core as api;
 
 /// The deterministic simulator (`cm-sim`).
 #[cfg(feature = "sim")]

@@ -124,7 +124,7 @@ fn check(seed: u64, faults: &[(Duration, Fault)]) -> u64 {
     }
     let mut b = SimFabric::builder().seed(seed).host("10.0.0.1");
     for c in 0..CLIENTS {
-        b = b.host(&format!("10.0.0.{}", c + 2));
+        b = b.host(format!("10.0.0.{}", c + 2));
     }
     let fabric = b.faults(schedule).build();
     let a = args(seed);
@@ -173,11 +173,11 @@ mod on_tokio {
     use std::rc::Rc;
     use std::time::Duration;
 
-    use cm::app::tokio::{Readiness, TokioRuntime};
-    use cm::core::{
+    use cm::api::{
         ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpCaps,
         Result, WorkCompletion,
     };
+    use cm::app::tokio::{Readiness, TokioRuntime};
     use cm::sim::{SimFabric, SimHost};
 
     use super::echo;

@@ -1,10 +1,15 @@
-//! The `CmBackend` trait: librdmacm's calls, one method each.
+//! The `CmBackend` trait, and what only implementations of it need.
+//!
+//! The trait and [`Result`] are re-exported at the crate root for applications. The rest of this
+//! module is hidden from the docs: constructors that forge handles and events. Applications get
+//! handles and events from a backend and never need to make them; backends (and the misuse
+//! suite and fuzzers, which forge stale and foreign ones on purpose) do.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::error::CmError;
-use crate::event::{CmEvent, ConnParam};
+use crate::error::{CmError, ReturnedEvent};
+use crate::event::{CmEvent, CmEventType, ConnParam};
 use crate::handle::{ChannelHandle, IdHandle};
 use crate::state::IdMachine;
 use crate::types::{LiveResources, PortSpace, QpCaps, WorkCompletion};
@@ -19,6 +24,18 @@ pub type Result<T, E = CmError> = std::result::Result<T, E>;
 /// real librdmacm (`cm-hw`). Both check every call against the same [`IdMachine`] first, so
 /// misuse gets the same [`CmError`] from both, including the misuse that librdmacm itself turns
 /// into a hang, a crash or a leak.
+///
+/// # Errors
+///
+/// Each method's `# Errors` names the refusals particular to it. Besides those, any call may
+/// fail with:
+/// * [`CmError::UnknownHandle`]: a handle never issued by this backend, issued by another
+///   backend instance, or naming something destroyed since;
+/// * [`CmError::WrongState`]: the id's [`IdMachine`] does not allow the call in its state
+///   (after `DEVICE_REMOVAL` only `destroy_id` is legal);
+/// * [`CmError::HostCrashed`] (simulator): the host crashed and has not restarted;
+/// * [`CmError::Os`] (hardware): librdmacm or libibverbs answered with an errno the backend
+///   did not refuse the call for beforehand.
 ///
 /// Handles are plain values: a destroyed, unknown or foreign handle is an error
 /// ([`CmError::UnknownHandle`]), never undefined behaviour. Nothing here blocks without a bound:
@@ -81,26 +98,50 @@ pub type Result<T, E = CmError> = std::result::Result<T, E>;
 /// }
 /// ```
 pub trait CmBackend {
-    /// `rdma_create_event_channel`: a channel events are retrieved from. Fails with
+    /// `rdma_create_event_channel`: a channel events are retrieved from.
+    ///
+    /// # Errors
     /// [`CmError::NoRdmaDevice`] on a machine without RDMA devices.
     fn create_event_channel(&mut self) -> Result<ChannelHandle>;
 
-    /// `rdma_destroy_event_channel`. Refused while ids still use the channel
-    /// ([`CmError::ChannelBusy`]) or events retrieved from it are unacked.
+    /// `rdma_destroy_event_channel`.
+    ///
+    /// # Errors
+    /// [`CmError::ChannelBusy`] while ids still use the channel; [`CmError::UnackedEvents`]
+    /// while events retrieved from it are not acked.
     fn destroy_event_channel(&mut self, channel: ChannelHandle) -> Result<()>;
 
     /// `rdma_create_id` on `channel` (asynchronous mode) in port space `ps`.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`] for a channel this backend does not know.
     fn create_id(&mut self, channel: ChannelHandle, ps: PortSpace) -> Result<IdHandle>;
 
     /// `rdma_destroy_id`: cancels the id's outstanding work and discards its unretrieved events;
-    /// a connected peer sees `DISCONNECTED`. Refused while the id has a QP
-    /// ([`CmError::QpAttached`]) or unacked events ([`CmError::UnackedEvents`]).
+    /// a connected peer sees `DISCONNECTED`.
+    ///
+    /// # Errors
+    /// [`CmError::QpAttached`] while the id has a QP (librdmacm would leak it);
+    /// [`CmError::UnackedEvents`] while events counted against the id are not acked (librdmacm
+    /// would block forever).
     fn destroy_id(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_bind_addr`: binds to a local address; port 0 picks a free port.
+    ///
+    /// # Errors
+    /// [`CmError::AddrInUse`] when another id holds the address and port;
+    /// [`CmError::AddrNotAvailable`] when the address is not local, the port conflicts with a
+    /// wildcard bind or no ephemeral port is free; [`CmError::WrongState`] on an id already
+    /// bound.
     fn bind_addr(&mut self, id: IdHandle, addr: SocketAddr) -> Result<()>;
 
     /// `rdma_resolve_addr`: `ADDR_RESOLVED` or `ADDR_ERROR` follows. `src` binds first when given.
+    ///
+    /// # Errors
+    /// Those of [`bind_addr`](CmBackend::bind_addr) for the bind to `src` (or the implicit
+    /// one); [`CmError::InvalidArgument`] when `src` and `dst` are of different families;
+    /// [`CmError::WrongState`] unless the id is idle or bound. A destination that cannot be
+    /// reached is no error here: it arrives as `ADDR_ERROR`.
     fn resolve_addr(
         &mut self,
         id: IdHandle,
@@ -110,34 +151,72 @@ pub trait CmBackend {
     ) -> Result<()>;
 
     /// `rdma_resolve_route`: `ROUTE_RESOLVED` or `ROUTE_ERROR` follows.
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] unless the address is resolved.
     fn resolve_route(&mut self, id: IdHandle, timeout: Duration) -> Result<()>;
 
     /// `rdma_create_qp` with backend-owned protection domain, completion queue and message
     /// buffers; returns the capabilities granted.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`] before the id has a device (bound or resolved);
+    /// [`CmError::QpExists`] when the id has one; [`CmError::InvalidArgument`] for
+    /// capabilities the device cannot grant (more work requests than `max_qp_wr`, too large a
+    /// buffer, ...).
     fn create_qp(&mut self, id: IdHandle, caps: QpCaps) -> Result<QpCaps>;
 
     /// `rdma_destroy_qp`. Completions not polled yet are lost with the QP's completion queue.
+    ///
+    /// # Errors
+    /// [`CmError::NoQp`] when the id has no QP (librdmacm would dereference NULL).
     fn destroy_qp(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_listen`; a `backlog` of 0 or less means the system maximum.
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] unless the id is bound; [`CmError::AddrInUse`] when another id
+    /// listens on the same address and port.
     fn listen(&mut self, id: IdHandle, backlog: i32) -> Result<()>;
 
     /// `rdma_connect`: the peer's listener gets `CONNECT_REQUEST`; this id then gets
     /// `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or `CONNECT_ERROR`.
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] unless the route is resolved; [`CmError::PrivateDataTooLong`]
+    /// beyond the port space's limit (56 bytes on TCP); [`CmError::InvalidArgument`] for
+    /// resources above the device's maximum. A peer that refuses or does not answer is no
+    /// error here: it arrives as an event.
     fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()>;
 
     /// `rdma_accept` on a child id from `CONNECT_REQUEST`; both sides then get `ESTABLISHED`.
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] on an id that is not a child waiting for an answer;
+    /// [`CmError::NoQp`] on a connected port space's child without a QP (librdmacm would
+    /// dereference NULL); [`CmError::PrivateDataTooLong`] beyond the port space's limit.
     fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()>;
 
     /// `rdma_reject` on a child id from `CONNECT_REQUEST`; the peer gets `REJECTED` (status 28)
     /// with `private_data`. The child must still be destroyed.
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] on an id that is not a child waiting for an answer;
+    /// [`CmError::PrivateDataTooLong`] beyond the port space's limit.
     fn reject(&mut self, id: IdHandle, private_data: &[u8]) -> Result<()>;
 
     /// `rdma_disconnect`: the QP goes to ERR (posted work requests flush), the peer gets
     /// `DISCONNECTED`, and this id gets it when the peer disconnects too or the DREQ times out.
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] on an id that is neither connected nor connecting.
     fn disconnect(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_get_cm_event`, waiting at most `timeout`; `Ok(None)` when no event came in time.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`] for a channel this backend does not know. A timeout is not
+    /// an error.
     fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>>;
 
     /// Non-blocking [`get_cm_event`](CmBackend::get_cm_event): the next queued event, or
@@ -150,24 +229,47 @@ pub trait CmBackend {
 
     /// `rdma_ack_cm_event`: gives the event back. An event of another backend is refused with
     /// [`CmError::ForeignEvent`], which hands it back so it can still be acked where it came
-    /// from; one this backend never handed out with this id, type and token (forged, or
-    /// rebuilt with [`CmEvent::new`]) with [`CmError::EventNotOutstanding`].
+    /// from.
+    ///
+    /// # Errors
+    /// [`CmError::ForeignEvent`] for an event of another backend (handed back in the error);
+    /// [`CmError::EventNotOutstanding`] for one this backend never handed out with this id,
+    /// type and token (forged).
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()>;
 
     /// `rdma_get_local_addr`: the bound local address, if any.
+    ///
+    /// # Errors
+    /// Only those every call shares (an unbound id is `Ok(None)`).
     fn get_local_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>>;
 
     /// `rdma_get_peer_addr`: the destination or connected peer address, if any.
+    ///
+    /// # Errors
+    /// Only those every call shares (an id without a destination is `Ok(None)`).
     fn get_peer_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>>;
 
     /// `ibv_post_send` of `data` on the id's QP (signalled; one completion per request).
+    ///
+    /// # Errors
+    /// [`CmError::NoQp`] without a QP; [`CmError::WrongQpState`] before the QP may send (RTS);
+    /// [`CmError::QueueFull`] with `max_send_wr` requests outstanding;
+    /// [`CmError::InvalidArgument`] for data longer than the QP's message size.
     fn post_send(&mut self, id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()>;
 
     /// `ibv_post_recv` of a buffer of `len` bytes on the id's QP.
+    ///
+    /// # Errors
+    /// [`CmError::NoQp`] without a QP; [`CmError::WrongQpState`] on a QP still in RESET;
+    /// [`CmError::QueueFull`] with `max_recv_wr` requests outstanding;
+    /// [`CmError::InvalidArgument`] for a length over the QP's message size.
     fn post_recv(&mut self, id: IdHandle, wr_id: u64, len: u32) -> Result<()>;
 
     /// `ibv_poll_cq` on the id's completion queue: appends up to `max` completions to `out`,
     /// waiting at most `timeout` for the first; returns how many were appended.
+    ///
+    /// # Errors
+    /// [`CmError::NoQp`] when the id has no QP. A timeout is not an error (`Ok(0)`).
     fn poll_cq(
         &mut self,
         id: IdHandle,
@@ -178,13 +280,49 @@ pub trait CmBackend {
 
     /// Non-blocking [`poll_cq`](CmBackend::poll_cq): appends up to `max` completions that are
     /// already there and returns at once (never moves a simulator's clock).
+    ///
+    /// # Errors
+    /// Those of [`poll_cq`](CmBackend::poll_cq).
     fn try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
         self.poll_cq(id, out, max, Duration::ZERO)
     }
 
     /// The id's legality state as this backend tracks it.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`] for an id this backend does not know.
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine>;
 
     /// What this backend still holds (channels, ids, QPs, unacked and queued events).
     fn live_resources(&self) -> LiveResources;
+}
+
+pub use crate::handle::next_backend_tag;
+
+/// Makes an id handle: slot `index` at `generation` in the backend tagged `owner`.
+pub const fn id_handle(owner: u32, index: u32, generation: u32) -> IdHandle {
+    IdHandle::new(owner, index, generation)
+}
+
+/// Makes a channel handle: slot `index` at `generation` in the backend tagged `owner`.
+pub const fn channel_handle(owner: u32, index: u32, generation: u32) -> ChannelHandle {
+    ChannelHandle::new(owner, index, generation)
+}
+
+/// Makes an event. `token` is the backend's own bookkeeping value; it checks the token again
+/// when the event is acked.
+pub const fn cm_event(
+    id: IdHandle,
+    listen_id: Option<IdHandle>,
+    event: CmEventType,
+    status: i32,
+    param: ConnParam,
+    token: u64,
+) -> CmEvent {
+    CmEvent::new(id, listen_id, event, status, param, token)
+}
+
+/// Wraps an event a backend refuses to ack for [`CmError::ForeignEvent`].
+pub fn returned_event(event: CmEvent) -> ReturnedEvent {
+    ReturnedEvent::new(event)
 }

@@ -333,8 +333,7 @@ impl CmError {
 pub struct ReturnedEvent(Arc<Mutex<Option<CmEvent>>>);
 
 impl ReturnedEvent {
-    /// Wraps `event` for the error.
-    pub fn new(event: CmEvent) -> Self {
+    pub(crate) fn new(event: CmEvent) -> Self {
         ReturnedEvent(Arc::new(Mutex::new(Some(event))))
     }
 
@@ -381,8 +380,19 @@ impl fmt::Display for ReturnedEvent {
     }
 }
 
+/// The symbolic name (`ETIMEDOUT`) of an errno value librdmacm returns, if this crate knows it.
+pub(crate) fn errno_name(errno: i32) -> Option<&'static str> {
+    let text = errno_text_known(errno)?;
+    let open = text.rfind('(')?;
+    text.get(open + 1..text.len() - 1)
+}
+
 /// A short text for the errno values librdmacm returns (no libc needed).
 pub fn errno_text(errno: i32) -> String {
+    errno_text_known(errno).map_or_else(|| format!("errno {errno}"), str::to_owned)
+}
+
+fn errno_text_known(errno: i32) -> Option<&'static str> {
     use errno::*;
     let text = match errno {
         ENOENT => "no such id (ENOENT)",
@@ -400,9 +410,9 @@ pub fn errno_text(errno: i32) -> String {
         ETIMEDOUT => "connection timed out (ETIMEDOUT)",
         ECONNREFUSED => "connection refused (ECONNREFUSED)",
         EHOSTUNREACH => "no route to host (EHOSTUNREACH)",
-        _ => return format!("errno {errno}"),
+        _ => return None,
     };
-    text.to_owned()
+    Some(text)
 }
 
 impl CmError {

@@ -322,6 +322,7 @@ impl ConnParam {
     }
 
     /// The same parameters with `data` as private data.
+    #[must_use = "returns the changed parameters and leaves `self` as it was"]
     pub fn with_private_data(mut self, data: &[u8]) -> Self {
         self.private_data = PrivateData::new(data);
         self
@@ -341,6 +342,7 @@ impl Default for ConnParam {
 /// Dropping it without acking leaves it counted against its id, exactly like librdmacm, and the
 /// backend then refuses to destroy that id with [`CmError::UnackedEvents`](crate::CmError::UnackedEvents).
 #[derive(Debug, PartialEq, Eq)]
+#[must_use = "an event counts against its id until it is acked with ack_cm_event"]
 pub struct CmEvent {
     id: IdHandle,
     listen_id: Option<IdHandle>,
@@ -351,9 +353,7 @@ pub struct CmEvent {
 }
 
 impl CmEvent {
-    /// Builds an event; only backends need this. `token` is the backend's own bookkeeping value
-    /// (it checks the token again when the event is acked).
-    pub const fn new(
+    pub(crate) const fn new(
         id: IdHandle,
         listen_id: Option<IdHandle>,
         event: CmEventType,
@@ -414,11 +414,63 @@ impl CmEvent {
     pub const fn token(&self) -> u64 {
         self.token
     }
+
+    /// What the status means, where this crate knows: the errno's name for a negative status,
+    /// the IB CM reject reason for `REJECTED`, the SIDR status for `UNREACHABLE` (datagram port
+    /// spaces). `None` for 0 and for numbers without a known meaning. `Display` shows it beside
+    /// the number.
+    ///
+    /// ```
+    /// # use cm_core::{backend, CmEventType, ConnParam};
+    /// let id = backend::id_handle(1, 3, 0);
+    /// let timed_out = backend::cm_event(id, None, CmEventType::Unreachable, -110, ConnParam::ZERO, 0);
+    /// assert_eq!(timed_out.status_meaning(), Some("ETIMEDOUT"));
+    /// assert_eq!(timed_out.to_string(), "RDMA_CM_EVENT_UNREACHABLE on id#3 (status -110 (ETIMEDOUT))");
+    /// let rejected = backend::cm_event(id, None, CmEventType::Rejected, 28, ConnParam::ZERO, 0);
+    /// assert_eq!(rejected.to_string(), "RDMA_CM_EVENT_REJECTED on id#3 (status 28 (consumer reject))");
+    /// ```
+    pub fn status_meaning(&self) -> Option<&'static str> {
+        status_meaning(self.event, self.status)
+    }
+}
+
+/// The meaning of `status` on an event of type `event`; see [`CmEvent::status_meaning`].
+fn status_meaning(event: CmEventType, status: i32) -> Option<&'static str> {
+    if status < 0 {
+        return crate::error::errno_name(status.checked_neg()?);
+    }
+    match (event, status) {
+        // ib_cm_rej_reason (include/rdma/ib_cm.h): the reasons an IB or RoCE peer sends.
+        (CmEventType::Rejected, 1) => Some("no QP"),
+        (CmEventType::Rejected, 2) => Some("no EEC"),
+        (CmEventType::Rejected, 3) => Some("no resources"),
+        (CmEventType::Rejected, 4) => Some("timeout"),
+        (CmEventType::Rejected, 5) => Some("unsupported"),
+        (CmEventType::Rejected, 6) => Some("invalid comm id"),
+        (CmEventType::Rejected, 7) => Some("invalid comm instance"),
+        (CmEventType::Rejected, 8) => Some("invalid service id"),
+        (CmEventType::Rejected, 9) => Some("invalid transport type"),
+        (CmEventType::Rejected, 10) => Some("stale connection"),
+        (CmEventType::Rejected, 28) => Some("consumer reject"),
+        (CmEventType::Rejected, 29) => Some("invalid RNR retry"),
+        (CmEventType::Rejected, 35) => Some("vendor option unsupported"),
+        // ib_cm_sidr_status: a SIDR REP that is not a success arrives as UNREACHABLE.
+        (CmEventType::Unreachable, 1) => Some("SIDR unsupported"),
+        (CmEventType::Unreachable, 2) => Some("SIDR reject"),
+        (CmEventType::Unreachable, 3) => Some("SIDR no QP"),
+        (CmEventType::Unreachable, 4) => Some("SIDR redirect"),
+        (CmEventType::Unreachable, 5) => Some("SIDR unsupported version"),
+        _ => None,
+    }
 }
 
 impl fmt::Display for CmEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} on {} (status {})", self.event, self.id, self.status)
+        write!(f, "{} on {} (status {}", self.event, self.id, self.status)?;
+        match self.status_meaning() {
+            Some(meaning) => write!(f, " ({meaning}))"),
+            None => f.write_str(")"),
+        }
     }
 }
 
@@ -447,6 +499,50 @@ mod tests {
         assert_eq!(
             CmEventType::Disconnected.to_string(),
             "RDMA_CM_EVENT_DISCONNECTED"
+        );
+    }
+
+    #[test]
+    fn display_names_what_a_status_means_by_event_type() {
+        let shown = |ty, status| {
+            CmEvent::new(IdHandle::new(1, 4, 0), None, ty, status, ConnParam::ZERO, 0).to_string()
+        };
+        assert_eq!(
+            shown(CmEventType::Established, 0),
+            "RDMA_CM_EVENT_ESTABLISHED on id#4 (status 0)"
+        );
+        assert_eq!(
+            shown(CmEventType::Disconnected, -110),
+            "RDMA_CM_EVENT_DISCONNECTED on id#4 (status -110 (ETIMEDOUT))"
+        );
+        assert_eq!(
+            shown(CmEventType::AddrError, -113),
+            "RDMA_CM_EVENT_ADDR_ERROR on id#4 (status -113 (EHOSTUNREACH))"
+        );
+        assert_eq!(
+            shown(CmEventType::Rejected, 8),
+            "RDMA_CM_EVENT_REJECTED on id#4 (status 8 (invalid service id))"
+        );
+        // The same number means a SIDR status on UNREACHABLE and nothing on a USER event.
+        assert_eq!(
+            shown(CmEventType::Unreachable, 2),
+            "RDMA_CM_EVENT_UNREACHABLE on id#4 (status 2 (SIDR reject))"
+        );
+        assert_eq!(
+            shown(CmEventType::User, 2),
+            "RDMA_CM_EVENT_USER on id#4 (status 2)"
+        );
+        assert_eq!(
+            shown(CmEventType::Rejected, 27),
+            "RDMA_CM_EVENT_REJECTED on id#4 (status 27)"
+        );
+        assert_eq!(
+            shown(CmEventType::AddrError, -4095),
+            "RDMA_CM_EVENT_ADDR_ERROR on id#4 (status -4095)"
+        );
+        assert_eq!(
+            shown(CmEventType::AddrError, i32::MIN),
+            format!("RDMA_CM_EVENT_ADDR_ERROR on id#4 (status {})", i32::MIN)
         );
     }
 

@@ -29,8 +29,7 @@ macro_rules! handle {
         }
 
         impl $name {
-            /// Makes a handle; only backends need this.
-            pub const fn new(owner: u32, index: u32, generation: u32) -> Self {
+            pub(crate) const fn new(owner: u32, index: u32, generation: u32) -> Self {
                 Self { owner, index, generation }
             }
 

@@ -11,10 +11,33 @@
 //!   backend checks calls against them, so misuse is answered alike everywhere.
 //!
 //! Backends: `cm-sim` (deterministic, in memory) and `cm-hw` (the real librdmacm).
+//!
+//! # Design rules
+//!
+//! * **State is what the application has observed.** An [`IdMachine`] moves when a call
+//!   succeeds and when an event is *retrieved* ([`IdMachine::on_event`]), not when the kernel
+//!   generates the event. librdmacm checks against the kernel state instead, so a
+//!   `rdma_resolve_route` issued after the kernel resolved the address but before the
+//!   application retrieved `ADDR_RESOLVED` may succeed or fail there depending on timing; here
+//!   it always fails. This removes a race and makes every backend answer alike.
+//! * **A call is checked before it acts.** Each call method of [`IdMachine`] returns the
+//!   machine *after* the call, or the error, and never changes `self`: a backend does the real
+//!   work only when the check passed and stores the new machine only when the work succeeded.
+//! * **Misuse that would hang, crash or leak in librdmacm is a typed error**
+//!   ([`CmError::is_guarded_misuse`]): destroying an id with unacked events or a QP, acking an
+//!   event twice, calls that would dereference NULL.
+//! * **Handles are values.** A destroyed, unknown or foreign handle is
+//!   [`CmError::UnknownHandle`], never a use after free.
+//! * **Every event is acked exactly once.** [`CmEvent`] is neither `Clone` nor `Copy` and
+//!   [`CmBackend::ack_cm_event`] takes it by value; one dropped unacked stays counted against
+//!   its id, as in librdmacm.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod backend;
+/// What only backends need: constructors that forge handles and events. Hidden from the docs
+/// because applications only ever receive these values.
+#[doc(hidden)]
+pub mod backend;
 mod error;
 mod event;
 mod handle;
@@ -24,7 +47,7 @@ mod types;
 pub use backend::{CmBackend, Result};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
 pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
-pub use handle::{next_backend_tag, ChannelHandle, HandleKind, IdHandle};
+pub use handle::{ChannelHandle, HandleKind, IdHandle};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};
 

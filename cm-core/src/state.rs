@@ -22,11 +22,8 @@
 //!     (needs RDMA_CM_ROUTE_RESOLVED (ROUTE_RESOLVED retrieved))");
 //! ```
 //!
-//! State follows what the application has *observed*: events move the machine when they are
-//! retrieved (`on_event`), not when the kernel generates them. librdmacm checks against the
-//! kernel state instead, so a `rdma_resolve_route` issued after the kernel resolved the address
-//! but before the application retrieved `ADDR_RESOLVED` may succeed or fail there depending on
-//! timing; here it always fails. This removes a race and makes both backends answer alike.
+//! State follows what the application has *observed* (the crate docs state the rule, for
+//! rustdoc readers).
 
 use std::fmt;
 

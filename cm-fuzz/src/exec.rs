@@ -512,12 +512,16 @@ impl<'a> World<'a> {
 
     fn id(&self, h: HostSel, r: HandleRef) -> IdHandle {
         let own = &self.ids[h.fabric as usize][h.host as usize];
-        Self::pick(own, &self.all_ids, r, IdHandle::new, |o| self.owner_tag(o))
+        Self::pick(own, &self.all_ids, r, cm_core::backend::id_handle, |o| {
+            self.owner_tag(o)
+        })
     }
 
     fn chan(&self, h: HostSel, r: HandleRef) -> ChannelHandle {
         let own = &self.chans[h.fabric as usize][h.host as usize];
-        Self::pick(own, &self.all_chans, r, ChannelHandle::new, |o| self.owner_tag(o))
+        Self::pick(own, &self.all_chans, r, cm_core::backend::channel_handle, |o| {
+            self.owner_tag(o)
+        })
     }
 
     fn conn_param(p: &ParamSel) -> ConnParam {
@@ -805,7 +809,7 @@ impl<'a> World<'a> {
             } => {
                 let id = self.id(h, id);
                 let listen = listen_id.map(|l| self.id(h, l));
-                let forged = CmEvent::new(id, listen, event, status, ConnParam::ZERO, token);
+                let forged = cm_core::backend::cm_event(id, listen, event, status, ConnParam::ZERO, token);
                 let text = forged.to_string();
                 let r = self.host(h).ack_cm_event(forged);
                 if r.is_ok() {
@@ -813,7 +817,7 @@ impl<'a> World<'a> {
                     return fail(
                         Check::ForgedAckAccepted,
                         "forged event accepted",
-                        format!("{op}: {h} accepted the ack of {text}, an event made with CmEvent::new"),
+                        format!("{op}: {h} accepted the ack of {text}, an event made with cm_core::backend::cm_event"),
                         Some(i),
                     );
                 }

@@ -29,7 +29,7 @@ pub enum Known {
     DeviceRemoval,
     /// Acking a retrieved event on another host or fabric (the failed ack consumes it).
     WrongHostAck,
-    /// Acking a forged `CmEvent::new` that names a live id of the host (accepted).
+    /// Acking a forged `cm_event` that names a live id of the host (accepted).
     ForgedAck,
     /// Host addresses a builder should refuse with an error: loopback, unspecified.
     HostAddr,
@@ -147,7 +147,7 @@ pub enum HandleRef {
     Own(u16),
     /// The `n`-th most recent handle of this kind any host of either fabric was given.
     Any(u16),
-    /// `IdHandle::new` / `ChannelHandle::new` with made-up parts.
+    /// `backend::id_handle` / `backend::channel_handle` with made-up parts.
     Forged {
         /// Owner tag.
         owner: Owner,
@@ -311,7 +311,7 @@ pub enum Op {
         on: Option<HostSel>,
         n: u16,
     },
-    /// Acks an event made with `CmEvent::new`, never handed out by a backend.
+    /// Acks an event made with `backend::cm_event`, never handed out by a backend.
     AckForged {
         h: HostSel,
         id: HandleRef,
@@ -413,7 +413,7 @@ impl fmt::Display for Op {
                 token,
             } => write!(
                 f,
-                "{h} ack_cm_event(CmEvent::new({id}, {listen_id:?}, {event}, {status}, .., token {token}))"
+                "{h} ack_cm_event(cm_event({id}, {listen_id:?}, {event}, {status}, .., token {token}))"
             ),
             Op::GetLocalAddr { h, id } => write!(f, "{h} get_local_addr({id})"),
             Op::GetPeerAddr { h, id } => write!(f, "{h} get_peer_addr({id})"),

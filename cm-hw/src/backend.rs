@@ -7,9 +7,8 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    next_backend_tag, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
-    IdHandle, IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, ReturnedEvent, Role, WcOpcode,
-    WcStatus, WorkCompletion,
+    Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
+    IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, Role, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
@@ -149,9 +148,9 @@ pub struct HwBackend {
     channels: Slab<ChannelEntry>,
     ids: Slab<IdEntry>,
     /// `rdma_cm_id` address → id slab index.
-    by_addr: HashMap<usize, u32>,
-    /// `ibv_context` address → the backend's protection domain on it.
-    pds: HashMap<usize, sys::Pd>,
+    by_addr: HashMap<sys::IdAddr, u32>,
+    /// Device context → the backend's protection domain on it.
+    pds: HashMap<sys::DeviceContext, sys::Pd>,
     /// Token → retrieved event (ordered, so teardown acks in retrieval order).
     events: BTreeMap<u64, Outstanding>,
     next_seq: u64,
@@ -171,7 +170,7 @@ impl HwBackend {
     /// A backend with nothing open yet; needs no device (the first channel does).
     pub fn new() -> Result<HwBackend> {
         Ok(HwBackend {
-            tag: next_backend_tag(),
+            tag: cm_core::backend::next_backend_tag(),
             channels: Slab::new(),
             ids: Slab::new(),
             by_addr: HashMap::new(),
@@ -281,7 +280,7 @@ impl HwBackend {
     }
 
     fn id_handle(&self, index: u32) -> IdHandle {
-        IdHandle::new(self.tag, index, self.ids.generation(index).expect("live id"))
+        cm_core::backend::id_handle(self.tag, index, self.ids.generation(index).expect("live id"))
     }
 
     fn register_id(&mut self, raw: sys::Id, channel: u32, machine: IdMachine) -> u32 {
@@ -322,7 +321,7 @@ impl HwBackend {
         // A number from a newer librdmacm is handed out as `Unknown`, not dropped: the id's
         // machine refuses it as an event, so it is only counted, like any illegal real event.
         let ty = CmEventType::from(raw.event_type());
-        let counted = match self.by_addr.get(&raw.counted_addr()) {
+        let counted = match raw.counted_addr().and_then(|addr| self.by_addr.get(&addr)) {
             Some(&i) if self.ids.at(i).is_some_and(|e| e.channel == channel) => i,
             _ => {
                 self.discard(channel, raw);
@@ -372,7 +371,14 @@ impl HwBackend {
         traced! {
             tracing::debug!(%id, listen_id = ?listen_id, event = %ty, status = data.status, "event");
         }
-        Some(CmEvent::new(id, listen_id, ty, data.status, data.param, token))
+        Some(cm_core::backend::cm_event(
+            id,
+            listen_id,
+            ty,
+            data.status,
+            data.param,
+            token,
+        ))
     }
 
     /// The slab index of a checked id that has a QP (`PollCq`'s errors otherwise).
@@ -458,7 +464,7 @@ impl HwBackend {
 
     /// Deallocates the PD on `context` if no QP uses it any more, with the id at `witness` (on
     /// that device) proving the context is open. A failure keeps the PD for a later try.
-    fn release_pd(&mut self, context: usize, witness: u32) {
+    fn release_pd(&mut self, context: sys::DeviceContext, witness: u32) {
         match self.pds.get(&context) {
             Some(pd) if pd.users() == 0 => {}
             _ => return,
@@ -496,7 +502,7 @@ impl CmBackend for HwBackend {
     fn create_event_channel(&mut self) -> Result<ChannelHandle> {
         let raw = sys::Channel::create().map_err(|e| os_error(Call::CreateEventChannel, e))?;
         let (index, generation) = self.channels.insert(ChannelEntry { raw, unacked: 0 });
-        Ok(ChannelHandle::new(self.tag, index, generation))
+        Ok(cm_core::backend::channel_handle(self.tag, index, generation))
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
@@ -580,7 +586,7 @@ impl CmBackend for HwBackend {
             .bind_addr(&addr)
             .map_err(|err| os_error(Call::BindAddr, err))?;
         // Whether the id got a device is what librdmacm says (a wildcard or loopback bind has none).
-        e.machine = e.machine.bind_addr(e.raw.verbs() == 0)?;
+        e.machine = e.machine.bind_addr(e.raw.verbs().is_none())?;
         Ok(())
     }
 
@@ -605,7 +611,7 @@ impl CmBackend for HwBackend {
     fn resolve_route(&mut self, id: IdHandle, timeout: Duration) -> Result<()> {
         let e = self.id(Call::ResolveRoute, id)?;
         let next = e.machine.resolve_route()?;
-        if e.raw.verbs() == 0 {
+        if e.raw.verbs().is_none() {
             return Err(CmError::NoDevice {
                 call: Call::ResolveRoute,
             });
@@ -622,10 +628,9 @@ impl CmBackend for HwBackend {
         let index = self.id_index(Call::CreateQp, id)?;
         let e = self.ids.at(index).expect("checked");
         let next = e.machine.create_qp()?;
-        let context = e.raw.verbs();
-        if context == 0 {
+        let Some(context) = e.raw.verbs() else {
             return Err(CmError::NoDevice { call: Call::CreateQp });
-        }
+        };
         if e.qp.is_some() || e.raw.has_qp() {
             return Err(CmError::QpExists);
         }
@@ -734,7 +739,7 @@ impl CmBackend for HwBackend {
     fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
         let e = self.id(Call::Connect, id)?;
         let next = e.machine.connect(param.private_data.len())?;
-        if e.raw.verbs() == 0 {
+        if e.raw.verbs().is_none() {
             return Err(CmError::NoDevice { call: Call::Connect });
         }
         e.raw.connect(param).map_err(|err| os_error(Call::Connect, err))?;
@@ -746,7 +751,7 @@ impl CmBackend for HwBackend {
     fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
         let e = self.id(Call::Accept, id)?;
         let next = e.machine.accept(param.private_data.len())?;
-        if e.raw.verbs() == 0 {
+        if e.raw.verbs().is_none() {
             return Err(CmError::NoDevice { call: Call::Accept });
         }
         if e.qp.is_none() || !e.raw.has_qp() {
@@ -844,7 +849,7 @@ impl CmBackend for HwBackend {
         if event.counted_id().owner() != self.tag {
             // Another backend's: refused before anything is consumed, and handed back so that it
             // can still be acked where it came from.
-            return Err(CmError::ForeignEvent(ReturnedEvent::new(event)));
+            return Err(CmError::ForeignEvent(cm_core::backend::returned_event(event)));
         }
         let token = event.token();
         match self.events.get(&token) {
@@ -1066,7 +1071,7 @@ impl Drop for HwBackend {
         // 3. Protection domains, each while an id keeps its device context open; one without
         //    such an id (or still busy) is leaked rather than freed on a closed context.
         for (context, pd) in std::mem::take(&mut self.pds) {
-            if let Some(w) = self.ids.values().find(|e| e.raw.verbs() == context) {
+            if let Some(w) = self.ids.values().find(|e| e.raw.verbs() == Some(context)) {
                 let _ = pd.dealloc(&w.raw);
             }
         }

@@ -68,12 +68,16 @@
 //! }
 //! ```
 #![deny(missing_docs)]
+// Every `unsafe` lives in `sys`, where each block states why it is sound; the rest of the crate
+// cannot add one without this lint saying so.
+#![deny(unsafe_code)]
 
 mod backend;
 mod convert;
 mod guard;
 mod pool;
 mod slab;
+#[allow(unsafe_code)]
 mod sys;
 
 #[cfg(feature = "differential")]

@@ -167,6 +167,16 @@ impl Channel {
 // ------------------------------------------------------------------------------------------------
 // cm id
 
+/// The address of an `rdma_cm_id`, the way librdmacm's events name ids: a key to find the
+/// [`Id`] that owns it. Never dereferenced; only [`Id`] reaches the id through its pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct IdAddr(NonNull<ffi::rdma_cm_id>);
+
+/// An open device context (`ibv_context`) as `id->verbs` names it: the key of the backend's
+/// protection domain on that device. Dereferenced only here, while an id keeps it open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct DeviceContext(NonNull<ffi::ibv_context>);
+
 /// An `rdma_cm_id` in asynchronous mode.
 pub(crate) struct Id {
     ptr: NonNull<ffi::rdma_cm_id>,
@@ -194,14 +204,14 @@ impl Id {
     }
 
     /// The id's address, which librdmacm's events carry.
-    pub(crate) fn addr(&self) -> usize {
-        self.raw() as usize
+    pub(crate) fn addr(&self) -> IdAddr {
+        IdAddr(self.ptr)
     }
 
-    /// `id->verbs` as an address; 0 when the id has no device.
-    pub(crate) fn verbs(&self) -> usize {
+    /// `id->verbs`; None while the id has no device.
+    pub(crate) fn verbs(&self) -> Option<DeviceContext> {
         // SAFETY: the id is alive (type invariant); reading a pointer field.
-        unsafe { (*self.raw()).verbs as usize }
+        NonNull::new(unsafe { (*self.raw()).verbs }).map(DeviceContext)
     }
 
     /// Whether librdmacm has a QP on the id (`id->qp`).
@@ -212,13 +222,10 @@ impl Id {
 
     /// The device's `max_qp_wr` (`ibv_query_device`); `EINVAL` when the id has no device.
     pub(crate) fn max_qp_wr(&self) -> Result<u32, Errno> {
-        let ctx = self.verbs();
-        if ctx == 0 {
-            return Err(libc::EINVAL);
-        }
+        let ctx = self.verbs().ok_or(libc::EINVAL)?;
         let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
         // SAFETY: `ctx` is the live id's open device context; `attr` is a valid out-pointer.
-        let ret = unsafe { ffi::ibv_query_device(ctx as *mut ffi::ibv_context, attr.as_mut_ptr()) };
+        let ret = unsafe { ffi::ibv_query_device(ctx.0.as_ptr(), attr.as_mut_ptr()) };
         if ret != 0 {
             // verbs returns the errno itself.
             return Err(ret);
@@ -259,7 +266,7 @@ impl Id {
     /// `rdma_resolve_route`. Refused with `EINVAL` without a device: librdmacm would
     /// dereference the NULL `id->verbs`.
     pub(crate) fn resolve_route(&self, timeout_ms: i32) -> Result<(), Errno> {
-        if self.verbs() == 0 {
+        if self.verbs().is_none() {
             return Err(libc::EINVAL);
         }
         // SAFETY: the id is alive and has a device.
@@ -276,7 +283,7 @@ impl Id {
     /// parameter check dereferences the device) or with private data over 255 bytes (the C
     /// length is a `u8`).
     pub(crate) fn connect(&self, param: &ConnParam) -> Result<(), Errno> {
-        if self.verbs() == 0 {
+        if self.verbs().is_none() {
             return Err(libc::EINVAL);
         }
         let mut raw = raw_conn_param(param).ok_or(libc::EINVAL)?;
@@ -288,7 +295,7 @@ impl Id {
     /// `rdma_accept` with `param` (never NULL: librdmacm dereferences `id->qp` for a NULL
     /// param). Refused with `EINVAL` without a device.
     pub(crate) fn accept(&self, param: &ConnParam) -> Result<(), Errno> {
-        if self.verbs() == 0 {
+        if self.verbs().is_none() {
             return Err(libc::EINVAL);
         }
         let mut raw = raw_conn_param(param).ok_or(libc::EINVAL)?;
@@ -390,10 +397,10 @@ fn raw_conn_param(param: &ConnParam) -> Option<ffi::rdma_conn_param> {
 /// The plain fields of a retrieved event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct EventData {
-    /// `event->id` as an address.
-    pub(crate) id: usize,
-    /// `event->listen_id` as an address (0 when NULL).
-    pub(crate) listen_id: usize,
+    /// `event->id`.
+    pub(crate) id: Option<IdAddr>,
+    /// `event->listen_id` (None when NULL).
+    pub(crate) listen_id: Option<IdAddr>,
     /// `event->event`.
     pub(crate) event: u32,
     /// `event->status`.
@@ -473,8 +480,8 @@ impl Event {
                 )
             };
             EventData {
-                id: (*ev).id as usize,
-                listen_id: (*ev).listen_id as usize,
+                id: NonNull::new((*ev).id).map(IdAddr),
+                listen_id: NonNull::new((*ev).listen_id).map(IdAddr),
                 event: (*ev).event,
                 status: (*ev).status,
                 param,
@@ -484,24 +491,25 @@ impl Event {
 
     /// The address of the id the event counts against: the listener for `CONNECT_REQUEST`
     /// (librdmacm's `evt->id_priv`), the event's id otherwise.
-    pub(crate) fn counted_addr(&self) -> usize {
+    pub(crate) fn counted_addr(&self) -> Option<IdAddr> {
         let ev = self.raw();
         // SAFETY: the event is alive; reading its own fields.
-        unsafe {
+        let counted = unsafe {
             if (*ev).event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
                 && !(*ev).listen_id.is_null()
             {
-                (*ev).listen_id as usize
+                (*ev).listen_id
             } else {
-                (*ev).id as usize
+                (*ev).id
             }
-        }
+        };
+        NonNull::new(counted).map(IdAddr)
     }
 
     /// Binds the event to the id it counts against; false (nothing bound) if `id` is not that
     /// id. A bound event keeps [`Id::destroy`] from running until it is acked.
     pub(crate) fn bind(&mut self, id: &Id) -> bool {
-        if self.counted_addr() != id.addr() || self.counted.is_some() {
+        if self.counted_addr() != Some(id.addr()) || self.counted.is_some() {
             return false;
         }
         self.counted = Some(Rc::clone(&id.anchor));
@@ -547,7 +555,7 @@ impl Event {
 
 struct PdInner {
     ptr: NonNull<ffi::ibv_pd>,
-    context: usize,
+    context: DeviceContext,
 }
 
 /// A protection domain on one device context.
@@ -558,21 +566,18 @@ pub(crate) struct Pd {
 impl Pd {
     /// `ibv_alloc_pd(id->verbs)`; `EINVAL` when the id has no device.
     pub(crate) fn alloc(id: &Id) -> Result<Pd, Errno> {
-        let ctx = id.verbs();
-        if ctx == 0 {
-            return Err(libc::EINVAL);
-        }
+        let ctx = id.verbs().ok_or(libc::EINVAL)?;
         // SAFETY: `ctx` is the live id's device context, opened by librdmacm and kept open at
         // least as long as the id exists.
-        let pd = unsafe { ffi::ibv_alloc_pd(ctx as *mut ffi::ibv_context) };
+        let pd = unsafe { ffi::ibv_alloc_pd(ctx.0.as_ptr()) };
         let ptr = NonNull::new(pd).ok_or_else(last_errno)?;
         Ok(Pd {
             inner: Rc::new(PdInner { ptr, context: ctx }),
         })
     }
 
-    /// The device context (`ibv_context` address) the PD belongs to.
-    pub(crate) fn context(&self) -> usize {
+    /// The device context the PD belongs to.
+    pub(crate) fn context(&self) -> DeviceContext {
         self.inner.context
     }
 
@@ -587,7 +592,7 @@ impl Pd {
         if self.users() > 0 {
             return Err((self, libc::EBUSY));
         }
-        if witness.verbs() != self.inner.context {
+        if witness.verbs() != Some(self.inner.context) {
             return Err((self, libc::EINVAL));
         }
         // SAFETY: the PD is alive, unused by any QP or MR of ours, and its context is open
@@ -713,7 +718,7 @@ impl Qp {
         slots: u32,
         cqe: i32,
     ) -> Result<(Qp, GrantedCaps), Errno> {
-        if id.verbs() == 0 || id.verbs() != pd.context() || id.has_qp() {
+        if id.verbs() != Some(pd.context()) || id.has_qp() {
             return Err(libc::EINVAL);
         }
         let slot_size = caps.max_message_size as usize;
@@ -736,7 +741,7 @@ impl Qp {
             return Err(err);
         };
         // SAFETY: the context is the live id's device context, open while the id exists.
-        let comp = unsafe { ffi::ibv_create_comp_channel(pd.context() as *mut ffi::ibv_context) };
+        let comp = unsafe { ffi::ibv_create_comp_channel(pd.context().0.as_ptr()) };
         let Some(comp) = NonNull::new(comp) else {
             let err = last_errno();
             undo_create(buf, Some(mr), None, None);
@@ -749,15 +754,8 @@ impl Qp {
         }
         // SAFETY: the context is the live id's device context; the completion channel is alive
         // on the same context and outlives the CQ (destroyed after it).
-        let cq = unsafe {
-            ffi::ibv_create_cq(
-                pd.context() as *mut ffi::ibv_context,
-                cqe,
-                ptr::null_mut(),
-                comp.as_ptr(),
-                0,
-            )
-        };
+        let cq =
+            unsafe { ffi::ibv_create_cq(pd.context().0.as_ptr(), cqe, ptr::null_mut(), comp.as_ptr(), 0) };
         let Some(cq) = NonNull::new(cq) else {
             let err = last_errno();
             undo_create(buf, Some(mr), Some(comp), None);
@@ -843,7 +841,7 @@ impl Qp {
     }
 
     /// The device context of the QP's PD.
-    pub(crate) fn context(&self) -> usize {
+    pub(crate) fn context(&self) -> DeviceContext {
         self.pd.context()
     }
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdState,
+    Call, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, HandleKind, IdHandle, IdState,
     PortSpace, QpCaps,
 };
 use cm_hw::HwBackend;
@@ -91,14 +91,14 @@ fn assert_unknown_channel(hw: &mut HwBackend, ch: ChannelHandle) {
 fn handles_never_issued_here_are_unknown() {
     let mut hw = HwBackend::new().unwrap();
     // Tag 0 is never drawn by `next_backend_tag`, and nothing was created yet.
-    assert_unknown_id(&mut hw, IdHandle::new(0, 0, 0));
-    assert_unknown_channel(&mut hw, ChannelHandle::new(0, 0, 0));
-    assert_unknown_id(&mut hw, IdHandle::new(u32::MAX, 7, 3));
-    assert_unknown_channel(&mut hw, ChannelHandle::new(u32::MAX, 7, 3));
+    assert_unknown_id(&mut hw, cm_core::backend::id_handle(0, 0, 0));
+    assert_unknown_channel(&mut hw, cm_core::backend::channel_handle(0, 0, 0));
+    assert_unknown_id(&mut hw, cm_core::backend::id_handle(u32::MAX, 7, 3));
+    assert_unknown_channel(&mut hw, cm_core::backend::channel_handle(u32::MAX, 7, 3));
     // An event this backend never handed out, naming an id of no backend (owner tag 0): refused
     // as another backend's and handed back, as the simulator does.
-    let forged = CmEvent::new(
-        IdHandle::new(0, 0, 0),
+    let forged = cm_core::backend::cm_event(
+        cm_core::backend::id_handle(0, 0, 0),
         None,
         CmEventType::Established,
         0,

@@ -41,8 +41,8 @@ fn hw_backend_is_send() {
 #[test]
 fn fds_and_try_calls_refuse_unknown_handles_with_typed_errors() {
     let mut hw = HwBackend::new().unwrap();
-    let ch = ChannelHandle::new(0, 0, 0);
-    let id = IdHandle::new(0, 0, 0);
+    let ch = cm_core::backend::channel_handle(0, 0, 0);
+    let id = cm_core::backend::id_handle(0, 0, 0);
     let unknown_channel = CmError::UnknownHandle {
         call: Call::GetCmEvent,
         kind: HandleKind::Channel,

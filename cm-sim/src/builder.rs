@@ -252,6 +252,83 @@ fn seed_from_env(env: Option<std::ffi::OsString>) -> Result<Seed, ConfigError> {
     }
 }
 
+/// An address given to [`SimBuilder::host`]: an [`IpAddr`] (or anything that converts into
+/// one: `Ipv4Addr`, `Ipv6Addr`, `[u8; 4]`, `[u8; 16]`, `[u16; 8]`), or text that
+/// [`try_build`](SimBuilder::try_build) parses and reports with
+/// [`ConfigError::NotAnAddress`] when it is not an address.
+///
+/// Text stays accepted because fabrics are mostly written down as literals (`"10.0.0.1"`) and
+/// read from command lines, where an early `parse().unwrap()` would trade the builder's one
+/// error report for a panic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostAddr(HostAddrRepr);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HostAddrRepr {
+    Ip(IpAddr),
+    Text(String),
+}
+
+impl HostAddr {
+    fn parse(&self, host: usize) -> Result<IpAddr, ConfigError> {
+        match &self.0 {
+            HostAddrRepr::Ip(ip) => Ok(*ip),
+            HostAddrRepr::Text(text) => text.trim().parse().map_err(|_| ConfigError::NotAnAddress {
+                host,
+                text: text.clone(),
+            }),
+        }
+    }
+}
+
+macro_rules! host_addr_from_ip {
+    ($($t:ty),*) => {$(
+        impl From<$t> for HostAddr {
+            fn from(addr: $t) -> Self {
+                HostAddr(HostAddrRepr::Ip(IpAddr::from(addr)))
+            }
+        }
+    )*};
+}
+host_addr_from_ip!(
+    IpAddr,
+    std::net::Ipv4Addr,
+    std::net::Ipv6Addr,
+    [u8; 4],
+    [u8; 16],
+    [u16; 8]
+);
+
+impl From<&IpAddr> for HostAddr {
+    fn from(addr: &IpAddr) -> Self {
+        HostAddr(HostAddrRepr::Ip(*addr))
+    }
+}
+
+impl From<&str> for HostAddr {
+    fn from(text: &str) -> Self {
+        HostAddr(HostAddrRepr::Text(text.to_owned()))
+    }
+}
+
+impl From<&&str> for HostAddr {
+    fn from(text: &&str) -> Self {
+        HostAddr::from(*text)
+    }
+}
+
+impl From<String> for HostAddr {
+    fn from(text: String) -> Self {
+        HostAddr(HostAddrRepr::Text(text))
+    }
+}
+
+impl From<&String> for HostAddr {
+    fn from(text: &String) -> Self {
+        HostAddr::from(text.as_str())
+    }
+}
+
 /// Builds a [`SimFabric`]. Nothing is checked until [`try_build`](SimBuilder::try_build) (or
 /// [`build`](SimBuilder::build), which panics with the same message).
 ///
@@ -271,9 +348,10 @@ fn seed_from_env(env: Option<std::ffi::OsString>) -> Result<Seed, ConfigError> {
 /// # let _ = (server, client);
 /// ```
 #[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until build or try_build"]
 pub struct SimBuilder {
     seed: Option<u64>,
-    hosts: Vec<Vec<String>>,
+    hosts: Vec<Vec<HostAddr>>,
     config: SimConfig,
     faults: FaultSchedule,
 }
@@ -302,16 +380,30 @@ impl SimBuilder {
         self
     }
 
-    /// Adds a host with one address (checked by [`try_build`](Self::try_build)).
-    pub fn host(self, addr: &str) -> Self {
-        self.host_with_addrs(&[addr])
+    /// Adds a host with one address (checked by [`try_build`](Self::try_build)): an
+    /// [`IpAddr`], or text (see [`HostAddr`]).
+    ///
+    /// ```
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use cm_sim::SimFabric;
+    ///
+    /// let fabric = SimFabric::builder()
+    ///     .seed(1)
+    ///     .host(Ipv4Addr::new(10, 0, 0, 1))
+    ///     .host([10, 0, 0, 2])
+    ///     .host("fd00::3")
+    ///     .build();
+    /// assert_eq!(fabric.host(1).addr(), "10.0.0.2".parse::<IpAddr>().unwrap());
+    /// ```
+    pub fn host(self, addr: impl Into<HostAddr>) -> Self {
+        self.host_with_addrs([addr])
     }
 
     /// Adds a host with several addresses (its first is where unbound ids resolve from). Each
     /// must be a unicast IPv4 or IPv6 address no other host has; [`try_build`](Self::try_build)
     /// checks.
-    pub fn host_with_addrs(mut self, addrs: &[&str]) -> Self {
-        self.hosts.push(addrs.iter().map(|a| (*a).to_owned()).collect());
+    pub fn host_with_addrs<A: Into<HostAddr>>(mut self, addrs: impl IntoIterator<Item = A>) -> Self {
+        self.hosts.push(addrs.into_iter().map(Into::into).collect());
         self
     }
 
@@ -381,11 +473,8 @@ impl SimBuilder {
                 return Err(ConfigError::HostWithoutAddress { host });
             }
             let mut ips = Vec::with_capacity(texts.len());
-            for text in texts {
-                let addr: IpAddr = text.trim().parse().map_err(|_| ConfigError::NotAnAddress {
-                    host,
-                    text: text.clone(),
-                })?;
+            for given in texts {
+                let addr = given.parse(host)?;
                 if addr.is_unspecified() || addr.is_loopback() {
                     return Err(ConfigError::NotUnicast { host, addr });
                 }
@@ -514,14 +603,14 @@ mod tests {
         assert_eq!(err.to_string(), "host 0: not an IP address: \"10.0.0.300\"");
         assert_eq!(refusal(SimBuilder::new()), ConfigError::NoHosts);
         assert_eq!(
-            refusal(SimBuilder::new().host_with_addrs(&[])),
+            refusal(SimBuilder::new().host_with_addrs(Vec::<IpAddr>::new())),
             ConfigError::HostWithoutAddress { host: 0 }
         );
         assert_eq!(
             refusal(
                 SimBuilder::new()
                     .host("10.0.0.1")
-                    .host_with_addrs(&["10.0.0.2", "10.0.0.1"])
+                    .host_with_addrs(["10.0.0.2", "10.0.0.1"])
             ),
             ConfigError::AddressTwice {
                 addr: "10.0.0.1".parse().unwrap()
@@ -591,5 +680,57 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn typed_addresses_are_checked_like_text() {
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        let err = refusal(SimBuilder::new().host([10, 0, 0, 1]).host(Ipv4Addr::LOCALHOST));
+        assert!(matches!(err, ConfigError::NotUnicast { host: 1, .. }), "{err}");
+        let err = refusal(SimBuilder::new().host(Ipv6Addr::UNSPECIFIED));
+        assert!(matches!(err, ConfigError::NotUnicast { host: 0, .. }), "{err}");
+        // The same address as text and as a value is the same address.
+        assert_eq!(
+            refusal(SimBuilder::new().host("10.0.0.1").host([10, 0, 0, 1])),
+            ConfigError::AddressTwice {
+                addr: IpAddr::from([10, 0, 0, 1])
+            }
+        );
+        let ips: Vec<IpAddr> = vec![[10, 0, 0, 2].into(), Ipv4Addr::new(10, 0, 0, 3).into()];
+        let fabric = SimBuilder::new()
+            .seed(1)
+            .host(String::from("10.0.0.1"))
+            .host_with_addrs(&ips)
+            .try_build();
+        assert!(fabric.is_ok(), "{:?}", fabric.err());
+    }
+
+    #[test]
+    fn a_fault_on_all_links_names_one_host_and_is_checked_against_the_fabric() {
+        let all = |a| crate::Fault::Loss {
+            a,
+            b: crate::Fault::ALL_HOSTS,
+            per_mille: 1000,
+        };
+        assert_eq!(all(1).hosts(), [1]);
+        assert_eq!(all(1).to_string(), "loss 1<->all 1000/1000");
+        let two = || SimBuilder::new().host("10.0.0.1").host("10.0.0.2");
+        let err = refusal(two().faults(FaultSchedule::new().with(Duration::ZERO, all(2))));
+        assert!(
+            matches!(
+                err,
+                ConfigError::FaultHost {
+                    host: 2,
+                    hosts: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(two()
+            .seed(1)
+            .faults(FaultSchedule::new().with(Duration::ZERO, all(1)))
+            .try_build()
+            .is_ok());
     }
 }

@@ -6,19 +6,7 @@
 //! [`SimBuilder::faults`](crate::SimBuilder::faults), or strike one fault at once with
 //! [`SimFabric::inject`](crate::SimFabric::inject).
 //!
-//! What each fault does, with the events and statuses librdmacm gives for it:
-//!
-//! | fault | what the application sees |
-//! |---|---|
-//! | [`Fault::Partition`] / [`Fault::Loss`] | a lost REQ, REP or DREQ is sent again after the response timeout; when every try is lost, `UNREACHABLE` (`-ETIMEDOUT`) for a request or reply, `DISCONNECTED` (`-ETIMEDOUT`) after the DREQ timeout. A lost DREP, RTU or REJ is not sent again: the initiator's `DISCONNECTED` comes after the DREQ timeout with `-ETIMEDOUT`, the passive side of a lost RTU gets `UNREACHABLE`. Across a partition a send completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
-//! | [`Fault::Delay`] | slower CM messages; events of different ids reorder, each id's own stay in order |
-//! | [`Fault::Crash`] | the host's ids, channels and QPs vanish; its calls answer [`CmError::HostCrashed`](cm_core::CmError::HostCrashed) (`ENODEV`, with the time of the crash) until it restarts. Its peers are told nothing: their CM messages to it go unanswered (`UNREACHABLE` / `DISCONNECTED` with `-ETIMEDOUT` after the retries), and a send to it completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
-//! | [`Fault::Restart`] | the crashed host comes back, empty (handles of before the crash are unknown) |
-//! | [`Fault::RemoveDevice`] | `DEVICE_REMOVAL` on every id of the host that has a device; from the removal on (before the event is retrieved too) only destroy is legal; events not retrieved yet are discarded; a listener bound to the device stops listening; QPs go to ERR and flush when the event is retrieved |
-//! | [`Fault::AddrChange`] | `ADDR_CHANGE` on every id of the host that has a device |
-//! | [`Fault::FailAddrResolution`] / [`Fault::FailRouteResolution`] | `ADDR_ERROR` / `ROUTE_ERROR` with the given status for the next resolutions |
-//! | [`Fault::Backlog`] | the host's listeners hold at most that many unretrieved requests; more are dropped and sent again by the requester |
-//! | [`Fault::RnrRetries`] | a send that finds no receive posted gives up after that many receiver-not-ready retries: `RNR_RETRY_EXC_ERR`, the QP goes to ERR and flushes |
+//! What each fault does is in the crate docs (a table rustdoc shows).
 
 use std::fmt;
 use std::time::Duration;
@@ -27,6 +15,18 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// One fault. Hosts are numbered in the order the builder added them.
+///
+/// A link fault ([`Partition`](Fault::Partition), [`Heal`](Fault::Heal), [`Loss`](Fault::Loss),
+/// [`Delay`](Fault::Delay)) names all of a host's links at once with [`Fault::ALL_HOSTS`] as its
+/// `b`: every link between `a` and another host, not `a`'s own loopback.
+///
+/// ```
+/// use cm_sim::Fault;
+///
+/// let cut_off = Fault::Partition { a: 2, b: Fault::ALL_HOSTS };
+/// assert_eq!(cut_off.to_string(), "partition 2<->all");
+/// assert_eq!(cut_off.hosts(), [2]);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Fault {
     /// Every CM message between hosts `a` and `b` is lost, both ways, until [`Fault::Heal`].
@@ -125,6 +125,10 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// As the `b` of a link fault: every other host, so that the fault strikes all of `a`'s
+    /// links at once (a host cut off from the fabric, a lossy network card).
+    pub const ALL_HOSTS: u16 = u16::MAX;
+
     /// A short name for coverage reports and traces.
     pub const fn kind(&self) -> &'static str {
         match self {
@@ -151,7 +155,11 @@ impl Fault {
             | Fault::Heal { a, b }
             | Fault::Loss { a, b, .. }
             | Fault::Delay { a, b, .. } => {
-                vec![a, b]
+                if b == Self::ALL_HOSTS {
+                    vec![a]
+                } else {
+                    vec![a, b]
+                }
             }
             Fault::Crash { host }
             | Fault::Restart { host }
@@ -166,13 +174,26 @@ impl Fault {
     }
 }
 
+/// The `b` of a link fault as `Display` shows it.
+struct Peer(u16);
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == Fault::ALL_HOSTS {
+            f.write_str("all")
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Fault::Partition { a, b } => write!(f, "partition {a}<->{b}"),
-            Fault::Heal { a, b } => write!(f, "heal {a}<->{b}"),
-            Fault::Loss { a, b, per_mille } => write!(f, "loss {a}<->{b} {per_mille}/1000"),
-            Fault::Delay { a, b, min, max } => write!(f, "delay {a}<->{b} +{min:?}..={max:?}"),
+            Fault::Partition { a, b } => write!(f, "partition {a}<->{}", Peer(b)),
+            Fault::Heal { a, b } => write!(f, "heal {a}<->{}", Peer(b)),
+            Fault::Loss { a, b, per_mille } => write!(f, "loss {a}<->{} {per_mille}/1000", Peer(b)),
+            Fault::Delay { a, b, min, max } => write!(f, "delay {a}<->{} +{min:?}..={max:?}", Peer(b)),
             Fault::Crash { host } => write!(f, "crash host {host}"),
             Fault::Restart { host } => write!(f, "restart host {host}"),
             Fault::RemoveDevice { host } => write!(f, "remove device of host {host}"),
@@ -204,6 +225,7 @@ pub struct FaultAt {
 
 /// Faults and their times: plain data to generate, shrink, print and replay.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[must_use = "a schedule does nothing until it is given to SimBuilder::faults"]
 pub struct FaultSchedule {
     /// The faults, in any order (equal times strike in list order).
     pub faults: Vec<FaultAt>,

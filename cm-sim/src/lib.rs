@@ -35,6 +35,27 @@
 //! # Ok::<(), cm_core::CmError>(())
 //! ```
 //!
+//! # Faults
+//!
+//! A [`FaultSchedule`] lists [`Fault`]s and the virtual time each strikes at; give it to
+//! [`SimBuilder::faults`], or strike one at once with [`SimFabric::inject`]. Hosts are numbered
+//! in the order the builder added them; a link fault names all of a host's links with
+//! [`Fault::ALL_HOSTS`].
+//!
+//! What each fault does, with the events and statuses librdmacm gives for it:
+//!
+//! | fault | what the application sees |
+//! |---|---|
+//! | [`Fault::Partition`] / [`Fault::Loss`] | a lost REQ, REP or DREQ is sent again after the response timeout; when every try is lost, `UNREACHABLE` (`-ETIMEDOUT`) for a request or reply, `DISCONNECTED` (`-ETIMEDOUT`) after the DREQ timeout. A lost DREP, RTU or REJ is not sent again: the initiator's `DISCONNECTED` comes after the DREQ timeout with `-ETIMEDOUT`, the passive side of a lost RTU gets `UNREACHABLE`. Across a partition a send completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
+//! | [`Fault::Delay`] | slower CM messages; events of different ids reorder, each id's own stay in order |
+//! | [`Fault::Crash`] | the host's ids, channels and QPs vanish; its calls answer [`CmError::HostCrashed`](cm_core::CmError::HostCrashed) (`ENODEV`, with the time of the crash) until it restarts. Its peers are told nothing: their CM messages to it go unanswered (`UNREACHABLE` / `DISCONNECTED` with `-ETIMEDOUT` after the retries), and a send to it completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
+//! | [`Fault::Restart`] | the crashed host comes back, empty (handles of before the crash are unknown) |
+//! | [`Fault::RemoveDevice`] | `DEVICE_REMOVAL` on every id of the host that has a device; from the removal on (before the event is retrieved too) only destroy is legal; events not retrieved yet are discarded; a listener bound to the device stops listening; QPs go to ERR and flush when the event is retrieved |
+//! | [`Fault::AddrChange`] | `ADDR_CHANGE` on every id of the host that has a device |
+//! | [`Fault::FailAddrResolution`] / [`Fault::FailRouteResolution`] | `ADDR_ERROR` / `ROUTE_ERROR` with the given status for the next resolutions |
+//! | [`Fault::Backlog`] | the host's listeners hold at most that many unretrieved requests; more are dropped and sent again by the requester |
+//! | [`Fault::RnrRetries`] | a send that finds no receive posted gives up after that many receiver-not-ready retries: `RNR_RETRY_EXC_ERR`, the QP goes to ERR and flushes |
+//!
 //! # Where the simulator departs from librdmacm
 //! See the project README's list; the main points: calls are checked against the state the
 //! application has observed (retrieved events), not the kernel's; misuse that would hang or crash
@@ -68,7 +89,7 @@ mod time;
 mod timers;
 mod trace;
 
-pub use builder::{parse_seed, ConfigError, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
+pub use builder::{parse_seed, ConfigError, HostAddr, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
 pub use fabric::SimFabric;
 pub use faults::{Fault, FaultAt, FaultSchedule, FaultStats, Swarm};
 pub use host::SimHost;

@@ -267,13 +267,13 @@ pub(crate) fn sim_fabric(o: &Options) -> Result<(SimFabric, Vec<IpAddr>), cm::si
         builder = builder.seed(seed);
     }
     let client_addrs = sim_client_addrs(client, o.server, o.connections);
-    let texts: Vec<String> = client_addrs.iter().map(IpAddr::to_string).collect();
-    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     // One host serves both ends when the client binds the server's address.
     builder = if o.server == client {
-        builder.host_with_addrs(&refs)
+        builder.host_with_addrs(client_addrs.iter().copied())
     } else {
-        builder.host(&o.server.to_string()).host_with_addrs(&refs)
+        builder
+            .host(o.server)
+            .host_with_addrs(client_addrs.iter().copied())
     };
     Ok((builder.try_build()?, client_addrs))
 }

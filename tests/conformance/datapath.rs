@@ -1,7 +1,7 @@
 //! The data path's error handling, on every backend: a full send queue, messages at and just
 //! past the receive buffer's length, and what a fatal completion leaves behind.
 
-use cm::core::{Call, CmBackend, CmError, QpCaps, WcOpcode, WcStatus};
+use cm::api::{Call, CmBackend, CmError, QpCaps, WcOpcode, WcStatus};
 
 use crate::support::*;
 
@@ -75,10 +75,12 @@ fn a_message_one_byte_too_long_fails_both_sides_and_leaves_both_qps_in_err() {
     bed.client.post_send(conn.client.id, 3, b"12345").unwrap();
     let got = completions(&mut bed.server, conn.child, 2);
     let statuses: Vec<_> = got.iter().map(|wc| (wc.wr_id, wc.status, wc.byte_len)).collect();
-    assert_eq!(
-        statuses,
-        [(1, WcStatus::LocLenErr, 0), (2, WcStatus::WrFlushErr, 0)],
-        "the receive fails, the next one is flushed"
+    // The IB spec's status is LOC_LEN_ERR (the simulator's); rxe on Linux 6.1 reports
+    // LOC_QP_OP_ERR for the same overrun (seen in the lab). Either is the receive failing here.
+    let receive_failed = matches!(statuses[0].1, WcStatus::LocLenErr | WcStatus::LocQpOpErr);
+    assert!(
+        receive_failed && statuses[0].0 == 1 && statuses[1..] == [(2, WcStatus::WrFlushErr, 0)],
+        "the receive fails, the next one is flushed: {statuses:?}"
     );
     let sent = completions(&mut bed.client, conn.client.id, 1);
     assert_eq!((sent[0].wr_id, sent[0].status), (3, WcStatus::RemInvReqErr));
@@ -92,14 +94,14 @@ fn a_message_one_byte_too_long_fails_both_sides_and_leaves_both_qps_in_err() {
     assert_eq!((late.0[0].wr_id, late.0[0].status), (4, WcStatus::WrFlushErr));
     assert_eq!((late.1[0].wr_id, late.1[0].status), (5, WcStatus::WrFlushErr));
     for (b, id) in [(&bed.server, conn.child), (&bed.client, conn.client.id)] {
-        assert_eq!(b.id_machine(id).unwrap().qp(), Some(cm::core::QpState::Err));
+        assert_eq!(b.id_machine(id).unwrap().qp(), Some(cm::api::QpState::Err));
     }
     teardown(&mut bed, conn);
 }
 
 /// `teardown` for a connection whose client already called `rdma_disconnect`.
 fn finish_teardown_after_client_disconnect<B: CmBackend>(bed: &mut Bed<B>, conn: Conn) {
-    use cm::core::CmEventType;
+    use cm::api::CmEventType;
     expect(&mut bed.server, conn.server.ch, CmEventType::Disconnected);
     bed.server.disconnect(conn.child).unwrap();
     expect(&mut bed.client, conn.client.ch, CmEventType::Disconnected);

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm::core::{
+use cm::api::{
     ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine, IdState, PortSpace,
     QpCaps, QpState, WcStatus,
 };
@@ -46,7 +46,7 @@ struct Tracked {
     outstanding: BTreeSet<u64>,
     retries: u32,
     /// Held events the buggy application never acks.
-    leaked: Vec<cm::core::CmEvent>,
+    leaked: Vec<cm::api::CmEvent>,
     /// Client: connected since (virtual time), until it disconnects.
     established_at: Option<Duration>,
 }
@@ -264,7 +264,7 @@ impl App {
                 wc
             );
         }
-        let received = out.iter().any(|wc| wc.opcode == cm::core::WcOpcode::Recv);
+        let received = out.iter().any(|wc| wc.opcode == cm::api::WcOpcode::Recv);
         Ok((out.len(), received))
     }
 
@@ -474,7 +474,7 @@ impl App {
                 IdState::AddrQuery | IdState::RouteQuery => true,
                 IdState::Connect => matches!(
                     t.m.phase(),
-                    cm::core::ConnPhase::Connecting | cm::core::ConnPhase::Accepted
+                    cm::api::ConnPhase::Connecting | cm::api::ConnPhase::Accepted
                 ),
                 _ => false,
             };

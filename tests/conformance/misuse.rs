@@ -3,9 +3,8 @@
 
 use std::net::SocketAddr;
 
-use cm::core::{
-    errno, Call, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdState,
-    PortSpace, QpCaps,
+use cm::api::{
+    errno, Call, CmBackend, CmError, CmEventType, ConnParam, HandleKind, IdState, PortSpace, QpCaps,
 };
 
 use crate::support::*;
@@ -274,7 +273,7 @@ fn handles_of_another_backend_are_unknown() {
             kind: HandleKind::Channel,
         },
     );
-    let forged = IdHandle::new(sid.owner().wrapping_add(1000), sid.index(), sid.generation());
+    let forged = cm::api::backend::id_handle(sid.owner().wrapping_add(1000), sid.index(), sid.generation());
     assert!(bed.server.destroy_id(forged).is_err());
     destroy_all(&mut bed.server, &[sid], sch);
     assert_clean(&bed);
@@ -334,7 +333,7 @@ fn a_forged_event_is_refused_and_the_real_one_still_acks() {
     let id = c.create_id(ch, PortSpace::Tcp).unwrap();
     c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
     let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
-    let forge = |event, token| CmEvent::new(id, None, event, 0, ConnParam::ZERO, token);
+    let forge = |event, token| cm::api::backend::cm_event(id, None, event, 0, ConnParam::ZERO, token);
     // A copy of the real event with another token, and one with the real token but another type.
     for forged in [
         forge(ev.event(), ev.token().wrapping_add(1)),
@@ -369,7 +368,7 @@ fn a_forged_event_with_a_guessed_token_is_refused() {
     c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
     let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
     for token in 0..64 {
-        let forged = CmEvent::new(id, None, ev.event(), ev.status(), ConnParam::ZERO, token);
+        let forged = cm::api::backend::cm_event(id, None, ev.event(), ev.status(), ConnParam::ZERO, token);
         assert_err(c.ack_cm_event(forged), CmError::EventNotOutstanding);
     }
     assert_eq!(

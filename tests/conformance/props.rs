@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm::core::{
+use cm::api::{
     errno, Call, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdMachine,
     PortSpace, QpCaps, QpState, WcStatus,
 };
@@ -157,7 +157,7 @@ struct ModelId {
 
 struct Run<'a, B: CmBackend> {
     bed: &'a mut Bed<B>,
-    channels: [cm::core::ChannelHandle; 2],
+    channels: [cm::api::ChannelHandle; 2],
     ids: Vec<ModelId>,
     held: Vec<(usize, CmEvent)>,
     next_wr: u64,
@@ -361,7 +361,7 @@ impl<B: CmBackend> Run<'_, B> {
             }
             Op::Listen { ref id, backlog } => {
                 let Some(i) = self.pick(id, |m| {
-                    m.listen().is_ok() && m.state() == cm::core::IdState::AddrBound
+                    m.listen().is_ok() && m.state() == cm::api::IdState::AddrBound
                 }) else {
                     return Ok(());
                 };
@@ -509,7 +509,7 @@ impl<B: CmBackend> Run<'_, B> {
 
     /// What a well-behaved application would do next with id `i`, varied by `choice`.
     fn drive(&self, i: usize, choice: u8) -> Op {
-        use cm::core::{ConnPhase as P, IdState as S, Role};
+        use cm::api::{ConnPhase as P, IdState as S, Role};
         let m = self.ids[i].m;
         let id = || Pick::Exact(i);
         let side = self.ids[i].side == 1;

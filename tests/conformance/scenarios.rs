@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use cm::core::{
+use cm::api::{
     errno, CmBackend, CmError, CmEventType, ConnParam, IdState, PortSpace, QpCaps, QpState, WcOpcode,
     WcStatus,
 };
@@ -25,7 +25,7 @@ fn bind_reports_addr_in_use_not_available_and_wrong_state() {
         (err.clone(), err.errno()),
         (
             CmError::AddrInUse {
-                call: cm::core::Call::BindAddr
+                call: cm::api::Call::BindAddr
             },
             errno::EADDRINUSE
         )
@@ -360,7 +360,7 @@ fn connect_request_counts_against_the_listener() {
     assert_err(
         s.destroy_id(server.listener),
         CmError::UnackedEvents {
-            call: cm::core::Call::DestroyId,
+            call: cm::api::Call::DestroyId,
             count: 1,
         },
     );
@@ -416,7 +416,7 @@ fn qp_state_rules_on_the_data_path() {
     assert_err(
         b.post_send(client.id, 2, b"x"),
         CmError::WrongQpState {
-            call: cm::core::Call::PostSend,
+            call: cm::api::Call::PostSend,
             state: QpState::Init,
         },
     );
@@ -436,7 +436,7 @@ fn qp_state_rules_on_the_data_path() {
     assert_err(
         b.post_recv(client.id, 5, 64),
         CmError::NoQp {
-            call: cm::core::Call::PostRecv,
+            call: cm::api::Call::PostRecv,
         },
     );
     destroy_all(b, &[client.id], client.ch);
@@ -452,7 +452,7 @@ fn private_data_longer_than_the_port_space_allows_is_refused() {
         bed.client
             .connect(client.id, &ConnParam::new().with_private_data(&[7; 57])),
         CmError::PrivateDataTooLong {
-            call: cm::core::Call::Connect,
+            call: cm::api::Call::Connect,
             len: 57,
             max: 56,
         },
@@ -466,7 +466,7 @@ fn private_data_longer_than_the_port_space_allows_is_refused() {
     assert_err(
         s.accept(child, &ConnParam::new().with_private_data(&[1; 197])),
         CmError::PrivateDataTooLong {
-            call: cm::core::Call::Accept,
+            call: cm::api::Call::Accept,
             len: 197,
             max: 196,
         },
@@ -474,7 +474,7 @@ fn private_data_longer_than_the_port_space_allows_is_refused() {
     assert_err(
         s.reject(child, &[1; 149]),
         CmError::PrivateDataTooLong {
-            call: cm::core::Call::Reject,
+            call: cm::api::Call::Reject,
             len: 149,
             max: 148,
         },

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cm::core::{
+use cm::api::{
     errno, Call, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdState, PortSpace, QpCaps, QpState,
     WcStatus,
 };
@@ -13,7 +13,7 @@ use cm::sim::{SeedSource, SimFabric, SimHost, TraceMode, SEED_ENV};
 use crate::support::*;
 
 /// A channel and a listener on `addr`.
-fn listening(server: &mut SimHost, addr: std::net::SocketAddr) -> (cm::core::ChannelHandle, IdHandle) {
+fn listening(server: &mut SimHost, addr: std::net::SocketAddr) -> (cm::api::ChannelHandle, IdHandle) {
     let ch = server.create_event_channel().unwrap();
     let listener = server.create_id(ch, PortSpace::Tcp).unwrap();
     server.bind_addr(listener, addr).unwrap();
@@ -228,7 +228,7 @@ fn a_request_nobody_accepts_becomes_unreachable() {
     // attributes for the child any more.
     let_time_pass(&mut bed.server);
     let err = bed.server.create_qp(child, QpCaps::new()).unwrap_err();
-    assert_eq!(err.errno(), cm::core::errno::EINVAL, "{err}");
+    assert_eq!(err.errno(), cm::api::errno::EINVAL, "{err}");
     destroy_all(&mut bed.client, &[client.id], client.ch);
     destroy_all(&mut bed.server, &[child, server.listener], server.ch);
     assert_clean(&bed);
@@ -306,7 +306,7 @@ fn a_hundred_thousand_live_connections() {
 }
 
 /// Every event still to come on `ch` (acked), waiting out every timer.
-fn last_events(b: &mut SimHost, ch: cm::core::ChannelHandle) -> Vec<CmEventType> {
+fn last_events(b: &mut SimHost, ch: cm::api::ChannelHandle) -> Vec<CmEventType> {
     let mut seen = Vec::new();
     while let Some(ev) = next_event(b, ch, Duration::from_secs(600)) {
         seen.push(ev.event);
@@ -649,4 +649,68 @@ fn poll_cq_returns_at_once_with_a_completion_and_waits_its_timeout_without_one()
         conn.server.ch,
     );
     assert_clean(&bed);
+}
+
+/// Connects from `client` (channel `cch`) to `dst`, where `server` listens with channel `sch`
+/// and accepts whatever request arrives; returns the client's outcome (event, status).
+fn connect_outcome(
+    client: &mut SimHost,
+    cch: cm::api::ChannelHandle,
+    server: &mut SimHost,
+    sch: cm::api::ChannelHandle,
+    dst: std::net::SocketAddr,
+) -> (CmEventType, i32) {
+    let id = client.create_id(cch, PortSpace::Tcp).unwrap();
+    client.resolve_addr(id, None, dst, WAIT).unwrap();
+    expect(client, cch, CmEventType::AddrResolved);
+    client.resolve_route(id, WAIT).unwrap();
+    expect(client, cch, CmEventType::RouteResolved);
+    client.create_qp(id, QpCaps::new()).unwrap();
+    client.connect(id, &ConnParam::new()).unwrap();
+    if let Some(request) = next_event(server, sch, QUIET) {
+        assert_eq!(request.event, CmEventType::ConnectRequest);
+        server.create_qp(request.id, QpCaps::new()).unwrap();
+        server.accept(request.id, &ConnParam::new()).unwrap();
+    }
+    let outcome = next_event(client, cch, Duration::from_secs(600)).expect("connect's outcome");
+    (outcome.event, outcome.status)
+}
+
+/// Needs faults: one partition naming all of a host's links, healed the same way.
+#[test]
+fn a_partition_of_all_hosts_cuts_one_host_off_from_every_peer_and_no_other_pair() {
+    let fabric = SimFabric::builder()
+        .seed(5)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .host("10.0.0.3")
+        .build();
+    let (mut cut, mut client, mut other) = (fabric.host(0), fabric.host(1), fabric.host(2));
+    let (cut_addr, other_addr) = ("10.0.0.1:7471".parse().unwrap(), "10.0.0.3:7471".parse().unwrap());
+    let (cut_ch, _) = listening(&mut cut, cut_addr);
+    let (other_ch, _) = listening(&mut other, other_addr);
+    let cch = client.create_event_channel().unwrap();
+
+    fabric.inject(cm::sim::Fault::Partition {
+        a: 0,
+        b: cm::sim::Fault::ALL_HOSTS,
+    });
+    assert_eq!(
+        connect_outcome(&mut client, cch, &mut cut, cut_ch, cut_addr),
+        (CmEventType::Unreachable, -errno::ETIMEDOUT)
+    );
+    assert_eq!(
+        connect_outcome(&mut client, cch, &mut other, other_ch, other_addr),
+        (CmEventType::Established, 0),
+        "hosts 1 and 2 are not partitioned"
+    );
+
+    fabric.inject(cm::sim::Fault::Heal {
+        a: 0,
+        b: cm::sim::Fault::ALL_HOSTS,
+    });
+    assert_eq!(
+        connect_outcome(&mut client, cch, &mut cut, cut_ch, cut_addr),
+        (CmEventType::Established, 0)
+    );
 }

@@ -10,7 +10,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use cm::core::{
+use cm::api::{
     ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps,
     WorkCompletion,
 };

@@ -121,7 +121,7 @@ mod props;
 
 /// Behaviour only a real device shows the way it matters here.
 mod hw_only {
-    use cm::core::{CmBackend, QpState, WcOpcode, WcStatus};
+    use cm::api::{CmBackend, QpState, WcOpcode, WcStatus};
 
     use crate::support::{completions, establish, let_time_pass, teardown};
 

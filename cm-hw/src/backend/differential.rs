@@ -72,7 +72,7 @@ impl HwBackend {
             return RawOutcome::NotIssued("unknown handle");
         };
         let e = self.ids.at_mut(index).expect("checked");
-        let device = e.raw.verbs() != 0;
+        let device = e.raw.verbs().is_some();
         let m = e.machine;
         let result = match call {
             RawCall::BindAddr(addr) => e.raw.bind_addr(&addr).map(|()| m.bind_addr(!device)),
@@ -127,10 +127,9 @@ impl HwBackend {
 
     fn raw_create_qp(&mut self, index: u32, caps: QpCaps) -> RawOutcome {
         let e = self.ids.at(index).expect("checked");
-        let context = e.raw.verbs();
-        if context == 0 {
+        let Some(context) = e.raw.verbs() else {
             return RawOutcome::NotIssued("no device: no protection domain to create the QP on");
-        }
+        };
         if e.qp.is_some() || e.raw.has_qp() {
             // librdmacm would overwrite id->qp and leak the first QP, which the backend still
             // holds and would destroy through an id that no longer knows it.

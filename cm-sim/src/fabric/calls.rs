@@ -11,7 +11,11 @@ impl Fabric {
             ids: 0,
         });
         self.hosts[host as usize].counts.channels += 1;
-        Ok(ChannelHandle::new(self.tag(host), r.index, r.generation))
+        Ok(cm_core::backend::channel_handle(
+            self.tag(host),
+            r.index,
+            r.generation,
+        ))
     }
 
     pub(crate) fn destroy_event_channel(&mut self, host: u16, ch: ChannelHandle) -> R<()> {
@@ -51,7 +55,7 @@ impl Fabric {
         });
         self.channels.get_mut(channel).expect("checked").ids += 1;
         self.hosts[host as usize].counts.ids += 1;
-        Ok(IdHandle::new(self.tag(host), r.index, r.generation))
+        Ok(cm_core::backend::id_handle(self.tag(host), r.index, r.generation))
     }
 
     pub(crate) fn destroy_id(&mut self, host: u16, id: IdHandle) -> R<()> {
@@ -429,7 +433,7 @@ impl Fabric {
                 // Built in what is returned, one return per kind of parameters: an event is
                 // over 300 bytes and every copy of it showed in profiles.
                 let Some(p) = t.payload else {
-                    return Ok(Some(CmEvent::new(
+                    return Ok(Some(cm_core::backend::cm_event(
                         t.id,
                         t.listen_id,
                         t.event,
@@ -438,7 +442,7 @@ impl Fabric {
                         t.token,
                     )));
                 };
-                return Ok(Some(CmEvent::new(
+                return Ok(Some(cm_core::backend::cm_event(
                     t.id,
                     t.listen_id,
                     t.event,
@@ -458,7 +462,7 @@ impl Fabric {
         if event.counted_id().owner() != self.tag(host) {
             // Another host's, fabric's or backend's: refused, and handed back so that the id
             // it counts against can still be acked and destroyed where it lives.
-            return Err(CmError::ForeignEvent(ReturnedEvent::new(event)));
+            return Err(CmError::ForeignEvent(cm_core::backend::returned_event(event)));
         }
         self.host_up(host, Call::AckCmEvent)?;
         let r = token_ref(event.token(), self.tag(host));

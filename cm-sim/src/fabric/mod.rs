@@ -21,9 +21,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use cm_core::{
-    errno, next_backend_tag, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
-    IdHandle, IdMachine, LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState,
-    ReturnedEvent, WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA,
+    errno, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdMachine,
+    LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState, WcOpcode, WcStatus,
+    WorkCompletion, MAX_PRIVATE_DATA,
 };
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;

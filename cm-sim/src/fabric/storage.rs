@@ -130,7 +130,7 @@ impl Host {
     pub(super) fn new(addrs: Vec<IpAddr>) -> Self {
         Host {
             addrs,
-            tag: next_backend_tag(),
+            tag: cm_core::backend::next_backend_tag(),
             counts: HostCounts::default(),
             up: true,
             incarnation: 0,
@@ -215,7 +215,7 @@ impl Fabric {
 
     pub(super) fn id_handle(&self, r: SlotRef) -> IdHandle {
         let host = self.ids.get(r).map_or(0, |s| s.host);
-        IdHandle::new(self.tag(host), r.index, r.generation)
+        cm_core::backend::id_handle(self.tag(host), r.index, r.generation)
     }
 
     pub(super) fn slot(&mut self, r: SlotRef) -> &mut IdSlot {

@@ -23,10 +23,21 @@ impl Fabric {
         });
     }
 
+    /// Changes the link between `a` and `b` both ways; with `b` [`Fault::ALL_HOSTS`], every
+    /// link between `a` and another host.
     pub(super) fn set_link(&mut self, a: u16, b: u16, change: impl Fn(&mut Link)) {
-        let n = self.hosts.len();
-        change(&mut self.links[a as usize * n + b as usize]);
-        change(&mut self.links[b as usize * n + a as usize]);
+        let (n, a) = (self.hosts.len(), usize::from(a));
+        for peer in 0..n {
+            let named = if b == Fault::ALL_HOSTS {
+                peer != a
+            } else {
+                peer == usize::from(b)
+            };
+            if named {
+                change(&mut self.links[a * n + peer]);
+                change(&mut self.links[peer * n + a]);
+            }
+        }
     }
 
     /// Ids living on `host`, the application's and those it does not know yet.
