@@ -22,7 +22,6 @@
 //!
 //! The last lines are `seed: S`, `trace-hash: <hex>` (simulator only) and `connections/s: <n>`.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -66,6 +65,7 @@ enum Role {
     Client,
 }
 
+#[derive(Clone)]
 struct Options {
     backend: String,
     role: Role,
@@ -78,6 +78,8 @@ struct Options {
     retries: u32,
     trace: Option<String>,
     mermaid: Option<String>,
+    /// `--scale`: the connection counts to compare.
+    scale: Option<Vec<usize>>,
 }
 
 fn usage() -> &'static str {
@@ -96,7 +98,10 @@ fn usage() -> &'static str {
      \x20 --timeout     resolve timeout in ms (default 2000)\n\
      \x20 --retries     resolve retries after ADDR_ERROR/ROUTE_ERROR (default 2)\n\
      \x20 --trace       simulator only: write the trace, one line per event, to FILE\n\
-     \x20 --trace-mermaid  simulator only: write the trace as a Mermaid sequence diagram to FILE"
+     \x20 --trace-mermaid  simulator only: write the trace as a Mermaid sequence diagram to FILE\n\
+     \x20 --scale N,M,..  simulator only: after a warm-up, 5 rounds of a run of each count; prints\n\
+     \x20               each count's median connections/s, its slowdown against the first count,\n\
+     \x20               and the peak RSS per connection of the largest"
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -112,6 +117,7 @@ fn parse_args() -> Result<Options, String> {
         retries: 2,
         trace: None,
         mermaid: None,
+        scale: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -141,6 +147,16 @@ fn parse_args() -> Result<Options, String> {
             "--retries" | "-r" => o.retries = value.parse().map_err(|_| bad("a number"))?,
             "--trace" => o.trace = Some(value),
             "--trace-mermaid" => o.mermaid = Some(value),
+            "--scale" => {
+                let sizes: Result<Vec<usize>, _> = value
+                    .split(',')
+                    .map(|n| n.replace('_', "").parse::<usize>())
+                    .collect();
+                match sizes {
+                    Ok(sizes) if !sizes.is_empty() && !sizes.contains(&0) => o.scale = Some(sizes),
+                    _ => return Err(bad("a list of connection counts like 1000,100000")),
+                }
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -150,17 +166,25 @@ fn parse_args() -> Result<Options, String> {
     Ok(o)
 }
 
-/// Start and end of one step, for the whole run and per connection.
+/// Start and end of each step for the whole run, and the slowest and fastest connection of
+/// each step. Per connection only the start of the step in progress is kept (nanoseconds after
+/// `base`), so a million connections cost 8 bytes each here rather than the 256 that two
+/// `Instant`s per step took, which was a third of cmtime's memory at that scale.
 struct Times {
     step: [(Option<Instant>, Option<Instant>); 8],
-    conn: Vec<[(Option<Instant>, Option<Instant>); 8]>,
+    base: Instant,
+    started: Vec<u64>,
+    /// Per step: (slowest, fastest) connection in microseconds, once one finished.
+    extremes: [Option<(f64, f64)>; 8],
 }
 
 impl Times {
     fn new(n: usize) -> Self {
         Times {
             step: [(None, None); 8],
-            conn: vec![[(None, None); 8]; n],
+            base: Instant::now(),
+            started: vec![0; n],
+            extremes: [None; 8],
         }
     }
     fn begin(&mut self, step: usize) {
@@ -169,11 +193,14 @@ impl Times {
     fn end(&mut self, step: usize) {
         self.step[step].1 = Some(Instant::now());
     }
-    fn start(&mut self, c: usize, step: usize) {
-        self.conn[c][step].0 = Some(Instant::now());
+    /// Connection `c` starts a step; steps run one after another, so one start per connection.
+    fn start(&mut self, c: usize, _step: usize) {
+        self.started[c] = self.base.elapsed().as_nanos() as u64;
     }
     fn stop(&mut self, c: usize, step: usize) {
-        self.conn[c][step].1 = Some(Instant::now());
+        let d = (self.base.elapsed().as_nanos() as u64).saturating_sub(self.started[c]) as f64 / 1e3;
+        let e = self.extremes[step].get_or_insert((d, d));
+        *e = (e.0.max(d), e.1.min(d));
     }
 }
 
@@ -188,17 +215,7 @@ fn show_perf(t: &Times, n: usize, bound: bool) {
         if i == BIND && !bound {
             continue;
         }
-        let (mut max, mut min) = (0f64, f64::MAX);
-        for c in &t.conn {
-            if let (Some(a), Some(b)) = c[i] {
-                let d = us(a, b);
-                max = max.max(d);
-                min = min.min(d);
-            }
-        }
-        if min == f64::MAX {
-            min = 0.0;
-        }
+        let (max, min) = t.extremes[i].unwrap_or((0.0, 0.0));
         let total = match t.step[i] {
             (Some(a), Some(b)) => us(a, b),
             _ => 0.0,
@@ -325,6 +342,44 @@ fn qp_caps() -> QpCaps {
     }
 }
 
+/// The client's ids in creation order, and which connection an id is: a table indexed by the
+/// handle's slot index. Backends number their slots densely from 0 and cmtime creates its ids
+/// in one burst, so the table is 4 bytes per connection, read in about the order it was
+/// written, where a hash map cost some 50 bytes per connection and a cache miss per event at a
+/// million connections.
+#[derive(Default)]
+struct Conns {
+    ids: Vec<IdHandle>,
+    /// `by_slot[id.index()]`: the connection, `u32::MAX` for none.
+    by_slot: Vec<u32>,
+}
+
+impl Conns {
+    fn with_capacity(n: usize) -> Self {
+        Conns {
+            ids: Vec::with_capacity(n),
+            by_slot: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, id: IdHandle) {
+        let slot = id.index() as usize;
+        if self.by_slot.len() <= slot {
+            self.by_slot.resize(slot + 1, u32::MAX);
+        }
+        self.by_slot[slot] = u32::try_from(self.ids.len()).expect("fewer than 2^32 connections");
+        self.ids.push(id);
+    }
+
+    /// The connection `id` is; panics for an id cmtime did not create.
+    fn of(&self, id: IdHandle) -> usize {
+        match self.by_slot.get(id.index() as usize) {
+            Some(&c) if self.ids.get(c as usize) == Some(&id) => c as usize,
+            _ => panic!("cmtime: an event for {id:?}, which is none of its connections"),
+        }
+    }
+}
+
 /// The server when it shares the client's thread: its backend and its state.
 type Local<'a, B> = Option<(&'a mut B, Server)>;
 
@@ -391,18 +446,17 @@ fn cmtime<B: CmBackend>(
     };
     let cch = client_b.create_event_channel()?;
     let mut t = Times::new(n);
-    let mut ids = Vec::with_capacity(n);
-    let mut index: HashMap<IdHandle, usize> = HashMap::with_capacity(n);
+    let mut conns = Conns::with_capacity(n);
 
     t.begin(0);
     for c in 0..n {
         t.start(c, 0);
         let id = client_b.create_id(cch, PortSpace::Tcp)?;
         t.stop(c, 0);
-        index.insert(id, c);
-        ids.push(id);
+        conns.push(id);
     }
     t.end(0);
+    let (ids, index) = (&conns.ids, &conns);
 
     let src = |c: usize| sources.get(c / PER_ADDRESS).map(|ip| SocketAddr::new(*ip, 0));
     if o.bind.is_some() {
@@ -434,7 +488,7 @@ fn cmtime<B: CmBackend>(
         };
         let timeout = o.timeout;
         run_step(&mut local, client_b, cch, n, |b, ty, id, status| {
-            let c = index[&id];
+            let c = index.of(id);
             if ty == ok {
                 t.stop(c, step);
                 return Ok(true);
@@ -472,7 +526,7 @@ fn cmtime<B: CmBackend>(
     }
     run_step(&mut local, client_b, cch, n, |_, ty, id, status| {
         if ty == CmEventType::Established {
-            t.stop(index[&id], 5);
+            t.stop(index.of(id), 5);
             return Ok(true);
         }
         eprintln!("client: {ty} (status {status}) on {id} while connecting");
@@ -491,7 +545,7 @@ fn cmtime<B: CmBackend>(
     run_step(&mut local, client_b, cch, n, |b, ty, id, status| match ty {
         CmEventType::Disconnected => {
             b.destroy_qp(id)?;
-            t.stop(index[&id], 6);
+            t.stop(index.of(id), 6);
             Ok(true)
         }
         CmEventType::TimewaitExit => Ok(false),
@@ -591,6 +645,92 @@ fn run_sim(o: &Options, fabric: SimFabric, client_addrs: Vec<String>) -> Result<
     println!(
         "connections/s: {:.0}",
         o.connections as f64 / (total_us(&t) / 1e6)
+    );
+    Ok(())
+}
+
+/// Rounds of `--scale`; the median is reported.
+const SCALE_ROUNDS: usize = 5;
+
+/// `VmRSS` and `VmHWM` (the peak) of this process, in KiB.
+fn rss_hwm_kib() -> Result<(u64, u64), String> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").map_err(|e| format!("/proc/self/status: {e}"))?;
+    let field = |name: &str| -> Result<u64, String> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {name} in /proc/self/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// One simulated cmtime run of `n` connections, without its table: (connections/s, trace hash).
+fn scale_run(o: &Options, n: usize) -> Result<(f64, u64), String> {
+    let o = Options {
+        connections: n,
+        ..o.clone()
+    };
+    let (fabric, client_addrs) = sim_fabric(&o).map_err(|e| e.to_string())?;
+    let (mut server, mut client) = (fabric.host(0), fabric.host(fabric.host_count() - 1));
+    let sources: Vec<IpAddr> = client_addrs.iter().map(|a| a.parse().expect("address")).collect();
+    let t = cmtime(Some(&mut server), &mut client, &o, &sources)
+        .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
+    Ok((n as f64 / (total_us(&t) / 1e6), fabric.trace_hash()))
+}
+
+/// `--scale`: how connections/s holds up as the count grows, measured in one process so the
+/// ratios come from one stretch of the machine's load. Rounds interleave the counts, so a
+/// burst of load elsewhere slows one run of each rather than every run of one.
+fn run_scale(o: &Options) -> Result<(), String> {
+    let sizes = o.scale.clone().unwrap_or_default();
+    let o = Options {
+        seed: Some(o.seed.unwrap_or(7)),
+        trace: None,
+        mermaid: None,
+        ..o.clone()
+    };
+    let (rss_before, _) = rss_hwm_kib()?;
+    // Warm-up: one run of each count, not counted (allocator, caches, page tables).
+    let mut hashes = Vec::new();
+    for &n in &sizes {
+        hashes.push(scale_run(&o, n)?.1);
+    }
+    let mut rates = vec![Vec::new(); sizes.len()];
+    for _ in 0..SCALE_ROUNDS {
+        for (i, &n) in sizes.iter().enumerate() {
+            let (rate, hash) = scale_run(&o, n)?;
+            if hash != hashes[i] {
+                return Err(format!(
+                    "{n} connections: trace hash {hash:016x}, then {:016x}: not deterministic",
+                    hashes[i]
+                ));
+            }
+            rates[i].push(rate);
+        }
+    }
+    let (_, hwm) = rss_hwm_kib()?;
+    println!("seed: {}", o.seed.unwrap_or(7));
+    println!(
+        "{:>11} {:>14} {:>9}  {:<18} connections/s of each round",
+        "connections", "median conn/s", "slowdown", "trace-hash"
+    );
+    let mut first = None;
+    for ((n, mut r), hash) in sizes.iter().zip(rates).zip(hashes) {
+        let rounds = r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
+        r.sort_by(f64::total_cmp);
+        let median = r[SCALE_ROUNDS / 2];
+        let slowdown = *first.get_or_insert(median) / median;
+        println!("{n:>11} {median:>14.0} {slowdown:>8.2}x  {hash:016x}   {rounds}");
+    }
+    let largest = sizes.iter().copied().max().unwrap_or(1) as f64;
+    println!(
+        "peak RSS: {} KiB, {:.0} B per connection of the largest run ({:.0} B above the RSS before the first run)",
+        hwm,
+        hwm as f64 * 1024.0 / largest,
+        hwm.saturating_sub(rss_before) as f64 * 1024.0 / largest
     );
     Ok(())
 }
@@ -696,6 +836,7 @@ fn main() -> ExitCode {
     };
     let result = match o.backend.as_str() {
         "sim" if o.role != Role::Both => Err("--role server|client needs --backend hw".into()),
+        "sim" if o.scale.is_some() => run_scale(&o),
         "sim" => match sim_fabric(&o) {
             Ok((fabric, client_addrs)) => run_sim(&o, fabric, client_addrs),
             Err(e) => {
