@@ -27,9 +27,6 @@ pub(crate) enum Lane {
 /// FIFO lanes there are.
 pub(crate) const FIFO_LANES: usize = 2;
 
-/// Entries a radix heap bucket keeps room for once emptied (48 bytes each).
-const KEEP_CAPACITY: usize = 4096;
-
 struct Entry<A> {
     time: u64,
     seq: u64,
@@ -143,13 +140,8 @@ impl<A> RadixHeap<A> {
                     self.buckets[to].push(e);
                 }
             }
-            // A small bucket keeps its allocation: it fills up again soon. A large one (a burst
-            // of messages, one per connection) is let go: every bucket the burst passed through
-            // kept room for all of it, which at a million connections was hundreds of bytes
-            // per connection of peak memory, for room that the next burst finds elsewhere.
-            if moving.capacity() <= KEEP_CAPACITY {
-                self.buckets[b] = moving;
-            }
+            // The bucket keeps its allocation: it fills up again soon.
+            self.buckets[b] = moving;
             self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
         }
         self.zero.pop_front()
