@@ -844,6 +844,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
+        "hw" if o.scale.is_some() => Err("--scale measures the simulator only".into()),
         "hw" => run_hw(&o),
         other => Err(format!("unknown backend {other} (sim or hw)")),
     };
