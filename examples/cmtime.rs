@@ -23,7 +23,6 @@
 //! The last lines are `seed: S`, `trace-hash: <hex>` (simulator only) and `connections/s: <n>`.
 //! `--help` lists the options; the command line is parsed and checked in `cmtime/cli.rs`.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
@@ -59,17 +58,25 @@ const IDLE_WAIT: Duration = Duration::from_micros(5);
 /// process): a wait that ends as soon as an event arrives, so only a bound.
 const REMOTE_WAIT: Duration = Duration::from_millis(100);
 
-/// Start and end of one step, for the whole run and per connection.
+/// Start and end of each step for the whole run, and the slowest and fastest connection of
+/// each step. Per connection only the start of the step in progress is kept (nanoseconds after
+/// `base`), so a million connections cost 8 bytes each here rather than the 256 that two
+/// `Instant`s per step took, which was a third of cmtime's memory at that scale.
 struct Times {
     step: [(Option<Instant>, Option<Instant>); 8],
-    conn: Vec<[(Option<Instant>, Option<Instant>); 8]>,
+    base: Instant,
+    started: Vec<u64>,
+    /// Per step: (slowest, fastest) connection in microseconds, once one finished.
+    extremes: [Option<(f64, f64)>; 8],
 }
 
 impl Times {
     fn new(n: usize) -> Self {
         Times {
             step: [(None, None); 8],
-            conn: vec![[(None, None); 8]; n],
+            base: Instant::now(),
+            started: vec![0; n],
+            extremes: [None; 8],
         }
     }
     fn begin(&mut self, step: usize) {
@@ -78,11 +85,14 @@ impl Times {
     fn end(&mut self, step: usize) {
         self.step[step].1 = Some(Instant::now());
     }
-    fn start(&mut self, c: usize, step: usize) {
-        self.conn[c][step].0 = Some(Instant::now());
+    /// Connection `c` starts a step; steps run one after another, so one start per connection.
+    fn start(&mut self, c: usize, _step: usize) {
+        self.started[c] = self.base.elapsed().as_nanos() as u64;
     }
     fn stop(&mut self, c: usize, step: usize) {
-        self.conn[c][step].1 = Some(Instant::now());
+        let d = (self.base.elapsed().as_nanos() as u64).saturating_sub(self.started[c]) as f64 / 1e3;
+        let e = self.extremes[step].get_or_insert((d, d));
+        *e = (e.0.max(d), e.1.min(d));
     }
 }
 
@@ -97,17 +107,7 @@ fn show_perf(t: &Times, n: usize, bound: bool) {
         if i == BIND && !bound {
             continue;
         }
-        let (mut max, mut min) = (0f64, f64::MAX);
-        for c in &t.conn {
-            if let (Some(a), Some(b)) = c[i] {
-                let d = us(a, b);
-                max = max.max(d);
-                min = min.min(d);
-            }
-        }
-        if min == f64::MAX {
-            min = 0.0;
-        }
+        let (max, min) = t.extremes[i].unwrap_or((0.0, 0.0));
         let total = match t.step[i] {
             (Some(a), Some(b)) => us(a, b),
             _ => 0.0,
@@ -237,6 +237,44 @@ fn qp_caps() -> QpCaps {
 /// The server when it shares the client's thread: its backend and its state.
 type Local<'a, B> = Option<(&'a mut B, Server)>;
 
+/// The client's ids in creation order, and which connection an id is: a table indexed by the
+/// handle's slot index. Backends number their slots densely from 0 and cmtime creates its ids
+/// in one burst, so the table is 4 bytes per connection, read in about the order it was
+/// written, where a hash map cost some 50 bytes per connection and a cache miss per event at a
+/// million connections.
+#[derive(Default)]
+struct Conns {
+    ids: Vec<IdHandle>,
+    /// `by_slot[id.index()]`: the connection, `u32::MAX` for none.
+    by_slot: Vec<u32>,
+}
+
+impl Conns {
+    fn with_capacity(n: usize) -> Self {
+        Conns {
+            ids: Vec::with_capacity(n),
+            by_slot: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, id: IdHandle) {
+        let slot = id.index() as usize;
+        if self.by_slot.len() <= slot {
+            self.by_slot.resize(slot + 1, u32::MAX);
+        }
+        self.by_slot[slot] = u32::try_from(self.ids.len()).expect("fewer than 2^32 connections");
+        self.ids.push(id);
+    }
+
+    /// The connection `id` is; panics for an id cmtime did not create.
+    fn of(&self, id: IdHandle) -> usize {
+        match self.by_slot.get(id.index() as usize) {
+            Some(&c) if self.ids.get(c as usize) == Some(&id) => c as usize,
+            _ => panic!("cmtime: an event for {id:?}, which is none of its connections"),
+        }
+    }
+}
+
 /// Drives the client (and the server, when it shares this thread) until `remaining` connections
 /// completed the step. The client's `handle` gets each client event and returns whether it
 /// completed one connection's step.
@@ -300,18 +338,17 @@ fn cmtime<B: CmBackend>(
     };
     let cch = client_b.create_event_channel()?;
     let mut t = Times::new(n);
-    let mut ids = Vec::with_capacity(n);
-    let mut index: HashMap<IdHandle, usize> = HashMap::with_capacity(n);
+    let mut conns = Conns::with_capacity(n);
 
     t.begin(0);
     for c in 0..n {
         t.start(c, 0);
         let id = client_b.create_id(cch, PortSpace::Tcp)?;
         t.stop(c, 0);
-        index.insert(id, c);
-        ids.push(id);
+        conns.push(id);
     }
     t.end(0);
+    let (ids, index) = (&conns.ids, &conns);
 
     let src = |c: usize| cli::source(sources, c);
     if let Some(bind) = o.bind {
@@ -343,7 +380,7 @@ fn cmtime<B: CmBackend>(
         };
         let timeout = o.timeout;
         run_step(&mut local, client_b, cch, n, |b, ty, id, status| {
-            let c = index[&id];
+            let c = index.of(id);
             if ty == ok {
                 t.stop(c, step);
                 return Ok(true);
@@ -381,7 +418,7 @@ fn cmtime<B: CmBackend>(
     }
     run_step(&mut local, client_b, cch, n, |_, ty, id, status| {
         if ty == CmEventType::Established {
-            t.stop(index[&id], 5);
+            t.stop(index.of(id), 5);
             return Ok(true);
         }
         eprintln!("client: {ty} (status {status}) on {id} while connecting");
@@ -400,7 +437,7 @@ fn cmtime<B: CmBackend>(
     run_step(&mut local, client_b, cch, n, |b, ty, id, status| match ty {
         CmEventType::Disconnected => {
             b.destroy_qp(id)?;
-            t.stop(index[&id], 6);
+            t.stop(index.of(id), 6);
             Ok(true)
         }
         CmEventType::TimewaitExit => Ok(false),
@@ -441,6 +478,90 @@ fn total_us(t: &Times) -> f64 {
         (Some(a), Some(b)) => us(a, b),
         _ => f64::NAN,
     }
+}
+
+/// Rounds of `--scale`; the median is reported.
+const SCALE_ROUNDS: usize = 5;
+
+/// `VmRSS` and `VmHWM` (the peak) of this process, in KiB.
+fn rss_hwm_kib() -> Result<(u64, u64), String> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").map_err(|e| format!("/proc/self/status: {e}"))?;
+    let field = |name: &str| -> Result<u64, String> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("no {name} in /proc/self/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// One simulated cmtime run of `n` connections, without its table: (connections/s, trace hash).
+fn scale_run(o: &Options, n: usize) -> Result<(f64, u64), String> {
+    let o = Options {
+        connections: n,
+        ..o.clone()
+    };
+    let (fabric, sources) = cli::sim_fabric(&o).map_err(|e| e.to_string())?;
+    let (mut server, mut client) = (fabric.host(0), fabric.host(fabric.host_count() - 1));
+    let t = cmtime(Some(&mut server), &mut client, &o, &sources)
+        .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
+    Ok((n as f64 / (total_us(&t) / 1e6), fabric.trace_hash()))
+}
+
+/// `--scale`: how connections/s holds up as the count grows, measured in one process so the
+/// ratios come from one stretch of the machine's load. Rounds interleave the counts, so a
+/// burst of load elsewhere slows one run of each rather than every run of one.
+fn run_scale(o: &Options, sizes: &[usize]) -> Result<(), String> {
+    let o = Options {
+        seed: Some(o.seed.unwrap_or(7)),
+        trace: None,
+        mermaid: None,
+        ..o.clone()
+    };
+    let (rss_before, _) = rss_hwm_kib()?;
+    // Warm-up: one run of each count, not counted (allocator, caches, page tables).
+    let mut hashes = Vec::new();
+    for &n in sizes {
+        hashes.push(scale_run(&o, n)?.1);
+    }
+    let mut rates = vec![Vec::new(); sizes.len()];
+    for _ in 0..SCALE_ROUNDS {
+        for (i, &n) in sizes.iter().enumerate() {
+            let (rate, hash) = scale_run(&o, n)?;
+            if hash != hashes[i] {
+                return Err(format!(
+                    "{n} connections: trace hash {hash:016x}, then {:016x}: not deterministic",
+                    hashes[i]
+                ));
+            }
+            rates[i].push(rate);
+        }
+    }
+    let (_, hwm) = rss_hwm_kib()?;
+    println!("seed: {}", o.seed.unwrap_or(7));
+    println!(
+        "{:>11} {:>14} {:>9}  {:<18} connections/s of each round",
+        "connections", "median conn/s", "slowdown", "trace-hash"
+    );
+    let mut first = None;
+    for ((n, mut r), hash) in sizes.iter().zip(rates).zip(hashes) {
+        let rounds = r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
+        r.sort_by(f64::total_cmp);
+        let median = r[SCALE_ROUNDS / 2];
+        let slowdown = *first.get_or_insert(median) / median;
+        println!("{n:>11} {median:>14.0} {slowdown:>8.2}x  {hash:016x}   {rounds}");
+    }
+    let largest = sizes.iter().copied().max().unwrap_or(1) as f64;
+    println!(
+        "peak RSS: {} KiB, {:.0} B per connection of the largest run ({:.0} B above the RSS before the first run)",
+        hwm,
+        hwm as f64 * 1024.0 / largest,
+        hwm.saturating_sub(rss_before) as f64 * 1024.0 / largest
+    );
+    Ok(())
 }
 
 fn run_sim(o: &Options, fabric: SimFabric, sources: &[IpAddr], outputs: Outputs) -> Result<(), String> {
@@ -572,6 +693,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match o.backend {
+        Backend::Sim if o.scale.is_some() => run_scale(&o, o.scale.as_deref().unwrap_or_default()),
         Backend::Sim => {
             // A bad simulator set-up (`--bind 127.0.0.1`, `CM_SIM_SEED=abc`) is a usage error,
             // found before any output file is created.

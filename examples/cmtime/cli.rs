@@ -92,6 +92,12 @@ struct Args {
     /// Simulator only: write the trace as a Mermaid sequence diagram to FILE
     #[arg(long, value_name = "FILE")]
     trace_mermaid: Option<PathBuf>,
+    /// Simulator only: after a warm-up, 5 rounds of a run of each count (e.g.
+    /// 1000,100000,1000000); prints each count's median connections/s, its slowdown against the
+    /// first count, and the peak RSS per connection of the largest
+    #[arg(long, value_name = "N,M,..", value_delimiter = ',',
+          value_parser = clap::value_parser!(u64).range(1..=MAX_CONNECTIONS))]
+    scale: Option<Vec<u64>>,
 }
 
 fn parse_seed(text: &str) -> Result<u64, String> {
@@ -114,6 +120,8 @@ pub(crate) struct Options {
     pub(crate) retries: u32,
     pub(crate) trace: Option<PathBuf>,
     pub(crate) mermaid: Option<PathBuf>,
+    /// `--scale`: the connection counts to compare.
+    pub(crate) scale: Option<Vec<usize>>,
 }
 
 /// What the command line asks for.
@@ -166,6 +174,7 @@ fn check(a: Args, hw_built: bool) -> Result<Options, String> {
                 ("--seed", a.seed.is_some()),
                 ("--trace", a.trace.is_some()),
                 ("--trace-mermaid", a.trace_mermaid.is_some()),
+                ("--scale", a.scale.is_some()),
             ];
             if let Some((flag, _)) = sim_only.iter().find(|(_, given)| *given) {
                 return Err(format!("{flag} is for the simulator only, not --backend hw"));
@@ -196,6 +205,8 @@ fn check(a: Args, hw_built: bool) -> Result<Options, String> {
         retries: a.retries,
         trace: a.trace,
         mermaid: a.trace_mermaid,
+        // Each count was checked against MAX_CONNECTIONS, which fits a usize.
+        scale: a.scale.map(|v| v.into_iter().map(|n| n as usize).collect()),
     })
 }
 

@@ -38,8 +38,8 @@ impl Fabric {
             host,
             channel,
             m: IdMachine::new(ps),
-            local: None,
-            peer: None,
+            local: Addr::None,
+            peer: Addr::None,
             port_bound: false,
             cm: Exchange::new(),
             remote: SlotRef::NONE,
@@ -109,7 +109,7 @@ impl Fabric {
                 BindError::NotAvailable => CmError::AddrNotAvailable { call },
             })?;
         let slot = self.slot(r);
-        slot.local = Some(SocketAddr::new(ip, port));
+        slot.local = SocketAddr::new(ip, port).into();
         slot.port_bound = true;
         Ok(())
     }
@@ -134,8 +134,8 @@ impl Fabric {
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.resolve_addr()?;
         let v4 = dst.is_ipv4();
-        let family_mismatch =
-            src.is_some_and(|s| s.is_ipv4() != v4) || self.slot(r).local.is_some_and(|l| l.is_ipv4() != v4);
+        let family_mismatch = src.is_some_and(|s| s.is_ipv4() != v4)
+            || self.slot(r).local.get().is_some_and(|l| l.is_ipv4() != v4);
         if family_mismatch {
             return Err(CmError::InvalidArgument {
                 call,
@@ -165,7 +165,7 @@ impl Fabric {
             .host_of_ip(target)
             .is_some_and(|h| self.hosts[h as usize].reachable());
         let slot = self.slot(r);
-        slot.peer = Some(SocketAddr::new(target, dst.port()));
+        slot.peer = SocketAddr::new(target, dst.port()).into();
         slot.m = next;
         self.cancel_timers(r);
         let h = &mut self.hosts[host as usize];
@@ -270,7 +270,7 @@ impl Fabric {
             backlog as u32
         };
         let slot = self.slot(r);
-        let (ps, port) = (slot.m.port_space(), slot.local.expect("bound").port());
+        let (ps, port) = (slot.m.port_space(), slot.local.get().expect("bound").port());
         slot.listener = Some(Box::new(Listener {
             backlog,
             pending: VecDeque::new(),
@@ -307,7 +307,7 @@ impl Fabric {
         let (rr, depth) = self.check_resources(call, param)?;
         let slot = self.slot(r);
         let ps = slot.m.port_space();
-        let dst = slot.peer.expect("a resolved id has a destination");
+        let dst = slot.peer.get().expect("a resolved id has a destination");
         let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
         // The receiver sees the request from its own point of view: our initiator depth is
         // its responder resources and the other way round.
@@ -335,7 +335,7 @@ impl Fabric {
         let payload = self.new_payload(Payload {
             wire,
             private_data,
-            dst: Some(dst),
+            dst: dst.into(),
         });
         self.apply(r, next, effects, SlotRef::NONE, payload);
         Ok(())
@@ -377,7 +377,7 @@ impl Fabric {
         let payload = self.new_payload(Payload {
             wire,
             private_data,
-            dst: None,
+            dst: Addr::None,
         });
         self.apply(r, accepted, effects, SlotRef::NONE, payload);
         Ok(())
@@ -479,12 +479,12 @@ impl Fabric {
 
     pub(crate) fn get_local_addr(&mut self, host: u16, id: IdHandle) -> R<Option<SocketAddr>> {
         let r = self.id_ref(host, id, Call::GetLocalAddr)?;
-        Ok(self.slot(r).local)
+        Ok(self.slot(r).local.get())
     }
 
     pub(crate) fn get_peer_addr(&mut self, host: u16, id: IdHandle) -> R<Option<SocketAddr>> {
         let r = self.id_ref(host, id, Call::GetPeerAddr)?;
-        Ok(self.slot(r).peer)
+        Ok(self.slot(r).peer.get())
     }
 
     pub(super) fn qp_for(&mut self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {

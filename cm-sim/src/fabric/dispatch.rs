@@ -79,14 +79,14 @@ impl Fabric {
                 // A wildcard-bound id takes the host's address of the destination's family.
                 let slot = self.slot(id);
                 let host = slot.host as usize;
-                if let Some(local) = slot.local.filter(|l| l.ip().is_unspecified()) {
+                if let Some(local) = slot.local.get().filter(|l| l.ip().is_unspecified()) {
                     let ip = self.hosts[host]
                         .addrs
                         .iter()
                         .copied()
                         .find(|a| a.is_ipv4() == local.is_ipv4());
                     if let Some(ip) = ip {
-                        self.slot(id).local = Some(SocketAddr::new(ip, local.port()));
+                        self.slot(id).local = SocketAddr::new(ip, local.port()).into();
                     }
                 }
                 self.queue_event(id, SlotRef::NONE, CmEventType::AddrResolved, 0, NO_PAYLOAD);
@@ -132,11 +132,11 @@ impl Fabric {
             return;
         }
         let ps = active.m.port_space();
-        let src = active.local;
+        let src = active.local.get();
         let dst = self
             .payloads
             .get(payload)
-            .and_then(|p| p.dst)
+            .and_then(|p| p.dst.get())
             .expect("REQ carries its destination");
         let retry_count = self.payloads.get(payload).map_or(0, |p| p.wire.retry_count);
         let listener = self.ports.listener(host, ps, dst.ip(), dst.port());
@@ -169,8 +169,8 @@ impl Fabric {
             host,
             channel,
             m: IdMachine::new_child(ps),
-            local: Some(dst),
-            peer: src,
+            local: dst.into(),
+            peer: src.into(),
             port_bound: false,
             cm: Exchange::requested(),
             remote: from,
@@ -282,7 +282,7 @@ impl Fabric {
                 } => {
                     debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
                     let req = std::mem::replace(&mut payload, NO_PAYLOAD);
-                    let dst = self.slot(id).peer.expect("a resolved id has a destination");
+                    let dst = self.slot(id).peer.get().expect("a resolved id has a destination");
                     match self.host_of_ip(dst.ip()) {
                         Some(to_host) => self.send_req(id, to_host, req, 0),
                         None => {

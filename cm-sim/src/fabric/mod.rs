@@ -16,7 +16,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::rc::Rc;
 use std::time::Duration;
 

@@ -66,7 +66,7 @@ impl Fabric {
         let s = self.slot(r);
         let (host, ps, channel, queued, timers) =
             (s.host, s.m.port_space(), s.channel, s.queued, s.timers.pending());
-        let bound = s.local.filter(|_| s.port_bound);
+        let bound = s.local.get().filter(|_| s.port_bound);
         self.ids.discard(r);
         self.timers_cancelled(timers);
         if let Some(local) = bound {
@@ -274,7 +274,7 @@ impl Fabric {
                 // A child not accepted yet gets no event (the kernel drops them), only a dead id.
                 s.m = s.m.device_removed();
                 if s.listener.take().is_some() {
-                    let (ps, port) = (s.m.port_space(), s.local.map_or(0, |l| l.port()));
+                    let (ps, port) = (s.m.port_space(), s.local.get().map_or(0, |l| l.port()));
                     self.ports.set_listening(host, ps, port, r, false);
                 }
                 self.queue_event(r, SlotRef::NONE, CmEventType::DeviceRemoval, 0, NO_PAYLOAD);

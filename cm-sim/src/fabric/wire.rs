@@ -8,7 +8,7 @@ use super::*;
 pub(super) struct Payload {
     pub(super) wire: WireParam,
     pub(super) private_data: WirePrivateData,
-    pub(super) dst: Option<SocketAddr>,
+    pub(super) dst: Addr,
 }
 /// [`ConnParam`] without its private data.
 #[derive(Clone, Copy)]
@@ -136,7 +136,7 @@ impl Fabric {
         self.new_payload(Payload {
             wire: NO_WIRE_PARAM,
             private_data: WirePrivateData::new(data, len),
-            dst: None,
+            dst: Addr::None,
         })
     }
 
