@@ -297,9 +297,10 @@ fn destroy_event_channel_with_ids_on_it_is_refused() {
     assert_clean(&bed);
 }
 
-#[test]
-fn an_event_acked_on_another_backend_is_refused_and_given_back() {
-    let mut bed = bed!();
+/// A client id whose `ADDR_RESOLVED` was retrieved and not acked: (channel, id, the event).
+fn retrieved_addr_resolved<B: CmBackend>(
+    bed: &mut Bed<B>,
+) -> (cm::api::ChannelHandle, cm::api::IdHandle, cm::api::CmEvent) {
     let dst = bed.server_addr();
     let src = SocketAddr::new(bed.client_ip, 0);
     let c = &mut bed.client;
@@ -307,6 +308,13 @@ fn an_event_acked_on_another_backend_is_refused_and_given_back() {
     let id = c.create_id(ch, PortSpace::Tcp).unwrap();
     c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
     let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
+    (ch, id, ev)
+}
+
+#[test]
+fn an_event_acked_on_another_backend_is_refused_and_given_back() {
+    let mut bed = bed!();
+    let (ch, id, ev) = retrieved_addr_resolved(&mut bed);
     let err = bed.server.ack_cm_event(ev).unwrap_err();
     assert_eq!(err.errno(), errno::EINVAL, "{err}");
     let CmError::ForeignEvent(back) = err else {
@@ -326,13 +334,8 @@ fn an_event_acked_on_another_backend_is_refused_and_given_back() {
 #[test]
 fn a_forged_event_is_refused_and_the_real_one_still_acks() {
     let mut bed = bed!();
-    let dst = bed.server_addr();
-    let src = SocketAddr::new(bed.client_ip, 0);
+    let (ch, id, ev) = retrieved_addr_resolved(&mut bed);
     let c = &mut bed.client;
-    let ch = c.create_event_channel().unwrap();
-    let id = c.create_id(ch, PortSpace::Tcp).unwrap();
-    c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
-    let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
     let forge = |event, token| cm::api::backend::cm_event(id, None, event, 0, ConnParam::ZERO, token);
     // A copy of the real event with another token, and one with the real token but another type.
     for forged in [
@@ -360,13 +363,8 @@ fn a_forged_event_with_a_guessed_token_is_refused() {
     // Tokens are not small counters a forger can guess: the real event's id and type with the
     // first few token values ack nothing, so the real event still acks afterwards.
     let mut bed = bed!();
-    let dst = bed.server_addr();
-    let src = SocketAddr::new(bed.client_ip, 0);
+    let (ch, id, ev) = retrieved_addr_resolved(&mut bed);
     let c = &mut bed.client;
-    let ch = c.create_event_channel().unwrap();
-    let id = c.create_id(ch, PortSpace::Tcp).unwrap();
-    c.resolve_addr(id, Some(src), dst, WAIT).unwrap();
-    let ev = c.get_cm_event(ch, WAIT).unwrap().expect("ADDR_RESOLVED");
     for token in 0..64 {
         let forged = cm::api::backend::cm_event(id, None, ev.event(), ev.status(), ConnParam::ZERO, token);
         assert_err(c.ack_cm_event(forged), CmError::EventNotOutstanding);
