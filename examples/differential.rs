@@ -25,8 +25,15 @@
 //! ```text
 //! cargo run --example differential                        # simulator and machine only (no device)
 //! cargo run --features differential --example differential -- --hw --addr 10.0.0.1 \
-//!     --remove-device rxe0:veth0      # also the device-removal state, last (deletes and re-adds rxe0)
+//!     --remove-device rxe0:veth0 \    # also the device-removal state, last (deletes and re-adds rxe0)
+//!     --silent-peer 10.0.0.253:veth0  # also UNREACHABLE (a permanent neighbour entry for the
+//!                                     # address to nobody's MAC, removed afterwards)
 //! ```
+//!
+//! UNREACHABLE is reached by connecting to the silent peer: its address resolves, the request
+//! goes out and nobody answers, so the IB CM gives up after its retries (74 s). A listener that
+//! retrieves the request and never answers does not do: its CM answers the retried request with
+//! an MRA, which stretches the wait by about a minute each time.
 //!
 //! The table goes to stdout between `--- differential table` and `--- end of table`, then one
 //! line `differential: ...` with the counts. Exit code 0 when nothing unlisted differs, 1
@@ -420,18 +427,26 @@ fn expect<B: CmBackend>(
     Ok(id)
 }
 
-/// Drives a fresh id into `st`, with a server (listener) on `server` at `addr` where the state
-/// needs a peer; the client's own address is `local` (port `addr`'s + 1 where it needs a port).
-fn drive<B: CmBackend>(
-    server: &mut B,
-    client: &mut B,
-    st: St,
-    addr: SocketAddr,
+/// Where a probe's ids go.
+#[derive(Clone, Copy)]
+struct Addrs {
+    /// The server's listener, for every state that needs a peer.
+    listener: SocketAddr,
+    /// The client's own address.
     local: IpAddr,
-    w: Waits,
-) -> Result<Target, String> {
+    /// An address that resolves but whose CM never answers: UNREACHABLE's peer. A live
+    /// listener's CM would answer the retried request with an MRA, which stretches the active
+    /// side's wait past many minutes; a request nobody receives times out after the IB CM's
+    /// retries.
+    silent: SocketAddr,
+}
+
+/// Drives a fresh id into `st`, with a server (listener) on `server` at `a.listener` where the
+/// state needs a peer.
+fn drive<B: CmBackend>(server: &mut B, client: &mut B, st: St, a: Addrs, w: Waits) -> Result<Target, String> {
     let e = |what: &'static str| move |err: CmError| format!("{what}: {err}");
     let t = w.event;
+    let (addr, local) = (a.listener, a.local);
     let cch = client.create_event_channel().map_err(e("client channel"))?;
     let id = client.create_id(cch, PortSpace::Tcp).map_err(e("create_id"))?;
     let client_target = |peer_ch| Target {
@@ -453,6 +468,18 @@ fn drive<B: CmBackend>(
                 .bind_addr(id, SocketAddr::new(local, addr.port()))
                 .map_err(e("bind_addr"))?;
             client.listen(id, 8).map_err(e("listen"))?;
+            return Ok(client_target(None));
+        }
+        St::Unreachable => {
+            client
+                .resolve_addr(id, None, a.silent, t)
+                .map_err(e("resolve_addr"))?;
+            expect(client, cch, CmEventType::AddrResolved, t)?;
+            client.resolve_route(id, t).map_err(e("resolve_route"))?;
+            expect(client, cch, CmEventType::RouteResolved, t)?;
+            client.create_qp(id, QpCaps::new()).map_err(e("create_qp"))?;
+            client.connect(id, &ConnParam::new()).map_err(e("connect"))?;
+            expect(client, cch, CmEventType::Unreachable, w.unreachable)?;
             return Ok(client_target(None));
         }
         _ => {}
@@ -500,10 +527,6 @@ fn drive<B: CmBackend>(
         St::Rejected => {
             server.reject(child, b"").map_err(e("reject"))?;
             expect(client, cch, CmEventType::Rejected, t)?;
-            return Ok(client_target(Some(sch)));
-        }
-        St::Unreachable => {
-            expect(client, cch, CmEventType::Unreachable, w.unreachable)?;
             return Ok(client_target(Some(sch)));
         }
         _ => {}
@@ -621,11 +644,12 @@ fn probe<B: Probed>(
     client: &mut B,
     st: St,
     op: Op,
-    (addr, local): (SocketAddr, IpAddr),
+    addrs: Addrs,
     w: Waits,
     remove_device: &mut dyn FnMut() -> Result<(), String>,
 ) -> Result<(Outcome, (Rc, Option<QpState>)), String> {
-    let target = drive(server, client, st, addr, local, w)?;
+    let (addr, local) = (addrs.listener, addrs.local);
+    let target = drive(server, client, st, addrs, w)?;
     let (b, peer) = if target.on_server {
         (&mut *server, &mut *client)
     } else {
@@ -703,7 +727,11 @@ fn sim_probe(st: St, op: Op) -> Result<(Outcome, (Rc, Option<QpState>)), String>
         .seed(15)
         .host("10.0.0.1")
         .host("10.0.0.2")
+        .host("10.0.0.3")
         .build();
+    // Host 2 is UNREACHABLE's silent peer: its address resolves, and no CM message from the
+    // client (host 1) reaches it, as a request to an address with nobody's MAC on rxe.
+    fabric.inject(cm::sim::Fault::Partition { a: 1, b: 2 });
     let (mut server, mut client) = (fabric.host(0), fabric.host(1));
     let w = Waits {
         event: Duration::from_secs(2),
@@ -721,7 +749,11 @@ fn sim_probe(st: St, op: Op) -> Result<(Outcome, (Rc, Option<QpState>)), String>
         &mut client,
         st,
         op,
-        ("10.0.0.1:7471".parse().unwrap(), local),
+        Addrs {
+            listener: "10.0.0.1:7471".parse().unwrap(),
+            local,
+            silent: "10.0.0.3:7471".parse().unwrap(),
+        },
         w,
         &mut remove,
     )
@@ -741,13 +773,16 @@ mod hw {
 
     pub(super) const WAITS: Waits = Waits {
         event: Duration::from_secs(10),
-        unreachable: Duration::from_secs(150),
+        // The IB CM sends the request 16 times (CMA_MAX_CM_RETRIES 15), each time waiting
+        // 4.1 s (CMA_CM_RESPONSE_TIMEOUT 20) plus twice RoCE's packet lifetime (2 x 0.26 s):
+        // UNREACHABLE 74 s after the connect.
+        unreachable: Duration::from_secs(120),
         after: Duration::from_millis(800),
     };
 
     /// The child: `runs` probes of one pair on the hardware backend, one after the other (each
     /// on ports of its own), each result on stdout as soon as it is known.
-    pub(super) fn child(st: St, op: Op, addr: SocketAddr, runs: usize) -> ExitCode {
+    pub(super) fn child(st: St, op: Op, addr: SocketAddr, silent: IpAddr, runs: usize) -> ExitCode {
         let backends = cm::hw::HwBackend::new().and_then(|s| Ok((s, cm::hw::HwBackend::new()?)));
         let (mut server, mut client) = match backends {
             Ok(b) => b,
@@ -774,7 +809,11 @@ mod hw {
                 &mut client,
                 st,
                 op,
-                (addr, addr.ip()),
+                Addrs {
+                    listener: addr,
+                    local: addr.ip(),
+                    silent: SocketAddr::new(silent, addr.port()),
+                },
                 WAITS,
                 &mut remove,
             ) {
@@ -824,7 +863,14 @@ mod hw {
         }
     }
 
-    pub(super) fn spawn(st: St, op: Op, addr: SocketAddr, runs: usize, suite_deadline: Instant) -> Running {
+    pub(super) fn spawn(
+        st: St,
+        op: Op,
+        addr: SocketAddr,
+        silent: IpAddr,
+        runs: usize,
+        suite_deadline: Instant,
+    ) -> Running {
         let exe = std::env::current_exe().expect("own path");
         let bound = if st.slow() {
             WAITS.unreachable + Duration::from_secs(30)
@@ -833,7 +879,7 @@ mod hw {
         };
         let mut child = Command::new(exe)
             .args(["--child", st.name(), op.name(), "--addr", &addr.to_string()])
-            .args(["--runs", &runs.to_string()])
+            .args(["--runs", &runs.to_string(), "--silent", &silent.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -1004,9 +1050,13 @@ fn main() -> ExitCode {
     let mut hw_addr: Option<IpAddr> = None;
     let mut hw = false;
     let mut removal: Option<String> = None;
+    let mut silent: Option<(IpAddr, String)> = None;
     let mut i = 0;
     let bad = |msg: String| {
-        eprintln!("differential: {msg} (options: --hw, --addr IP, --remove-device LINK:NETDEV)");
+        eprintln!(
+            "differential: {msg} (options: --hw, --addr IP, --remove-device LINK:NETDEV, \
+             --silent-peer IP:NETDEV)"
+        );
         ExitCode::from(2)
     };
     while i < args.len() {
@@ -1017,6 +1067,14 @@ fn main() -> ExitCode {
                 match args.get(i) {
                     Some(spec) if spec.contains(':') => removal = Some(spec.clone()),
                     _ => return bad("--remove-device needs LINK:NETDEV (rxe0:veth0)".into()),
+                }
+            }
+            "--silent-peer" => {
+                i += 1;
+                let spec = args.get(i).and_then(|s| s.split_once(':'));
+                match spec.and_then(|(ip, dev)| Some((ip.parse().ok()?, dev.to_string()))) {
+                    Some(peer) => silent = Some(peer),
+                    None => return bad("--silent-peer needs IP:NETDEV (10.0.0.253:veth0)".into()),
                 }
             }
             "--addr" => {
@@ -1038,7 +1096,10 @@ fn main() -> ExitCode {
                     return bad("--child needs --addr IP:PORT".into());
                 };
                 let runs = args.get(i + 6).and_then(|n| n.parse().ok()).unwrap_or(1);
-                return hw::child(st, op, addr, runs);
+                let Some(silent) = args.get(i + 8).and_then(|a| a.parse().ok()) else {
+                    return bad("--child needs --silent IP".into());
+                };
+                return hw::child(st, op, addr, silent, runs);
             }
             other => return bad(format!("unknown option {other}")),
         }
@@ -1055,10 +1116,10 @@ fn main() -> ExitCode {
         (true, Some(a)) => Some(a),
         (true, None) => return bad("--hw needs --addr IP or CM_HW_ADDR".into()),
     };
-    run(hw_addr, removal.as_deref())
+    run(hw_addr, removal.as_deref(), silent)
 }
 
-fn run(hw_addr: Option<IpAddr>, removal: Option<&str>) -> ExitCode {
+fn run(hw_addr: Option<IpAddr>, removal: Option<&str>, silent: Option<(IpAddr, String)>) -> ExitCode {
     let started = std::time::Instant::now();
     let list = departures();
     let mut rows = Vec::new();
@@ -1082,7 +1143,7 @@ fn run(hw_addr: Option<IpAddr>, removal: Option<&str>) -> ExitCode {
             eprintln!("differential: --hw without a device: {e}");
             return ExitCode::FAILURE;
         }
-        hw_column(ip, removal, &mut rows);
+        hw_column(ip, removal, silent, &mut rows);
     }
     let hw_ran = hw_addr.is_some();
 
@@ -1243,6 +1304,54 @@ fn remove_device(spec: &str) -> std::io::Result<std::process::Child> {
         .spawn()
 }
 
+/// A MAC that no interface has (locally administered): frames to it leave and are never taken.
+#[cfg(feature = "differential")]
+const NOBODYS_MAC: &str = "02:00:00:00:15:fe";
+
+/// Makes `peer` a silent peer: a permanent neighbour entry on `dev` to nobody's MAC, so that the
+/// address resolves at once and a connection request to it goes out and is never answered.
+#[cfg(feature = "differential")]
+fn silence(peer: IpAddr, dev: &str) -> Result<(), String> {
+    let peer = peer.to_string();
+    let args = [
+        "neigh",
+        "replace",
+        &peer,
+        "lladdr",
+        NOBODYS_MAC,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ];
+    ip(&args)
+}
+
+/// Removes the neighbour entry of [`silence`].
+#[cfg(feature = "differential")]
+fn unsilence(peer: IpAddr, dev: &str) {
+    if let Err(e) = ip(&["neigh", "del", &peer.to_string(), "dev", dev]) {
+        eprintln!("differential: the silent peer's neighbour entry stays: {e}");
+    }
+}
+
+/// Runs iproute2's `ip` within 10 s.
+#[cfg(feature = "differential")]
+fn ip(args: &[&str]) -> Result<(), String> {
+    let mut child = std::process::Command::new("ip")
+        .args(args)
+        .spawn()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if !wait_bounded(&mut child, std::time::Instant::now() + Duration::from_secs(10)) {
+        return Err(format!("ip {}: no exit within 10 s", args.join(" ")));
+    }
+    match child.wait() {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("ip {}: {status}", args.join(" "))),
+        Err(e) => Err(format!("ip {}: {e}", args.join(" "))),
+    }
+}
+
 /// `rdma link add LINK type rxe netdev NETDEV`, waited for within 30 s.
 #[cfg(feature = "differential")]
 fn restore_device(spec: &str) {
@@ -1280,13 +1389,22 @@ fn hw_probe() -> Result<(), CmError> {
 }
 
 #[cfg(not(feature = "differential"))]
-fn hw_column(_ip: IpAddr, _removal: Option<&str>, _rows: &mut [Row]) {
+fn hw_column(_ip: IpAddr, _removal: Option<&str>, _silent: Option<(IpAddr, String)>, _rows: &mut [Row]) {
     unreachable!("--hw is refused without the differential feature");
 }
 
 #[cfg(feature = "differential")]
-fn hw_column(ip: IpAddr, removal: Option<&str>, rows: &mut [Row]) {
+fn hw_column(ip: IpAddr, removal: Option<&str>, silent: Option<(IpAddr, String)>, rows: &mut [Row]) {
     use std::collections::BTreeMap;
+    // UNREACHABLE needs the silent peer; without one its rows stay "(not run)".
+    let silent = silent.and_then(|(peer, dev)| match silence(peer, &dev) {
+        Ok(()) => Some((peer, dev)),
+        Err(e) => {
+            eprintln!("differential: no silent peer, UNREACHABLE not probed: {e}");
+            None
+        }
+    });
+    let silent_ip = silent.as_ref().map(|(peer, _)| *peer);
     // One port range per probe: concurrent probes must not share a listener's address.
     let port = |si: usize, oi: usize, run: usize| 20000 + (si * OPS.len() + oi) as u16 * 16 + run as u16 * 2;
     // Everything within the suite's bound, so that the table is printed whatever hangs.
@@ -1295,15 +1413,19 @@ fn hw_column(ip: IpAddr, removal: Option<&str>, rows: &mut [Row]) {
         let runs = if st.timing() { TIMING_RUNS } else { 1 };
         OPS.into_iter()
             .enumerate()
-            .map(|(oi, op)| hw::spawn(st, op, SocketAddr::new(ip, port(si, oi, 0)), runs, suite_deadline))
+            .map(|(oi, op)| {
+                let addr = SocketAddr::new(ip, port(si, oi, 0));
+                hw::spawn(st, op, addr, silent_ip.unwrap_or(ip), runs, suite_deadline)
+            })
             .collect::<Vec<_>>()
     };
     let mut results: BTreeMap<(St, Op), Vec<Outcome>> = BTreeMap::new();
     // The slow states first, collected last: their retries run while the others are probed.
+    let slow_started = std::time::Instant::now();
     let slow: Vec<hw::Running> = STATES
         .into_iter()
         .enumerate()
-        .filter(|(_, st)| st.slow())
+        .filter(|(_, st)| st.slow() && silent_ip.is_some())
         .flat_map(|(si, st)| spawn_state(si, st))
         .collect();
     for (si, st) in STATES
@@ -1322,9 +1444,19 @@ fn hw_column(ip: IpAddr, removal: Option<&str>, rows: &mut [Row]) {
             t.elapsed().as_secs_f64()
         );
     }
+    let slow_probes = slow.len();
     for r in slow {
         let key = (r.st, r.op);
         results.entry(key).or_default().extend(hw::finish(r));
+    }
+    if slow_probes > 0 {
+        eprintln!(
+            "differential: slow states probed in {:.1}s (started first)",
+            slow_started.elapsed().as_secs_f64()
+        );
+    }
+    if let Some((peer, dev)) = &silent {
+        unsilence(*peer, dev);
     }
     // Device removal last: it takes the device from every probe at once.
     if let Some(link) = removal {

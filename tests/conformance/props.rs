@@ -655,7 +655,8 @@ impl<B: CmBackend> Run<'_, B> {
         let status_ok = match ev.event() {
             CmEventType::AddrError | CmEventType::Unreachable if ev.status() == -errno::ETIMEDOUT => true,
             CmEventType::AddrError => false,
-            CmEventType::Rejected => matches!(ev.status(), 1 | 8 | 28),
+            // IB_CM_REJ_TIMEOUT, INVALID_SERVICE_ID, CONSUMER_DEFINED (include/rdma/ib_cm.h).
+            CmEventType::Rejected => matches!(ev.status(), 4 | 8 | 28),
             CmEventType::Unreachable => matches!(ev.status(), 1 | 2),
             CmEventType::Disconnected => matches!(ev.status(), 0 | -110),
             CmEventType::ConnectError => ev.status() != 0,

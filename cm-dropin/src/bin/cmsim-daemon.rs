@@ -166,8 +166,10 @@ struct IdEntry {
     recv_cq: u64,
     /// `sq_sig_all`: every send completes visibly.
     sq_sig_all: bool,
-    /// Per posted send, in order: whether its success is reported (`IBV_SEND_SIGNALED`).
-    signaled: VecDeque<bool>,
+    /// Per posted send, in order: whether its success is reported (`IBV_SEND_SIGNALED`), and
+    /// its length, the `byte_len` of its successful completion as rxe reports it (the
+    /// simulator's completion counts received bytes only).
+    sends: VecDeque<(bool, u32)>,
     /// A UD QP: its data path is the daemon's (the simulator's is connected-only).
     ud: bool,
     /// A UD QP's posted receives: `wr_id` and buffer length, in order.
@@ -437,7 +439,7 @@ impl Daemon {
                     e.send_cq = send_cq;
                     e.recv_cq = recv_cq;
                     e.sq_sig_all = sq_sig_all;
-                    e.signaled.clear();
+                    e.sends.clear();
                     e.ud = ud;
                     e.ud_recvs.clear();
                 }
@@ -579,7 +581,7 @@ impl Daemon {
                 cm(host.post_send(id, wr_id, data))?;
                 if let Some(e) = self.ids.get_mut(&t) {
                     let visible = signaled || e.sq_sig_all;
-                    e.signaled.push_back(visible);
+                    e.sends.push_back((visible, data.len() as u32));
                 }
                 Ok(())
             }
@@ -790,13 +792,16 @@ impl Daemon {
             if host.try_poll_cq(e.handle, &mut wcs, usize::MAX).is_err() {
                 continue;
             }
-            for wc in wcs.drain(..) {
+            for mut wc in wcs.drain(..) {
                 let e = self.ids.get_mut(&t).expect("looked up above");
                 let is_send = wc.opcode == WcOpcode::Send;
                 if is_send {
-                    let visible = e.signaled.pop_front().unwrap_or(true);
+                    let (visible, len) = e.sends.pop_front().unwrap_or((true, 0));
                     if !visible && wc.status == WcStatus::Success {
                         continue;
+                    }
+                    if wc.status == WcStatus::Success {
+                        wc.byte_len = len;
                     }
                 }
                 let target = if is_send { e.send_cq } else { e.recv_cq };
@@ -911,7 +916,7 @@ impl Daemon {
     fn qp_gone(&mut self, t: u64) {
         let Some(e) = self.ids.get_mut(&t) else { return };
         e.has_qp = false;
-        e.signaled.clear();
+        e.sends.clear();
         for cq in [std::mem::take(&mut e.send_cq), std::mem::take(&mut e.recv_cq)] {
             if let Some(c) = self.cqs.get_mut(&cq) {
                 c.qps.retain(|q| *q != t);
@@ -932,7 +937,7 @@ impl Daemon {
                 send_cq: 0,
                 recv_cq: 0,
                 sq_sig_all: true,
-                signaled: VecDeque::new(),
+                sends: VecDeque::new(),
                 ud: false,
                 ud_recvs: VecDeque::new(),
             },

@@ -150,7 +150,8 @@ int main(int argc, char **argv)
 			return fail("ibv_post_send");
 		if (wait_send(id, &wc))
 			return fail("rdma_get_send_comp");
-		bad |= check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 20, "client send completes");
+		bad |= check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 20 && wc.byte_len == LEN,
+			     "client send completes with its length as byte_len, as on rxe");
 		if (wait_recv(id, &wc))
 			return fail("rdma_get_recv_comp");
 		bad |= check(wc.wr_id == 2 && wc.byte_len == 16 && !memcmp(hello, "unsignaled hello", 16),

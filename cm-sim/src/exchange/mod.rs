@@ -18,8 +18,9 @@ use crate::trace::MsgKind;
 
 /// IB CM reject reasons the simulator sends.
 pub(crate) mod reason {
-    /// `IB_CM_REJ_TIMEOUT`: the active side gave up (or was destroyed) while its REQ was out.
-    pub(crate) const TIMEOUT: i32 = 1;
+    /// `IB_CM_REJ_TIMEOUT` (include/rdma/ib_cm.h): the active side gave up (or was destroyed)
+    /// while its REQ was out.
+    pub(crate) const TIMEOUT: i32 = 4;
     /// `IB_CM_REJ_INVALID_SERVICE_ID`: no listener on that port.
     pub(crate) const INVALID_SERVICE_ID: i32 = 8;
     /// `IB_CM_REJ_CONSUMER_DEFINED`: `rdma_reject`, a destroyed peer, or a full backlog.
