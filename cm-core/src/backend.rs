@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use crate::error::{CmError, ReturnedEvent};
 use crate::event::{CmEvent, CmEventType, ConnParam};
+use crate::external::QpAttr;
 use crate::handle::{ChannelHandle, IdHandle};
-use crate::state::IdMachine;
+use crate::state::{IdMachine, QpState};
 use crate::types::{LiveResources, PortSpace, QpCaps, WorkCompletion};
 
 /// Result of every backend call.
@@ -204,6 +205,29 @@ pub trait CmBackend {
     /// [`CmError::WrongState`] on an id that is not a child waiting for an answer;
     /// [`CmError::PrivateDataTooLong`] beyond the port space's limit.
     fn reject(&mut self, id: IdHandle, private_data: &[u8]) -> Result<()>;
+
+    /// `rdma_init_qp_attr`: the attributes and mask for moving the application's own QP (an
+    /// external QP, see [`QpAttr`]) to `qp_state` (INIT, RTR or RTS) for this id's connection:
+    /// the remote QP number and PSNs come from the CM exchange. The backend's own QPs are moved
+    /// by the backend; asking for their attributes is harmless.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`] before the id has a device; [`CmError::InvalidArgument`] for
+    /// RESET or ERR; [`CmError::WrongState`] where [`IdMachine::init_qp_attr`] says the kernel
+    /// has nothing to give (a listener, RTR/RTS before the peer's answer was retrieved, an ended
+    /// connection); [`CmError::Os`] `EINVAL` when the exchange ended before the application
+    /// saw it (say, the peer went away).
+    fn init_qp_attr(&mut self, id: IdHandle, qp_state: QpState) -> Result<QpAttr>;
+
+    /// `rdma_establish`: after `CONNECT_RESPONSE` on an id connected with an external QP
+    /// ([`ConnParam::with_qp_num`]) and once the application moved its QP to RTS, sends the
+    /// RTU; the peer gets `ESTABLISHED`, this id no further event.
+    ///
+    /// # Errors
+    /// [`CmError::BackendQp`] when the id has a backend QP; [`CmError::WrongState`] unless
+    /// `CONNECT_RESPONSE` was retrieved on an active id; [`CmError::Os`] `EINVAL` when the peer
+    /// ended the exchange meanwhile (its `REJECTED` or `UNREACHABLE` is then on the way).
+    fn establish(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_disconnect`: the QP goes to ERR (posted work requests flush), the peer gets
     /// `DISCONNECTED`, and this id gets it when the peer disconnects too or the DREQ times out.
