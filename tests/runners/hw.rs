@@ -119,6 +119,9 @@ mod datapath;
 #[path = "../conformance/external.rs"]
 mod external;
 
+#[path = "../conformance/external_hw.rs"]
+mod external_hw;
+
 #[path = "../conformance/props.rs"]
 mod props;
 
