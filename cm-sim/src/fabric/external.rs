@@ -3,10 +3,10 @@
 //! The application's own QP is its business: the fabric does only the CM for it. It keeps, for
 //! each id connected or accepted with an external QP, what the REQ or REP carried for that QP
 //! in a side table (`Fabric::external`), so that RC ids pay nothing for the feature.
-//! `init_qp_attr` answers what the kernel would: the remote QP number from the exchange, one
-//! PSN per connection (the kernel's `seq_num`, used for both directions), the negotiated
-//! resources. The PSN is a hash of the seed and the active side's QP number rather than a
-//! draw from the fabric's random stream, so RC runs keep their trace hashes.
+//! `init_qp_attr` answers what the kernel would (the masks and values below were read on rxe,
+//! Linux 6.1): the remote QP number from the exchange, a starting PSN per direction, the
+//! negotiated resources. Each side's send PSN is a hash of the seed and its QP number rather
+//! than a draw from the fabric's random stream, so RC runs keep their trace hashes.
 
 use cm_core::{AddressVector, GlobalRoute, QpAttr, QpAttrMask, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ};
 use cm_core::{ACCESS_REMOTE_WRITE, MTU_1024};
@@ -30,17 +30,21 @@ pub(super) struct ExternalQp {
 /// `RDMA_UDP_QKEY`, the QKey librdmacm's datagram ids use.
 const UDP_QKEY: u32 = 0x0123_4567;
 
-/// The local ACK timeout the simulated IB CM gives a connected QP (4.096 µs · 2^17 ≈ 0.5 s:
-/// what Linux computes for RoCE's packet lifetime and rxe's ACK delay).
-pub(crate) const ACK_TIMEOUT: u8 = 17;
+/// The local ACK timeout the simulated IB CM gives a connected QP (4.096 µs · 2^19 ≈ 2.1 s:
+/// what Linux 6.1 gives on rxe).
+pub(crate) const ACK_TIMEOUT: u8 = 19;
+
+/// The source GID index of IPv4 address vectors: rxe's GID table has the port's IPv6
+/// link-local GID at 0 and the IPv4-mapped one at 1.
+const SGID_INDEX_V4: u8 = 1;
 
 /// The hop limit of the simulated RoCE address vectors.
 const HOP_LIMIT: u8 = 64;
 
-/// The starting PSN of the connection whose active side's QP is `active_qpn` (24 bits).
-fn connection_psn(seed: u64, active_qpn: u32) -> u32 {
+/// The starting PSN of what the QP numbered `sender_qpn` sends (24 bits).
+fn send_psn(seed: u64, sender_qpn: u32) -> u32 {
     // splitmix64's finaliser: a fixed, well-mixed function of both.
-    let mut z = seed ^ (u64::from(active_qpn) << 8) ^ 0x9E37_79B9_7F4A_7C15;
+    let mut z = seed ^ (u64::from(sender_qpn) << 8) ^ 0x9E37_79B9_7F4A_7C15;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     ((z ^ (z >> 31)) & 0x00FF_FFFF) as u32
@@ -101,13 +105,8 @@ impl Fabric {
             return Ok(attr);
         }
         let slot = self.slot(r);
-        let (wire, remote, role, retry_count, peer) = (
-            slot.cm.wire(),
-            slot.remote,
-            m.role(),
-            slot.retry_count,
-            slot.peer.get(),
-        );
+        let (wire, remote, retry_count, peer) =
+            (slot.cm.wire(), slot.remote, slot.retry_count, slot.peer.get());
         let answered = matches!(
             wire,
             Wire::RepRcvd | Wire::ReqRcvd | Wire::RepSent | Wire::Established
@@ -131,12 +130,8 @@ impl Fabric {
         let (responder_resources, initiator_depth, rnr_retry) = ext.map_or((max, max, 7), |e| {
             (e.responder_resources, e.initiator_depth, e.rnr_retry_count)
         });
-        let active_qpn = if role == Role::Active {
-            self.qpn_of(r)
-        } else {
-            remote_qpn
-        };
-        let psn = connection_psn(self.seed.value, active_qpn.unwrap_or(0));
+        let seed = self.seed.value;
+        let local_qpn = self.qpn_of(r).unwrap_or(0);
         match qp_state {
             QpState::Init => {
                 attr.mask = attr.mask | QpAttrMask::ACCESS_FLAGS;
@@ -155,11 +150,12 @@ impl Fabric {
                     | QpAttrMask::MIN_RNR_TIMER;
                 attr.path_mtu = MTU_1024;
                 attr.dest_qp_num = remote_qpn.unwrap_or(0);
-                attr.rq_psn = psn;
+                attr.rq_psn = send_psn(seed, remote_qpn.unwrap_or(0));
                 attr.max_dest_rd_atomic = responder_resources;
                 attr.ah_attr = AddressVector {
                     grh: peer.map(|p| GlobalRoute {
                         dgid: gid_of(p.ip()),
+                        sgid_index: if p.is_ipv4() { SGID_INDEX_V4 } else { 0 },
                         hop_limit: HOP_LIMIT,
                         ..GlobalRoute::default()
                     }),
@@ -174,7 +170,7 @@ impl Fabric {
                     | QpAttrMask::RETRY_CNT
                     | QpAttrMask::RNR_RETRY
                     | QpAttrMask::MAX_QP_RD_ATOMIC;
-                attr.sq_psn = psn;
+                attr.sq_psn = send_psn(seed, local_qpn);
                 attr.timeout = ACK_TIMEOUT;
                 attr.retry_cnt = retry_count;
                 attr.rnr_retry = rnr_retry;
@@ -212,12 +208,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connection_psns_are_24_bits_and_depend_on_seed_and_qp_number() {
-        let a = connection_psn(7, 0x11);
+    fn send_psns_are_24_bits_and_depend_on_seed_and_qp_number() {
+        let a = send_psn(7, 0x11);
         assert!(a <= 0x00FF_FFFF);
-        assert_eq!(a, connection_psn(7, 0x11));
-        assert_ne!(a, connection_psn(8, 0x11));
-        assert_ne!(a, connection_psn(7, 0x12));
+        assert_eq!(a, send_psn(7, 0x11));
+        assert_ne!(a, send_psn(8, 0x11));
+        assert_ne!(a, send_psn(7, 0x12));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use cm_core::{
     errno, Call, ChannelHandle, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdMachine,
-    LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState, Role, WcOpcode, WcStatus,
+    LiveResources, PortSpace, PrivateData, PrivateDataSlot, QpCaps, QpState, WcOpcode, WcStatus,
     WorkCompletion, MAX_PRIVATE_DATA,
 };
 use rand_chacha::rand_core::{RngCore, SeedableRng};
