@@ -181,9 +181,13 @@ pub trait CmBackend {
     fn listen(&mut self, id: IdHandle, backlog: i32) -> Result<()>;
 
     /// `rdma_connect`: the peer's listener gets `CONNECT_REQUEST`; this id then gets
-    /// `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or `CONNECT_ERROR`.
+    /// `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or `CONNECT_ERROR`. Without a backend QP on a
+    /// connected port space, `param.qp_num` names the application's own QP (an external QP,
+    /// [`ConnParam::with_qp_num`]): then `CONNECT_RESPONSE` comes instead of `ESTABLISHED`, and
+    /// [`establish`](CmBackend::establish) finishes the handshake.
     ///
     /// # Errors
+    /// [`CmError::NoQp`] on a connected port space without a backend QP or a QP number;
     /// [`CmError::WrongState`] unless the route is resolved; [`CmError::PrivateDataTooLong`]
     /// beyond the port space's limit (56 bytes on TCP); [`CmError::InvalidArgument`] for
     /// resources above the device's maximum. A peer that refuses or does not answer is no
@@ -191,11 +195,13 @@ pub trait CmBackend {
     fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()>;
 
     /// `rdma_accept` on a child id from `CONNECT_REQUEST`; both sides then get `ESTABLISHED`.
+    /// Without a backend QP, `param.qp_num` names the application's own QP (already in RTS with
+    /// the attributes of [`init_qp_attr`](CmBackend::init_qp_attr)).
     ///
     /// # Errors
     /// [`CmError::WrongState`] on an id that is not a child waiting for an answer;
-    /// [`CmError::NoQp`] on a connected port space's child without a QP (librdmacm would
-    /// dereference NULL); [`CmError::PrivateDataTooLong`] beyond the port space's limit.
+    /// [`CmError::NoQp`] on a connected port space's child without a QP or a QP number
+    /// (librdmacm would dereference NULL); [`CmError::PrivateDataTooLong`] beyond the port space's limit.
     fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()>;
 
     /// `rdma_reject` on a child id from `CONNECT_REQUEST`; the peer gets `REJECTED` (status 28)
