@@ -264,3 +264,30 @@ fn connecting_without_a_qp_or_a_qp_number_is_still_refused() {
     destroy_all(&mut bed.server, &[server.listener], server.ch);
     assert_clean(&bed);
 }
+
+#[test]
+fn establish_after_the_peer_went_away_fails_and_rejected_follows() {
+    let mut bed = bed!();
+    let conn = responded(&mut bed);
+    // The accepted child goes before the RTU: its IB CM rejects the connection.
+    bed.server
+        .destroy_id(conn.child)
+        .expect("destroy the accepted child");
+    let_time_pass(&mut bed.client);
+    assert_err(
+        bed.client.establish(conn.client.id),
+        CmError::Os {
+            call: Call::Establish,
+            errno: cm::api::errno::EINVAL,
+        },
+    );
+    let rej = expect(&mut bed.client, conn.client.ch, CmEventType::Rejected);
+    assert_eq!(rej.status, 28, "consumer defined");
+    assert!(matches!(
+        bed.client.init_qp_attr(conn.client.id, QpState::Rtr),
+        Err(CmError::WrongState { .. })
+    ));
+    destroy_all(&mut bed.client, &[conn.client.id], conn.client.ch);
+    destroy_all(&mut bed.server, &[conn.server.listener], conn.server.ch);
+    assert_clean(&bed);
+}
