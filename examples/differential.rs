@@ -163,9 +163,11 @@ enum Op {
     DestroyId,
     PostSend,
     PostRecv,
+    /// `init_qp_attr` for RTR, the transition that needs the peer's answer.
+    InitQpAttrRtr,
 }
 
-const OPS: [Op; 13] = [
+const OPS: [Op; 14] = [
     Op::BindAddr,
     Op::ResolveAddr,
     Op::ResolveRoute,
@@ -179,6 +181,7 @@ const OPS: [Op; 13] = [
     Op::DestroyId,
     Op::PostSend,
     Op::PostRecv,
+    Op::InitQpAttrRtr,
 ];
 
 impl Op {
@@ -197,6 +200,7 @@ impl Op {
             Op::DestroyId => "destroy_id",
             Op::PostSend => "post_send",
             Op::PostRecv => "post_recv",
+            Op::InitQpAttrRtr => "init_qp_attr_rtr",
         }
     }
 
@@ -220,6 +224,7 @@ impl Op {
             Op::DestroyId => m.destroy(),
             Op::PostSend => m.post_send().map(|()| *m),
             Op::PostRecv => m.post_recv().map(|()| *m),
+            Op::InitQpAttrRtr => m.init_qp_attr(QpState::Rtr).map(|()| *m),
         };
         match step {
             Ok(next) => (Rc::Ok, next.qp()),
@@ -590,6 +595,7 @@ impl Probed for SimHost {
             Op::DestroyId => self.destroy_id(id),
             Op::PostSend => self.post_send(id, 1, b"probe"),
             Op::PostRecv => self.post_recv(id, 1, 64),
+            Op::InitQpAttrRtr => self.init_qp_attr(id, QpState::Rtr).map(|_| ()),
         })
     }
 
@@ -620,6 +626,7 @@ impl Probed for cm::hw::HwBackend {
             Op::DestroyId => RawCall::DestroyId,
             Op::PostSend => RawCall::PostSend(b"probe".to_vec()),
             Op::PostRecv => RawCall::PostRecv(64),
+            Op::InitQpAttrRtr => RawCall::InitQpAttr(QpState::Rtr),
         };
         match self.raw_call(id, call) {
             RawOutcome::Ok => Rc::Ok,

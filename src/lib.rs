@@ -102,6 +102,8 @@ pub use cm_core::{
     ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, LiveResources,
     PortSpace, PrivateData, QpCaps, QpState, Result, WcOpcode, WcStatus, WorkCompletion,
 };
+// External QPs (the application's own QP; the connection managed here).
+pub use cm_core::{AddressVector, GlobalRoute, QpAttr, QpAttrMask};
 
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]

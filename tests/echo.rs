@@ -174,8 +174,8 @@ mod on_tokio {
     use std::time::Duration;
 
     use cm::api::{
-        ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpCaps,
-        Result, WorkCompletion,
+        ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpAttr,
+        QpCaps, QpState, Result, WorkCompletion,
     };
     use cm::app::tokio::{Readiness, TokioRuntime};
     use cm::sim::{SimFabric, SimHost};
@@ -228,6 +228,8 @@ mod on_tokio {
             connect(&mut self, id: IdHandle, p: &ConnParam) -> Result<()>;
             accept(&mut self, id: IdHandle, p: &ConnParam) -> Result<()>;
             reject(&mut self, id: IdHandle, d: &[u8]) -> Result<()>;
+            init_qp_attr(&mut self, id: IdHandle, s: QpState) -> Result<QpAttr>;
+            establish(&mut self, id: IdHandle) -> Result<()>;
             disconnect(&mut self, id: IdHandle) -> Result<()>;
             get_cm_event(&mut self, ch: ChannelHandle, t: Duration) -> Result<Option<CmEvent>>;
             try_get_cm_event(&mut self, ch: ChannelHandle) -> Result<Option<CmEvent>>;

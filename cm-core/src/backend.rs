@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use crate::error::{CmError, ReturnedEvent};
 use crate::event::{CmEvent, CmEventType, ConnParam};
+use crate::external::QpAttr;
 use crate::handle::{ChannelHandle, IdHandle};
-use crate::state::IdMachine;
+use crate::state::{IdMachine, QpState};
 use crate::types::{LiveResources, PortSpace, QpCaps, WorkCompletion};
 
 /// Result of every backend call.
@@ -180,9 +181,13 @@ pub trait CmBackend {
     fn listen(&mut self, id: IdHandle, backlog: i32) -> Result<()>;
 
     /// `rdma_connect`: the peer's listener gets `CONNECT_REQUEST`; this id then gets
-    /// `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or `CONNECT_ERROR`.
+    /// `ESTABLISHED`, `REJECTED`, `UNREACHABLE` or `CONNECT_ERROR`. Without a backend QP on a
+    /// connected port space, `param.qp_num` names the application's own QP (an external QP,
+    /// [`ConnParam::with_qp_num`]): then `CONNECT_RESPONSE` comes instead of `ESTABLISHED`, and
+    /// [`establish`](CmBackend::establish) finishes the handshake.
     ///
     /// # Errors
+    /// [`CmError::NoQp`] on a connected port space without a backend QP or a QP number;
     /// [`CmError::WrongState`] unless the route is resolved; [`CmError::PrivateDataTooLong`]
     /// beyond the port space's limit (56 bytes on TCP); [`CmError::InvalidArgument`] for
     /// resources above the device's maximum. A peer that refuses or does not answer is no
@@ -190,11 +195,13 @@ pub trait CmBackend {
     fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()>;
 
     /// `rdma_accept` on a child id from `CONNECT_REQUEST`; both sides then get `ESTABLISHED`.
+    /// Without a backend QP, `param.qp_num` names the application's own QP (already in RTS with
+    /// the attributes of [`init_qp_attr`](CmBackend::init_qp_attr)).
     ///
     /// # Errors
     /// [`CmError::WrongState`] on an id that is not a child waiting for an answer;
-    /// [`CmError::NoQp`] on a connected port space's child without a QP (librdmacm would
-    /// dereference NULL); [`CmError::PrivateDataTooLong`] beyond the port space's limit.
+    /// [`CmError::NoQp`] on a connected port space's child without a QP or a QP number
+    /// (librdmacm would dereference NULL); [`CmError::PrivateDataTooLong`] beyond the port space's limit.
     fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()>;
 
     /// `rdma_reject` on a child id from `CONNECT_REQUEST`; the peer gets `REJECTED` (status 28)
@@ -204,6 +211,29 @@ pub trait CmBackend {
     /// [`CmError::WrongState`] on an id that is not a child waiting for an answer;
     /// [`CmError::PrivateDataTooLong`] beyond the port space's limit.
     fn reject(&mut self, id: IdHandle, private_data: &[u8]) -> Result<()>;
+
+    /// `rdma_init_qp_attr`: the attributes and mask for moving the application's own QP (an
+    /// external QP, see [`QpAttr`]) to `qp_state` (INIT, RTR or RTS) for this id's connection:
+    /// the remote QP number and PSNs come from the CM exchange. The backend's own QPs are moved
+    /// by the backend; asking for their attributes is harmless.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`] before the id has a device; [`CmError::InvalidArgument`] for
+    /// RESET or ERR; [`CmError::WrongState`] where [`IdMachine::init_qp_attr`] says the kernel
+    /// has nothing to give (a listener, RTR/RTS before the peer's answer was retrieved, an ended
+    /// connection); [`CmError::Os`] `EINVAL` when the exchange ended before the application
+    /// saw it (say, the peer went away).
+    fn init_qp_attr(&mut self, id: IdHandle, qp_state: QpState) -> Result<QpAttr>;
+
+    /// `rdma_establish`: after `CONNECT_RESPONSE` on an id connected with an external QP
+    /// ([`ConnParam::with_qp_num`]) and once the application moved its QP to RTS, sends the
+    /// RTU; the peer gets `ESTABLISHED`, this id no further event.
+    ///
+    /// # Errors
+    /// [`CmError::BackendQp`] when the id has a backend QP; [`CmError::WrongState`] unless
+    /// `CONNECT_RESPONSE` was retrieved on an active id; [`CmError::Os`] `EINVAL` when the peer
+    /// ended the exchange meanwhile (its `REJECTED` or `UNREACHABLE` is then on the way).
+    fn establish(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_disconnect`: the QP goes to ERR (posted work requests flush), the peer gets
     /// `DISCONNECTED`, and this id gets it when the peer disconnects too or the DREQ times out.

@@ -76,6 +76,8 @@ pub enum Call {
     PostSend,
     PostRecv,
     PollCq,
+    InitQpAttr,
+    Establish,
 }
 
 impl Call {
@@ -103,6 +105,8 @@ impl Call {
             Call::PostSend => "ibv_post_send",
             Call::PostRecv => "ibv_post_recv",
             Call::PollCq => "ibv_poll_cq",
+            Call::InitQpAttr => "rdma_init_qp_attr",
+            Call::Establish => "rdma_establish",
         }
     }
 }
@@ -171,6 +175,24 @@ pub enum CmError {
     /// a NULL dereference for `rdma_destroy_qp` and `rdma_accept`; refused here with `EINVAL`.
     #[error("{call}: the id has no QP")]
     NoQp {
+        /// The call.
+        call: Call,
+    },
+
+    /// The id's connection uses an external QP (connected or accepted without a backend QP,
+    /// with the application's own QP number): a backend QP would be one the peer never heard
+    /// of, so `rdma_create_qp` is refused with `EINVAL` (librdmacm would create it and drive it
+    /// to RTR/RTS against the peer's QP, a connection that never carries data).
+    #[error("{call}: the id's connection uses an external QP (connected or accepted with the application's own QP number)")]
+    ExternalQp {
+        /// The call.
+        call: Call,
+    },
+
+    /// The call is for ids without a backend QP (external QPs) and the id has one: librdmacm's
+    /// `rdma_establish` fails with `EINVAL`.
+    #[error("{call}: the id has a backend-owned QP; only ids connected with an external QP call it")]
+    BackendQp {
         /// The call.
         call: Call,
     },
@@ -293,6 +315,8 @@ impl CmError {
             CmError::QpExists => EINVAL,
             CmError::NoQp { .. } => EINVAL,
             CmError::NoDevice { .. } => EINVAL,
+            CmError::ExternalQp { .. } => EINVAL,
+            CmError::BackendQp { .. } => EINVAL,
             CmError::WrongQpState { .. } => EINVAL,
             CmError::PrivateDataTooLong { .. } => EINVAL,
             CmError::AddrInUse { .. } => EADDRINUSE,
@@ -318,6 +342,7 @@ impl CmError {
                 | CmError::EventNotOutstanding
                 | CmError::ForeignEvent(_)
                 | CmError::NoDevice { .. }
+                | CmError::ExternalQp { .. }
                 | CmError::NoQp {
                     call: Call::DestroyQp | Call::Accept
                 }

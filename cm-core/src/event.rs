@@ -289,7 +289,10 @@ pub struct ConnParam {
     pub rnr_retry_count: u8,
     /// Whether the remote QP uses a shared receive queue (reported by events).
     pub srq: bool,
-    /// Remote QP number (reported by events; ignored on calls when the id has a QP).
+    /// Events: the remote QP number. Calls: ignored when the id has a backend QP; on `connect`
+    /// and `accept` of a connected id without one, the number of the application's own
+    /// (external) QP, which the REQ or REP carries ([`with_qp_num`](Self::with_qp_num)); 0 there
+    /// means no QP at all and is refused.
     pub qp_num: u32,
 }
 
@@ -325,6 +328,21 @@ impl ConnParam {
     #[must_use = "returns the changed parameters and leaves `self` as it was"]
     pub fn with_private_data(mut self, data: &[u8]) -> Self {
         self.private_data = PrivateData::new(data);
+        self
+    }
+}
+
+impl ConnParam {
+    /// The same parameters naming the application's own QP, `qp_num` (24 bits), for a
+    /// `connect` or `accept` without a backend QP (an external QP, see [`QpAttr`](crate::QpAttr)).
+    ///
+    /// ```
+    /// let p = cm_core::ConnParam::new().with_qp_num(0x1234);
+    /// assert_eq!(p.qp_num, 0x1234);
+    /// ```
+    #[must_use = "returns the changed parameters and leaves `self` as it was"]
+    pub fn with_qp_num(mut self, qp_num: u32) -> Self {
+        self.qp_num = qp_num;
         self
     }
 }

@@ -40,6 +40,7 @@
 pub mod backend;
 mod error;
 mod event;
+mod external;
 mod handle;
 mod state;
 mod types;
@@ -47,6 +48,10 @@ mod types;
 pub use backend::{CmBackend, Result};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
 pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
+pub use external::{
+    AddressVector, GlobalRoute, QpAttr, QpAttrMask, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
+    ACCESS_REMOTE_WRITE, MTU_1024,
+};
 pub use handle::{ChannelHandle, HandleKind, IdHandle};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};

@@ -213,6 +213,8 @@ pub struct IdMachine {
     /// The device went away ([`device_removed`](IdMachine::device_removed)) and the
     /// `DEVICE_REMOVAL` event announcing it has not been retrieved yet.
     removal_pending: bool,
+    /// The id connected or accepted with the application's own QP (no backend QP).
+    external: bool,
 }
 
 type Step = Result<IdMachine, CmError>;
@@ -229,6 +231,7 @@ impl IdMachine {
             qp: None,
             unacked: 0,
             removal_pending: false,
+            external: false,
         }
     }
 
@@ -244,6 +247,7 @@ impl IdMachine {
             qp: None,
             unacked: 0,
             removal_pending: false,
+            external: false,
         }
     }
 
@@ -280,6 +284,19 @@ impl IdMachine {
     /// Events retrieved and not acked that count against this id.
     pub const fn unacked(&self) -> u32 {
         self.unacked
+    }
+
+    /// Whether the id connected or accepted with an external QP (the application's own, named
+    /// by [`ConnParam::qp_num`](crate::ConnParam::qp_num)) instead of a backend QP.
+    pub const fn is_external(&self) -> bool {
+        self.external
+    }
+
+    /// Whether `connect` or `accept` with `param` uses an external QP: a connected port space,
+    /// no backend QP on the id, and a QP number in `param`. Backends then call
+    /// [`connect_external`](Self::connect_external) or [`accept_external`](Self::accept_external).
+    pub const fn uses_external_qp(&self, param: &crate::ConnParam) -> bool {
+        self.ps.is_connected() && self.qp.is_none() && param.qp_num != 0
     }
 
     fn wrong(&self, call: Call, expected: &'static str) -> CmError {
@@ -367,6 +384,9 @@ impl IdMachine {
     /// handshake); datagram port spaces get one in RTS at once, as librdmacm does.
     pub fn create_qp(&self) -> Step {
         self.alive(Call::CreateQp)?;
+        if self.external {
+            return Err(CmError::ExternalQp { call: Call::CreateQp });
+        }
         // librdmacm takes the QP's INIT attributes from the kernel, whose IB CM gives them for a
         // connected id only while its connection is being made or is up (EINVAL on a listener,
         // after a failed attempt, after a disconnect). Datagram ids take them without the CM.
@@ -415,14 +435,49 @@ impl IdMachine {
         Ok(IdMachine { qp: None, ..*self })
     }
 
-    /// `rdma_connect` with `private_data_len` bytes of private data. The trait has no
-    /// `rdma_establish`, so connected port spaces need a QP on the id.
+    /// `rdma_connect` with `private_data_len` bytes of private data and no external QP:
+    /// connected port spaces need a backend QP on the id (for an external one see
+    /// [`connect_external`](Self::connect_external)).
     pub fn connect(&self, private_data_len: usize) -> Step {
         if self.state != IdState::RouteResolved {
             return Err(self.wrong(Call::Connect, "RDMA_CM_ROUTE_RESOLVED (ROUTE_RESOLVED retrieved)"));
         }
         if self.ps.is_connected() && self.qp.is_none() {
             return Err(CmError::NoQp { call: Call::Connect });
+        }
+        self.connect_checked(private_data_len)
+    }
+
+    /// `rdma_connect` without a backend QP, with the application's own QP number in the
+    /// parameters: the REQ carries that number and the id later gets `CONNECT_RESPONSE`, after
+    /// which the application moves its QP to RTR and RTS and calls
+    /// [`establish`](Self::establish).
+    ///
+    /// ```
+    /// use cm_core::{CmEventType, ConnPhase, IdMachine, PortSpace};
+    ///
+    /// let m = IdMachine::new(PortSpace::Tcp).resolve_addr().unwrap();
+    /// let m = m.on_event(CmEventType::AddrResolved).unwrap().on_ack().unwrap();
+    /// let m = m.resolve_route().unwrap().on_event(CmEventType::RouteResolved).unwrap();
+    /// let m = m.on_ack().unwrap().connect_external(0).unwrap();
+    /// assert_eq!(m.connect_response_outcome(), CmEventType::ConnectResponse);
+    /// let m = m.on_event(CmEventType::ConnectResponse).unwrap().on_ack().unwrap();
+    /// assert_eq!(m.establish().unwrap().phase(), ConnPhase::Established);
+    /// ```
+    pub fn connect_external(&self, private_data_len: usize) -> Step {
+        if self.qp.is_some() {
+            return Err(CmError::BackendQp { call: Call::Connect });
+        }
+        let next = self.connect_checked(private_data_len)?;
+        Ok(IdMachine {
+            external: self.ps.is_connected(),
+            ..next
+        })
+    }
+
+    fn connect_checked(&self, private_data_len: usize) -> Step {
+        if self.state != IdState::RouteResolved {
+            return Err(self.wrong(Call::Connect, "RDMA_CM_ROUTE_RESOLVED (ROUTE_RESOLVED retrieved)"));
         }
         self.check_private_data(Call::Connect, PrivateDataSlot::Connect, private_data_len)?;
         Ok(IdMachine {
@@ -431,6 +486,98 @@ impl IdMachine {
             phase: ConnPhase::Connecting,
             ..*self
         })
+    }
+
+    /// `rdma_accept` without a backend QP, with the application's own QP number in the
+    /// parameters (it should be in RTS already, moved there with the attributes of
+    /// `init_qp_attr`); `ESTABLISHED` follows the RTU as usual.
+    pub fn accept_external(&self, private_data_len: usize) -> Step {
+        self.pending_request(Call::Accept)?;
+        if self.qp.is_some() {
+            return Err(CmError::BackendQp { call: Call::Accept });
+        }
+        self.check_private_data(Call::Accept, PrivateDataSlot::Accept, private_data_len)?;
+        Ok(IdMachine {
+            phase: ConnPhase::Accepted,
+            external: self.ps.is_connected(),
+            ..*self
+        })
+    }
+
+    /// `rdma_establish`: the active side of an external-QP connection, after `CONNECT_RESPONSE`
+    /// was retrieved, sends the RTU; the peer then gets `ESTABLISHED`, this id no event.
+    ///
+    /// Refused with [`CmError::BackendQp`] when the id has a backend QP (librdmacm: `EINVAL`),
+    /// and with [`CmError::WrongState`] anywhere else than after `CONNECT_RESPONSE`: on an
+    /// unanswered child the kernel would fail the RTU and then *reject* the request.
+    pub fn establish(&self) -> Step {
+        self.alive(Call::Establish)?;
+        if self.qp.is_some() {
+            return Err(CmError::BackendQp {
+                call: Call::Establish,
+            });
+        }
+        if self.state != IdState::Connect || self.role != Role::Active || self.phase != ConnPhase::Responded {
+            return Err(self.wrong(
+                Call::Establish,
+                "RDMA_CM_CONNECT with CONNECT_RESPONSE retrieved (an active id without a backend QP)",
+            ));
+        }
+        Ok(IdMachine {
+            phase: ConnPhase::Established,
+            ..*self
+        })
+    }
+
+    /// Whether the kernel has an IB CM exchange for the id, from which `rdma_init_qp_attr`
+    /// answers (a child, or an active id once it connected); without one it answers the INIT
+    /// attributes whatever state is asked for.
+    pub const fn has_cm_exchange(&self) -> bool {
+        matches!(self.state, IdState::Connect | IdState::Disconnect)
+    }
+
+    /// `rdma_init_qp_attr` for `qp_state` (INIT, RTR or RTS): legal once the id has a device,
+    /// while the kernel can answer. Connected port spaces: before `connect` (the INIT
+    /// attributes); on a connecting active id INIT only (the kernel's IB CM has no remote QP
+    /// number or PSN before the REP: `EINVAL`); on a child from its `CONNECT_REQUEST` and on an
+    /// active id from `CONNECT_RESPONSE` or `ESTABLISHED` every state. Refused on a listener
+    /// (its IB CM id listens), after a failed, rejected or ended connection (the IB CM id
+    /// left the exchange: `EINVAL`), and for RESET and ERR, which the kernel gives no
+    /// attributes for.
+    pub fn init_qp_attr(&self, qp_state: QpState) -> Result<(), CmError> {
+        const CALL: Call = Call::InitQpAttr;
+        self.alive(CALL)?;
+        if !matches!(qp_state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            return Err(CmError::InvalidArgument {
+                call: CALL,
+                reason: "rdma_init_qp_attr gives attributes for INIT, RTR and RTS only",
+            });
+        }
+        if !self.device {
+            return Err(CmError::NoDevice { call: CALL });
+        }
+        if !self.ps.is_connected() {
+            return Ok(());
+        }
+        let ok = match self.state {
+            IdState::Listen | IdState::Disconnect => false,
+            IdState::Connect => match self.phase {
+                ConnPhase::Connecting => qp_state == QpState::Init,
+                ConnPhase::Requested
+                | ConnPhase::Accepted
+                | ConnPhase::Responded
+                | ConnPhase::Established => true,
+                ConnPhase::None | ConnPhase::Rejected | ConnPhase::Failed => false,
+            },
+            _ => true,
+        };
+        if !ok {
+            return Err(self.wrong(
+                CALL,
+                "a device, and no listen, or a connection in progress or up (RTR/RTS: the peer's answer retrieved)",
+            ));
+        }
+        Ok(())
     }
 
     fn pending_request(&self, call: Call) -> Result<(), CmError> {
@@ -771,6 +918,158 @@ mod tests {
             "second disconnect is fine"
         );
         assert_eq!(m.destroy().unwrap().state(), IdState::Destroying);
+    }
+
+    fn route_resolved() -> IdMachine {
+        let m = IdMachine::new(PortSpace::Tcp).resolve_addr().unwrap();
+        let m = m.on_event(AddrResolved).unwrap().on_ack().unwrap();
+        m.resolve_route()
+            .unwrap()
+            .on_event(RouteResolved)
+            .unwrap()
+            .on_ack()
+            .unwrap()
+    }
+
+    #[test]
+    fn external_qp_active_side_gets_connect_response_then_establishes() {
+        let m = route_resolved().connect_external(56).unwrap();
+        assert!(m.is_external());
+        assert_eq!(m.connect_response_outcome(), ConnectResponse);
+        assert!(m.check_event(Established).is_err(), "no ESTABLISHED without a QP");
+        assert!(matches!(
+            m.establish(),
+            Err(CmError::WrongState {
+                call: Call::Establish,
+                ..
+            })
+        ));
+        let m = m.on_event(ConnectResponse).unwrap().on_ack().unwrap();
+        let m = m.establish().unwrap();
+        assert_eq!((m.phase(), m.qp()), (ConnPhase::Established, None));
+        assert!(m.disconnect_reaches_wire());
+        assert!(m.establish().is_err(), "established once");
+        assert!(m.on_event(Disconnected).is_ok());
+    }
+
+    #[test]
+    fn external_qp_passive_side_accepts_with_its_own_qp_number() {
+        let child = IdMachine::new_child(PortSpace::Tcp);
+        let acc = child.accept_external(196).unwrap();
+        assert_eq!(
+            (acc.phase(), acc.qp(), acc.is_external()),
+            (ConnPhase::Accepted, None, true)
+        );
+        assert!(acc.check_event(Established).is_ok());
+        assert!(matches!(acc.establish(), Err(CmError::WrongState { .. })));
+        assert!(
+            matches!(child.establish(), Err(CmError::WrongState { .. })),
+            "establish on an unanswered child would make the kernel reject it"
+        );
+    }
+
+    #[test]
+    fn mixing_backend_and_external_qps_is_refused() {
+        let ext = route_resolved().connect_external(0).unwrap();
+        assert_eq!(
+            ext.create_qp().unwrap_err(),
+            CmError::ExternalQp { call: Call::CreateQp }
+        );
+        let backend = route_resolved().create_qp().unwrap();
+        assert_eq!(
+            backend.connect_external(0).unwrap_err(),
+            CmError::BackendQp { call: Call::Connect }
+        );
+        let child = IdMachine::new_child(PortSpace::Tcp).create_qp().unwrap();
+        assert_eq!(
+            child.accept_external(0).unwrap_err(),
+            CmError::BackendQp { call: Call::Accept }
+        );
+        let connected = backend.connect(0).unwrap().on_event(Established).unwrap();
+        assert_eq!(
+            connected.establish().unwrap_err(),
+            CmError::BackendQp {
+                call: Call::Establish
+            }
+        );
+        let p = crate::ConnParam::new();
+        assert!(!route_resolved().uses_external_qp(&p), "QP number 0 names no QP");
+        assert!(route_resolved().uses_external_qp(&p.with_qp_num(7)));
+        assert!(!backend.uses_external_qp(&p.with_qp_num(7)), "a backend QP wins");
+        let ud = IdMachine::new(PortSpace::Udp);
+        assert!(
+            !ud.uses_external_qp(&p.with_qp_num(7)),
+            "datagram ids have no external mode"
+        );
+    }
+
+    #[test]
+    fn init_qp_attr_legality_by_state() {
+        use QpState::{Init, Reset, Rtr, Rts};
+        let idle = IdMachine::new(PortSpace::Tcp);
+        assert_eq!(
+            idle.init_qp_attr(Init).unwrap_err(),
+            CmError::NoDevice {
+                call: Call::InitQpAttr
+            }
+        );
+        let wildcard = idle.bind_addr(true).unwrap();
+        assert!(matches!(
+            wildcard.init_qp_attr(Init),
+            Err(CmError::NoDevice { .. })
+        ));
+        let rr = route_resolved();
+        let connecting = rr.connect_external(0).unwrap();
+        let responded = connecting.on_event(ConnectResponse).unwrap();
+        let child = IdMachine::new_child(PortSpace::Tcp);
+        let listener = idle.bind_addr(false).unwrap().listen().unwrap();
+        let failed = connecting.on_event(Rejected).unwrap();
+        let ended = responded.establish().unwrap().on_event(Disconnected).unwrap();
+        // (machine, INIT, RTR, RTS): whether each is legal.
+        let table = [
+            (
+                "bound to a device",
+                idle.bind_addr(false).unwrap(),
+                true,
+                true,
+                true,
+            ),
+            ("route resolved", rr, true, true, true),
+            ("connecting", connecting, true, false, false),
+            ("CONNECT_RESPONSE retrieved", responded, true, true, true),
+            ("child", child, true, true, true),
+            (
+                "accepted child",
+                child.accept_external(0).unwrap(),
+                true,
+                true,
+                true,
+            ),
+            ("listener", listener, false, false, false),
+            ("rejected", failed, false, false, false),
+            ("disconnected", ended, false, false, false),
+        ];
+        for (what, m, init, rtr, rts) in table {
+            for (state, legal) in [(Init, init), (Rtr, rtr), (Rts, rts)] {
+                assert_eq!(m.init_qp_attr(state).is_ok(), legal, "{what}, {state}");
+            }
+        }
+        for state in [Reset, QpState::Err] {
+            assert!(matches!(
+                rr.init_qp_attr(state),
+                Err(CmError::InvalidArgument { .. })
+            ));
+        }
+        let removed = rr.device_removed();
+        assert!(matches!(
+            removed.init_qp_attr(Init),
+            Err(CmError::WrongState { .. })
+        ));
+        assert!(IdMachine::new(PortSpace::Udp)
+            .bind_addr(false)
+            .unwrap()
+            .init_qp_attr(Rts)
+            .is_ok());
     }
 
     #[test]

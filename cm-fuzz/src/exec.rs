@@ -311,6 +311,8 @@ pub(crate) fn error_call(e: &CmError) -> Option<Call> {
         | CmError::UnackedEvents { call, .. }
         | CmError::NoQp { call }
         | CmError::NoDevice { call }
+        | CmError::ExternalQp { call }
+        | CmError::BackendQp { call }
         | CmError::WrongQpState { call, .. }
         | CmError::PrivateDataTooLong { call, .. }
         | CmError::AddrInUse { call }
@@ -339,6 +341,8 @@ fn op_call(op: &Op) -> Option<Call> {
         Op::Accept { .. } => Call::Accept,
         Op::Reject { .. } => Call::Reject,
         Op::Disconnect { .. } => Call::Disconnect,
+        Op::InitQpAttr { .. } => Call::InitQpAttr,
+        Op::Establish { .. } => Call::Establish,
         Op::GetCmEvent { .. } | Op::TryGetCmEvent { .. } => Call::GetCmEvent,
         Op::AckHeld { .. } | Op::AckForged { .. } => Call::AckCmEvent,
         Op::GetLocalAddr { .. } => Call::GetLocalAddr,
@@ -759,6 +763,19 @@ impl<'a> World<'a> {
             Op::Disconnect { h, id } => {
                 let id = self.id(h, id);
                 let r = self.host(h).disconnect(id);
+                self.unit(i, op, r)
+            }
+            Op::InitQpAttr { h, id, qp_state } => {
+                let id = self.id(h, id);
+                let r = self.host(h).init_qp_attr(id, qp_state);
+                if let Ok(attr) = &r {
+                    format!("{attr:?}").hash(&mut self.digest);
+                }
+                self.unit(i, op, r.map(|_| ()))
+            }
+            Op::Establish { h, id } => {
+                let id = self.id(h, id);
+                let r = self.host(h).establish(id);
                 self.unit(i, op, r)
             }
             Op::GetCmEvent { h, ch, timeout, ack } => {

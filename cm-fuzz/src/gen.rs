@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use cm_core::{CmEventType, PortSpace, QpCaps};
+use cm_core::{CmEventType, PortSpace, QpCaps, QpState};
 use cm_sim::{Fault, FaultSchedule, SimConfig, TraceMode};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -294,6 +294,17 @@ pub enum Op {
         h: HostSel,
         id: HandleRef,
     },
+    /// `init_qp_attr` (external QPs).
+    InitQpAttr {
+        h: HostSel,
+        id: HandleRef,
+        qp_state: QpState,
+    },
+    /// `establish` (external QPs).
+    Establish {
+        h: HostSel,
+        id: HandleRef,
+    },
     /// `get_cm_event`; `ack` acks the event at once on the same host, else it is held.
     GetCmEvent {
         h: HostSel,
@@ -398,6 +409,8 @@ impl fmt::Display for Op {
             Op::Accept { h, id, param } => write!(f, "{h} accept({id}, {param:?})"),
             Op::Reject { h, id, private_len } => write!(f, "{h} reject({id}, {private_len} bytes)"),
             Op::Disconnect { h, id } => write!(f, "{h} disconnect({id})"),
+            Op::InitQpAttr { h, id, qp_state } => write!(f, "{h} init_qp_attr({id}, {qp_state})"),
+            Op::Establish { h, id } => write!(f, "{h} establish({id})"),
             Op::GetCmEvent { h, ch, timeout, ack } => {
                 write!(f, "{h} get_cm_event({ch}, {timeout:?}){}", ack_note(*ack))
             }
@@ -982,7 +995,24 @@ impl Gen {
                 id,
                 max: self.pick(&[0, 1, 64, usize::MAX]),
             },
-            935..=944 => Op::IdMachine { h, id },
+            935..=939 => Op::IdMachine { h, id },
+            940..=944 => {
+                if self.chance(500) {
+                    Op::Establish { h, id }
+                } else {
+                    Op::InitQpAttr {
+                        h,
+                        id,
+                        qp_state: self.pick(&[
+                            QpState::Init,
+                            QpState::Rtr,
+                            QpState::Rts,
+                            QpState::Reset,
+                            QpState::Err,
+                        ]),
+                    }
+                }
+            }
             945..=949 => Op::LiveResources { h },
             950..=969 => {
                 let fabric = u8::from(self.chance(200));
@@ -1004,6 +1034,9 @@ impl Gen {
 
 /// The newest handle of the calling host: what a well-behaved application passes next.
 const NEWEST: HandleRef = HandleRef::Own(0);
+
+/// The QP number application steps with an external QP give (the server's is one more).
+const EXTERNAL_QPN: u32 = 0x00AB_C123;
 
 impl Gen {
     /// A step of an ordinary application (listen, connect, accept, exchange, disconnect,
@@ -1058,51 +1091,64 @@ impl Gen {
                     backlog: self.pick(&[0, 1, 8]),
                 },
             ],
-            1 | 2 => vec![
-                Op::CreateEventChannel { h: client },
-                Op::CreateId {
-                    h: client,
-                    ch: NEWEST,
-                    ps,
-                },
-                Op::ResolveAddr {
-                    h: client,
-                    id: NEWEST,
-                    src: None,
-                    dst: AddrSel {
-                        ip: IpSel::Host {
-                            host: server.host,
-                            which: 0,
-                        },
-                        port,
+            1 | 2 => {
+                // Some applications bring their own QP (an external QP): no backend QP, its
+                // number in the parameters.
+                let external = self.chance(150);
+                let mut ops = vec![
+                    Op::CreateEventChannel { h: client },
+                    Op::CreateId {
+                        h: client,
+                        ch: NEWEST,
+                        ps,
                     },
-                    timeout: Duration::from_secs(2),
-                },
-                get(client),
-                Op::ResolveRoute {
-                    h: client,
-                    id: NEWEST,
-                    timeout: Duration::from_secs(2),
-                },
-                get(client),
-                Op::CreateQp {
-                    h: client,
-                    id: NEWEST,
-                    caps: QpCaps::new(),
-                },
-                Op::PostRecv {
-                    h: client,
-                    id: NEWEST,
-                    wr_id: 1,
-                    len: 4096,
-                },
-                Op::Connect {
-                    h: client,
-                    id: NEWEST,
-                    param: self.step_param(),
-                },
-            ],
+                    Op::ResolveAddr {
+                        h: client,
+                        id: NEWEST,
+                        src: None,
+                        dst: AddrSel {
+                            ip: IpSel::Host {
+                                host: server.host,
+                                which: 0,
+                            },
+                            port,
+                        },
+                        timeout: Duration::from_secs(2),
+                    },
+                    get(client),
+                    Op::ResolveRoute {
+                        h: client,
+                        id: NEWEST,
+                        timeout: Duration::from_secs(2),
+                    },
+                    get(client),
+                    Op::CreateQp {
+                        h: client,
+                        id: NEWEST,
+                        caps: QpCaps::new(),
+                    },
+                    Op::PostRecv {
+                        h: client,
+                        id: NEWEST,
+                        wr_id: 1,
+                        len: 4096,
+                    },
+                    Op::Connect {
+                        h: client,
+                        id: NEWEST,
+                        param: self.step_param(),
+                    },
+                ];
+                if external {
+                    ops.retain(|op| !matches!(op, Op::CreateQp { .. } | Op::PostRecv { .. }));
+                    if let Some(Op::Connect { param, .. }) = ops.last_mut() {
+                        param.qp_num = EXTERNAL_QPN;
+                    }
+                }
+                ops
+            }
             3 => {
+                let external = self.chance(150);
                 let mut ops = vec![
                     get(server),
                     Op::CreateQp {
@@ -1131,6 +1177,24 @@ impl Gen {
                     }
                 });
                 ops.push(get(client));
+                if external {
+                    ops.retain(|op| !matches!(op, Op::CreateQp { .. } | Op::PostRecv { .. }));
+                    if let Some(Op::Accept { param, .. }) =
+                        ops.iter_mut().find(|op| matches!(op, Op::Accept { .. }))
+                    {
+                        param.qp_num = EXTERNAL_QPN + 1;
+                    }
+                    // After CONNECT_RESPONSE the application's QP is ready: the RTU goes out.
+                    ops.push(Op::InitQpAttr {
+                        h: client,
+                        id: NEWEST,
+                        qp_state: QpState::Rtr,
+                    });
+                    ops.push(Op::Establish {
+                        h: client,
+                        id: NEWEST,
+                    });
+                }
                 ops.push(get(server));
                 ops
             }

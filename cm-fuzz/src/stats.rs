@@ -5,7 +5,7 @@ use std::fmt;
 use cm_core::{CmError, CmEventType, WcStatus};
 
 /// The error kinds, in the order [`error_index`] numbers them.
-const ERROR_KINDS: [&str; 18] = [
+const ERROR_KINDS: [&str; 20] = [
     "UnknownHandle",
     "WrongState",
     "QpAttached",
@@ -23,6 +23,8 @@ const ERROR_KINDS: [&str; 18] = [
     "EventNotOutstanding",
     "NoRdmaDevice",
     "Os",
+    "ExternalQp",
+    "BackendQp",
     "other",
 ];
 
@@ -45,7 +47,9 @@ fn error_index(e: &CmError) -> usize {
         CmError::EventNotOutstanding => 14,
         CmError::NoRdmaDevice => 15,
         CmError::Os { .. } => 16,
-        _ => 17,
+        CmError::ExternalQp { .. } => 17,
+        CmError::BackendQp { .. } => 18,
+        _ => 19,
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
-    IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, Role, WcOpcode, WcStatus, WorkCompletion,
+    IdMachine, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
@@ -18,6 +19,7 @@ use crate::sys::{self, Errno};
 
 #[cfg(feature = "differential")]
 pub(crate) mod differential;
+mod external;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
 /// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
@@ -738,7 +740,11 @@ impl CmBackend for HwBackend {
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn connect(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
         let e = self.id(Call::Connect, id)?;
-        let next = e.machine.connect(param.private_data.len())?;
+        let next = if e.machine.uses_external_qp(param) {
+            e.machine.connect_external(param.private_data.len())?
+        } else {
+            e.machine.connect(param.private_data.len())?
+        };
         if e.raw.verbs().is_none() {
             return Err(CmError::NoDevice { call: Call::Connect });
         }
@@ -750,11 +756,17 @@ impl CmBackend for HwBackend {
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn accept(&mut self, id: IdHandle, param: &ConnParam) -> Result<()> {
         let e = self.id(Call::Accept, id)?;
-        let next = e.machine.accept(param.private_data.len())?;
+        let external = e.machine.uses_external_qp(param);
+        let next = if external {
+            e.machine.accept_external(param.private_data.len())?
+        } else {
+            e.machine.accept(param.private_data.len())?
+        };
         if e.raw.verbs().is_none() {
             return Err(CmError::NoDevice { call: Call::Accept });
         }
-        if e.qp.is_none() || !e.raw.has_qp() {
+        // An external QP is the application's: librdmacm then takes its number from `param`.
+        if !external && (e.qp.is_none() || !e.raw.has_qp()) {
             return Err(CmError::NoQp { call: Call::Accept });
         }
         if let Err(err) = e.raw.accept(param) {
@@ -778,6 +790,16 @@ impl CmBackend for HwBackend {
             .map_err(|err| os_error(Call::Reject, err))?;
         e.machine = next;
         Ok(())
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn init_qp_attr(&mut self, id: IdHandle, qp_state: QpState) -> Result<QpAttr> {
+        self.init_qp_attr_checked(id, qp_state)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn establish(&mut self, id: IdHandle) -> Result<()> {
+        self.establish_checked(id)
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]

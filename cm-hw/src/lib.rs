@@ -84,6 +84,10 @@ mod sys;
 #[doc(hidden)]
 pub use backend::differential::{RawCall, RawOutcome};
 pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_QP_BUFFER_BYTES};
+/// rdma-core's C API (the `rdma-sys` bindings this crate is built on), for the types of
+/// [`RawId`]: an application that drives its own QPs calls verbs through it or another crate.
+pub use rdma_sys as ffi;
+pub use sys::RawId;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_core::{
-    ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpCaps,
-    Result, WorkCompletion,
+    ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpAttr,
+    QpCaps, QpState, Result, WorkCompletion,
 };
 
 use crate::fabric::SimFabric;
@@ -73,6 +73,8 @@ impl CmBackend for SimHost {
         connect(id: IdHandle, param: &ConnParam) -> Result<()>;
         accept(id: IdHandle, param: &ConnParam) -> Result<()>;
         reject(id: IdHandle, private_data: &[u8]) -> Result<()>;
+        init_qp_attr(id: IdHandle, qp_state: QpState) -> Result<QpAttr>;
+        establish(id: IdHandle) -> Result<()>;
         disconnect(id: IdHandle) -> Result<()>;
         ack_cm_event(event: CmEvent) -> Result<()>;
         get_local_addr(id: IdHandle) -> Result<Option<SocketAddr>>;

@@ -116,6 +116,12 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/external.rs"]
+mod external;
+
+#[path = "../conformance/external_hw.rs"]
+mod external_hw;
+
 #[path = "../conformance/props.rs"]
 mod props;
 

@@ -67,6 +67,9 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/external.rs"]
+mod external;
+
 #[path = "../conformance/props.rs"]
 mod props;
 

@@ -47,6 +47,8 @@ pub enum RawCall {
     PostSend(Vec<u8>),
     /// `ibv_post_recv` of a buffer of this length.
     PostRecv(u32),
+    /// `rdma_init_qp_attr` for this state (the attributes are dropped; only the answer counts).
+    InitQpAttr(QpState),
 }
 
 /// What librdmacm (or verbs) answered.
@@ -105,6 +107,10 @@ impl HwBackend {
             RawCall::DestroyId => return self.raw_destroy_id(id, index),
             RawCall::PostSend(data) => return self.raw_post(index, WcOpcode::Send, &data, 0),
             RawCall::PostRecv(len) => return self.raw_post(index, WcOpcode::Recv, &[], len),
+            RawCall::InitQpAttr(state) => e
+                .raw
+                .init_qp_attr(state)
+                .map(|_| m.init_qp_attr(state).map(|()| m)),
         };
         match result {
             Ok(next) => {

@@ -36,6 +36,9 @@ use rdma_sys as ffi;
 use crate::convert::{self, RawSockAddr};
 use crate::guard::Guarded;
 
+mod external;
+pub use external::RawId;
+
 /// An errno value.
 pub(crate) type Errno = i32;
 

@@ -164,6 +164,8 @@ pub(crate) enum Input {
     Reject,
     /// `rdma_disconnect`.
     Disconnect,
+    /// `rdma_establish` after `CONNECT_RESPONSE` (an external QP): the RTU goes out.
+    Establish,
     /// `rdma_destroy_id`: the kernel tells the peer what the state calls for.
     Destroy,
     /// The device went: the connection ends without a word on the wire.
@@ -251,7 +253,8 @@ impl Exchange {
     }
 
     /// The transition for `input` on a connected (`connected`: RC/TCP-like) or datagram port
-    /// space; `None` when the input is refused (accept or reject without a pending request).
+    /// space; `None` when the input is refused (accept or reject without a pending request,
+    /// establish without a REP to answer).
     /// An input that does not apply to the state (a late message, a DREQ on a closed exchange)
     /// leaves it as it is, with no effect.
     pub(crate) fn on(self, input: Input, connected: bool) -> Option<(Exchange, Effects)> {
@@ -296,7 +299,11 @@ impl Exchange {
                     Effects::NONE.with(send(MsgKind::Rej, rej_reason, To::Peer, carry)),
                 )
             }
-            (Input::Accept | Input::Reject, _) => return None,
+            (Input::Establish, RepRcvd) => (
+                self.to(Established),
+                Effects::NONE.with(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing)),
+            ),
+            (Input::Accept | Input::Reject | Input::Establish, _) => return None,
             (Input::Disconnect, Established) => (
                 self.to(DreqSent),
                 Effects::NONE

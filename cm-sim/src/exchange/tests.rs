@@ -532,3 +532,29 @@ fn every_armed_timer_replaces_the_ones_before_it() {
         }
     }
 }
+
+/// `rdma_establish` (an external QP) answers a REP with the RTU; in any other state the IB CM has
+/// nothing to answer and the kernel refuses.
+#[test]
+fn establish_sends_the_rtu_only_for_a_received_rep() {
+    let (x, fx) = step(at(Wire::RepRcvd), Input::Establish, RC);
+    assert_eq!(x.wire(), Wire::Established);
+    assert_eq!(fx, vec![send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing)]);
+    for wire in ALL_WIRES {
+        if wire != Wire::RepRcvd {
+            assert_eq!(at(wire).on(Input::Establish, RC), None, "{wire:?}");
+        }
+    }
+}
+
+/// Without a QP the retrieved `CONNECT_RESPONSE` stays what it is and sends nothing: the RTU
+/// waits for `establish`.
+#[test]
+fn a_connect_response_kept_for_an_external_qp_sends_no_rtu() {
+    let (event, status, x, fx) = at(Wire::RepRcvd).on_connect_response(CmEventType::ConnectResponse, 0, RC);
+    assert_eq!(
+        (event, status, x.wire()),
+        (CmEventType::ConnectResponse, 0, Wire::RepRcvd)
+    );
+    assert_eq!(fx, Effects::NONE);
+}

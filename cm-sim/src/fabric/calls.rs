@@ -303,8 +303,17 @@ impl Fabric {
     pub(crate) fn connect(&mut self, host: u16, id: IdHandle, param: &ConnParam) -> R<()> {
         let call = Call::Connect;
         let r = self.id_ref(host, id, call)?;
-        let next = self.slot(r).m.connect(param.private_data.len())?;
+        let m = self.slot(r).m;
+        let external = m.uses_external_qp(param);
+        let next = if external {
+            m.connect_external(param.private_data.len())?
+        } else {
+            m.connect(param.private_data.len())?
+        };
         let (rr, depth) = self.check_resources(call, param)?;
+        if external {
+            self.set_external(r, param, (rr, depth));
+        }
         let slot = self.slot(r);
         let ps = slot.m.port_space();
         let dst = slot.peer.get().expect("a resolved id has a destination");
@@ -344,7 +353,13 @@ impl Fabric {
     pub(crate) fn accept(&mut self, host: u16, id: IdHandle, param: &ConnParam) -> R<()> {
         let call = Call::Accept;
         let r = self.id_ref(host, id, call)?;
-        let next = self.slot(r).m.accept(param.private_data.len())?;
+        let m = self.slot(r).m;
+        let external = m.uses_external_qp(param);
+        let next = if external {
+            m.accept_external(param.private_data.len())?
+        } else {
+            m.accept(param.private_data.len())?
+        };
         let (rr, depth) = self.check_resources(call, param)?;
         let connected = self.slot(r).m.port_space().is_connected();
         let Some((accepted, effects)) = self.slot(r).cm.on(Input::Accept, connected) else {
@@ -359,7 +374,7 @@ impl Fabric {
         };
         let slot = self.slot(r);
         let ps = slot.m.port_space();
-        let qp_num = slot.qp.as_ref().map_or(0, |q| q.qpn);
+        let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
         let wire = WireParam {
             responder_resources: depth,
             initiator_depth: rr,
@@ -374,6 +389,9 @@ impl Fabric {
             ps.private_data_limit(PrivateDataSlot::Accept),
         );
         self.set_machine(r, next);
+        if external {
+            self.set_external(r, param, (rr, depth));
+        }
         let payload = self.new_payload(Payload {
             wire,
             private_data,

@@ -14,7 +14,7 @@
 //! scans a queue.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::rc::Rc;
@@ -44,6 +44,7 @@ mod calls;
 mod clock;
 mod data;
 mod dispatch;
+mod external;
 mod handle;
 mod retrieve;
 mod storage;
@@ -91,6 +92,9 @@ pub(crate) struct Fabric {
     /// needs the checks (they cost a fault-free run several percent).
     links_faulted: bool,
     stats: FaultStats,
+    /// Ids connected or accepted with an external QP (the application's own), and what their
+    /// exchange agreed on; no other id has an entry.
+    external: BTreeMap<SlotRef, self::external::ExternalQp>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -118,6 +122,7 @@ impl Fabric {
             trace,
             next_qpn: 0x11,
             outstanding: Slab::new(),
+            external: BTreeMap::new(),
             cfg,
         }
     }
