@@ -126,27 +126,30 @@ pub struct UdSender {
     pub qp_num: u32,
     /// The sender's IP address, from the GRH (RoCE: the packet's IP source address).
     pub addr: Option<IpAddr>,
+    /// The way back to the sender, as `ibv_init_ah_from_wc` makes it (on hardware with the
+    /// local GID index the datagram arrived on).
+    pub ah_attr: AhAttr,
 }
 
 impl UdSender {
-    /// The destination of a reply: the sender's QP at its address, with the UDP port space's
-    /// Q_Key, as rdma-core's `udaddy` answers (`ibv_create_ah_from_wc`). `None` when the sender's
-    /// address is unknown.
+    /// The destination of a reply: the sender's QP, with the UDP port space's Q_Key, as
+    /// rdma-core's `udaddy` answers (`ibv_create_ah_from_wc`).
     ///
     /// ```
-    /// use cm_core::{UdSender, UDP_QKEY};
+    /// use cm_core::{AhAttr, UdSender, UDP_QKEY};
     ///
-    /// let sender = UdSender { qp_num: 0x12, addr: Some("10.0.0.2".parse().unwrap()) };
-    /// let dest = sender.reply_to().unwrap();
+    /// let addr = "10.0.0.2".parse().unwrap();
+    /// let sender = UdSender { qp_num: 0x12, addr: Some(addr), ah_attr: AhAttr::for_ip(addr) };
+    /// let dest = sender.reply_to();
     /// assert_eq!((dest.qp_num, dest.qkey), (0x12, UDP_QKEY));
     /// assert_eq!(dest.ah_attr.dest_ip(), sender.addr);
     /// ```
-    pub fn reply_to(&self) -> Option<UdParam> {
-        Some(UdParam {
+    pub fn reply_to(&self) -> UdParam {
+        UdParam {
             qp_num: self.qp_num,
             qkey: UDP_QKEY,
-            ah_attr: AhAttr::for_ip(self.addr?),
-        })
+            ah_attr: self.ah_attr,
+        }
     }
 }
 
@@ -215,14 +218,22 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_without_address_has_no_reply_destination() {
+    fn a_reply_goes_to_the_senders_qp_by_its_own_route_with_the_udp_qkey() {
+        let mut ah_attr = AhAttr::for_ip("10.0.0.9".parse().unwrap());
+        ah_attr.sgid_index = 1;
+        let dest = UdSender {
+            qp_num: 5,
+            addr: None,
+            ah_attr,
+        }
+        .reply_to();
         assert_eq!(
-            UdSender {
+            dest,
+            UdParam {
                 qp_num: 5,
-                addr: None
+                qkey: UDP_QKEY,
+                ah_attr
             }
-            .reply_to(),
-            None
         );
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use cm_core::{QpCaps, WcOpcode, WcStatus, WorkCompletion};
+use cm_core::{QpCaps, UdSender, WcOpcode, WcStatus, WorkCompletion};
 
 pub(crate) struct PostedRecv {
     wr_id: u64,
@@ -128,6 +128,7 @@ impl Qp {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
                 data: Vec::new(),
+                sender: None,
             });
             return Some(Landing::TooLong);
         }
@@ -137,6 +138,7 @@ impl Qp {
             opcode: WcOpcode::Recv,
             byte_len: len as u32,
             data: send.data.clone(),
+            sender: None,
         });
         Some(Landing::Delivered)
     }
@@ -154,7 +156,43 @@ impl Qp {
             opcode: WcOpcode::Send,
             byte_len,
             data: Vec::new(),
+            sender: None,
         });
+    }
+
+    /// A datagram send: it completes as it leaves, whatever becomes of it.
+    pub(crate) fn complete_datagram_send(&mut self, wr_id: u64, len: usize) {
+        self.send_slots += 1;
+        self.queues().cq.push_back(WorkCompletion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: len as u32,
+            data: Vec::new(),
+            sender: None,
+        });
+    }
+
+    /// A datagram arrived: it takes the next receive if that is long enough; otherwise (or with
+    /// no receive posted) it is dropped and the receive stays posted. Returns whether it landed.
+    pub(crate) fn land_datagram(&mut self, data: Vec<u8>, from: UdSender) -> bool {
+        let Some(q) = self.queues.as_mut() else {
+            return false;
+        };
+        match q.recvs.front() {
+            Some(recv) if data.len() <= recv.len as usize => {}
+            _ => return false,
+        }
+        let recv = q.recvs.pop_front().expect("checked");
+        q.cq.push_back(WorkCompletion {
+            wr_id: recv.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: data.len() as u32,
+            data,
+            sender: Some(from),
+        });
+        true
     }
 
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each
@@ -192,6 +230,7 @@ fn flushed(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
         opcode,
         byte_len: 0,
         data: Vec::new(),
+        sender: None,
     }
 }
 

@@ -43,6 +43,7 @@ use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
 mod calls;
 mod clock;
 mod data;
+mod datagram;
 mod dispatch;
 mod handle;
 mod retrieve;
@@ -91,6 +92,8 @@ pub(crate) struct Fabric {
     /// needs the checks (they cost a fault-free run several percent).
     links_faulted: bool,
     stats: FaultStats,
+    /// UD QPs and datagrams in flight, made with the first UD QP (RC runs never have it).
+    datagrams: Option<Box<datagram::Datagrams>>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -118,6 +121,7 @@ impl Fabric {
             trace,
             next_qpn: 0x11,
             outstanding: Slab::new(),
+            datagrams: None,
             cfg,
         }
     }
