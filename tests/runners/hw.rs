@@ -116,6 +116,9 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/datagram.rs"]
+mod datagram;
+
 #[path = "../conformance/props.rs"]
 mod props;
 

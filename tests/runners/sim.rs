@@ -67,6 +67,12 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/datagram.rs"]
+mod datagram;
+
+#[path = "../conformance/datagram_sim.rs"]
+mod datagram_sim;
+
 #[path = "../conformance/props.rs"]
 mod props;
 
