@@ -998,7 +998,8 @@ mod tests {
         let udp_child = IdMachine::new_child(PortSpace::Udp);
         let tcp_child = IdMachine::new_child(PortSpace::Tcp);
         // (machine, post_send_to's answer, post_send's answer)
-        let table: [(IdMachine, Result<(), CmError>, Result<(), CmError>); 4] = [
+        type Answer = Result<(), CmError>;
+        let table: [(IdMachine, Answer, Answer); 4] = [
             (
                 udp_child,
                 Err(CmError::NoQp { call: Call::PostSend }),
