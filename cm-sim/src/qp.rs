@@ -173,17 +173,23 @@ impl Qp {
         });
     }
 
-    /// A datagram arrived: it takes the next receive if that is long enough; otherwise (or with
-    /// no receive posted) it is dropped and the receive stays posted. Returns whether it landed.
-    pub(crate) fn land_datagram(&mut self, data: Vec<u8>, from: UdSender) -> bool {
-        let Some(q) = self.queues.as_mut() else {
-            return false;
-        };
-        match q.recvs.front() {
-            Some(recv) if data.len() <= recv.len as usize => {}
-            _ => return false,
+    /// A datagram arrived: it takes the next receive, if one is posted (without one it is
+    /// dropped). One longer than that receive's buffer fails it with a local length error, as
+    /// rxe does (the caller moves the QP to ERR).
+    pub(crate) fn land_datagram(&mut self, data: Vec<u8>, from: UdSender) -> Option<Landing> {
+        let q = self.queues.as_mut()?;
+        let recv = q.recvs.pop_front()?;
+        if data.len() > recv.len as usize {
+            q.cq.push_back(WorkCompletion {
+                wr_id: recv.wr_id,
+                status: WcStatus::LocLenErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                data: Vec::new(),
+                sender: None,
+            });
+            return Some(Landing::TooLong);
         }
-        let recv = q.recvs.pop_front().expect("checked");
         q.cq.push_back(WorkCompletion {
             wr_id: recv.wr_id,
             status: WcStatus::Success,
@@ -192,7 +198,7 @@ impl Qp {
             data,
             sender: Some(from),
         });
-        true
+        Some(Landing::Delivered)
     }
 
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each

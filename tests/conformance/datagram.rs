@@ -199,3 +199,35 @@ fn post_send_to_without_a_qp_is_refused() {
     );
     destroy_all(&mut bed.client, &[id], ch);
 }
+
+#[test]
+fn a_datagram_longer_than_the_receive_buffer_fails_the_receive_and_the_receivers_qp() {
+    let mut bed = bed!();
+    let s = sidr(&mut bed, 2, 4);
+    bed.client
+        .post_send_to(s.client, 1, &s.dest, b"too long")
+        .unwrap();
+    let got = completions(&mut bed.server, s.child, 2);
+    let statuses: Vec<_> = got.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    // The simulator says LOC_LEN_ERR, rxe on Linux 6.1 LOC_QP_OP_ERR (measured in the lab); the
+    // receive behind it is flushed with the QP.
+    assert!(
+        matches!(
+            statuses.as_slice(),
+            [
+                (0, WcStatus::LocLenErr | WcStatus::LocQpOpErr),
+                (1, WcStatus::WrFlushErr)
+            ]
+        ),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        bed.server.id_machine(s.child).unwrap().qp(),
+        Some(cm::QpState::Err)
+    );
+    // The sender is told nothing: its datagram left.
+    let sent = completions(&mut bed.client, s.client, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (1, WcStatus::Success));
+    teardown_sidr(&mut bed, s);
+    assert_clean(&bed);
+}

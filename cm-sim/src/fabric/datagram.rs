@@ -4,8 +4,10 @@
 //! learns nothing of its fate) and arrives after a latency drawn for it alone, so datagrams
 //! overtake one another. It is dropped, silently, when the link loses it (`Loss`, `Partition`),
 //! when it is longer than the path MTU (rxe completes such a send and sends nothing), when the
-//! destination QP does not exist, is not a UD QP, expects another Q_Key or is in ERR, when no
-//! receive is posted there, or when the receive's buffer is too short.
+//! destination QP does not exist, is not a UD QP, expects another Q_Key or is in ERR, or when no
+//! receive is posted there. One longer than the receive's buffer fails that receive with a local
+//! length error and moves the receiver's QP to ERR, as measured on rxe (Linux 6.1, which reports
+//! `LOC_QP_OP_ERR`).
 //!
 //! Every random draw here comes from a generator of its own, seeded from the fabric's seed
 //! and made with the first datagram, so a run without datagrams draws exactly what it drew
@@ -190,6 +192,12 @@ impl Fabric {
         let Some(qp) = slot.qp.as_mut().filter(|q| q.qpn == d.qp_num) else {
             return;
         };
-        qp.land_datagram(d.data, d.from);
+        if let Some(Landing::TooLong) = qp.land_datagram(d.data, d.from) {
+            // rxe (Linux 6.1) fails the receive and moves the receiver's QP to ERR; the sender
+            // learns nothing (its send completed as it left).
+            self.stats.length_errors += 1;
+            let next = self.slot(r).m.qp_error();
+            self.set_machine(r, next);
+        }
     }
 }
