@@ -369,6 +369,19 @@ echo "--- server"; cat /tmp/ucmatose-server.log
 exit \$rc
 EOF
   fi
+  put_elf "$(command -v mckey)"
+  add_suite rdmacore-mckey plain 60 <<EOF
+# Does multicast work on the lab's single rxe? rdma-core's mckey as receiver (joins, waits for
+# 10 datagrams) and as sender (joins, sends 10) on the same device and address.
+mckey -m 239.1.2.3 -b $ADDR -C 10 > /tmp/mckey-receiver.log 2>&1 &
+rcv=\$!
+usleep 1000000
+timeout 30 mckey -m 239.1.2.3 -b $ADDR -C 10 -s
+rc=\$?
+wait_pid \$rcv 10 || { echo "lab: the receiver got nothing (still waiting after 10 s)"; rc=1; }
+echo "--- receiver"; cat /tmp/mckey-receiver.log
+exit \$rc
+EOF
   add_suite rdmacore-cmtime cmtime 180 <<EOF
 # rdma-core v44 cmtime: server in the background, client in the foreground,
 # both on the guest's own address (rxe loops it back).  The client prints the
