@@ -292,8 +292,9 @@ pub trait CmBackend {
     /// one completion). `dest` is the [`UdParam`] of the active side's `ESTABLISHED`, or a
     /// received datagram's [`UdSender::reply_to`](crate::UdSender::reply_to). Datagrams are
     /// unreliable: the send completes once it left, whether or not a receive took it (none
-    /// posted, a buffer too short, a datagram over the path MTU, a lossy link: it is dropped
-    /// silently), and datagrams may arrive in any order. On hardware the send carries the
+    /// posted, a datagram over the path MTU, a lossy link: it is dropped silently; one longer
+    /// than the receive buffer fails that receive and moves the receiver's QP to ERR, as rxe
+    /// does), and datagrams may arrive in any order. On hardware the send carries the
     /// sender's QP number as immediate data, which rdma-core's `udaddy` replies to.
     ///
     /// A SIDR lookup and one datagram, generic over the backend (the conformance suite runs it on
