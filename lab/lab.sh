@@ -72,7 +72,14 @@ PROJECT_BINS=(
   # UNREACHABLE's requests go to 10.0.0.253, given a permanent neighbour entry to nobody's MAC
   # for the run: they leave and are never answered (the IB CM gives up after 74 s).
   "differential|differential|300|build --features differential --example differential|example:differential|--hw --addr @ADDR --remove-device rxe0:veth0 --silent-peer 10.0.0.253:veth0"
+  # The project's udaddy on the simulator inside the guest (4 SIDR lookups x 20 datagrams each
+  # way, in virtual time: seconds); the binary also serves the udaddy-client/-server suites.
+  "udaddy|plain|60|build --release --features hw --example udaddy|example:udaddy|--backend sim -c 4 -C 20"
 )
+
+# Suites that run the project's udaddy against rdma-core's (see add_udaddy_suites), each
+# bounded at 90 s (one SIDR lookup and 2 x 10 datagrams take well under a second on rxe).
+UDADDY_SUITES=(udaddy-client udaddy-server)
 
 # Suites that run the project's cmtime against rdma-core's (see add_interop_suites); they need
 # the cmtime binary built even when its own suite is not selected.
@@ -364,6 +371,19 @@ echo "--- server"; cat /tmp/ucmatose-server.log
 exit \$rc
 EOF
   fi
+  put_elf "$(command -v mckey)"
+  add_suite rdmacore-mckey plain 60 <<EOF
+# Does multicast work on the lab's single rxe? rdma-core's mckey as receiver (joins, waits for
+# 10 datagrams) and as sender (joins, sends 10) on the same device and address.
+mckey -m 239.1.2.3 -b $ADDR -C 10 > /tmp/mckey-receiver.log 2>&1 &
+rcv=\$!
+usleep 1000000
+timeout 30 mckey -m 239.1.2.3 -b $ADDR -C 10 -s
+rc=\$?
+wait_pid \$rcv 10 || { echo "lab: the receiver got nothing (still waiting after 10 s)"; rc=1; }
+echo "--- receiver"; cat /tmp/mckey-receiver.log
+exit \$rc
+EOF
   add_suite rdmacore-cmtime cmtime 180 <<EOF
 # rdma-core v44 cmtime: server in the background, client in the foreground,
 # both on the guest's own address (rxe loops it back).  The client prints the
@@ -396,7 +416,8 @@ build_project() {
   local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs json exe tkind tname
   for row in "${PROJECT_BINS[@]}"; do
     IFS='|' read -r suite kind tmo args sel gargs <<<"$row"
-    if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]] && ! { [[ $suite == cmtime ]] && interop_selected; }; then
+    if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]] && ! { [[ $suite == cmtime ]] && interop_selected; } \
+        && ! { [[ $suite == udaddy ]] && udaddy_selected; }; then
       continue
     fi
     tkind=${sel%%:*}; tname=${sel#*:}
@@ -428,6 +449,43 @@ add_project_suites() {
 exec /lab/bin/$suite $(subst "$gargs")
 EOF
   done
+}
+
+udaddy_selected() {
+  local s
+  [[ -z $ONLY ]] && return 0
+  for s in "${UDADDY_SUITES[@]}"; do [[ ",$ONLY," == *",$s,"* ]] && return 0; done
+  return 1
+}
+
+# The project's udaddy against rdma-core's, each as the other's peer, both exchanging
+# datagrams: udaddy-client runs ours as client against rdma-core's server, udaddy-server the
+# reverse. Both programs exit by themselves and must print "return status 0".
+add_udaddy_suites() {
+  [[ -n ${PROJECT_EXE[udaddy]:-} ]] || return 0
+  put_elf "$(command -v udaddy)"
+  add_suite udaddy-client plain 90 <<EOF
+udaddy -b $ADDR -c 1 -C 10 > /tmp/udaddy-server.log 2>&1 &
+srv=\$!
+wait_listen 7174 || { cat /tmp/udaddy-server.log; exit 1; }
+timeout 60 /lab/bin/udaddy --backend hw -s $ADDR -b $ADDR -c 1 -C 10
+rc=\$?
+wait_pid \$srv 20 || { echo "lab: rdma-core's udaddy server did not finish"; rc=1; }
+echo "--- rdma-core server"; cat /tmp/udaddy-server.log
+grep -q "return status 0" /tmp/udaddy-server.log || rc=1
+exit \$rc
+EOF
+  add_suite udaddy-server plain 90 <<EOF
+/lab/bin/udaddy --backend hw -b $ADDR -c 1 -C 10 > /tmp/udaddy-server.log 2>&1 &
+srv=\$!
+wait_listen 7174 || { cat /tmp/udaddy-server.log; exit 1; }
+timeout 60 udaddy -s $ADDR -b $ADDR -c 1 -C 10
+rc=\$?
+wait_pid \$srv 20 || { echo "lab: the project's udaddy server did not finish"; rc=1; }
+echo "--- project server"; cat /tmp/udaddy-server.log
+grep -q "return status 0" /tmp/udaddy-server.log || rc=1
+exit \$rc
+EOF
 }
 
 interop_selected() {
@@ -790,7 +848,7 @@ build_initramfs() {
   cp "$KDIR/modules.load" "$ROOT/lab/modules.load"
 
   add_rdmacore_suites
-  ((PROJECT)) && add_project_suites && add_interop_suites
+  ((PROJECT)) && add_project_suites && add_interop_suites && add_udaddy_suites
   if ((PROJECT)); then add_dropin_suites; fi
   add_extra_suites
   [[ $MODE == shell || ${#SUITE_NAMES[@]} -gt 0 ]] || die "no suites selected (--only '$ONLY')"

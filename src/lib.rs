@@ -98,6 +98,7 @@ pub use cm_sim as sim;
 #[cfg_attr(docsrs, doc(cfg(feature = "hw")))]
 pub use cm_hw as hw;
 
+pub use cm_core::{AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY};
 pub use cm_core::{
     ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, LiveResources,
     PortSpace, PrivateData, QpCaps, QpState, Result, WcOpcode, WcStatus, WorkCompletion,

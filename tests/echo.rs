@@ -175,7 +175,7 @@ mod on_tokio {
 
     use cm::api::{
         ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpAttr,
-        QpCaps, QpState, Result, WorkCompletion,
+        QpCaps, QpState, Result, UdParam, WorkCompletion,
     };
     use cm::app::tokio::{Readiness, TokioRuntime};
     use cm::sim::{SimFabric, SimHost};
@@ -240,6 +240,7 @@ mod on_tokio {
             post_recv(&mut self, id: IdHandle, wr: u64, len: u32) -> Result<()>;
             poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize, t: Duration) -> Result<usize>;
             try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize>;
+            post_send_to(&mut self, id: IdHandle, wr: u64, dest: &UdParam, d: &[u8]) -> Result<()>;
         }
 
         fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::datagram::UdParam;
 use crate::error::{CmError, ReturnedEvent};
 use crate::event::{CmEvent, CmEventType, ConnParam};
 use crate::external::QpAttr;
@@ -317,6 +318,69 @@ pub trait CmBackend {
         self.poll_cq(id, out, max, Duration::ZERO)
     }
 
+    /// `ibv_post_send` of one datagram to `dest` on the id's UD QP (UDP port space; signalled,
+    /// one completion). `dest` is the [`UdParam`] of the active side's `ESTABLISHED`, or a
+    /// received datagram's [`UdSender::reply_to`](crate::UdSender::reply_to). Datagrams are
+    /// unreliable: the send completes once it left, whether or not a receive took it (none
+    /// posted, a datagram over the path MTU, a lossy link: it is dropped silently; one longer
+    /// than the receive buffer fails that receive and moves the receiver's QP to ERR, as rxe
+    /// does), and datagrams may arrive in any order. On hardware the send carries the
+    /// sender's QP number as immediate data, which rdma-core's `udaddy` replies to.
+    ///
+    /// A SIDR lookup and one datagram, generic over the backend (the conformance suite runs it on
+    /// the simulator and on rxe):
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, CmEventType, ConnParam, PortSpace, QpCaps};
+    ///
+    /// fn datagram<B: CmBackend>(server: &mut B, client: &mut B) -> cm_core::Result<()> {
+    /// let t = Duration::from_secs(1);
+    /// let sch = server.create_event_channel()?;
+    /// let listener = server.create_id(sch, PortSpace::Udp)?;
+    /// server.bind_addr(listener, "10.0.0.1:7174".parse().unwrap())?;
+    /// server.listen(listener, 0)?;
+    ///
+    /// let cch = client.create_event_channel()?;
+    /// let id = client.create_id(cch, PortSpace::Udp)?;
+    /// client.resolve_addr(id, None, "10.0.0.1:7174".parse().unwrap(), t)?;
+    /// let resolved = client.get_cm_event(cch, t)?.expect("ADDR_RESOLVED");
+    /// client.ack_cm_event(resolved)?;
+    /// client.resolve_route(id, t)?;
+    /// let routed = client.get_cm_event(cch, t)?.expect("ROUTE_RESOLVED");
+    /// client.ack_cm_event(routed)?;
+    /// client.create_qp(id, QpCaps::new())?;
+    /// client.connect(id, &ConnParam::new())?;                     // the SIDR request
+    ///
+    /// let req = server.get_cm_event(sch, t)?.unwrap();
+    /// let child = req.id();
+    /// server.ack_cm_event(req)?;
+    /// server.create_qp(child, QpCaps::new())?;
+    /// server.post_recv(child, 1, 64)?;
+    /// server.accept(child, &ConnParam::new())?;                   // the SIDR reply, with its QP
+    ///
+    /// let est = client.get_cm_event(cch, t)?.unwrap();
+    /// assert_eq!(est.event(), CmEventType::Established);
+    /// let dest = *est.ud_param().expect("the server's QP");
+    /// client.ack_cm_event(est)?;
+    /// client.post_send_to(id, 7, &dest, b"hello")?;
+    ///
+    /// let mut wcs = Vec::new();
+    /// server.poll_cq(child, &mut wcs, 1, t)?;
+    /// assert_eq!(wcs[0].data, b"hello");
+    /// let sender = wcs[0].sender.expect("a datagram names its sender");
+    /// assert_eq!(sender.addr, client.get_local_addr(id)?.map(|a| a.ip()));
+    /// Ok(())
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`CmError::NoQp`] without a QP; [`CmError::InvalidArgument`] on a connected (RC) QP (use
+    /// [`post_send`](CmBackend::post_send)) and for data longer than the QP's message size;
+    /// [`CmError::QueueFull`] with `max_send_wr` requests outstanding. A send on a QP in ERR is
+    /// accepted and completes with `WR_FLUSH_ERR`, as on connected QPs.
+    fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()>;
+
     /// The id's legality state as this backend tracks it.
     ///
     /// # Errors
@@ -350,6 +414,12 @@ pub const fn cm_event(
     token: u64,
 ) -> CmEvent {
     CmEvent::new(id, listen_id, event, status, param, token)
+}
+
+/// The same event reporting `ud` as its datagram destination ([`CmEvent::ud_param`]).
+pub fn with_ud_param(mut event: CmEvent, ud: UdParam) -> CmEvent {
+    event.set_ud_param(ud);
+    event
 }
 
 /// Wraps an event a backend refuses to ack for [`CmError::ForeignEvent`].

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::datagram::UdParam;
 use crate::handle::IdHandle;
 
 /// The event types of `enum rdma_cm_event_type`, with rdma-core's numeric values: the sixteen
@@ -368,6 +369,8 @@ pub struct CmEvent {
     status: i32,
     param: ConnParam,
     token: u64,
+    /// Boxed: only datagram events carry it, and events of connected ids stay small.
+    ud: Option<Box<UdParam>>,
 }
 
 impl CmEvent {
@@ -386,7 +389,20 @@ impl CmEvent {
             status,
             param,
             token,
+            ud: None,
         }
+    }
+
+    pub(crate) fn set_ud_param(&mut self, ud: UdParam) {
+        self.ud = Some(Box::new(ud));
+    }
+
+    /// The datagram destination the event reports (`param.ud` of `struct rdma_cm_event`): on the
+    /// UDP port space, the active side's `ESTABLISHED` carries the passive side's QP number,
+    /// Q_Key and address handle attributes, where [`post_send_to`](crate::CmBackend::post_send_to)
+    /// sends. `None` for events of connected ids and events without one.
+    pub fn ud_param(&self) -> Option<&UdParam> {
+        self.ud.as_deref()
     }
 
     /// The id the event is about; for `CONNECT_REQUEST` the new child id.

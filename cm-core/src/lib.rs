@@ -38,6 +38,7 @@
 /// because applications only ever receive these values.
 #[doc(hidden)]
 pub mod backend;
+mod datagram;
 mod error;
 mod event;
 mod external;
@@ -46,6 +47,7 @@ mod state;
 mod types;
 
 pub use backend::{CmBackend, Result};
+pub use datagram::{gid_ip, grh_source, AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
 pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
 pub use external::{

@@ -687,6 +687,24 @@ impl IdMachine {
         }
     }
 
+    /// `ibv_post_send` of a datagram (a UD work request with an address handle) on the id's
+    /// QP: only datagram port spaces have UD QPs; a connected QP has no use for a destination
+    /// (verbs ignore `wr.ud` on RC, so the call is refused rather than silently misrouted).
+    pub fn post_send_to(&self) -> Result<(), CmError> {
+        match self.qp {
+            None => Err(CmError::NoQp { call: Call::PostSend }),
+            Some(_) if self.ps.is_connected() => Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "post_send_to needs a datagram (UD) QP; connected QPs send with post_send",
+            }),
+            Some(qp) if !qp.can_post_send() => Err(CmError::WrongQpState {
+                call: Call::PostSend,
+                state: qp,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// `ibv_post_recv` on the id's QP.
     pub fn post_recv(&self) -> Result<(), CmError> {
         match self.qp {
@@ -1272,6 +1290,54 @@ mod tests {
             .listen()
             .unwrap();
         assert!(ud.create_qp().is_ok(), "datagram QPs need no CM exchange");
+    }
+
+    #[test]
+    fn post_send_to_is_for_datagram_qps_only() {
+        let udp_child = IdMachine::new_child(PortSpace::Udp);
+        let tcp_child = IdMachine::new_child(PortSpace::Tcp);
+        // (machine, post_send_to's answer, post_send's answer)
+        type Answer = Result<(), CmError>;
+        let table: [(IdMachine, Answer, Answer); 4] = [
+            (
+                udp_child,
+                Err(CmError::NoQp { call: Call::PostSend }),
+                Err(CmError::NoQp { call: Call::PostSend }),
+            ),
+            (
+                udp_child.create_qp().unwrap(),
+                Ok(()),
+                Err(CmError::InvalidArgument {
+                    call: Call::PostSend,
+                    reason:
+                        "sends on datagram (UD) QPs need an address handle, which post_send does not carry",
+                }),
+            ),
+            (
+                udp_child.create_qp().unwrap().qp_error(),
+                Ok(()),
+                Err(CmError::InvalidArgument {
+                    call: Call::PostSend,
+                    reason:
+                        "sends on datagram (UD) QPs need an address handle, which post_send does not carry",
+                }),
+            ),
+            (
+                tcp_child.create_qp().unwrap(),
+                Err(CmError::InvalidArgument {
+                    call: Call::PostSend,
+                    reason: "post_send_to needs a datagram (UD) QP; connected QPs send with post_send",
+                }),
+                Err(CmError::WrongQpState {
+                    call: Call::PostSend,
+                    state: QpState::Init,
+                }),
+            ),
+        ];
+        for (i, (m, to, plain)) in table.into_iter().enumerate() {
+            assert_eq!(m.post_send_to(), to, "row {i}: post_send_to");
+            assert_eq!(m.post_send(), plain, "row {i}: post_send");
+        }
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::datagram::UdSender;
+
 use crate::error::{Call, CmError};
 
 /// `enum rdma_port_space`, with librdmacm's numeric values.
@@ -296,8 +298,11 @@ pub struct WorkCompletion {
     /// Bytes received (receives that succeeded); 0 otherwise, as flushed completions leave it
     /// undefined in verbs.
     pub byte_len: u32,
-    /// The received bytes (successful receives only).
+    /// The received bytes (successful receives only). On a UD QP the payload alone: the 40-byte
+    /// GRH verbs put in front of it is not included (its sender's address is in `sender`).
     pub data: Vec<u8>,
+    /// Who sent a datagram (successful receives on UD QPs); `None` otherwise.
+    pub sender: Option<UdSender>,
 }
 
 /// Resources a backend still holds: what tests check is zero after teardown.

@@ -347,7 +347,7 @@ fn op_call(op: &Op) -> Option<Call> {
         Op::AckHeld { .. } | Op::AckForged { .. } => Call::AckCmEvent,
         Op::GetLocalAddr { .. } => Call::GetLocalAddr,
         Op::GetPeerAddr { .. } => Call::GetPeerAddr,
-        Op::PostSend { .. } => Call::PostSend,
+        Op::PostSend { .. } | Op::PostSendTo { .. } => Call::PostSend,
         Op::PostRecv { .. } => Call::PostRecv,
         Op::PollCq { .. } | Op::TryPollCq { .. } => Call::PollCq,
         Op::IdMachine { .. }
@@ -471,6 +471,14 @@ impl<'a> World<'a> {
 
     fn host(&self, h: HostSel) -> SimHost {
         self.hosts[h.fabric as usize][h.host as usize].clone()
+    }
+
+    /// The first address of host `to` of the first fabric (a host it lacks: an address no host
+    /// has, whose datagrams go nowhere).
+    fn host_ip(&self, to: usize) -> std::net::IpAddr {
+        self.hosts[0]
+            .get(to)
+            .map_or(std::net::IpAddr::from([10, 9, 9, 9]), |host| host.addr())
     }
 
     fn learn_tag(&mut self, h: HostSel, owner: u32) {
@@ -859,6 +867,24 @@ impl<'a> World<'a> {
             Op::PostSend { h, id, wr_id, len } => {
                 let id = self.id(h, id);
                 let r = self.host(h).post_send(id, wr_id, &vec![0x3C; len]);
+                self.unit(i, op, r)
+            }
+            Op::PostSendTo {
+                h,
+                id,
+                wr_id,
+                len,
+                to,
+                qp_num,
+                qkey,
+            } => {
+                let id = self.id(h, id);
+                let dest = cm_core::UdParam {
+                    qp_num,
+                    qkey,
+                    ah_attr: cm_core::AhAttr::for_ip(self.host_ip(to)),
+                };
+                let r = self.host(h).post_send_to(id, wr_id, &dest, &vec![0x5A; len]);
                 self.unit(i, op, r)
             }
             Op::PostRecv { h, id, wr_id, len } => {

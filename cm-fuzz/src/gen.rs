@@ -345,6 +345,16 @@ pub enum Op {
         wr_id: u64,
         len: usize,
     },
+    /// A datagram to QP `qp_num` (with Q_Key `qkey`) of host `to`'s first address.
+    PostSendTo {
+        h: HostSel,
+        id: HandleRef,
+        wr_id: u64,
+        len: usize,
+        to: usize,
+        qp_num: u32,
+        qkey: u32,
+    },
     PostRecv {
         h: HostSel,
         id: HandleRef,
@@ -431,6 +441,18 @@ impl fmt::Display for Op {
             Op::GetLocalAddr { h, id } => write!(f, "{h} get_local_addr({id})"),
             Op::GetPeerAddr { h, id } => write!(f, "{h} get_peer_addr({id})"),
             Op::PostSend { h, id, wr_id, len } => write!(f, "{h} post_send({id}, {wr_id}, {len} bytes)"),
+            Op::PostSendTo {
+                h,
+                id,
+                wr_id,
+                len,
+                to,
+                qp_num,
+                qkey,
+            } => write!(
+                f,
+                "{h} post_send_to({id}, {wr_id}, qp {qp_num:#x} qkey {qkey:#x} of host {to}, {len} bytes)"
+            ),
             Op::PostRecv { h, id, wr_id, len } => write!(f, "{h} post_recv({id}, {wr_id}, {len})"),
             Op::PollCq { h, id, max, timeout } => write!(f, "{h} poll_cq({id}, max {max}, {timeout:?})"),
             Op::TryPollCq { h, id, max } => write!(f, "{h} try_poll_cq({id}, max {max})"),
@@ -972,10 +994,19 @@ impl Gen {
             }
             785..=799 => Op::GetLocalAddr { h, id },
             800..=814 => Op::GetPeerAddr { h, id },
-            815..=849 => Op::PostSend {
+            815..=839 => Op::PostSend {
                 h,
                 wr_id: self.below(4),
                 len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, (1 << 20) + 1]),
+                id,
+            },
+            840..=849 => Op::PostSendTo {
+                h,
+                wr_id: self.below(4),
+                len: self.pick(&[0, 1, 64, 1024, 1025, 4096, 4097]),
+                to: self.below(3) as usize,
+                qp_num: self.pick(&[0x11, 0x12, 0x13, 0x14, 0x00FF_FFFF, u32::MAX]),
+                qkey: self.pick(&[cm_core::UDP_QKEY, 0]),
                 id,
             },
             850..=884 => Op::PostRecv {

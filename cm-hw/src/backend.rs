@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
-    IdMachine, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, WcOpcode, WcStatus,
+    IdMachine, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, UdParam, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
@@ -17,6 +17,7 @@ use crate::pool::{Prefetched, SlotPool};
 use crate::slab::Slab;
 use crate::sys::{self, Errno};
 
+mod datagram;
 #[cfg(feature = "differential")]
 pub(crate) mod differential;
 mod external;
@@ -373,14 +374,13 @@ impl HwBackend {
         traced! {
             tracing::debug!(%id, listen_id = ?listen_id, event = %ty, status = data.status, "event");
         }
-        Some(cm_core::backend::cm_event(
-            id,
-            listen_id,
-            ty,
-            data.status,
-            data.param,
-            token,
-        ))
+        let event = cm_core::backend::cm_event(id, listen_id, ty, data.status, data.param, token);
+        if ty == CmEventType::Established && !ps.is_connected() {
+            // librdmacm fills `param.ud` of a datagram id's ESTABLISHED from the SIDR reply.
+            let ud = self.events.get(&token).expect("recorded above").raw.ud_param();
+            return Some(cm_core::backend::with_ud_param(event, ud));
+        }
+        Some(event)
     }
 
     /// The slab index of a checked id that has a QP (`PollCq`'s errors otherwise).
@@ -424,8 +424,16 @@ impl HwBackend {
                 // Verbs defines opcode and byte_len only for successful completions; the opcode
                 // comes from the slot instead.
                 let (byte_len, data) = if status == WcStatus::Success && opcode == WcOpcode::Recv {
-                    let n = c.byte_len.min(posted.len);
-                    (n, q.raw.read_slot(c.wr_id as u32, n as usize))
+                    if q.raw.is_ud() {
+                        // The GRH in front of the payload is not handed out (see cm-core's
+                        // `datagram` docs): the payload alone, its length without the 40 bytes.
+                        let mut payload = q.raw.read_datagram(c.wr_id as u32, c.byte_len);
+                        payload.truncate(posted.len as usize);
+                        (payload.len() as u32, payload)
+                    } else {
+                        let n = c.byte_len.min(posted.len);
+                        (n, q.raw.read_slot(c.wr_id as u32, n as usize))
+                    }
                 } else {
                     (0, Vec::new())
                 };
@@ -436,6 +444,7 @@ impl HwBackend {
                     opcode,
                     byte_len,
                     data,
+                    sender: c.sender,
                 });
                 appended += 1;
             }
@@ -449,6 +458,7 @@ impl HwBackend {
                     opcode,
                     byte_len: 0,
                     data: Vec::new(),
+                    sender: None,
                 });
                 appended += 1;
             }
@@ -1056,6 +1066,15 @@ impl CmBackend for HwBackend {
             .raw;
         q.rearm().map_err(|e| os_error(Call::PollCq, e))?;
         self.drain_cq(index, out, max)
+    }
+
+    // The payload is left out of the record (it may be large); its length is in.
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(level = "debug", skip(self, data), fields(len = data.len()), ret)
+    )]
+    fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()> {
+        self.send_datagram(id, wr_id, dest, data)
     }
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
         // Calls made only to inspect use the `GetLocalAddr` tag: the trait has no call of its own

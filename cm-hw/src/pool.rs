@@ -371,6 +371,7 @@ mod tests {
             wr_id,
             status: status as u32,
             byte_len: 0,
+            sender: None,
         }
     }
 
@@ -398,6 +399,7 @@ mod tests {
             wr_id: 0,
             status: 999,
             byte_len: 0,
+            sender: None,
         };
         assert!(early.keep(&[unknown]));
     }

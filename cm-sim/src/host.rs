@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use cm_core::{
     ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpAttr,
-    QpCaps, QpState, Result, WorkCompletion,
+    QpCaps, QpState, Result, UdParam, WorkCompletion,
 };
 
 use crate::fabric::SimFabric;
@@ -117,6 +117,23 @@ impl CmBackend for SimHost {
             .inner()
             .borrow_mut()
             .post_send(self.host, id, wr_id, data)
+    }
+
+    // As post_send: the payload stays out of the record.
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(
+            level = "debug",
+            skip(self, data),
+            fields(host = self.host, len = data.len()),
+            ret
+        )
+    )]
+    fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .post_send_to(self.host, id, wr_id, dest, data)
     }
 
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use cm_core::{QpCaps, WcOpcode, WcStatus, WorkCompletion};
+use cm_core::{QpCaps, UdSender, WcOpcode, WcStatus, WorkCompletion};
 
 pub(crate) struct PostedRecv {
     wr_id: u64,
@@ -128,6 +128,7 @@ impl Qp {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
                 data: Vec::new(),
+                sender: None,
             });
             return Some(Landing::TooLong);
         }
@@ -137,6 +138,7 @@ impl Qp {
             opcode: WcOpcode::Recv,
             byte_len: len as u32,
             data: send.data.clone(),
+            sender: None,
         });
         Some(Landing::Delivered)
     }
@@ -151,7 +153,49 @@ impl Qp {
             opcode: WcOpcode::Send,
             byte_len: 0,
             data: Vec::new(),
+            sender: None,
         });
+    }
+
+    /// A datagram send: it completes as it leaves, whatever becomes of it.
+    pub(crate) fn complete_datagram_send(&mut self, wr_id: u64, len: usize) {
+        self.send_slots += 1;
+        self.queues().cq.push_back(WorkCompletion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: len as u32,
+            data: Vec::new(),
+            sender: None,
+        });
+    }
+
+    /// A datagram arrived: it takes the next receive, if one is posted (without one it is
+    /// dropped). One longer than that receive's buffer fails it with a local length error, as
+    /// rxe does (the caller moves the QP to ERR).
+    pub(crate) fn land_datagram(&mut self, data: Vec<u8>, from: UdSender) -> Option<Landing> {
+        let q = self.queues.as_mut()?;
+        let recv = q.recvs.pop_front()?;
+        if data.len() > recv.len as usize {
+            q.cq.push_back(WorkCompletion {
+                wr_id: recv.wr_id,
+                status: WcStatus::LocLenErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                data: Vec::new(),
+                sender: None,
+            });
+            return Some(Landing::TooLong);
+        }
+        q.cq.push_back(WorkCompletion {
+            wr_id: recv.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: data.len() as u32,
+            data,
+            sender: Some(from),
+        });
+        Some(Landing::Delivered)
     }
 
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each
@@ -189,6 +233,7 @@ fn flushed(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
         opcode,
         byte_len: 0,
         data: Vec::new(),
+        sender: None,
     }
 }
 

@@ -122,6 +122,9 @@ mod external;
 #[path = "../conformance/external_hw.rs"]
 mod external_hw;
 
+#[path = "../conformance/datagram.rs"]
+mod datagram;
+
 #[path = "../conformance/props.rs"]
 mod props;
 

@@ -70,6 +70,12 @@ mod datapath;
 #[path = "../conformance/external.rs"]
 mod external;
 
+#[path = "../conformance/datagram.rs"]
+mod datagram;
+
+#[path = "../conformance/datagram_sim.rs"]
+mod datagram_sim;
+
 #[path = "../conformance/props.rs"]
 mod props;
 

@@ -34,6 +34,8 @@ use libc::c_void;
 use rdma_sys as ffi;
 
 use crate::convert::{self, RawSockAddr};
+
+mod datagram;
 use crate::guard::Guarded;
 
 mod external;
@@ -647,6 +649,8 @@ pub(crate) struct RawCompletion {
     pub(crate) status: u32,
     /// `byte_len`.
     pub(crate) byte_len: u32,
+    /// Who sent it (successful receives on a UD QP).
+    pub(crate) sender: Option<cm_core::UdSender>,
 }
 
 /// The capabilities librdmacm wrote back.
@@ -677,6 +681,8 @@ pub(crate) struct Qp {
     slots: u32,
     id_anchor: Rc<()>,
     pd: Pd,
+    /// UD QPs only: their port and address handles.
+    ud: Option<Box<datagram::UdState>>,
 }
 
 /// Undo for a failed creation: releases what exists, in reverse order, leaking (never freeing
@@ -724,7 +730,11 @@ impl Qp {
         if id.verbs() != Some(pd.context()) || id.has_qp() {
             return Err(libc::EINVAL);
         }
-        let slot_size = caps.max_message_size as usize;
+        // SAFETY: the id is alive; reading its QP type and port.
+        let (qp_type, port_num) = unsafe { ((*id.raw()).qp_type, (*id.raw()).port_num) };
+        let ud = qp_type == ffi::ibv_qp_type::IBV_QPT_UD;
+        // A UD receive buffer holds the 40-byte GRH in front of the payload.
+        let slot_size = caps.max_message_size as usize + if ud { cm_core::GRH_LEN } else { 0 };
         let len = slot_size.checked_mul(slots as usize).ok_or(libc::ENOMEM)?;
         let buf = Buffer::new(len)?;
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
@@ -766,8 +776,6 @@ impl Qp {
         };
         // Not armed yet: the first `rearm` (when a poll finds nothing) does it, which keeps a
         // kernel call out of every QP's creation.
-        // SAFETY: the id is alive; reading its QP type.
-        let qp_type = unsafe { (*id.raw()).qp_type };
         let mut attr = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: cq.as_ptr(),
@@ -813,6 +821,7 @@ impl Qp {
                 pd: Pd {
                     inner: Rc::clone(&pd.inner),
                 },
+                ud: ud.then(|| Box::new(datagram::UdState::new(port_num))),
             },
             granted,
         ))
@@ -888,8 +897,14 @@ impl Qp {
         }
     }
 
-    /// Posts receive slot `slot` for `len` bytes (no SGE for 0), with `slot` as the wr id.
+    /// Posts receive slot `slot` for `len` bytes (no SGE for 0; on a UD QP `len` bytes after
+    /// the GRH), with `slot` as the wr id.
     pub(crate) fn post_recv(&self, slot: u32, len: u32) -> Result<(), Errno> {
+        let len = if self.ud.is_some() {
+            len + cm_core::GRH_LEN as u32
+        } else {
+            len
+        };
         let dst = self.slot_ptr(slot, len as usize)?;
         let mut sge = ffi::ibv_sge {
             addr: dst as u64,
@@ -932,10 +947,20 @@ impl Qp {
         for wc in &wcs[..got] {
             // SAFETY: ibv_poll_cq initialised the first `got` entries.
             let wc = unsafe { wc.assume_init_ref() };
+            let received = wc.status == ffi::ibv_wc_status::IBV_WC_SUCCESS
+                && wc.opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0;
+            let sender = if received && self.ud.is_some() {
+                u32::try_from(wc.wr_id)
+                    .ok()
+                    .and_then(|slot| self.datagram_sender(slot, wc))
+            } else {
+                None
+            };
             out.push(RawCompletion {
                 wr_id: wc.wr_id,
                 status: wc.status,
                 byte_len: wc.byte_len,
+                sender,
             });
         }
         Ok(got)
@@ -1027,11 +1052,15 @@ impl Qp {
             mr,
             buf,
             pd,
+            ud,
             ..
         } = self;
         // SAFETY: the id is alive and `id->qp` is our QP; librdmacm destroys it and only the
         // CQs it created itself (none: we passed ours).
         unsafe { ffi::rdma_destroy_qp(id.raw()) };
+        if let Some(ud) = ud {
+            ud.destroy();
+        }
         // SAFETY: the QP using the CQ is gone, and no CQ event is unacked (`rearm` acks every
         // event it takes before returning), so this does not wait.
         let ret = unsafe { ffi::ibv_destroy_cq(cq.as_ptr()) };

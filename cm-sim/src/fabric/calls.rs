@@ -243,6 +243,9 @@ impl Fabric {
         let slot = self.slot(r);
         slot.qp = Some(Qp::new(qpn, caps));
         slot.m = next;
+        if !next.port_space().is_connected() {
+            self.register_ud_qp(qpn, r);
+        }
         self.hosts[host as usize].counts.qps += 1;
         Ok(caps)
     }
@@ -460,6 +463,19 @@ impl Fabric {
                         t.token,
                     )));
                 };
+                if t.event == CmEventType::Established {
+                    if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
+                        let ev = cm_core::backend::cm_event(
+                            t.id,
+                            t.listen_id,
+                            t.event,
+                            t.status,
+                            p.conn_param(),
+                            t.token,
+                        );
+                        return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
+                    }
+                }
                 return Ok(Some(cm_core::backend::cm_event(
                     t.id,
                     t.listen_id,

@@ -56,6 +56,8 @@ pub(super) enum Action {
         epoch: u32,
         kind: TimerKind,
     },
+    /// A datagram in flight (its index in the datagram pool) arrives.
+    Datagram(u32),
 }
 
 /// A value drawn uniformly from `lo..=hi` (`lo <= hi`). The range `0..=u64::MAX` (a range

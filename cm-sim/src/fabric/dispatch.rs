@@ -62,6 +62,7 @@ impl Fabric {
                     self.take_payload(payload);
                 }
             }
+            Action::Datagram(n) => self.on_datagram(n),
             Action::Timer { id, epoch, kind } => {
                 if self.ids.get_mut(id).is_some_and(|s| s.timers.fire(epoch)) {
                     self.on_timer(id, kind);

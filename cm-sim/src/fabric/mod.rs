@@ -43,6 +43,7 @@ use crate::trace::{MsgKind, Trace, TraceRecord, TraceWhat};
 mod calls;
 mod clock;
 mod data;
+mod datagram;
 mod dispatch;
 mod external;
 mod handle;
@@ -95,6 +96,8 @@ pub(crate) struct Fabric {
     /// Ids connected or accepted with an external QP (the application's own), and what their
     /// exchange agreed on; no other id has an entry.
     external: BTreeMap<SlotRef, self::external::ExternalQp>,
+    /// UD QPs and datagrams in flight, made with the first UD QP (RC runs never have it).
+    datagrams: Option<Box<datagram::Datagrams>>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -123,6 +126,7 @@ impl Fabric {
             next_qpn: 0x11,
             outstanding: Slab::new(),
             external: BTreeMap::new(),
+            datagrams: None,
             cfg,
         }
     }

@@ -1,0 +1,239 @@
+//! Datagrams on the UDP port space: the SIDR exchange's result and the identities of UD sends
+//! and receives.
+//!
+//! A UDP-port-space id gets a UD QP from `create_qp`, ready to send at once. The active side's
+//! `ESTABLISHED` (the SIDR reply) carries a [`UdParam`]: the remote QP number, its Q_Key and
+//! the address handle's attributes ([`AhAttr`], owned data; the backend makes and caches the
+//! device's address handle from it). [`CmBackend::post_send_to`](crate::CmBackend::post_send_to)
+//! sends a datagram to such a destination; a receive's [`WorkCompletion`](crate::WorkCompletion)
+//! names its sender in [`UdSender`], from which a reply's destination follows.
+//!
+//! # The GRH
+//!
+//! Verbs put a 40-byte global routing header in front of every UD payload in the receive
+//! buffer. This API hides it on every backend alike: `post_recv`'s length is the payload's
+//! capacity (the hardware backend adds the 40 bytes to the buffer it posts), a completion's
+//! `data` and `byte_len` are the payload alone, and what the header told (the sender's address)
+//! is in [`UdSender::addr`].
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// `RDMA_UDP_QKEY`: the Q_Key librdmacm gives every QP of the UDP port space, and so the Q_Key
+/// of every SIDR reply and of replies to a received datagram.
+pub const UDP_QKEY: u32 = 0x0123_4567;
+
+/// The size of the global routing header verbs put in front of a UD receive's payload.
+pub const GRH_LEN: usize = 40;
+
+/// The attributes of an address handle (`struct ibv_ah_attr`), as the SIDR reply gives them
+/// (`rdma_ud_param.ah_attr`) or a received datagram implies them. Plain owned data: a backend
+/// creates the device's address handle from it when a datagram is sent.
+///
+/// ```
+/// use std::net::IpAddr;
+/// use cm_core::AhAttr;
+///
+/// let ah = AhAttr::for_ip("10.0.0.2".parse().unwrap());
+/// assert_eq!(ah.dest_ip(), Some("10.0.0.2".parse::<IpAddr>().unwrap()));
+/// assert!(ah.is_global);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AhAttr {
+    /// Destination GID (`grh.dgid`); on RoCE the destination IP address, IPv4 mapped into IPv6.
+    pub dgid: [u8; 16],
+    /// Flow label (`grh.flow_label`).
+    pub flow_label: u32,
+    /// Index of the source GID in the port's table (`grh.sgid_index`).
+    pub sgid_index: u8,
+    /// Hop limit (`grh.hop_limit`).
+    pub hop_limit: u8,
+    /// Traffic class (`grh.traffic_class`).
+    pub traffic_class: u8,
+    /// Destination LID (0 on RoCE).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits.
+    pub src_path_bits: u8,
+    /// Static rate.
+    pub static_rate: u8,
+    /// Whether the GRH fields are valid (always on RoCE).
+    pub is_global: bool,
+    /// The local port the handle sends from.
+    pub port_num: u8,
+}
+
+impl AhAttr {
+    /// The attributes a RoCE device gives for `ip`: a global route to its GID (an IPv4 address
+    /// mapped into IPv6), hop limit 64, port 1.
+    pub fn for_ip(ip: IpAddr) -> Self {
+        let v6 = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        AhAttr {
+            dgid: v6.octets(),
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            static_rate: 0,
+            is_global: true,
+            port_num: 1,
+        }
+    }
+
+    /// The IP address the destination GID stands for on RoCE (an IPv4-mapped GID gives the IPv4
+    /// address); `None` without a global route.
+    pub fn dest_ip(&self) -> Option<IpAddr> {
+        if !self.is_global {
+            return None;
+        }
+        Some(gid_ip(self.dgid))
+    }
+}
+
+/// The IP address a RoCE GID stands for.
+pub fn gid_ip(gid: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// Where datagrams go (`struct rdma_ud_param` without its private data, which the event's
+/// [`ConnParam`](crate::ConnParam) carries): the active side's `ESTABLISHED` on the UDP port
+/// space reports the passive side's QP, and a received datagram's [`UdSender::reply_to`] the
+/// sender's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdParam {
+    /// The remote QP number (24 bits).
+    pub qp_num: u32,
+    /// The remote QP's Q_Key ([`UDP_QKEY`] on the UDP port space).
+    pub qkey: u32,
+    /// How to reach the remote port.
+    pub ah_attr: AhAttr,
+}
+
+/// Who sent a received datagram: what a UD receive's completion tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdSender {
+    /// The sender's QP number (`ibv_wc.src_qp`).
+    pub qp_num: u32,
+    /// The sender's IP address, from the GRH (RoCE: the packet's IP source address).
+    pub addr: Option<IpAddr>,
+    /// The way back to the sender, as `ibv_init_ah_from_wc` makes it (on hardware with the
+    /// local GID index the datagram arrived on).
+    pub ah_attr: AhAttr,
+}
+
+impl UdSender {
+    /// The destination of a reply: the sender's QP, with the UDP port space's Q_Key, as
+    /// rdma-core's `udaddy` answers (`ibv_create_ah_from_wc`).
+    ///
+    /// ```
+    /// use cm_core::{AhAttr, UdSender, UDP_QKEY};
+    ///
+    /// let addr = "10.0.0.2".parse().unwrap();
+    /// let sender = UdSender { qp_num: 0x12, addr: Some(addr), ah_attr: AhAttr::for_ip(addr) };
+    /// let dest = sender.reply_to();
+    /// assert_eq!((dest.qp_num, dest.qkey), (0x12, UDP_QKEY));
+    /// assert_eq!(dest.ah_attr.dest_ip(), sender.addr);
+    /// ```
+    pub fn reply_to(&self) -> UdParam {
+        UdParam {
+            qp_num: self.qp_num,
+            qkey: UDP_QKEY,
+            ah_attr: self.ah_attr,
+        }
+    }
+}
+
+/// The sender's IP address in a UD receive buffer's 40-byte header: RoCE v2 over IPv4 puts the
+/// packet's IPv4 header in the header's last 20 bytes (source address at offset 32), IPv6 and
+/// RoCE v1 an IPv6-shaped GRH (source GID at offset 8). `None` when neither version matches.
+///
+/// ```
+/// use cm_core::grh_source;
+///
+/// let mut grh = [0u8; 40];
+/// grh[20] = 0x45; // IPv4, 20-byte header
+/// grh[32..36].copy_from_slice(&[10, 0, 0, 2]);
+/// assert_eq!(grh_source(&grh), Some("10.0.0.2".parse().unwrap()));
+/// ```
+pub fn grh_source(grh: &[u8]) -> Option<IpAddr> {
+    let grh: &[u8; GRH_LEN] = grh.get(..GRH_LEN)?.try_into().ok()?;
+    if grh[20] >> 4 == 4 {
+        let src: [u8; 4] = grh[32..36].try_into().ok()?;
+        return Some(IpAddr::V4(Ipv4Addr::from(src)));
+    }
+    if grh[0] >> 4 == 6 {
+        let src: [u8; 16] = grh[8..24].try_into().ok()?;
+        return Some(gid_ip(src));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_address_handles_round_trip_through_a_mapped_gid() {
+        let ip: IpAddr = "192.168.7.9".parse().unwrap();
+        let ah = AhAttr::for_ip(ip);
+        assert_eq!(&ah.dgid[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(ah.dest_ip(), Some(ip));
+    }
+
+    #[test]
+    fn ipv6_address_handles_keep_the_address_as_gid() {
+        let ip: IpAddr = "fd00::2".parse().unwrap();
+        assert_eq!(AhAttr::for_ip(ip).dest_ip(), Some(ip));
+    }
+
+    #[test]
+    fn a_handle_without_global_route_names_no_address() {
+        let mut ah = AhAttr::for_ip("10.0.0.1".parse().unwrap());
+        ah.is_global = false;
+        assert_eq!(ah.dest_ip(), None);
+    }
+
+    #[test]
+    fn ipv6_grh_gives_the_source_gid() {
+        let mut grh = [0u8; GRH_LEN];
+        grh[0] = 0x60;
+        grh[8..24].copy_from_slice(&Ipv4Addr::new(10, 0, 0, 7).to_ipv6_mapped().octets());
+        assert_eq!(grh_source(&grh), Some("10.0.0.7".parse().unwrap()));
+    }
+
+    #[test]
+    fn short_or_unversioned_headers_give_no_source() {
+        assert_eq!(grh_source(&[0u8; GRH_LEN]), None);
+        assert_eq!(grh_source(&[0x60; 12]), None);
+    }
+
+    #[test]
+    fn a_reply_goes_to_the_senders_qp_by_its_own_route_with_the_udp_qkey() {
+        let mut ah_attr = AhAttr::for_ip("10.0.0.9".parse().unwrap());
+        ah_attr.sgid_index = 1;
+        let dest = UdSender {
+            qp_num: 5,
+            addr: None,
+            ah_attr,
+        }
+        .reply_to();
+        assert_eq!(
+            dest,
+            UdParam {
+                qp_num: 5,
+                qkey: UDP_QKEY,
+                ah_attr
+            }
+        );
+    }
+}

@@ -1,0 +1,46 @@
+//! Datagram sends on UD QPs: the checks of `post_send`, then a send to a destination.
+
+use cm_core::{Call, CmError, IdHandle, QpState, Result, UdParam, WcOpcode};
+
+use super::{queue_full, HwBackend};
+use crate::convert::os_error;
+
+impl HwBackend {
+    /// [`CmBackend::post_send_to`](cm_core::CmBackend::post_send_to): refused as the simulator
+    /// refuses it, flushed on a QP in ERR, otherwise posted with the destination's address
+    /// handle (made once per destination and QP).
+    pub(super) fn send_datagram(
+        &mut self,
+        id: IdHandle,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+    ) -> Result<()> {
+        let call = Call::PostSend;
+        let e = self.id(call, id)?;
+        // The machine refuses connected QPs, on which verbs would ignore the destination.
+        e.machine.post_send_to()?;
+        let Some(q) = e.qp.as_mut() else {
+            return Err(CmError::NoQp { call });
+        };
+        q.caps.check_length(WcOpcode::Send, data.len())?;
+        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
+            e.machine = e.machine.qp_error();
+        }
+        if e.machine.qp() == Some(QpState::Err) {
+            return if q.pool.flush(WcOpcode::Send, wr_id) {
+                Ok(())
+            } else {
+                Err(queue_full(call, &q.pool))
+            };
+        }
+        let Some(slot) = q.pool.post(WcOpcode::Send, wr_id, data.len() as u32) else {
+            return Err(queue_full(call, &q.pool));
+        };
+        if let Err(err) = q.raw.post_send_to(slot, data, dest) {
+            q.pool.unpost(slot);
+            return Err(os_error(call, err));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,203 @@
+//! Datagrams: UD sends between QPs of the datagram port spaces.
+//!
+//! A datagram leaves at once (its send completes successfully when posted, as on a NIC, which
+//! learns nothing of its fate) and arrives after a latency drawn for it alone, so datagrams
+//! overtake one another. It is dropped, silently, when the link loses it (`Loss`, `Partition`),
+//! when it is longer than the path MTU (rxe completes such a send and sends nothing), when the
+//! destination QP does not exist, is not a UD QP, expects another Q_Key or is in ERR, or when no
+//! receive is posted there. One longer than the receive's buffer fails that receive with a local
+//! length error and moves the receiver's QP to ERR, as measured on rxe (Linux 6.1, which reports
+//! `LOC_QP_OP_ERR`).
+//!
+//! Every random draw here comes from a generator of its own, seeded from the fabric's seed
+//! and made with the first datagram, so a run without datagrams draws exactly what it drew
+//! before datagrams existed (the RC trace hashes do not move).
+
+use std::collections::HashMap;
+
+use cm_core::{AhAttr, UdParam, UdSender, UDP_QKEY};
+
+use super::*;
+
+/// The path MTU of the simulated UD path: rxe's on a 1500-byte Ethernet link (`IBV_MTU_1024`).
+pub(crate) const UD_MTU: usize = 1024;
+
+/// Mixed into the seed of the datagram generator, so that its stream is unrelated to the
+/// fabric's main one.
+const DATAGRAM_STREAM: u64 = 0x6461_7461_6772_616d;
+
+/// The fabric's datagram state, made with the first UD QP.
+pub(super) struct Datagrams {
+    rng: ChaCha8Rng,
+    /// QP number → the id holding it, for every UD QP made. Entries are checked on use (the
+    /// id may be gone, or hold another QP by now) rather than removed on every path that ends
+    /// a QP (destroy, crash, device removal).
+    by_qpn: HashMap<u32, SlotRef>,
+    in_flight: Pool<InFlight>,
+}
+
+/// A datagram on the wire.
+struct InFlight {
+    to_host: u16,
+    qp_num: u32,
+    qkey: u32,
+    from: UdSender,
+    data: Vec<u8>,
+}
+
+impl Fabric {
+    fn datagrams(&mut self) -> &mut Datagrams {
+        let seed = self.seed.value;
+        self.datagrams.get_or_insert_with(|| {
+            Box::new(Datagrams {
+                rng: ChaCha8Rng::seed_from_u64(seed ^ DATAGRAM_STREAM),
+                by_qpn: HashMap::new(),
+                in_flight: Pool::new(),
+            })
+        })
+    }
+
+    /// Makes the UD QP `qpn` of id `r` reachable by its number.
+    pub(super) fn register_ud_qp(&mut self, qpn: u32, r: SlotRef) {
+        self.datagrams().by_qpn.insert(qpn, r);
+    }
+
+    /// The datagram destination the active side's `ESTABLISHED` reports on a datagram port
+    /// space: the passive side's QP (from the SIDR reply) at the address the id resolved.
+    pub(super) fn sidr_ud_param(&self, id: IdHandle, qp_num: u32) -> Option<UdParam> {
+        let r = SlotRef {
+            index: id.index(),
+            generation: id.generation(),
+        };
+        let slot = self.ids.get(r)?;
+        if slot.m.port_space().is_connected() {
+            return None;
+        }
+        Some(UdParam {
+            qp_num,
+            qkey: UDP_QKEY,
+            ah_attr: AhAttr::for_ip(slot.peer.get()?.ip()),
+        })
+    }
+
+    pub(crate) fn post_send_to(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+    ) -> R<()> {
+        let call = Call::PostSend;
+        let r = self.qp_for(host, id, call)?;
+        self.slot(r).m.post_send_to()?;
+        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
+        let slot = self.slot(r);
+        let local_ip = slot.local.get().map(|a| a.ip());
+        let qp = slot.qp.as_mut().expect("checked");
+        qp.caps.check_length(WcOpcode::Send, data.len())?;
+        if qp.send_slots() >= qp.caps.max_send_wr {
+            return Err(CmError::QueueFull {
+                call,
+                outstanding: qp.send_slots(),
+            });
+        }
+        if in_err {
+            qp.push_flushed(wr_id, WcOpcode::Send);
+            return Ok(());
+        }
+        qp.complete_datagram_send(wr_id, data.len());
+        let qp_num = qp.qpn;
+        let addr = self.source_ip(host, local_ip);
+        let from = UdSender {
+            qp_num,
+            addr,
+            ah_attr: addr.map_or(AhAttr::for_ip(IpAddr::from([0, 0, 0, 0])), AhAttr::for_ip),
+        };
+        let Some(to_host) = dest.ah_attr.dest_ip().and_then(|ip| self.host_of_ip(ip)) else {
+            return Ok(());
+        };
+        if data.len() > UD_MTU || self.datagram_lost(host, to_host) {
+            return Ok(());
+        }
+        let latency = self.datagram_latency(host, to_host);
+        let at = self.now.after_nanos(latency);
+        let n = self.datagrams().in_flight.insert(InFlight {
+            to_host,
+            qp_num: dest.qp_num & 0x00FF_FFFF,
+            qkey: dest.qkey,
+            from,
+            data: data.to_vec(),
+        });
+        self.schedule(at, Action::Datagram(n));
+        Ok(())
+    }
+
+    /// The address a datagram's receiver sees as its source: the sending id's own address, or
+    /// the host's first one where the id is bound to a wildcard.
+    fn source_ip(&self, host: u16, local: Option<IpAddr>) -> Option<IpAddr> {
+        let addrs = &self.hosts[host as usize].addrs;
+        match local {
+            Some(ip) if !ip.is_unspecified() => Some(ip),
+            Some(ip) => addrs.iter().copied().find(|a| a.is_ipv4() == ip.is_ipv4()),
+            None => addrs.first().copied(),
+        }
+    }
+
+    /// Whether the link drops this datagram: cut, or lost by a `Loss` fault's draw.
+    fn datagram_lost(&mut self, from: u16, to: u16) -> bool {
+        if !self.links_faulted {
+            return false;
+        }
+        let n = self.hosts.len();
+        let link = self.links[from as usize * n + to as usize];
+        if link.partitioned || !self.hosts[to as usize].reachable() {
+            return true;
+        }
+        link.loss_per_mille > 0 && (self.datagrams().rng.next_u32() % 1000) < u32::from(link.loss_per_mille)
+    }
+
+    /// A datagram's one-way latency: the fabric's range plus a `Delay` fault's, drawn for each
+    /// datagram alone.
+    fn datagram_latency(&mut self, from: u16, to: u16) -> u64 {
+        let lo = nanos(*self.cfg.latency.start());
+        let hi = nanos(*self.cfg.latency.end());
+        let n = self.hosts.len();
+        let (dlo, dhi) = self.links[from as usize * n + to as usize].delay;
+        let rng = &mut self.datagrams().rng;
+        let base = if hi > lo { draw_between(rng, lo, hi) } else { lo };
+        let extra = if dhi > dlo {
+            draw_between(rng, dlo, dhi)
+        } else {
+            dlo
+        };
+        base.saturating_add(extra)
+    }
+
+    /// Datagram `n` arrives: it lands in the destination QP's next receive, or is dropped.
+    pub(super) fn on_datagram(&mut self, n: u32) {
+        let Some(d) = self.datagrams.as_mut().and_then(|g| g.in_flight.take(n)) else {
+            return;
+        };
+        if !self.hosts[d.to_host as usize].reachable() || d.qkey != UDP_QKEY {
+            return;
+        }
+        let Some(&r) = self.datagrams.as_ref().and_then(|g| g.by_qpn.get(&d.qp_num)) else {
+            return;
+        };
+        let Some(slot) = self.ids.get_mut(r) else { return };
+        if slot.host != d.to_host || slot.m.port_space().is_connected() || slot.m.qp() != Some(QpState::Rts) {
+            return;
+        }
+        let Some(qp) = slot.qp.as_mut().filter(|q| q.qpn == d.qp_num) else {
+            return;
+        };
+        if let Some(Landing::TooLong) = qp.land_datagram(d.data, d.from) {
+            // rxe (Linux 6.1) fails the receive and moves the receiver's QP to ERR; the sender
+            // learns nothing (its send completed as it left).
+            self.stats.length_errors += 1;
+            let next = self.slot(r).m.qp_error();
+            self.set_machine(r, next);
+        }
+    }
+}
