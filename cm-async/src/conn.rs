@@ -419,6 +419,10 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         let sh = &self.sh;
         let id = self.id;
         poll_fn(|cx| {
+            if self.posted.get() == 0 {
+                // Every completion was taken: there is nothing left to flush.
+                return Poll::Ready(());
+            }
             let mut st = sh.st.borrow_mut();
             st.poll_cq_into_box(id);
             if let Some(bx) = st.mailbox(id) {
@@ -469,7 +473,10 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                     *self.end_data.borrow_mut() = ev.private_data;
                 }
             }
-            if found.is_none() && (self.ended.get().is_some() || st.failed.is_some()) {
+            // With nothing posted the CQ has nothing for this connection: it is neither polled
+            // nor watched (a connection without receive buffers waits for its end alone).
+            let cq = self.posted.get() > 0;
+            if found.is_none() && cq && (self.ended.get().is_some() || st.failed.is_some()) {
                 // What the CQ already holds came before the end.
                 st.poll_cq_into_box(id);
                 found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
@@ -484,7 +491,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             if let Some(e) = &st.failed {
                 return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
             }
-            st.wait(id, cx.waker(), true);
+            st.wait(id, cx.waker(), cq);
             Poll::Pending
         })
         .await

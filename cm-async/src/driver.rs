@@ -24,13 +24,28 @@ pub(crate) struct EventInfo {
 pub(crate) struct Mailbox {
     events: VecDeque<EventInfo>,
     pub(crate) cq: VecDeque<WorkCompletion>,
-    wakers: Vec<Waker>,
+    /// The task waiting on the id; nearly always the only one, so it is kept inline.
+    waker: Option<Waker>,
+    /// Other tasks waiting on the same id (a `send` and a `recv` at once).
+    more: Vec<Waker>,
 }
 
 impl Mailbox {
     fn wake(&mut self) {
-        for w in self.wakers.drain(..) {
+        if let Some(w) = self.waker.take() {
             w.wake();
+        }
+        for w in self.more.drain(..) {
+            w.wake();
+        }
+    }
+
+    fn add_waker(&mut self, waker: &Waker) {
+        match &self.waker {
+            None => self.waker = Some(waker.clone()),
+            Some(w) if w.will_wake(waker) => {}
+            Some(_) if self.more.iter().any(|w| w.will_wake(waker)) => {}
+            Some(_) => self.more.push(waker.clone()),
         }
     }
 }
@@ -229,9 +244,7 @@ impl<B: CmBackend> State<B> {
     /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
     pub(crate) fn wait(&mut self, id: IdHandle, waker: &Waker, cq: bool) {
         if let Some(bx) = self.boxes.get_mut(&id) {
-            if !bx.wakers.iter().any(|w| w.will_wake(waker)) {
-                bx.wakers.push(waker.clone());
-            }
+            bx.add_waker(waker);
         }
         if cq && self.cq_watch.insert(id) {
             if let Some(d) = &self.driver {

@@ -3,7 +3,8 @@
 //! task waits.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -147,14 +148,100 @@ impl Wake for TaskWaker {
     }
 }
 
+/// The sleeps armed, earliest first by (time, arming order).
+///
+/// Nearly every timer is a bound that is cancelled long before it fires (`connect` and
+/// `disconnect` arm one each): a cancellation only empties its slot, and the heap entry,
+/// stale from then on, is dropped when it comes to the top or when stale entries outnumber the
+/// live ones. (A `BTreeMap` keyed by time allocated and freed a node for most of these.)
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    /// `slots[i]`: the sequence number and waker of the armed timer in slot `i`.
+    slots: Vec<Option<(u64, Waker)>>,
+    free: Vec<usize>,
+    seq: u64,
+    live: usize,
+}
+
+/// An armed timer: its slot and sequence number (a slot is reused, the number is not).
+#[derive(Clone, Copy)]
+struct TimerKey {
+    slot: usize,
+    seq: u64,
+}
+
+impl Timers {
+    fn arm(&mut self, at: u64, waker: Waker) -> TimerKey {
+        let seq = self.seq;
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some((seq, waker));
+                i
+            }
+            None => {
+                self.slots.push(Some((seq, waker)));
+                self.slots.len() - 1
+            }
+        };
+        self.live += 1;
+        self.heap.push(Reverse((at, seq, slot)));
+        TimerKey { slot, seq }
+    }
+
+    fn waker_mut(&mut self, key: TimerKey) -> Option<&mut Waker> {
+        match self.slots.get_mut(key.slot) {
+            Some(Some((seq, w))) if *seq == key.seq => Some(w),
+            _ => None,
+        }
+    }
+
+    fn cancel(&mut self, key: TimerKey) -> Option<Waker> {
+        let slot = self.slots.get_mut(key.slot)?;
+        if !matches!(slot, Some((seq, _)) if *seq == key.seq) {
+            return None;
+        }
+        let (_, waker) = slot.take()?;
+        self.free.push(key.slot);
+        self.live -= 1;
+        if self.heap.len() > 64 && self.heap.len() > 4 * self.live {
+            let slots = &self.slots;
+            self.heap
+                .retain(|Reverse((_, seq, i))| matches!(&slots[*i], Some((s, _)) if s == seq));
+        }
+        Some(waker)
+    }
+
+    /// The time of the earliest armed timer, dropping stale entries on the way.
+    fn earliest(&mut self) -> Option<u64> {
+        while let Some(&Reverse((at, seq, slot))) = self.heap.peek() {
+            if matches!(&self.slots[slot], Some((s, _)) if *s == seq) {
+                return Some(at);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// Disarms and returns the earliest timer due at `now` or before.
+    fn pop_due(&mut self, now: u64) -> Option<Waker> {
+        let at = self.earliest()?;
+        if at > now {
+            return None;
+        }
+        let Reverse((_, seq, slot)) = self.heap.pop()?;
+        self.cancel(TimerKey { slot, seq })
+    }
+}
+
 /// What tasks share with the executor.
 struct Core {
     fabric: SimFabric,
     tasks: RefCell<Vec<Option<Task>>>,
     free: RefCell<Vec<usize>>,
     ready: Arc<Mutex<Vec<usize>>>,
-    timers: RefCell<BTreeMap<(u64, u64), Waker>>,
-    timer_seq: Cell<u64>,
+    timers: RefCell<Timers>,
     /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
     pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
     spawned: Cell<u64>,
@@ -248,7 +335,7 @@ impl Runtime for SimRuntime {
 struct Sleep {
     core: Rc<Core>,
     at: u64,
-    key: Option<(u64, u64)>,
+    key: Option<TimerKey>,
 }
 
 impl Future for Sleep {
@@ -257,24 +344,21 @@ impl Future for Sleep {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if self.core.now() >= self.at {
             if let Some(k) = self.key.take() {
-                self.core.timers.borrow_mut().remove(&k);
+                self.core.timers.borrow_mut().cancel(k);
             }
             return Poll::Ready(());
         }
         if let Some(k) = self.key {
             let mut timers = self.core.timers.borrow_mut();
-            if let Some(w) = timers.get_mut(&k) {
+            if let Some(w) = timers.waker_mut(k) {
                 if !w.will_wake(cx.waker()) {
                     *w = cx.waker().clone();
                 }
                 return Poll::Pending;
             }
         }
-        let seq = self.core.timer_seq.get();
-        self.core.timer_seq.set(seq + 1);
-        let k = (self.at, seq);
-        self.key = Some(k);
-        self.core.timers.borrow_mut().insert(k, cx.waker().clone());
+        let key = self.core.timers.borrow_mut().arm(self.at, cx.waker().clone());
+        self.key = Some(key);
         Poll::Pending
     }
 }
@@ -282,7 +366,9 @@ impl Future for Sleep {
 impl Drop for Sleep {
     fn drop(&mut self) {
         if let Some(k) = self.key.take() {
-            self.core.timers.borrow_mut().remove(&k);
+            // Outside the borrow: dropping a waker may run arbitrary code.
+            let waker = self.core.timers.borrow_mut().cancel(k);
+            drop(waker);
         }
     }
 }
@@ -424,6 +510,10 @@ struct Executor<T> {
     outcomes: Vec<Option<T>>,
     /// The fabric's crash and restart counts when hosts were last reaped and started.
     crashes_seen: (u64, u64),
+    /// [`SimFabric::events_queued`] at the last pass over the drivers.
+    events_seen: u64,
+    /// A host crashed or restarted since the last pass: every channel is asked.
+    force_pump: bool,
 }
 
 impl<T: 'static> Executor<T> {
@@ -436,8 +526,7 @@ impl<T: 'static> Executor<T> {
                 tasks: RefCell::new(Vec::new()),
                 free: RefCell::new(Vec::new()),
                 ready: Arc::new(Mutex::new(Vec::new())),
-                timers: RefCell::new(BTreeMap::new()),
-                timer_seq: Cell::new(0),
+                timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
                 spawned: Cell::new(0),
             }),
@@ -448,6 +537,8 @@ impl<T: 'static> Executor<T> {
             running: (0..n).map(|_| None).collect(),
             outcomes: (0..n).map(|_| None).collect(),
             crashes_seen: (u64::MAX, u64::MAX),
+            events_seen: u64::MAX,
+            force_pump: true,
         }
     }
 
@@ -607,11 +698,16 @@ impl<T: 'static> Executor<T> {
     }
 
     /// Lets every channel's driver take what the fabric has for it.
-    fn pump_all(&self) {
-        // Asking a channel or a CQ that has nothing is most of what an idle step would cost:
-        // the fabric says which have something (the count of events queued anywhere first, then
-        // per channel and per CQ), and only those are asked.
-        let events_anywhere = self.core.fabric.live_resources().queued_events > 0;
+    fn pump_all(&mut self) {
+        // Asking a channel or a CQ that has nothing is most of what an idle step would cost.
+        // Every driver retrieves until its channel is empty, so when no event was queued
+        // anywhere since the last pass (and no host went down or came back, which can fail a
+        // channel), no channel has one; otherwise the fabric says which channels have
+        // something, and only those are asked. CQs are asked only when watched and non-empty.
+        let queued = self.core.fabric.events_queued();
+        let events_new = queued != self.events_seen || self.force_pump;
+        self.events_seen = queued;
+        self.force_pump = false;
         let fabric = &self.core.fabric;
         let mut i = 0;
         loop {
@@ -627,7 +723,7 @@ impl<T: 'static> Executor<T> {
                 }
             };
             i += 1;
-            let events = events_anywhere && {
+            let events = events_new && {
                 let st = pump.st.borrow();
                 fabric.may_have_event(st.b.index(), st.ch)
             };
@@ -669,7 +765,7 @@ impl<T: 'static> Executor<T> {
             {
                 continue;
             }
-            let timer = self.core.timers.borrow().keys().next().map(|k| k.0);
+            let timer = self.core.timers.borrow_mut().earliest();
             let fabric_next = self.core.fabric.next_deadline().map(SimTime::as_nanos);
             let next = match (fabric_next, timer) {
                 (Some(a), Some(b)) => a.min(b),
@@ -687,20 +783,18 @@ impl<T: 'static> Executor<T> {
             }
             self.core.fabric.advance_to(SimTime::from_nanos(next));
             let now = self.core.now();
-            while let Some(entry) = {
+            while let Some(waker) = {
                 let mut timers = self.core.timers.borrow_mut();
-                match timers.first_key_value() {
-                    Some((k, _)) if k.0 <= now => timers.pop_first(),
-                    _ => None,
-                }
+                timers.pop_due(now)
             } {
-                entry.1.wake();
+                waker.wake();
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
             let stats = self.core.fabric.fault_stats();
             if (stats.crashes, stats.restarts) != self.crashes_seen {
                 self.crashes_seen = (stats.crashes, stats.restarts);
+                self.force_pump = true;
                 self.reap_crashed();
                 self.start_hosts();
             }

@@ -91,6 +91,9 @@ pub(crate) struct Fabric {
     /// needs the checks (they cost a fault-free run several percent).
     links_faulted: bool,
     stats: FaultStats,
+    /// Events ever queued on any channel: an executor that saw this count before and has
+    /// retrieved everything since knows no channel has an event without asking each one.
+    events_queued: u64,
 }
 
 type R<T> = Result<T, CmError>;
@@ -108,6 +111,7 @@ impl Fabric {
             faults: Vec::new(),
             links_faulted: false,
             stats: FaultStats::default(),
+            events_queued: 0,
             ids: Slab::new(),
             channels: Slab::new(),
             sched: Queue::new(),

@@ -51,6 +51,29 @@ impl SimFabric {
         self.now().since_start()
     }
 
+    /// How many events have been queued on any channel of any host since the fabric was built.
+    /// An executor that retrieved every event its channels had when the count was `n`, and
+    /// reads `n` again, knows that none of them has a new one (a channel can still fail: a
+    /// crash or a restart shows in [`fault_stats`](SimFabric::fault_stats)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, PortSpace};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// let before = fabric.events_queued();
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// assert_eq!(fabric.events_queued(), before, "ADDR_RESOLVED is only scheduled");
+    /// fabric.advance_to(fabric.next_deadline().expect("ADDR_RESOLVED is scheduled"));
+    /// assert_eq!(fabric.events_queued(), before + 1);
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    pub fn events_queued(&self) -> u64 {
+        self.inner().borrow().events_queued
+    }
+
     /// Whether `try_get_cm_event(ch)` on host number `host` may return something now: an event
     /// is queued on the channel, or the call would fail (the channel is gone, the host is
     /// down). `false` means that retrieval would return `Ok(None)` once what is due now has
