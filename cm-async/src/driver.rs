@@ -113,7 +113,8 @@ impl<B: CmBackend> Shared<B> {
     /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
     /// and polling only the watched CQs for which `cq_ready` says a poll may find something
     /// (the simulator's executor knows; a call that finds nothing is most of what a step
-    /// costs).
+    /// costs). With `events`, the caller has found that `event_ready` holds: the first
+    /// retrieval does not ask again.
     pub(crate) fn pump_where(
         &self,
         events: bool,
@@ -127,9 +128,10 @@ impl<B: CmBackend> Shared<B> {
         }
         let mut moved = false;
         if events && st.failed.is_none() {
+            let mut first = true;
             loop {
                 let ch = st.ch;
-                if !event_ready(&st.b, ch) {
+                if !std::mem::take(&mut first) && !event_ready(&st.b, ch) {
                     break;
                 }
                 match st.b.try_get_cm_event(ch) {

@@ -126,7 +126,7 @@ enum TaskName {
 struct Task {
     host: usize,
     name: TaskName,
-    fut: Option<BoxFuture<()>>,
+    fut: BoxFuture<()>,
     waker: Waker,
 }
 
@@ -260,7 +260,7 @@ impl Core {
         let task = Task {
             host,
             name,
-            fut: Some(fut),
+            fut,
             waker,
         };
         if id == tasks.len() {
@@ -514,6 +514,8 @@ struct Executor<T> {
     events_seen: u64,
     /// A host crashed or restarted since the last pass: every channel is asked.
     force_pump: bool,
+    /// A task ended or was dropped since outputs were last collected.
+    ended: Cell<bool>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -539,6 +541,7 @@ impl<T: 'static> Executor<T> {
             crashes_seen: (u64::MAX, u64::MAX),
             events_seen: u64::MAX,
             force_pump: true,
+            ended: Cell::new(true),
         }
     }
 
@@ -604,6 +607,7 @@ impl<T: 'static> Executor<T> {
                 }
             }
         }
+        self.ended.set(true);
         drop(doomed);
     }
 
@@ -659,28 +663,22 @@ impl<T: 'static> Executor<T> {
 
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        let (mut fut, waker) = {
-            let mut tasks = self.core.tasks.borrow_mut();
-            let Some(Some(task)) = tasks.get_mut(id) else {
-                return Ok(());
-            };
-            let Some(fut) = task.fut.take() else { return Ok(()) };
-            (fut, task.waker.clone())
+        // The task leaves its slot while it runs (what it spawns takes other slots), so that
+        // its waker is lent to the poll without a reference count moving.
+        let Some(task) = self.core.tasks.borrow_mut().get_mut(id).and_then(Option::take) else {
+            return Ok(());
         };
-        let mut cx = Context::from_waker(&waker);
-        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+        let mut task = task;
+        let mut cx = Context::from_waker(&task.waker);
+        match catch_unwind(AssertUnwindSafe(|| task.fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) => {
-                if let Some(Some(task)) = self.core.tasks.borrow_mut().get_mut(id) {
-                    task.fut = Some(fut);
-                    return Ok(());
-                }
-                drop(fut);
+                self.core.tasks.borrow_mut()[id] = Some(task);
                 Ok(())
             }
             Ok(Poll::Ready(())) => {
-                self.core.tasks.borrow_mut()[id] = None;
                 self.core.free.borrow_mut().push(id);
-                drop(fut);
+                self.ended.set(true);
+                drop(task);
                 Ok(())
             }
             Err(payload) => {
@@ -689,9 +687,9 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
-                let task = self.core.tasks.borrow_mut()[id].take();
-                let name = task.map(|t| self.core.name(&t)).unwrap_or_default();
-                drop(fut);
+                let name = self.core.name(&task);
+                self.core.free.borrow_mut().push(id);
+                drop(task);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
         }
@@ -723,16 +721,19 @@ impl<T: 'static> Executor<T> {
                 }
             };
             i += 1;
+            // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
+            // than a channel's queue.
+            let event_ready = |b: &SimHost, ch| {
+                fabric.queued_events_on(b.index()) > 0 && fabric.may_have_event(b.index(), ch)
+            };
             let events = events_new && {
                 let st = pump.st.borrow();
-                fabric.may_have_event(st.b.index(), st.ch)
+                event_ready(&st.b, st.ch)
             };
             if events || pump.has_other_work() {
-                pump.pump_where(
-                    events,
-                    |b, ch| fabric.may_have_event(b.index(), ch),
-                    |b, id| fabric.may_have_completion(b.index(), id),
-                );
+                pump.pump_where(events, event_ready, |b, id| {
+                    fabric.may_have_completion(b.index(), id)
+                });
             }
         }
     }
@@ -751,9 +752,12 @@ impl<T: 'static> Executor<T> {
                 };
                 self.poll_one(id)?;
             }
-            self.collect_outputs();
-            if self.clients_done() {
-                break;
+            // Outputs change only when a task ends: the hosts' slots are looked at only then.
+            if self.ended.replace(false) {
+                self.collect_outputs();
+                if self.clients_done() {
+                    break;
+                }
             }
             self.pump_all();
             if !self
