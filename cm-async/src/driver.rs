@@ -2,7 +2,8 @@
 //! hands each to the mailbox of the id it concerns, waking the task that waits there.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::task::Waker;
 
 use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
@@ -50,12 +51,38 @@ impl Mailbox {
     }
 }
 
+/// Hashes an [`IdHandle`] (three `u32`s) in a few instructions. Mailboxes are looked up
+/// several times per event; a `BTreeMap` compared handles field by field down a node, and the
+/// standard hasher is built for untrusted keys, which handles a backend issued are not.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(n)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Boxes = HashMap<IdHandle, Mailbox, BuildHasherDefault<IdHasher>>;
+
 /// The backend and everything the driver tracks. Always borrowed briefly, never across an
 /// `.await`.
 pub(crate) struct State<B: CmBackend> {
     pub(crate) b: B,
     pub(crate) ch: ChannelHandle,
-    boxes: BTreeMap<IdHandle, Mailbox>,
+    /// Visited in handle order where the order shows (waking on failure, releasing at the
+    /// end), so that runs stay deterministic.
+    boxes: Boxes,
     /// Ids whose CQ a task waits on; a `BTreeSet` so that polling order is deterministic.
     cq_watch: BTreeSet<IdHandle>,
     pub(crate) failed: Option<CmError>,
@@ -92,7 +119,7 @@ impl<B: CmBackend> Shared<B> {
             st: RefCell::new(State {
                 b,
                 ch,
-                boxes: BTreeMap::new(),
+                boxes: Boxes::default(),
                 cq_watch: BTreeSet::new(),
                 failed: None,
                 driver: None,
@@ -193,9 +220,18 @@ impl<B: CmBackend> State<B> {
     /// Marks the channel failed and wakes every waiting task, which then sees the failure.
     pub(crate) fn fail(&mut self, e: CmError) {
         self.failed = Some(e);
-        for bx in self.boxes.values_mut() {
-            bx.wake();
+        for id in self.ids_in_order() {
+            if let Some(bx) = self.boxes.get_mut(&id) {
+                bx.wake();
+            }
         }
+    }
+
+    /// The ids that have a mailbox, in handle order.
+    fn ids_in_order(&self) -> Vec<IdHandle> {
+        let mut ids: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The ids whose CQ a task waits on.
@@ -300,7 +336,7 @@ impl<B: CmBackend> State<B> {
 
 impl<B: CmBackend> Drop for State<B> {
     fn drop(&mut self) {
-        let left: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        let left = self.ids_in_order();
         for id in left {
             self.release(id, true);
         }
