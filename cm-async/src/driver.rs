@@ -23,7 +23,11 @@ pub(crate) struct EventInfo {
 /// Events and completions of one id that its owner has not taken yet.
 #[derive(Default)]
 pub(crate) struct Mailbox {
-    events: VecDeque<EventInfo>,
+    /// The oldest event not taken, kept inline: an id rarely has two waiting, and a queue
+    /// would allocate for the first.
+    first: Option<EventInfo>,
+    /// The events after `first`, oldest first.
+    later: VecDeque<EventInfo>,
     pub(crate) cq: VecDeque<WorkCompletion>,
     /// The task waiting on the id; nearly always the only one, so it is kept inline.
     waker: Option<Waker>,
@@ -32,6 +36,18 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
+    fn push_event(&mut self, ev: EventInfo) {
+        if self.first.is_none() && self.later.is_empty() {
+            self.first = Some(ev);
+        } else {
+            self.later.push_back(ev);
+        }
+    }
+
+    fn pop_event(&mut self) -> Option<EventInfo> {
+        self.first.take().or_else(|| self.later.pop_front())
+    }
+
     fn wake(&mut self) {
         if let Some(w) = self.waker.take() {
             w.wake();
@@ -254,7 +270,7 @@ impl<B: CmBackend> State<B> {
         };
         match owner.and_then(|o| self.boxes.get_mut(&o)) {
             Some(bx) => {
-                bx.events.push_back(EventInfo {
+                bx.push_event(EventInfo {
                     ty: ev.event(),
                     status: ev.status(),
                     id: ev.id(),
@@ -276,7 +292,7 @@ impl<B: CmBackend> State<B> {
 
     /// Takes the oldest event of `id` out of its mailbox.
     pub(crate) fn take_event(&mut self, id: IdHandle) -> Option<EventInfo> {
-        self.boxes.get_mut(&id)?.events.pop_front()
+        self.boxes.get_mut(&id)?.pop_event()
     }
 
     /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
@@ -323,7 +339,7 @@ impl<B: CmBackend> State<B> {
         }
         let _ = self.b.destroy_qp(id);
         if let Some(mut bx) = self.boxes.remove(&id) {
-            for ev in bx.events.drain(..) {
+            while let Some(ev) = bx.pop_event() {
                 if listener && ev.ty == CmEventType::ConnectRequest {
                     self.refuse(ev.id);
                 }

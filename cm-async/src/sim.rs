@@ -12,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -132,7 +133,17 @@ struct Task {
 
 struct TaskWaker {
     id: usize,
-    ready: Arc<Mutex<Vec<usize>>>,
+    ready: Arc<Woken>,
+}
+
+/// Tasks woken since the executor last took them, in waking order. A `Waker` must be `Send`
+/// and `Sync`, hence the lock; the executor keeps its own list of ready tasks and takes what
+/// is here only when `any` says there is something, so that picking a task and finding that
+/// none is ready take no lock.
+#[derive(Default)]
+struct Woken {
+    ids: Mutex<Vec<usize>>,
+    any: AtomicBool,
 }
 
 impl Wake for TaskWaker {
@@ -141,9 +152,10 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
         if !r.contains(&self.id) {
             r.push(self.id);
+            self.ready.any.store(true, Ordering::Release);
         }
     }
 }
@@ -240,7 +252,7 @@ struct Core {
     fabric: SimFabric,
     tasks: RefCell<Vec<Option<Task>>>,
     free: RefCell<Vec<usize>>,
-    ready: Arc<Mutex<Vec<usize>>>,
+    ready: Arc<Woken>,
     timers: RefCell<Timers>,
     /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
     pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
@@ -516,6 +528,9 @@ struct Executor<T> {
     force_pump: bool,
     /// A task ended or was dropped since outputs were last collected.
     ended: Cell<bool>,
+    /// The ready tasks, in the order they were woken (a task drawn leaves by `swap_remove`):
+    /// the seeded draw picks among them.
+    ready: Vec<usize>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -527,7 +542,7 @@ impl<T: 'static> Executor<T> {
                 fabric: sim.fabric,
                 tasks: RefCell::new(Vec::new()),
                 free: RefCell::new(Vec::new()),
-                ready: Arc::new(Mutex::new(Vec::new())),
+                ready: Arc::new(Woken::default()),
                 timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
                 spawned: Cell::new(0),
@@ -542,6 +557,7 @@ impl<T: 'static> Executor<T> {
             events_seen: u64::MAX,
             force_pump: true,
             ended: Cell::new(true),
+            ready: Vec::new(),
         }
     }
 
@@ -661,6 +677,20 @@ impl<T: 'static> Executor<T> {
         }
     }
 
+    /// Appends the tasks woken since the last call to the ready list, each once.
+    fn take_woken(&mut self) {
+        if !self.core.ready.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut woken = self.core.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
+        self.core.ready.any.store(false, Ordering::Relaxed);
+        for id in woken.drain(..) {
+            if !self.ready.contains(&id) {
+                self.ready.push(id);
+            }
+        }
+    }
+
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
         // The task leaves its slot while it runs (what it spawns takes other slots), so that
@@ -742,14 +772,12 @@ impl<T: 'static> Executor<T> {
         self.start_hosts();
         loop {
             loop {
-                let id = {
-                    let mut r = self.core.ready.lock().unwrap_or_else(|p| p.into_inner());
-                    if r.is_empty() {
-                        break;
-                    }
-                    let i = (self.rng.next_u64() % r.len() as u64) as usize;
-                    r.swap_remove(i)
-                };
+                self.take_woken();
+                if self.ready.is_empty() {
+                    break;
+                }
+                let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
+                let id = self.ready.swap_remove(i);
                 self.poll_one(id)?;
             }
             // Outputs change only when a task ends: the hosts' slots are looked at only then.
@@ -760,13 +788,8 @@ impl<T: 'static> Executor<T> {
                 }
             }
             self.pump_all();
-            if !self
-                .core
-                .ready
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-            {
+            self.take_woken();
+            if !self.ready.is_empty() {
                 continue;
             }
             let timer = self.core.timers.borrow_mut().earliest();
