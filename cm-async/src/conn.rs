@@ -104,11 +104,12 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             st.open(id);
             id
         };
+        let param = ConnParam::new().with_private_data(&opts.private_data);
         let listener = Listener {
             sh: self.sh.clone(),
             rt: self.rt.clone(),
             id,
-            opts,
+            accept: Rc::new(AcceptWith { opts, param }),
         };
         {
             let mut st = self.sh.st.borrow_mut();
@@ -167,7 +168,14 @@ pub struct Listener<B: CmBackend, R: Runtime> {
     sh: Rc<Shared<B>>,
     rt: R,
     id: IdHandle,
+    accept: Rc<AcceptWith>,
+}
+
+/// How a listener's connections are set up, made once and shared by its requests.
+struct AcceptWith {
     opts: ConnOptions,
+    /// The accept's parameters (a few hundred bytes, with the private data in them).
+    param: ConnParam,
 }
 
 impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
@@ -186,11 +194,11 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
                 CmEventType::DeviceRemoval => return Err(Error::DeviceRemoved),
                 _ => continue,
             }
-            let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.opts);
+            let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.accept.opts);
             conn.peer_data = ev.private_data;
             return Ok(Request {
                 conn: Some(conn),
-                opts: self.opts.clone(),
+                with: self.accept.clone(),
             });
         }
     }
@@ -215,7 +223,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
 #[must_use = "dropping a Request rejects it"]
 pub struct Request<B: CmBackend, R: Runtime> {
     conn: Option<Connection<B, R>>,
-    opts: ConnOptions,
+    with: Rc<AcceptWith>,
 }
 
 impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
@@ -237,9 +245,8 @@ impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
     /// listener's private data). On failure the id is released.
     pub fn accept(mut self) -> Result<Connection<B, R>> {
         let mut conn = self.conn.take().expect("a request holds its id until answered");
-        conn.set_up_qp(&self.opts)?;
-        let param = ConnParam::new().with_private_data(&self.opts.private_data);
-        conn.sh.st.borrow_mut().b.accept(conn.id, &param)?;
+        conn.set_up_qp(&self.with.opts)?;
+        conn.sh.st.borrow_mut().b.accept(conn.id, &self.with.param)?;
         Ok(conn)
     }
 

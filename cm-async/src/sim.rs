@@ -169,11 +169,13 @@ impl Wake for TaskWaker {
 #[derive(Default)]
 struct Timers {
     heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    /// `slots[i]`: the sequence number and waker of the armed timer in slot `i`.
-    slots: Vec<Option<(u64, Waker)>>,
+    /// `slots[i]`: the sequence number, time and waker of the armed timer in slot `i`.
+    slots: Vec<Option<(u64, u64, Waker)>>,
     free: Vec<usize>,
     seq: u64,
     live: usize,
+    /// The earliest armed time, when known (asked at every step, changed by few of them).
+    earliest: Option<Option<u64>>,
 }
 
 /// An armed timer: its slot and sequence number (a slot is reused, the number is not).
@@ -189,51 +191,64 @@ impl Timers {
         self.seq += 1;
         let slot = match self.free.pop() {
             Some(i) => {
-                self.slots[i] = Some((seq, waker));
+                self.slots[i] = Some((seq, at, waker));
                 i
             }
             None => {
-                self.slots.push(Some((seq, waker)));
+                self.slots.push(Some((seq, at, waker)));
                 self.slots.len() - 1
             }
         };
         self.live += 1;
         self.heap.push(Reverse((at, seq, slot)));
+        if let Some(e) = &mut self.earliest {
+            *e = Some(e.map_or(at, |t| t.min(at)));
+        }
         TimerKey { slot, seq }
     }
 
     fn waker_mut(&mut self, key: TimerKey) -> Option<&mut Waker> {
         match self.slots.get_mut(key.slot) {
-            Some(Some((seq, w))) if *seq == key.seq => Some(w),
+            Some(Some((seq, _, w))) if *seq == key.seq => Some(w),
             _ => None,
         }
     }
 
     fn cancel(&mut self, key: TimerKey) -> Option<Waker> {
         let slot = self.slots.get_mut(key.slot)?;
-        if !matches!(slot, Some((seq, _)) if *seq == key.seq) {
+        if !matches!(slot, Some((seq, _, _)) if *seq == key.seq) {
             return None;
         }
-        let (_, waker) = slot.take()?;
+        let (_, at, waker) = slot.take()?;
         self.free.push(key.slot);
         self.live -= 1;
+        if self.earliest == Some(Some(at)) {
+            self.earliest = None;
+        }
         if self.heap.len() > 64 && self.heap.len() > 4 * self.live {
             let slots = &self.slots;
             self.heap
-                .retain(|Reverse((_, seq, i))| matches!(&slots[*i], Some((s, _)) if s == seq));
+                .retain(|Reverse((_, seq, i))| matches!(&slots[*i], Some((s, _, _)) if s == seq));
         }
         Some(waker)
     }
 
     /// The time of the earliest armed timer, dropping stale entries on the way.
     fn earliest(&mut self) -> Option<u64> {
-        while let Some(&Reverse((at, seq, slot))) = self.heap.peek() {
-            if matches!(&self.slots[slot], Some((s, _)) if *s == seq) {
-                return Some(at);
+        if let Some(e) = self.earliest {
+            return e;
+        }
+        let e = loop {
+            let Some(&Reverse((at, seq, slot))) = self.heap.peek() else {
+                break None;
+            };
+            if matches!(&self.slots[slot], Some((s, _, _)) if *s == seq) {
+                break Some(at);
             }
             self.heap.pop();
-        }
-        None
+        };
+        self.earliest = Some(e);
+        e
     }
 
     /// Disarms and returns the earliest timer due at `now` or before.
@@ -242,6 +257,7 @@ impl Timers {
         if at > now {
             return None;
         }
+        // `earliest` left the entry of `at` on top.
         let Reverse((_, seq, slot)) = self.heap.pop()?;
         self.cancel(TimerKey { slot, seq })
     }
@@ -678,10 +694,15 @@ impl<T: 'static> Executor<T> {
     }
 
     /// Appends the tasks woken since the last call to the ready list, each once.
+    #[inline]
     fn take_woken(&mut self) {
-        if !self.core.ready.any.load(Ordering::Acquire) {
-            return;
+        if self.core.ready.any.load(Ordering::Acquire) {
+            self.take_woken_now();
         }
+    }
+
+    #[inline(never)]
+    fn take_woken_now(&mut self) {
         let mut woken = self.core.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
         self.core.ready.any.store(false, Ordering::Relaxed);
         for id in woken.drain(..) {
@@ -818,9 +839,9 @@ impl<T: 'static> Executor<T> {
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
-            let stats = self.core.fabric.fault_stats();
-            if (stats.crashes, stats.restarts) != self.crashes_seen {
-                self.crashes_seen = (stats.crashes, stats.restarts);
+            let seen = self.core.fabric.crashes_and_restarts();
+            if seen != self.crashes_seen {
+                self.crashes_seen = seen;
                 self.force_pump = true;
                 self.reap_crashed();
                 self.start_hosts();
