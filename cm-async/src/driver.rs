@@ -177,17 +177,24 @@ impl<B: CmBackend> Shared<B> {
                 if !std::mem::take(&mut first) && !event_ready(&st.b, ch) {
                     break;
                 }
-                match st.b.try_get_cm_event(ch) {
-                    Ok(Some(ev)) => {
-                        st.deliver(ev);
-                        moved = true;
-                    }
+                let got = st.b.try_get_cm_event(ch);
+                let orphan = match &got {
+                    Ok(Some(ev)) => st.deliver(ev),
                     Ok(None) => break,
-                    Err(e) => {
-                        st.fail(e);
+                    Err(_) => {
+                        if let Err(e) = got {
+                            st.fail(e);
+                        }
                         return true;
                     }
+                };
+                if let Ok(Some(ev)) = got {
+                    let _ = st.b.ack_cm_event(ev);
                 }
+                if let Some(child) = orphan {
+                    st.refuse(child);
+                }
+                moved = true;
             }
         }
         if !st.cq_watch.is_empty() {
@@ -260,8 +267,13 @@ impl<B: CmBackend> State<B> {
         self.boxes.get_mut(&id)
     }
 
-    fn deliver(&mut self, ev: CmEvent) {
-        let owner = if ev.event() == CmEventType::ConnectRequest {
+    /// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
+    /// there. Returns the child id of a request nobody owns any more, to refuse once the event
+    /// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
+    /// it was a copy.
+    fn deliver(&mut self, ev: &CmEvent) -> Option<IdHandle> {
+        let request = ev.event() == CmEventType::ConnectRequest;
+        let owner = if request {
             // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
             self.boxes.entry(ev.id()).or_default();
             ev.listen_id()
@@ -277,16 +289,10 @@ impl<B: CmBackend> State<B> {
                     private_data: ev.private_data().to_vec(),
                 });
                 bx.wake();
-                let _ = self.b.ack_cm_event(ev);
+                None
             }
-            None => {
-                // Nobody owns the id any more: give the event back, refuse an orphan request.
-                let request = (ev.event() == CmEventType::ConnectRequest).then(|| ev.id());
-                let _ = self.b.ack_cm_event(ev);
-                if let Some(child) = request {
-                    self.refuse(child);
-                }
-            }
+            // Nobody owns the id any more: the event goes back, an orphan request is refused.
+            None => request.then(|| ev.id()),
         }
     }
 
