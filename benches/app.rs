@@ -6,7 +6,12 @@
 //! cargo bench --bench app                        # both, with criterion
 //! cargo bench --bench app -- profile app N       # N lifecycles through the layer (for callgrind)
 //! cargo bench --bench app -- profile raw N       # N lifecycles on the raw trait (for callgrind)
+//! cargo bench --bench app -- ratio K N           # K rounds of N raw, then N through the layer
 //! ```
+//!
+//! `ratio` alternates the two within each round, so that a burst of load elsewhere on the
+//! machine slows one round of both rather than all the rounds of one; it prints each round's
+//! ratio (layer / raw, per lifecycle) and their median.
 //!
 //! The `profile` runs print the fabric's trace hash and virtual time, so that a change to the
 //! layer or its executor can be checked to leave the simulated run as it was.
@@ -127,16 +132,45 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
+/// `rounds` rounds of `n` raw lifecycles then `n` through the layer; prints each round's ratio
+/// and the median.
+fn ratio(rounds: usize, n: u64) -> Result<(), String> {
+    if rounds == 0 || n == 0 {
+        return Err("ratio needs at least one round of at least one lifecycle".into());
+    }
+    let mut bed = support::sim_bed(0);
+    let mut ratios = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        let raw = bed.timed_lifecycles(n);
+        let app = app_lifecycles(n);
+        let r = app.as_secs_f64() / raw.as_secs_f64();
+        println!(
+            "round {round}: raw {:.0} ns, layer {:.0} ns per lifecycle: {r:.2}x",
+            raw.as_secs_f64() * 1e9 / n as f64,
+            app.as_secs_f64() * 1e9 / n as f64
+        );
+        ratios.push(r);
+    }
+    bed.finish();
+    ratios.sort_by(f64::total_cmp);
+    println!("median ratio of {rounds} rounds: {:.2}x", ratios[rounds / 2]);
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    if args.first().map(String::as_str) == Some("profile") {
-        let run = match &args[1..] {
-            [kind, n] => n
-                .replace('_', "")
-                .parse()
-                .map_err(|_| format!("not a number: {n}"))
-                .and_then(|n| profile(kind, n)),
-            _ => Err("profile needs a kind (app or raw) and a count".into()),
+    let number = |n: &String| -> Result<u64, String> {
+        n.replace('_', "")
+            .parse()
+            .map_err(|_| format!("not a number: {n}"))
+    };
+    let mode = args.first().map(String::as_str);
+    if matches!(mode, Some("profile" | "ratio")) {
+        let run = match (mode, &args[1..]) {
+            (Some("profile"), [kind, n]) => number(n).and_then(|n| profile(kind, n)),
+            (Some("profile"), _) => Err("profile needs a kind (app or raw) and a count".into()),
+            (_, [k, n]) => number(k).and_then(|k| number(n).and_then(|n| ratio(k as usize, n))),
+            _ => Err("ratio needs a number of rounds and a count".into()),
         };
         return match run {
             Ok(()) => std::process::ExitCode::SUCCESS,

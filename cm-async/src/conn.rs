@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
@@ -452,16 +452,26 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         Ok(closed)
     }
 
-    async fn expect(&self, want: CmEventType) -> Result<EventInfo> {
-        loop {
-            let ev = next_event(&self.sh, self.id).await?;
-            if ev.ty == want {
-                return Ok(ev);
+    /// The next event of the connection that is `want`, skipping the ignorable ones; another
+    /// is the error it stands for. (One poll function rather than a loop over
+    /// [`next_event`]: it is awaited at every step of `connect`.)
+    fn expect(&self, want: CmEventType) -> impl Future<Output = Result<EventInfo>> + '_ {
+        poll_fn(move |cx| {
+            let mut st = self.sh.st.borrow_mut();
+            while let Some(ev) = st.take_event(self.id) {
+                if ev.ty == want {
+                    return Poll::Ready(Ok(ev));
+                }
+                if !ignorable(ev.ty) {
+                    return Poll::Ready(Err(end_error(ev.ty, ev.status, ev.private_data)));
+                }
             }
-            if !ignorable(ev.ty) {
-                return Err(end_error(ev.ty, ev.status, ev.private_data));
+            if let Some(e) = &st.failed {
+                return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
             }
-        }
+            st.wait(self.id, cx.waker(), false);
+            Poll::Pending
+        })
     }
 
     /// Waits until `pick` finds its completion in the mailbox, or the connection ends.

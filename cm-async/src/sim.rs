@@ -269,6 +269,8 @@ struct Core {
     tasks: RefCell<Vec<Option<Task>>>,
     free: RefCell<Vec<usize>>,
     ready: Arc<Woken>,
+    /// `wakers[i]`: the waker of slot `i` of `tasks`.
+    wakers: RefCell<Vec<Waker>>,
     timers: RefCell<Timers>,
     /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
     pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
@@ -280,10 +282,23 @@ impl Core {
         let slot = self.free.borrow_mut().pop();
         let mut tasks = self.tasks.borrow_mut();
         let id = slot.unwrap_or(tasks.len());
-        let waker = Waker::from(Arc::new(TaskWaker {
-            id,
-            ready: self.ready.clone(),
-        }));
+        // A slot's waker is made once and serves every task the slot holds: a waker left
+        // behind by an earlier task of the slot wakes whatever task is there, as a new waker
+        // with the same slot number would.
+        let waker = {
+            let mut wakers = self.wakers.borrow_mut();
+            match wakers.get(id) {
+                Some(w) => w.clone(),
+                None => {
+                    let w = Waker::from(Arc::new(TaskWaker {
+                        id,
+                        ready: self.ready.clone(),
+                    }));
+                    wakers.push(w.clone());
+                    w
+                }
+            }
+        };
         waker.wake_by_ref();
         let task = Task {
             host,
@@ -559,6 +574,7 @@ impl<T: 'static> Executor<T> {
                 tasks: RefCell::new(Vec::new()),
                 free: RefCell::new(Vec::new()),
                 ready: Arc::new(Woken::default()),
+                wakers: RefCell::new(Vec::new()),
                 timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
                 spawned: Cell::new(0),
