@@ -366,3 +366,55 @@ impl<B: CmBackend> Drop for State<B> {
         let _ = self.b.destroy_event_channel(self.ch);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(status: i32) -> EventInfo {
+        EventInfo {
+            ty: CmEventType::Established,
+            status,
+            id: cm_core::backend::id_handle(1, 2, 3),
+            private_data: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_mailbox_hands_events_out_oldest_first_across_its_inline_slot_and_queue() {
+        let mut bx = Mailbox::default();
+        bx.push_event(info(1));
+        bx.push_event(info(2));
+        assert_eq!(bx.pop_event().map(|e| e.status), Some(1));
+        bx.push_event(info(3));
+        bx.push_event(info(4));
+        let order: Vec<i32> = std::iter::from_fn(|| bx.pop_event().map(|e| e.status)).collect();
+        assert_eq!(order, vec![2, 3, 4]);
+        bx.push_event(info(5));
+        assert_eq!(bx.pop_event().map(|e| e.status), Some(5));
+        assert!(bx.pop_event().is_none());
+    }
+
+    #[test]
+    fn a_mailbox_wakes_each_waiting_task_once_in_the_order_they_waited() {
+        use std::sync::{Arc, Mutex};
+        use std::task::Wake;
+        struct Tagged(u32, Arc<Mutex<Vec<u32>>>);
+        impl Wake for Tagged {
+            fn wake(self: Arc<Self>) {
+                self.1.lock().expect("log").push(self.0);
+            }
+        }
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let a = Waker::from(Arc::new(Tagged(1, log.clone())));
+        let b = Waker::from(Arc::new(Tagged(2, log.clone())));
+        let mut bx = Mailbox::default();
+        bx.add_waker(&a);
+        bx.add_waker(&b);
+        bx.add_waker(&a);
+        bx.add_waker(&b);
+        bx.wake();
+        bx.wake();
+        assert_eq!(*log.lock().expect("log"), vec![1, 2]);
+    }
+}

@@ -880,3 +880,77 @@ impl<T: 'static> Executor<T> {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waker that records its number in `log` when woken.
+    struct Tagged {
+        n: u32,
+        log: Arc<Mutex<Vec<u32>>>,
+    }
+
+    impl Wake for Tagged {
+        fn wake(self: Arc<Self>) {
+            self.log.lock().expect("log").push(self.n);
+        }
+    }
+
+    fn tagged(n: u32, log: &Arc<Mutex<Vec<u32>>>) -> Waker {
+        Waker::from(Arc::new(Tagged { n, log: log.clone() }))
+    }
+
+    #[test]
+    fn timers_fire_by_time_then_arming_order_and_cancelled_ones_never() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Timers::default();
+        t.arm(30, tagged(1, &log));
+        let gone = t.arm(10, tagged(2, &log));
+        t.arm(20, tagged(3, &log));
+        t.arm(20, tagged(4, &log));
+        assert_eq!(t.earliest(), Some(10));
+        assert!(t.cancel(gone).is_some());
+        assert!(t.cancel(gone).is_none(), "a key cancels once");
+        assert_eq!(t.earliest(), Some(20));
+        assert!(t.pop_due(19).is_none());
+        while let Some(w) = t.pop_due(25) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![3, 4]);
+        assert_eq!(t.earliest(), Some(30));
+        t.arm(5, tagged(5, &log));
+        assert_eq!(t.earliest(), Some(5), "an earlier timer armed later comes first");
+        while let Some(w) = t.pop_due(u64::MAX) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![3, 4, 5, 1]);
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn cancelled_timers_do_not_pile_up_in_the_heap() {
+        let mut t = Timers::default();
+        let keep = t.arm(u64::MAX, Waker::noop().clone());
+        for i in 0..10_000 {
+            let k = t.arm(1_000_000 + i, Waker::noop().clone());
+            t.cancel(k);
+        }
+        assert!(t.heap.len() <= 65, "{} entries for one live timer", t.heap.len());
+        assert_eq!(t.earliest(), Some(u64::MAX));
+        assert!(t.cancel(keep).is_some());
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn a_slot_reused_after_a_cancel_does_not_answer_to_the_old_key() {
+        let mut t = Timers::default();
+        let old = t.arm(10, Waker::noop().clone());
+        t.cancel(old);
+        let new = t.arm(20, Waker::noop().clone());
+        assert_eq!(old.slot, new.slot);
+        assert!(t.waker_mut(old).is_none());
+        assert!(t.cancel(old).is_none());
+        assert_eq!(t.earliest(), Some(20));
+    }
+}
