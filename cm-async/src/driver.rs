@@ -29,8 +29,11 @@ pub(crate) struct Mailbox {
     /// The events after `first`, oldest first.
     later: VecDeque<EventInfo>,
     pub(crate) cq: VecDeque<WorkCompletion>,
-    /// The task waiting on the id; nearly always the only one, so it is kept inline.
+    /// The waker of the last task that waited on the id, kept after it is woken: the same task
+    /// nearly always waits again, and re-arming it then costs no reference count.
     waker: Option<Waker>,
+    /// Whether `waker`'s task waits now (it is woken once per wait).
+    armed: bool,
     /// Other tasks waiting on the same id (a `send` and a `recv` at once).
     more: Vec<Waker>,
 }
@@ -49,8 +52,10 @@ impl Mailbox {
     }
 
     fn wake(&mut self) {
-        if let Some(w) = self.waker.take() {
-            w.wake();
+        if std::mem::take(&mut self.armed) {
+            if let Some(w) = &self.waker {
+                w.wake_by_ref();
+            }
         }
         for w in self.more.drain(..) {
             w.wake();
@@ -59,10 +64,13 @@ impl Mailbox {
 
     fn add_waker(&mut self, waker: &Waker) {
         match &self.waker {
-            None => self.waker = Some(waker.clone()),
-            Some(w) if w.will_wake(waker) => {}
-            Some(_) if self.more.iter().any(|w| w.will_wake(waker)) => {}
-            Some(_) => self.more.push(waker.clone()),
+            Some(w) if w.will_wake(waker) => self.armed = true,
+            _ if !self.armed => {
+                self.waker = Some(waker.clone());
+                self.armed = true;
+            }
+            _ if self.more.iter().any(|w| w.will_wake(waker)) => {}
+            _ => self.more.push(waker.clone()),
         }
     }
 }
@@ -416,5 +424,12 @@ mod tests {
         bx.wake();
         bx.wake();
         assert_eq!(*log.lock().expect("log"), vec![1, 2]);
+        bx.add_waker(&a);
+        bx.wake();
+        assert_eq!(
+            *log.lock().expect("log"),
+            vec![1, 2, 1],
+            "a task waiting again is woken again"
+        );
     }
 }
