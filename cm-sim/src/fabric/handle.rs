@@ -93,6 +93,7 @@ impl SimFabric {
     }
 
     /// Current virtual time.
+    #[inline]
     pub fn now(&self) -> SimTime {
         self.inner.borrow().now
     }
@@ -185,6 +186,7 @@ impl SimFabric {
     /// fabric.inject(Fault::Crash { host: 0 });
     /// assert_eq!(fabric.crashes_and_restarts(), (1, 0));
     /// ```
+    #[inline]
     pub fn crashes_and_restarts(&self) -> (u64, u64) {
         let fab = self.inner.borrow();
         (fab.stats.crashes, fab.stats.restarts)

@@ -70,6 +70,7 @@ impl SimFabric {
     /// assert_eq!(fabric.events_queued(), before + 1);
     /// # Ok::<(), cm_core::CmError>(())
     /// ```
+    #[inline]
     pub fn events_queued(&self) -> u64 {
         self.inner().borrow().events_queued
     }
@@ -91,6 +92,7 @@ impl SimFabric {
     /// assert_eq!(fabric.queued_events_on(0), 1);
     /// # Ok::<(), cm_core::CmError>(())
     /// ```
+    #[inline]
     pub fn queued_events_on(&self, host: usize) -> usize {
         self.inner()
             .borrow()
