@@ -57,8 +57,10 @@ impl Mailbox {
                 w.wake_by_ref();
             }
         }
-        for w in self.more.drain(..) {
-            w.wake();
+        if !self.more.is_empty() {
+            for w in self.more.drain(..) {
+                w.wake();
+            }
         }
     }
 
