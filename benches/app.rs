@@ -3,8 +3,18 @@
 //! measured again here so that both come from one run).
 //!
 //! ```text
-//! cargo bench --bench app
+//! cargo bench --bench app                        # both, with criterion
+//! cargo bench --bench app -- profile app N       # N lifecycles through the layer (for callgrind)
+//! cargo bench --bench app -- profile raw N       # N lifecycles on the raw trait (for callgrind)
+//! cargo bench --bench app -- ratio K N           # K rounds of N raw, then N through the layer
 //! ```
+//!
+//! `ratio` alternates the two within each round, so that a burst of load elsewhere on the
+//! machine slows one round of both rather than all the rounds of one; it prints each round's
+//! ratio (layer / raw, per lifecycle) and their median.
+//!
+//! The `profile` runs print the fabric's trace hash and virtual time, so that a change to the
+//! layer or its executor can be checked to leave the simulated run as it was.
 //!
 //! The layer's lifecycle: `Cm::connect` (id, address and route resolution, QP, connect,
 //! `ESTABLISHED`), the server's `Listener::accept` in its accept loop, a task per connection
@@ -27,6 +37,11 @@ mod support;
 
 /// `iters` lifecycles through the layer, timed from the first call to the last release.
 fn app_lifecycles(iters: u64) -> Duration {
+    app_run(iters).0
+}
+
+/// `iters` lifecycles through the layer: the time they took and the fabric they ran on.
+fn app_run(iters: u64) -> (Duration, SimFabric) {
     let fabric = SimFabric::builder()
         .seed(support::SEED)
         .host("10.0.0.1")
@@ -78,7 +93,29 @@ fn app_lifecycles(iters: u64) -> Duration {
         "{:?}",
         fabric.live_resources()
     );
-    took
+    (took, fabric)
+}
+
+/// `n` lifecycles of one kind, without criterion, for an instruction count of each.
+fn profile(kind: &str, n: u64) -> Result<(), String> {
+    let (took, fabric) = match kind {
+        "app" => app_run(n),
+        "raw" => {
+            let mut bed = support::sim_bed(0);
+            let took = bed.timed_lifecycles(n);
+            let fabric = bed.fabric.clone().expect("a simulated bed has its fabric");
+            bed.finish();
+            (took, fabric)
+        }
+        other => return Err(format!("unknown kind {other} (app or raw)")),
+    };
+    println!(
+        "{n} {kind} lifecycles: {:.1} ns each; trace-hash: {:016x}; virtual time: {}",
+        took.as_secs_f64() * 1e9 / n as f64,
+        fabric.trace_hash(),
+        fabric.now()
+    );
+    Ok(())
 }
 
 fn benches(c: &mut Criterion) {
@@ -95,8 +132,56 @@ fn benches(c: &mut Criterion) {
     g.finish();
 }
 
-fn main() {
+/// `rounds` rounds of `n` raw lifecycles then `n` through the layer; prints each round's ratio
+/// and the median.
+fn ratio(rounds: usize, n: u64) -> Result<(), String> {
+    if rounds == 0 || n == 0 {
+        return Err("ratio needs at least one round of at least one lifecycle".into());
+    }
+    let mut bed = support::sim_bed(0);
+    let mut ratios = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        let raw = bed.timed_lifecycles(n);
+        let app = app_lifecycles(n);
+        let r = app.as_secs_f64() / raw.as_secs_f64();
+        println!(
+            "round {round}: raw {:.0} ns, layer {:.0} ns per lifecycle: {r:.2}x",
+            raw.as_secs_f64() * 1e9 / n as f64,
+            app.as_secs_f64() * 1e9 / n as f64
+        );
+        ratios.push(r);
+    }
+    bed.finish();
+    ratios.sort_by(f64::total_cmp);
+    println!("median ratio of {rounds} rounds: {:.2}x", ratios[rounds / 2]);
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let number = |n: &String| -> Result<u64, String> {
+        n.replace('_', "")
+            .parse()
+            .map_err(|_| format!("not a number: {n}"))
+    };
+    let mode = args.first().map(String::as_str);
+    if matches!(mode, Some("profile" | "ratio")) {
+        let run = match (mode, &args[1..]) {
+            (Some("profile"), [kind, n]) => number(n).and_then(|n| profile(kind, n)),
+            (Some("profile"), _) => Err("profile needs a kind (app or raw) and a count".into()),
+            (_, [k, n]) => number(k).and_then(|k| number(n).and_then(|n| ratio(k as usize, n))),
+            _ => Err("ratio needs a number of rounds and a count".into()),
+        };
+        return match run {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("app: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let mut c = Criterion::default().configure_from_args();
     benches(&mut c);
     c.final_summary();
+    std::process::ExitCode::SUCCESS
 }

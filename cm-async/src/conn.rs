@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::Poll;
@@ -104,11 +104,12 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             st.open(id);
             id
         };
+        let param = ConnParam::new().with_private_data(&opts.private_data);
         let listener = Listener {
             sh: self.sh.clone(),
             rt: self.rt.clone(),
             id,
-            opts,
+            accept: Rc::new(AcceptWith { opts, param }),
         };
         {
             let mut st = self.sh.st.borrow_mut();
@@ -167,7 +168,14 @@ pub struct Listener<B: CmBackend, R: Runtime> {
     sh: Rc<Shared<B>>,
     rt: R,
     id: IdHandle,
+    accept: Rc<AcceptWith>,
+}
+
+/// How a listener's connections are set up, made once and shared by its requests.
+struct AcceptWith {
     opts: ConnOptions,
+    /// The accept's parameters (a few hundred bytes, with the private data in them).
+    param: ConnParam,
 }
 
 impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
@@ -186,11 +194,11 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
                 CmEventType::DeviceRemoval => return Err(Error::DeviceRemoved),
                 _ => continue,
             }
-            let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.opts);
+            let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.accept.opts);
             conn.peer_data = ev.private_data;
             return Ok(Request {
                 conn: Some(conn),
-                opts: self.opts.clone(),
+                with: self.accept.clone(),
             });
         }
     }
@@ -215,7 +223,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
 #[must_use = "dropping a Request rejects it"]
 pub struct Request<B: CmBackend, R: Runtime> {
     conn: Option<Connection<B, R>>,
-    opts: ConnOptions,
+    with: Rc<AcceptWith>,
 }
 
 impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
@@ -237,9 +245,8 @@ impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
     /// listener's private data). On failure the id is released.
     pub fn accept(mut self) -> Result<Connection<B, R>> {
         let mut conn = self.conn.take().expect("a request holds its id until answered");
-        conn.set_up_qp(&self.opts)?;
-        let param = ConnParam::new().with_private_data(&self.opts.private_data);
-        conn.sh.st.borrow_mut().b.accept(conn.id, &param)?;
+        conn.set_up_qp(&self.with.opts)?;
+        conn.sh.st.borrow_mut().b.accept(conn.id, &self.with.param)?;
         Ok(conn)
     }
 
@@ -419,6 +426,10 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         let sh = &self.sh;
         let id = self.id;
         poll_fn(|cx| {
+            if self.posted.get() == 0 {
+                // Every completion was taken: there is nothing left to flush.
+                return Poll::Ready(());
+            }
             let mut st = sh.st.borrow_mut();
             st.poll_cq_into_box(id);
             if let Some(bx) = st.mailbox(id) {
@@ -441,16 +452,26 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         Ok(closed)
     }
 
-    async fn expect(&self, want: CmEventType) -> Result<EventInfo> {
-        loop {
-            let ev = next_event(&self.sh, self.id).await?;
-            if ev.ty == want {
-                return Ok(ev);
+    /// The next event of the connection that is `want`, skipping the ignorable ones; another
+    /// is the error it stands for. (One poll function rather than a loop over
+    /// [`next_event`]: it is awaited at every step of `connect`.)
+    fn expect(&self, want: CmEventType) -> impl Future<Output = Result<EventInfo>> + '_ {
+        poll_fn(move |cx| {
+            let mut st = self.sh.st.borrow_mut();
+            while let Some(ev) = st.take_event(self.id) {
+                if ev.ty == want {
+                    return Poll::Ready(Ok(ev));
+                }
+                if !ignorable(ev.ty) {
+                    return Poll::Ready(Err(end_error(ev.ty, ev.status, ev.private_data)));
+                }
             }
-            if !ignorable(ev.ty) {
-                return Err(end_error(ev.ty, ev.status, ev.private_data));
+            if let Some(e) = &st.failed {
+                return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
             }
-        }
+            st.wait(self.id, cx.waker(), false);
+            Poll::Pending
+        })
     }
 
     /// Waits until `pick` finds its completion in the mailbox, or the connection ends.
@@ -469,7 +490,10 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                     *self.end_data.borrow_mut() = ev.private_data;
                 }
             }
-            if found.is_none() && (self.ended.get().is_some() || st.failed.is_some()) {
+            // With nothing posted the CQ has nothing for this connection: it is neither polled
+            // nor watched (a connection without receive buffers waits for its end alone).
+            let cq = self.posted.get() > 0;
+            if found.is_none() && cq && (self.ended.get().is_some() || st.failed.is_some()) {
                 // What the CQ already holds came before the end.
                 st.poll_cq_into_box(id);
                 found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
@@ -484,7 +508,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             if let Some(e) = &st.failed {
                 return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
             }
-            st.wait(id, cx.waker(), true);
+            st.wait(id, cx.waker(), cq);
             Poll::Pending
         })
         .await

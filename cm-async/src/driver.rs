@@ -2,7 +2,8 @@
 //! hands each to the mailbox of the id it concerns, waking the task that waits there.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::task::Waker;
 
 use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
@@ -22,25 +23,92 @@ pub(crate) struct EventInfo {
 /// Events and completions of one id that its owner has not taken yet.
 #[derive(Default)]
 pub(crate) struct Mailbox {
-    events: VecDeque<EventInfo>,
+    /// The oldest event not taken, kept inline: an id rarely has two waiting, and a queue
+    /// would allocate for the first.
+    first: Option<EventInfo>,
+    /// The events after `first`, oldest first.
+    later: VecDeque<EventInfo>,
     pub(crate) cq: VecDeque<WorkCompletion>,
-    wakers: Vec<Waker>,
+    /// The waker of the last task that waited on the id, kept after it is woken: the same task
+    /// nearly always waits again, and re-arming it then costs no reference count.
+    waker: Option<Waker>,
+    /// Whether `waker`'s task waits now (it is woken once per wait).
+    armed: bool,
+    /// Other tasks waiting on the same id (a `send` and a `recv` at once).
+    more: Vec<Waker>,
 }
 
 impl Mailbox {
+    fn push_event(&mut self, ev: EventInfo) {
+        if self.first.is_none() && self.later.is_empty() {
+            self.first = Some(ev);
+        } else {
+            self.later.push_back(ev);
+        }
+    }
+
+    fn pop_event(&mut self) -> Option<EventInfo> {
+        self.first.take().or_else(|| self.later.pop_front())
+    }
+
     fn wake(&mut self) {
-        for w in self.wakers.drain(..) {
-            w.wake();
+        if std::mem::take(&mut self.armed) {
+            if let Some(w) = &self.waker {
+                w.wake_by_ref();
+            }
+        }
+        if !self.more.is_empty() {
+            for w in self.more.drain(..) {
+                w.wake();
+            }
+        }
+    }
+
+    fn add_waker(&mut self, waker: &Waker) {
+        match &self.waker {
+            Some(w) if w.will_wake(waker) => self.armed = true,
+            _ if !self.armed => {
+                self.waker = Some(waker.clone());
+                self.armed = true;
+            }
+            _ if self.more.iter().any(|w| w.will_wake(waker)) => {}
+            _ => self.more.push(waker.clone()),
         }
     }
 }
+
+/// Hashes an [`IdHandle`] (three `u32`s) in a few instructions. Mailboxes are looked up
+/// several times per event; a `BTreeMap` compared handles field by field down a node, and the
+/// standard hasher is built for untrusted keys, which handles a backend issued are not.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(n)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type Boxes = HashMap<IdHandle, Mailbox, BuildHasherDefault<IdHasher>>;
 
 /// The backend and everything the driver tracks. Always borrowed briefly, never across an
 /// `.await`.
 pub(crate) struct State<B: CmBackend> {
     pub(crate) b: B,
     pub(crate) ch: ChannelHandle,
-    boxes: BTreeMap<IdHandle, Mailbox>,
+    /// Visited in handle order where the order shows (waking on failure, releasing at the
+    /// end), so that runs stay deterministic.
+    boxes: Boxes,
     /// Ids whose CQ a task waits on; a `BTreeSet` so that polling order is deterministic.
     cq_watch: BTreeSet<IdHandle>,
     pub(crate) failed: Option<CmError>,
@@ -77,7 +145,7 @@ impl<B: CmBackend> Shared<B> {
             st: RefCell::new(State {
                 b,
                 ch,
-                boxes: BTreeMap::new(),
+                boxes: Boxes::default(),
                 cq_watch: BTreeSet::new(),
                 failed: None,
                 driver: None,
@@ -98,7 +166,8 @@ impl<B: CmBackend> Shared<B> {
     /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
     /// and polling only the watched CQs for which `cq_ready` says a poll may find something
     /// (the simulator's executor knows; a call that finds nothing is most of what a step
-    /// costs).
+    /// costs). With `events`, the caller has found that `event_ready` holds: the first
+    /// retrieval does not ask again.
     pub(crate) fn pump_where(
         &self,
         events: bool,
@@ -112,22 +181,30 @@ impl<B: CmBackend> Shared<B> {
         }
         let mut moved = false;
         if events && st.failed.is_none() {
+            let mut first = true;
             loop {
                 let ch = st.ch;
-                if !event_ready(&st.b, ch) {
+                if !std::mem::take(&mut first) && !event_ready(&st.b, ch) {
                     break;
                 }
-                match st.b.try_get_cm_event(ch) {
-                    Ok(Some(ev)) => {
-                        st.deliver(ev);
-                        moved = true;
-                    }
+                let got = st.b.try_get_cm_event(ch);
+                let orphan = match &got {
+                    Ok(Some(ev)) => st.deliver(ev),
                     Ok(None) => break,
-                    Err(e) => {
-                        st.fail(e);
+                    Err(_) => {
+                        if let Err(e) = got {
+                            st.fail(e);
+                        }
                         return true;
                     }
+                };
+                if let Ok(Some(ev)) = got {
+                    let _ = st.b.ack_cm_event(ev);
                 }
+                if let Some(child) = orphan {
+                    st.refuse(child);
+                }
+                moved = true;
             }
         }
         if !st.cq_watch.is_empty() {
@@ -176,9 +253,18 @@ impl<B: CmBackend> State<B> {
     /// Marks the channel failed and wakes every waiting task, which then sees the failure.
     pub(crate) fn fail(&mut self, e: CmError) {
         self.failed = Some(e);
-        for bx in self.boxes.values_mut() {
-            bx.wake();
+        for id in self.ids_in_order() {
+            if let Some(bx) = self.boxes.get_mut(&id) {
+                bx.wake();
+            }
         }
+    }
+
+    /// The ids that have a mailbox, in handle order.
+    fn ids_in_order(&self) -> Vec<IdHandle> {
+        let mut ids: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The ids whose CQ a task waits on.
@@ -191,8 +277,13 @@ impl<B: CmBackend> State<B> {
         self.boxes.get_mut(&id)
     }
 
-    fn deliver(&mut self, ev: CmEvent) {
-        let owner = if ev.event() == CmEventType::ConnectRequest {
+    /// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
+    /// there. Returns the child id of a request nobody owns any more, to refuse once the event
+    /// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
+    /// it was a copy.
+    fn deliver(&mut self, ev: &CmEvent) -> Option<IdHandle> {
+        let request = ev.event() == CmEventType::ConnectRequest;
+        let owner = if request {
             // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
             self.boxes.entry(ev.id()).or_default();
             ev.listen_id()
@@ -201,37 +292,29 @@ impl<B: CmBackend> State<B> {
         };
         match owner.and_then(|o| self.boxes.get_mut(&o)) {
             Some(bx) => {
-                bx.events.push_back(EventInfo {
+                bx.push_event(EventInfo {
                     ty: ev.event(),
                     status: ev.status(),
                     id: ev.id(),
                     private_data: ev.private_data().to_vec(),
                 });
                 bx.wake();
-                let _ = self.b.ack_cm_event(ev);
+                None
             }
-            None => {
-                // Nobody owns the id any more: give the event back, refuse an orphan request.
-                let request = (ev.event() == CmEventType::ConnectRequest).then(|| ev.id());
-                let _ = self.b.ack_cm_event(ev);
-                if let Some(child) = request {
-                    self.refuse(child);
-                }
-            }
+            // Nobody owns the id any more: the event goes back, an orphan request is refused.
+            None => request.then(|| ev.id()),
         }
     }
 
     /// Takes the oldest event of `id` out of its mailbox.
     pub(crate) fn take_event(&mut self, id: IdHandle) -> Option<EventInfo> {
-        self.boxes.get_mut(&id)?.events.pop_front()
+        self.boxes.get_mut(&id)?.pop_event()
     }
 
     /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
     pub(crate) fn wait(&mut self, id: IdHandle, waker: &Waker, cq: bool) {
         if let Some(bx) = self.boxes.get_mut(&id) {
-            if !bx.wakers.iter().any(|w| w.will_wake(waker)) {
-                bx.wakers.push(waker.clone());
-            }
+            bx.add_waker(waker);
         }
         if cq && self.cq_watch.insert(id) {
             if let Some(d) = &self.driver {
@@ -272,7 +355,7 @@ impl<B: CmBackend> State<B> {
         }
         let _ = self.b.destroy_qp(id);
         if let Some(mut bx) = self.boxes.remove(&id) {
-            for ev in bx.events.drain(..) {
+            while let Some(ev) = bx.pop_event() {
                 if listener && ev.ty == CmEventType::ConnectRequest {
                     self.refuse(ev.id);
                 }
@@ -285,11 +368,70 @@ impl<B: CmBackend> State<B> {
 
 impl<B: CmBackend> Drop for State<B> {
     fn drop(&mut self) {
-        let left: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        let left = self.ids_in_order();
         for id in left {
             self.release(id, true);
         }
         self.regs = None;
         let _ = self.b.destroy_event_channel(self.ch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(status: i32) -> EventInfo {
+        EventInfo {
+            ty: CmEventType::Established,
+            status,
+            id: cm_core::backend::id_handle(1, 2, 3),
+            private_data: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_mailbox_hands_events_out_oldest_first_across_its_inline_slot_and_queue() {
+        let mut bx = Mailbox::default();
+        bx.push_event(info(1));
+        bx.push_event(info(2));
+        assert_eq!(bx.pop_event().map(|e| e.status), Some(1));
+        bx.push_event(info(3));
+        bx.push_event(info(4));
+        let order: Vec<i32> = std::iter::from_fn(|| bx.pop_event().map(|e| e.status)).collect();
+        assert_eq!(order, vec![2, 3, 4]);
+        bx.push_event(info(5));
+        assert_eq!(bx.pop_event().map(|e| e.status), Some(5));
+        assert!(bx.pop_event().is_none());
+    }
+
+    #[test]
+    fn a_mailbox_wakes_each_waiting_task_once_in_the_order_they_waited() {
+        use std::sync::{Arc, Mutex};
+        use std::task::Wake;
+        struct Tagged(u32, Arc<Mutex<Vec<u32>>>);
+        impl Wake for Tagged {
+            fn wake(self: Arc<Self>) {
+                self.1.lock().expect("log").push(self.0);
+            }
+        }
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let a = Waker::from(Arc::new(Tagged(1, log.clone())));
+        let b = Waker::from(Arc::new(Tagged(2, log.clone())));
+        let mut bx = Mailbox::default();
+        bx.add_waker(&a);
+        bx.add_waker(&b);
+        bx.add_waker(&a);
+        bx.add_waker(&b);
+        bx.wake();
+        bx.wake();
+        assert_eq!(*log.lock().expect("log"), vec![1, 2]);
+        bx.add_waker(&a);
+        bx.wake();
+        assert_eq!(
+            *log.lock().expect("log"),
+            vec![1, 2, 1],
+            "a task waiting again is woken again"
+        );
     }
 }

@@ -88,11 +88,14 @@
 //! # The simulator's executor
 //!
 //! [`sim::Sim`] polls ready tasks in an order drawn from the fabric's seed; when every task
-//! waits, it lets each channel's driver take what the fabric has ([`Cm::pump`]), asking only
-//! the channels and CQs the fabric says have something
-//! ([`SimFabric::may_have_event`](cm_sim::SimFabric::may_have_event),
-//! [`may_have_completion`](cm_sim::SimFabric::may_have_completion)), and when that
-//! wakes nobody it moves virtual time to the earlier of the fabric's next scheduled action
+//! waits, it lets each channel's driver take what the fabric has ([`Cm::pump`]): only when an
+//! event was queued since the last pass
+//! ([`SimFabric::events_queued`](cm_sim::SimFabric::events_queued)), and then only the channels
+//! of hosts that have events queued
+//! ([`queued_events_on`](cm_sim::SimFabric::queued_events_on)) and that have one
+//! ([`may_have_event`](cm_sim::SimFabric::may_have_event)), and the CQs a task waits on that
+//! have a completion ([`may_have_completion`](cm_sim::SimFabric::may_have_completion)). When
+//! that wakes nobody it moves virtual time to the earlier of the fabric's next scheduled action
 //! ([`SimFabric::next_deadline`](cm_sim::SimFabric::next_deadline)) and the earliest sleep.
 //! Nothing scheduled and no sleep: a deadlock, reported with the waiting tasks and the seed. A
 //! panic or a passed virtual deadline fails the run the same way, with the trace file's path.

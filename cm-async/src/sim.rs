@@ -3,7 +3,8 @@
 //! task waits.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -11,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -125,13 +127,23 @@ enum TaskName {
 struct Task {
     host: usize,
     name: TaskName,
-    fut: Option<BoxFuture<()>>,
+    fut: BoxFuture<()>,
     waker: Waker,
 }
 
 struct TaskWaker {
     id: usize,
-    ready: Arc<Mutex<Vec<usize>>>,
+    ready: Arc<Woken>,
+}
+
+/// Tasks woken since the executor last took them, in waking order. A `Waker` must be `Send`
+/// and `Sync`, hence the lock; the executor keeps its own list of ready tasks and takes what
+/// is here only when `any` says there is something, so that picking a task and finding that
+/// none is ready take no lock.
+#[derive(Default)]
+struct Woken {
+    ids: Mutex<Vec<usize>>,
+    any: AtomicBool,
 }
 
 impl Wake for TaskWaker {
@@ -140,10 +152,114 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
         if !r.contains(&self.id) {
             r.push(self.id);
+            self.ready.any.store(true, Ordering::Release);
         }
+    }
+}
+
+/// The sleeps armed, earliest first by (time, arming order).
+///
+/// Nearly every timer is a bound that is cancelled long before it fires (`connect` and
+/// `disconnect` arm one each): a cancellation only empties its slot, and the heap entry,
+/// stale from then on, is dropped when it comes to the top or when stale entries outnumber the
+/// live ones. (A `BTreeMap` keyed by time allocated and freed a node for most of these.)
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    /// `slots[i]`: the sequence number, time and waker of the armed timer in slot `i`.
+    slots: Vec<Option<(u64, u64, Waker)>>,
+    free: Vec<usize>,
+    seq: u64,
+    live: usize,
+    /// The earliest armed time, when known (asked at every step, changed by few of them).
+    earliest: Option<Option<u64>>,
+}
+
+/// An armed timer: its slot and sequence number (a slot is reused, the number is not).
+#[derive(Clone, Copy)]
+struct TimerKey {
+    slot: usize,
+    seq: u64,
+}
+
+impl Timers {
+    fn arm(&mut self, at: u64, waker: Waker) -> TimerKey {
+        let seq = self.seq;
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some((seq, at, waker));
+                i
+            }
+            None => {
+                self.slots.push(Some((seq, at, waker)));
+                self.slots.len() - 1
+            }
+        };
+        self.live += 1;
+        self.heap.push(Reverse((at, seq, slot)));
+        if let Some(e) = &mut self.earliest {
+            *e = Some(e.map_or(at, |t| t.min(at)));
+        }
+        TimerKey { slot, seq }
+    }
+
+    fn waker_mut(&mut self, key: TimerKey) -> Option<&mut Waker> {
+        match self.slots.get_mut(key.slot) {
+            Some(Some((seq, _, w))) if *seq == key.seq => Some(w),
+            _ => None,
+        }
+    }
+
+    fn cancel(&mut self, key: TimerKey) -> Option<Waker> {
+        let slot = self.slots.get_mut(key.slot)?;
+        if !matches!(slot, Some((seq, _, _)) if *seq == key.seq) {
+            return None;
+        }
+        let (_, at, waker) = slot.take()?;
+        self.free.push(key.slot);
+        self.live -= 1;
+        if self.earliest == Some(Some(at)) {
+            self.earliest = None;
+        }
+        if self.heap.len() > 64 && self.heap.len() > 4 * self.live {
+            let slots = &self.slots;
+            self.heap
+                .retain(|Reverse((_, seq, i))| matches!(&slots[*i], Some((s, _, _)) if s == seq));
+        }
+        Some(waker)
+    }
+
+    /// The time of the earliest armed timer, dropping stale entries on the way.
+    fn earliest(&mut self) -> Option<u64> {
+        if let Some(e) = self.earliest {
+            return e;
+        }
+        let e = loop {
+            let Some(&Reverse((at, seq, slot))) = self.heap.peek() else {
+                break None;
+            };
+            if matches!(&self.slots[slot], Some((s, _, _)) if *s == seq) {
+                break Some(at);
+            }
+            self.heap.pop();
+        };
+        self.earliest = Some(e);
+        e
+    }
+
+    /// Disarms and returns the earliest timer due at `now` or before.
+    fn pop_due(&mut self, now: u64) -> Option<Waker> {
+        let at = self.earliest()?;
+        if at > now {
+            return None;
+        }
+        // `earliest` left the entry of `at` on top.
+        let Reverse((_, seq, slot)) = self.heap.pop()?;
+        self.cancel(TimerKey { slot, seq })
     }
 }
 
@@ -152,9 +268,10 @@ struct Core {
     fabric: SimFabric,
     tasks: RefCell<Vec<Option<Task>>>,
     free: RefCell<Vec<usize>>,
-    ready: Arc<Mutex<Vec<usize>>>,
-    timers: RefCell<BTreeMap<(u64, u64), Waker>>,
-    timer_seq: Cell<u64>,
+    ready: Arc<Woken>,
+    /// `wakers[i]`: the waker of slot `i` of `tasks`.
+    wakers: RefCell<Vec<Waker>>,
+    timers: RefCell<Timers>,
     /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
     pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
     spawned: Cell<u64>,
@@ -165,15 +282,28 @@ impl Core {
         let slot = self.free.borrow_mut().pop();
         let mut tasks = self.tasks.borrow_mut();
         let id = slot.unwrap_or(tasks.len());
-        let waker = Waker::from(Arc::new(TaskWaker {
-            id,
-            ready: self.ready.clone(),
-        }));
+        // A slot's waker is made once and serves every task the slot holds: a waker left
+        // behind by an earlier task of the slot wakes whatever task is there, as a new waker
+        // with the same slot number would.
+        let waker = {
+            let mut wakers = self.wakers.borrow_mut();
+            match wakers.get(id) {
+                Some(w) => w.clone(),
+                None => {
+                    let w = Waker::from(Arc::new(TaskWaker {
+                        id,
+                        ready: self.ready.clone(),
+                    }));
+                    wakers.push(w.clone());
+                    w
+                }
+            }
+        };
         waker.wake_by_ref();
         let task = Task {
             host,
             name,
-            fut: Some(fut),
+            fut,
             waker,
         };
         if id == tasks.len() {
@@ -248,7 +378,7 @@ impl Runtime for SimRuntime {
 struct Sleep {
     core: Rc<Core>,
     at: u64,
-    key: Option<(u64, u64)>,
+    key: Option<TimerKey>,
 }
 
 impl Future for Sleep {
@@ -257,24 +387,21 @@ impl Future for Sleep {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         if self.core.now() >= self.at {
             if let Some(k) = self.key.take() {
-                self.core.timers.borrow_mut().remove(&k);
+                self.core.timers.borrow_mut().cancel(k);
             }
             return Poll::Ready(());
         }
         if let Some(k) = self.key {
             let mut timers = self.core.timers.borrow_mut();
-            if let Some(w) = timers.get_mut(&k) {
+            if let Some(w) = timers.waker_mut(k) {
                 if !w.will_wake(cx.waker()) {
                     *w = cx.waker().clone();
                 }
                 return Poll::Pending;
             }
         }
-        let seq = self.core.timer_seq.get();
-        self.core.timer_seq.set(seq + 1);
-        let k = (self.at, seq);
-        self.key = Some(k);
-        self.core.timers.borrow_mut().insert(k, cx.waker().clone());
+        let key = self.core.timers.borrow_mut().arm(self.at, cx.waker().clone());
+        self.key = Some(key);
         Poll::Pending
     }
 }
@@ -282,7 +409,9 @@ impl Future for Sleep {
 impl Drop for Sleep {
     fn drop(&mut self) {
         if let Some(k) = self.key.take() {
-            self.core.timers.borrow_mut().remove(&k);
+            // Outside the borrow: dropping a waker may run arbitrary code.
+            let waker = self.core.timers.borrow_mut().cancel(k);
+            drop(waker);
         }
     }
 }
@@ -424,6 +553,15 @@ struct Executor<T> {
     outcomes: Vec<Option<T>>,
     /// The fabric's crash and restart counts when hosts were last reaped and started.
     crashes_seen: (u64, u64),
+    /// [`SimFabric::events_queued`] at the last pass over the drivers.
+    events_seen: u64,
+    /// A host crashed or restarted since the last pass: every channel is asked.
+    force_pump: bool,
+    /// A task ended or was dropped since outputs were last collected.
+    ended: Cell<bool>,
+    /// The ready tasks, in the order they were woken (a task drawn leaves by `swap_remove`):
+    /// the seeded draw picks among them.
+    ready: Vec<usize>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -435,9 +573,9 @@ impl<T: 'static> Executor<T> {
                 fabric: sim.fabric,
                 tasks: RefCell::new(Vec::new()),
                 free: RefCell::new(Vec::new()),
-                ready: Arc::new(Mutex::new(Vec::new())),
-                timers: RefCell::new(BTreeMap::new()),
-                timer_seq: Cell::new(0),
+                ready: Arc::new(Woken::default()),
+                wakers: RefCell::new(Vec::new()),
+                timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
                 spawned: Cell::new(0),
             }),
@@ -448,6 +586,10 @@ impl<T: 'static> Executor<T> {
             running: (0..n).map(|_| None).collect(),
             outcomes: (0..n).map(|_| None).collect(),
             crashes_seen: (u64::MAX, u64::MAX),
+            events_seen: u64::MAX,
+            force_pump: true,
+            ended: Cell::new(true),
+            ready: Vec::new(),
         }
     }
 
@@ -513,6 +655,7 @@ impl<T: 'static> Executor<T> {
                 }
             }
         }
+        self.ended.set(true);
         drop(doomed);
     }
 
@@ -566,30 +709,43 @@ impl<T: 'static> Executor<T> {
         }
     }
 
+    /// Appends the tasks woken since the last call to the ready list, each once.
+    #[inline]
+    fn take_woken(&mut self) {
+        if self.core.ready.any.load(Ordering::Acquire) {
+            self.take_woken_now();
+        }
+    }
+
+    #[inline(never)]
+    fn take_woken_now(&mut self) {
+        let mut woken = self.core.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
+        self.core.ready.any.store(false, Ordering::Relaxed);
+        for id in woken.drain(..) {
+            if !self.ready.contains(&id) {
+                self.ready.push(id);
+            }
+        }
+    }
+
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        let (mut fut, waker) = {
-            let mut tasks = self.core.tasks.borrow_mut();
-            let Some(Some(task)) = tasks.get_mut(id) else {
-                return Ok(());
-            };
-            let Some(fut) = task.fut.take() else { return Ok(()) };
-            (fut, task.waker.clone())
+        // The task leaves its slot while it runs (what it spawns takes other slots), so that
+        // its waker is lent to the poll without a reference count moving.
+        let Some(task) = self.core.tasks.borrow_mut().get_mut(id).and_then(Option::take) else {
+            return Ok(());
         };
-        let mut cx = Context::from_waker(&waker);
-        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+        let mut task = task;
+        let mut cx = Context::from_waker(&task.waker);
+        match catch_unwind(AssertUnwindSafe(|| task.fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) => {
-                if let Some(Some(task)) = self.core.tasks.borrow_mut().get_mut(id) {
-                    task.fut = Some(fut);
-                    return Ok(());
-                }
-                drop(fut);
+                self.core.tasks.borrow_mut()[id] = Some(task);
                 Ok(())
             }
             Ok(Poll::Ready(())) => {
-                self.core.tasks.borrow_mut()[id] = None;
                 self.core.free.borrow_mut().push(id);
-                drop(fut);
+                self.ended.set(true);
+                drop(task);
                 Ok(())
             }
             Err(payload) => {
@@ -598,20 +754,25 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
-                let task = self.core.tasks.borrow_mut()[id].take();
-                let name = task.map(|t| self.core.name(&t)).unwrap_or_default();
-                drop(fut);
+                let name = self.core.name(&task);
+                self.core.free.borrow_mut().push(id);
+                drop(task);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
         }
     }
 
     /// Lets every channel's driver take what the fabric has for it.
-    fn pump_all(&self) {
-        // Asking a channel or a CQ that has nothing is most of what an idle step would cost:
-        // the fabric says which have something (the count of events queued anywhere first, then
-        // per channel and per CQ), and only those are asked.
-        let events_anywhere = self.core.fabric.live_resources().queued_events > 0;
+    fn pump_all(&mut self) {
+        // Asking a channel or a CQ that has nothing is most of what an idle step would cost.
+        // Every driver retrieves until its channel is empty, so when no event was queued
+        // anywhere since the last pass (and no host went down or came back, which can fail a
+        // channel), no channel has one; otherwise the fabric says which channels have
+        // something, and only those are asked. CQs are asked only when watched and non-empty.
+        let queued = self.core.fabric.events_queued();
+        let events_new = queued != self.events_seen || self.force_pump;
+        self.events_seen = queued;
+        self.force_pump = false;
         let fabric = &self.core.fabric;
         let mut i = 0;
         loop {
@@ -627,16 +788,19 @@ impl<T: 'static> Executor<T> {
                 }
             };
             i += 1;
-            let events = events_anywhere && {
+            // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
+            // than a channel's queue.
+            let event_ready = |b: &SimHost, ch| {
+                fabric.queued_events_on(b.index()) > 0 && fabric.may_have_event(b.index(), ch)
+            };
+            let events = events_new && {
                 let st = pump.st.borrow();
-                fabric.may_have_event(st.b.index(), st.ch)
+                event_ready(&st.b, st.ch)
             };
             if events || pump.has_other_work() {
-                pump.pump_where(
-                    events,
-                    |b, ch| fabric.may_have_event(b.index(), ch),
-                    |b, id| fabric.may_have_completion(b.index(), id),
-                );
+                pump.pump_where(events, event_ready, |b, id| {
+                    fabric.may_have_completion(b.index(), id)
+                });
             }
         }
     }
@@ -645,31 +809,27 @@ impl<T: 'static> Executor<T> {
         self.start_hosts();
         loop {
             loop {
-                let id = {
-                    let mut r = self.core.ready.lock().unwrap_or_else(|p| p.into_inner());
-                    if r.is_empty() {
-                        break;
-                    }
-                    let i = (self.rng.next_u64() % r.len() as u64) as usize;
-                    r.swap_remove(i)
-                };
+                self.take_woken();
+                if self.ready.is_empty() {
+                    break;
+                }
+                let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
+                let id = self.ready.swap_remove(i);
                 self.poll_one(id)?;
             }
-            self.collect_outputs();
-            if self.clients_done() {
-                break;
+            // Outputs change only when a task ends: the hosts' slots are looked at only then.
+            if self.ended.replace(false) {
+                self.collect_outputs();
+                if self.clients_done() {
+                    break;
+                }
             }
             self.pump_all();
-            if !self
-                .core
-                .ready
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-            {
+            self.take_woken();
+            if !self.ready.is_empty() {
                 continue;
             }
-            let timer = self.core.timers.borrow().keys().next().map(|k| k.0);
+            let timer = self.core.timers.borrow_mut().earliest();
             let fabric_next = self.core.fabric.next_deadline().map(SimTime::as_nanos);
             let next = match (fabric_next, timer) {
                 (Some(a), Some(b)) => a.min(b),
@@ -687,20 +847,18 @@ impl<T: 'static> Executor<T> {
             }
             self.core.fabric.advance_to(SimTime::from_nanos(next));
             let now = self.core.now();
-            while let Some(entry) = {
+            while let Some(waker) = {
                 let mut timers = self.core.timers.borrow_mut();
-                match timers.first_key_value() {
-                    Some((k, _)) if k.0 <= now => timers.pop_first(),
-                    _ => None,
-                }
+                timers.pop_due(now)
             } {
-                entry.1.wake();
+                waker.wake();
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
-            let stats = self.core.fabric.fault_stats();
-            if (stats.crashes, stats.restarts) != self.crashes_seen {
-                self.crashes_seen = (stats.crashes, stats.restarts);
+            let seen = self.core.fabric.crashes_and_restarts();
+            if seen != self.crashes_seen {
+                self.crashes_seen = seen;
+                self.force_pump = true;
                 self.reap_crashed();
                 self.start_hosts();
             }
@@ -720,5 +878,79 @@ impl<T: 'static> Executor<T> {
                 None => HostOutcome::Running,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waker that records its number in `log` when woken.
+    struct Tagged {
+        n: u32,
+        log: Arc<Mutex<Vec<u32>>>,
+    }
+
+    impl Wake for Tagged {
+        fn wake(self: Arc<Self>) {
+            self.log.lock().expect("log").push(self.n);
+        }
+    }
+
+    fn tagged(n: u32, log: &Arc<Mutex<Vec<u32>>>) -> Waker {
+        Waker::from(Arc::new(Tagged { n, log: log.clone() }))
+    }
+
+    #[test]
+    fn timers_fire_by_time_then_arming_order_and_cancelled_ones_never() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Timers::default();
+        t.arm(30, tagged(1, &log));
+        let gone = t.arm(10, tagged(2, &log));
+        t.arm(20, tagged(3, &log));
+        t.arm(20, tagged(4, &log));
+        assert_eq!(t.earliest(), Some(10));
+        assert!(t.cancel(gone).is_some());
+        assert!(t.cancel(gone).is_none(), "a key cancels once");
+        assert_eq!(t.earliest(), Some(20));
+        assert!(t.pop_due(19).is_none());
+        while let Some(w) = t.pop_due(25) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![3, 4]);
+        assert_eq!(t.earliest(), Some(30));
+        t.arm(5, tagged(5, &log));
+        assert_eq!(t.earliest(), Some(5), "an earlier timer armed later comes first");
+        while let Some(w) = t.pop_due(u64::MAX) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![3, 4, 5, 1]);
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn cancelled_timers_do_not_pile_up_in_the_heap() {
+        let mut t = Timers::default();
+        let keep = t.arm(u64::MAX, Waker::noop().clone());
+        for i in 0..10_000 {
+            let k = t.arm(1_000_000 + i, Waker::noop().clone());
+            t.cancel(k);
+        }
+        assert!(t.heap.len() <= 65, "{} entries for one live timer", t.heap.len());
+        assert_eq!(t.earliest(), Some(u64::MAX));
+        assert!(t.cancel(keep).is_some());
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn a_slot_reused_after_a_cancel_does_not_answer_to_the_old_key() {
+        let mut t = Timers::default();
+        let old = t.arm(10, Waker::noop().clone());
+        t.cancel(old);
+        let new = t.arm(20, Waker::noop().clone());
+        assert_eq!(old.slot, new.slot);
+        assert!(t.waker_mut(old).is_none());
+        assert!(t.cancel(old).is_none());
+        assert_eq!(t.earliest(), Some(20));
     }
 }

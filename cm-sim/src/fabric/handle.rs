@@ -93,6 +93,7 @@ impl SimFabric {
     }
 
     /// Current virtual time.
+    #[inline]
     pub fn now(&self) -> SimTime {
         self.inner.borrow().now
     }
@@ -172,6 +173,23 @@ impl SimFabric {
     /// How often each fault path fired so far.
     pub fn fault_stats(&self) -> FaultStats {
         self.inner.borrow().stats
+    }
+
+    /// Hosts crashed and hosts restarted so far: the `crashes` and `restarts` of
+    /// [`fault_stats`](SimFabric::fault_stats) without a copy of the rest, for an executor
+    /// that asks after every step whether it must stop or start a host's tasks.
+    ///
+    /// ```
+    /// use cm_sim::{Fault, SimFabric};
+    /// let fabric = SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// assert_eq!(fabric.crashes_and_restarts(), (0, 0));
+    /// fabric.inject(Fault::Crash { host: 0 });
+    /// assert_eq!(fabric.crashes_and_restarts(), (1, 0));
+    /// ```
+    #[inline]
+    pub fn crashes_and_restarts(&self) -> (u64, u64) {
+        let fab = self.inner.borrow();
+        (fab.stats.crashes, fab.stats.restarts)
     }
 
     /// Whether host number `index` is up (not crashed).

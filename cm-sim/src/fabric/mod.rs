@@ -98,6 +98,9 @@ pub(crate) struct Fabric {
     external: BTreeMap<SlotRef, self::external::ExternalQp>,
     /// UD QPs and datagrams in flight, made with the first UD QP (RC runs never have it).
     datagrams: Option<Box<datagram::Datagrams>>,
+    /// Events ever queued on any channel: an executor that saw this count before and has
+    /// retrieved everything since knows no channel has an event without asking each one.
+    events_queued: u64,
 }
 
 type R<T> = Result<T, CmError>;
@@ -115,6 +118,7 @@ impl Fabric {
             faults: Vec::new(),
             links_faulted: false,
             stats: FaultStats::default(),
+            events_queued: 0,
             ids: Slab::new(),
             channels: Slab::new(),
             sched: Queue::new(),

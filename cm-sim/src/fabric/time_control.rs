@@ -51,6 +51,56 @@ impl SimFabric {
         self.now().since_start()
     }
 
+    /// How many events have been queued on any channel of any host since the fabric was built.
+    /// An executor that retrieved every event its channels had when the count was `n`, and
+    /// reads `n` again, knows that none of them has a new one (a channel can still fail: a
+    /// crash or a restart shows in [`fault_stats`](SimFabric::fault_stats)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, PortSpace};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// let before = fabric.events_queued();
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// assert_eq!(fabric.events_queued(), before, "ADDR_RESOLVED is only scheduled");
+    /// fabric.advance_to(fabric.next_deadline().expect("ADDR_RESOLVED is scheduled"));
+    /// assert_eq!(fabric.events_queued(), before + 1);
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    #[inline]
+    pub fn events_queued(&self) -> u64 {
+        self.inner().borrow().events_queued
+    }
+
+    /// How many events are queued on the channels of host number `host` (0 for a host the
+    /// fabric does not have). When it is 0, no channel of the host has an event to retrieve;
+    /// cheaper than asking each channel with [`may_have_event`](SimFabric::may_have_event).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, PortSpace};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// assert_eq!(fabric.queued_events_on(0), 0);
+    /// fabric.advance_to(fabric.next_deadline().expect("ADDR_RESOLVED is scheduled"));
+    /// assert_eq!(fabric.queued_events_on(0), 1);
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    #[inline]
+    pub fn queued_events_on(&self, host: usize) -> usize {
+        self.inner()
+            .borrow()
+            .hosts
+            .get(host)
+            .map_or(0, |h| h.counts.queued)
+    }
+
     /// Whether `try_get_cm_event(ch)` on host number `host` may return something now: an event
     /// is queued on the channel, or the call would fail (the channel is gone, the host is
     /// down). `false` means that retrieval would return `Ok(None)` once what is due now has

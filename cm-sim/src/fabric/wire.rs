@@ -113,6 +113,7 @@ impl Fabric {
         slot.queued += 1;
         let (host, channel) = (slot.host, slot.channel);
         self.hosts[host as usize].counts.queued += 1;
+        self.events_queued += 1;
         let ch = self
             .channels
             .get_mut(channel)
