@@ -41,6 +41,7 @@ pub mod backend;
 mod error;
 mod event;
 mod handle;
+mod options;
 mod state;
 mod types;
 
@@ -48,6 +49,7 @@ pub use backend::{CmBackend, Result};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
 pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
 pub use handle::{ChannelHandle, HandleKind, IdHandle};
+pub use options::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_TIMEOUT};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};
 
