@@ -102,6 +102,8 @@ pub use cm_core::{
     ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, LiveResources,
     PortSpace, PrivateData, QpCaps, QpState, Result, WcOpcode, WcStatus, WorkCompletion,
 };
+// Issue 12, part B: options, synchronous ids, getaddrinfo and create_ep.
+pub use cm_core::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_TIMEOUT};
 
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]

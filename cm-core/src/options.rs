@@ -92,7 +92,11 @@ impl IdOption {
     /// assert_eq!(cm_core::IdOption::ack_timeout(19).as_micros(), 2_147_483);
     /// ```
     pub const fn ack_timeout(t: u8) -> Duration {
-        let shift = if t > Self::MAX_ACK_TIMEOUT { Self::MAX_ACK_TIMEOUT } else { t };
+        let shift = if t > Self::MAX_ACK_TIMEOUT {
+            Self::MAX_ACK_TIMEOUT
+        } else {
+            t
+        };
         Duration::from_nanos(4_096u64 << shift)
     }
 }
@@ -361,16 +365,18 @@ impl SyncId {
             wait: self.wait,
             child_qp: None,
         };
-        let moved = b.create_event_channel().and_then(|ch| match b.migrate_id(child_id, ch) {
-            Ok(()) => {
-                child.channel = ch;
-                Ok(())
-            }
-            Err(e) => {
-                let _ = b.destroy_event_channel(ch);
-                Err(e)
-            }
-        });
+        let moved = b
+            .create_event_channel()
+            .and_then(|ch| match b.migrate_id(child_id, ch) {
+                Ok(()) => {
+                    child.channel = ch;
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = b.destroy_event_channel(ch);
+                    Err(e)
+                }
+            });
         let qp = match (moved, self.child_qp) {
             (Ok(()), Some(caps)) => b.create_qp(child_id, caps).map(drop),
             (moved, _) => moved,
@@ -548,7 +554,9 @@ pub fn getaddrinfo(node: Option<&str>, service: Option<&str>, hints: &AddrHints)
         return Err(bad("neither a node nor a service"));
     }
     let port = match service {
-        Some(s) => s.parse::<u16>().map_err(|_| bad("the service is not a port number"))?,
+        Some(s) => s
+            .parse::<u16>()
+            .map_err(|_| bad("the service is not a port number"))?,
         None => 0,
     };
     let ip = match node {

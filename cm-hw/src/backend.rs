@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
-    IdMachine, LiveResources, PortSpace, QpCaps, QpState, Result, Role, WcOpcode, WcStatus, WorkCompletion,
+    IdMachine, IdOption, LiveResources, PortSpace, QpCaps, QpState, Result, Role, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
@@ -18,6 +19,7 @@ use crate::sys::{self, Errno};
 
 #[cfg(feature = "differential")]
 pub(crate) mod differential;
+mod options;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
 /// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
@@ -868,6 +870,16 @@ impl CmBackend for HwBackend {
             }
         }
         result
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn set_option(&mut self, id: IdHandle, option: IdOption) -> Result<()> {
+        self.set_option_checked(id, option)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn migrate_id(&mut self, id: IdHandle, channel: ChannelHandle) -> Result<()> {
+        self.migrate_id_checked(id, channel)
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]

@@ -119,6 +119,9 @@ mod datapath;
 #[path = "../conformance/props.rs"]
 mod props;
 
+#[path = "../conformance/options.rs"]
+mod options;
+
 /// Behaviour only a real device shows the way it matters here.
 mod hw_only {
     use cm::api::{CmBackend, QpState, WcOpcode, WcStatus};

@@ -36,6 +36,8 @@ use rdma_sys as ffi;
 use crate::convert::{self, RawSockAddr};
 use crate::guard::Guarded;
 
+mod options;
+
 /// An errno value.
 pub(crate) type Errno = i32;
 

@@ -45,6 +45,7 @@ mod clock;
 mod data;
 mod dispatch;
 mod handle;
+mod options;
 mod retrieve;
 mod storage;
 mod strike;
@@ -91,6 +92,8 @@ pub(crate) struct Fabric {
     /// needs the checks (they cost a fault-free run several percent).
     links_faulted: bool,
     stats: FaultStats,
+    /// What ids set with `rdma_set_option` (most never do).
+    id_options: options::OptionTable,
 }
 
 type R<T> = Result<T, CmError>;
@@ -118,6 +121,7 @@ impl Fabric {
             trace,
             next_qpn: 0x11,
             outstanding: Slab::new(),
+            id_options: options::OptionTable::default(),
             cfg,
         }
     }

@@ -68,6 +68,7 @@ impl Fabric {
             (s.host, s.m.port_space(), s.channel, s.queued, s.timers.pending());
         let bound = s.local.get().filter(|_| s.port_bound);
         self.ids.discard(r);
+        self.forget_options(r);
         self.timers_cancelled(timers);
         if let Some(local) = bound {
             self.ports.unbind(host, ps, local.port(), r);
