@@ -191,15 +191,16 @@ fn migrate_moves_the_ids_unretrieved_events_to_the_new_channel() {
     assert_clean(&bed);
 }
 
+/// The listener moves before the request comes. (A request already queued when the listener
+/// moves is lost on rxe, see README item 19; the simulator moves it, in `options_sim.rs`.)
 #[test]
-fn a_migrated_listener_gets_its_waiting_requests_on_the_new_channel() {
+fn a_migrated_listener_gets_its_requests_on_the_new_channel() {
     let mut bed = bed!();
     let server = listen(&mut bed, 0);
-    let client = resolved_client(&mut bed, server.addr, true);
-    bed.client.connect(client.id, &ConnParam::new()).unwrap();
-    let_time_pass(&mut bed.server);
     let new = bed.server.create_event_channel().unwrap();
     bed.server.migrate_id(server.listener, new).unwrap();
+    let client = resolved_client(&mut bed, server.addr, true);
+    bed.client.connect(client.id, &ConnParam::new()).unwrap();
     let req = expect(&mut bed.server, new, CmEventType::ConnectRequest);
     assert_eq!(req.listen_id, Some(server.listener));
     expect_quiet(&mut bed.server, server.ch);

@@ -10,6 +10,37 @@ use cm::sim::{Fault, SimFabric, SimHost};
 
 use crate::support::*;
 
+/// Needs the simulator: on rxe (Linux 6.1, rdma-core v44) a request queued before its listener
+/// moves is lost (README item 19), where the kernel's `ucma_migrate_id` means to move it.
+#[test]
+fn a_migrated_listener_gets_its_waiting_requests_on_the_new_channel() {
+    let fabric = fabric(9);
+    let mut bed = Bed::new(
+        fabric.host(0),
+        fabric.host(1),
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.99".parse().unwrap(),
+        7000,
+        fabric.repro_line(),
+    );
+    let server = listen(&mut bed, 0);
+    let client = resolved_client(&mut bed, server.addr, true);
+    bed.client.connect(client.id, &ConnParam::new()).unwrap();
+    let_time_pass(&mut bed.server);
+    let new = bed.server.create_event_channel().unwrap();
+    bed.server.migrate_id(server.listener, new).unwrap();
+    let req = expect(&mut bed.server, new, CmEventType::ConnectRequest);
+    assert_eq!(req.listen_id, Some(server.listener));
+    expect_quiet(&mut bed.server, server.ch);
+    bed.server.reject(req.id, &[]).unwrap();
+    expect(&mut bed.client, client.ch, CmEventType::Rejected);
+    destroy_all(&mut bed.client, &[client.id], client.ch);
+    destroy_all(&mut bed.server, &[req.id, server.listener], new);
+    bed.server.destroy_event_channel(server.ch).unwrap();
+    assert_clean(&bed);
+}
+
 fn fabric(seed: u64) -> SimFabric {
     SimFabric::builder()
         .seed(seed)
