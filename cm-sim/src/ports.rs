@@ -353,6 +353,60 @@ mod tests {
     }
 
     #[test]
+    fn reuse_and_afonly_follow_the_kernels_cma_check_port() {
+        use BindError::{InUse, NotAvailable};
+        use PortSpace::Tcp;
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        let reuse = BindOpts {
+            reuse: true,
+            ..BindOpts::default_for(false)
+        };
+        assert_eq!(p.bind_with(0, Tcp, Some(a), 7, id(1), reuse), Ok(7));
+        assert_eq!(p.bind_with(0, Tcp, Some(a), 7, id(2), reuse), Ok(7));
+        assert_eq!(
+            p.bind(0, Tcp, Some(a), 7, id(3)),
+            Err(InUse),
+            "only where both reuse"
+        );
+        assert_eq!(p.claim_for_listen(0, Tcp, 7, id(1)), Err(InUse));
+        p.unbind(0, Tcp, 7, id(2));
+        assert_eq!(p.claim_for_listen(0, Tcp, 7, id(1)), Ok(()));
+        assert_eq!(
+            p.bind_with(0, Tcp, Some(a), 7, id(4), reuse),
+            Err(InUse),
+            "a listener reuses no more"
+        );
+        let v6_afonly = BindOpts {
+            afonly: true,
+            ..BindOpts::default_for(true)
+        };
+        assert_eq!(p.bind_with(0, Tcp, None, 8, id(5), v6_afonly), Ok(8));
+        assert_eq!(
+            p.bind(0, Tcp, None, 8, id(6)),
+            Ok(8),
+            "both AF-only, families differ"
+        );
+        assert_eq!(
+            p.bind_with(0, Tcp, None, 9, id(7), BindOpts::default_for(true)),
+            Ok(9)
+        );
+        assert_eq!(
+            p.bind(0, Tcp, None, 9, id(8)),
+            Err(NotAvailable),
+            "IPv6 is not AF-only by default"
+        );
+        p.set_listening(0, Tcp, 8, id(5), true);
+        assert_eq!(
+            p.listener(0, Tcp, a, 8),
+            None,
+            "an AF-only IPv6 wildcard takes no IPv4"
+        );
+        p.set_listening(0, Tcp, 9, id(7), true);
+        assert_eq!(p.listener(0, Tcp, a, 9), Some(id(7)));
+    }
+
+    #[test]
     fn ephemeral_ports_run_out() {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let mut p = Ports::new(1, 40000..=40001);
