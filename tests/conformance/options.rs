@@ -109,6 +109,35 @@ fn afonly_is_taken_only_while_the_id_is_idle_or_bound() {
 }
 
 #[test]
+fn afonly_lets_an_ipv6_wildcard_share_its_port_with_an_ipv4_wildcard() {
+    let mut bed = bed!();
+    let port = bed.port();
+    let v6_any = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port);
+    let v4_any = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port);
+    let b = &mut bed.server;
+    let ch = b.create_event_channel().unwrap();
+    for afonly in [None, Some(false), Some(true)] {
+        let v6 = b.create_id(ch, PortSpace::Tcp).unwrap();
+        let v4 = b.create_id(ch, PortSpace::Tcp).unwrap();
+        if let Some(on) = afonly {
+            b.set_option(v6, IdOption::AfOnly(on)).unwrap();
+        }
+        b.bind_addr(v6, v6_any).unwrap();
+        let got = b.bind_addr(v4, v4_any);
+        if afonly == Some(true) {
+            got.unwrap();
+        } else {
+            // IPv6 ids are not AF-only by default (bindv6only 0): the wildcards conflict.
+            assert_eq!(got.unwrap_err().errno(), errno::EADDRNOTAVAIL, "{afonly:?}");
+        }
+        b.destroy_id(v6).unwrap();
+        b.destroy_id(v4).unwrap();
+    }
+    b.destroy_event_channel(ch).unwrap();
+    assert_clean(&bed);
+}
+
+#[test]
 fn ack_timeout_is_for_connected_ids_and_five_bits() {
     let mut bed = bed!();
     let b = &mut bed.client;
