@@ -33,6 +33,8 @@ ONLY=""                         # comma list of suite names to keep (empty: all)
 EXTRA_BINS=()                   # --extra-bin 'PATH [ARGS...]'
 GUEST_ENV=()                    # --env K=V, exported in the guest before the suites
 ADDR=10.0.0.1                   # guest address on veth0; client and server both use it
+ADDR6=fd00::1                   # its IPv6 address (added with nodad), for the IPv6 suites
+ADDR6_GID=fd00:0000:0000:0000:0000:0000:0000:0001   # how rxe's GID table shows ADDR6
 VM_MEM=1024
 VM_SMP=2
 BOOT_TIMEOUT=120                # qemu start -> @@LAB-RXE-READY, else the VM counts as dead
@@ -51,15 +53,19 @@ CARGO_DIR=$REPO                 # where cargo builds the project binaries
 ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
 
 # Project binaries, data driven.  One row per binary:
-#   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments
+#   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments [| guest environment]
 # kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, echo,
 # differential, plain.
-# In guest arguments @ADDR and @N are replaced by the guest address and --connections.
+# In guest arguments and environment @ADDR, @ADDR6 and @N are replaced by the guest's IPv4 and
+# IPv6 addresses and --connections. The environment (K=V words) is exported for that suite only.
 # hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
 # (which libtest reports as passed and would otherwise swallow) reach the console; its
 # counts come from the runner's own `hw: N passed, M failed, K skipped` line (hwrunner).
 PROJECT_BINS=(
   "hw-test|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
+  # The same runner on the device's IPv6 address (issue 12, item 5); bound as hw-test's. The
+  # unreachable address is one of veth0's /64 that nobody answers neighbour discovery for.
+  "hw-test-ipv6|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture|CM_HW_ADDR=@ADDR6 CM_HW_UNREACHABLE_ADDR=fd00::fe"
   "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 --sample-size 10 hw"
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
@@ -341,7 +347,7 @@ add_suite() {
   echo "$name $tmo" >> "$ROOT/lab/suites.list"
 }
 
-subst() { local s=${1//@ADDR/$ADDR}; echo "${s//@N/$CONNECTIONS}"; }
+subst() { local s=${1//@ADDR6/$ADDR6}; s=${s//@ADDR/$ADDR}; echo "${s//@N/$CONNECTIONS}"; }
 
 # rdma-core's reference tools, always present.
 add_rdmacore_suites() {
@@ -413,9 +419,9 @@ build_project() {
     for dir in /usr/lib/llvm-1[0-5]/lib; do [[ -e $dir/libclang.so.1 ]] && export LIBCLANG_PATH=$dir; done
   fi
   log "building project binaries in $CARGO_DIR (bound ${BUILD_TIMEOUT}s)"
-  local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs json exe tkind tname
+  local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs genv json exe tkind tname
   for row in "${PROJECT_BINS[@]}"; do
-    IFS='|' read -r suite kind tmo args sel gargs <<<"$row"
+    IFS='|' read -r suite kind tmo args sel gargs genv <<<"$row"
     if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]] && ! { [[ $suite == cmtime ]] && interop_selected; } \
         && ! { [[ $suite == udaddy ]] && udaddy_selected; }; then
       continue
@@ -440,12 +446,13 @@ build_project() {
 
 # Copy the built project binaries into the image and register their suites.
 add_project_suites() {
-  local row suite kind tmo args sel gargs
+  local row suite kind tmo args sel gargs genv
   for row in "${PROJECT_BINS[@]}"; do
-    IFS='|' read -r suite kind tmo args sel gargs <<<"$row"
+    IFS='|' read -r suite kind tmo args sel gargs genv <<<"$row"
     [[ -n ${PROJECT_EXE[$suite]:-} ]] || continue
     put_elf "${PROJECT_EXE[$suite]}" "/lab/bin/$suite"
     add_suite "$suite" "$kind" "$tmo" <<EOF
+${genv:+export $(subst "$genv")}
 exec /lab/bin/$suite $(subst "$gargs")
 EOF
   done
@@ -876,6 +883,8 @@ write_guest_files() {
   cat > "$ROOT/lab/config" <<EOF
 ADDR=$ADDR
 ADDR_GID=$gid_hex
+ADDR6=$ADDR6
+ADDR6_GID=$ADDR6_GID
 CONNECTIONS=$CONNECTIONS
 EOF
   local kv
@@ -955,6 +964,7 @@ on_console_line() {
     INIT)      BOOT_INIT=$(elapsed "$T0"); log "guest init after ${BOOT_INIT}s (guest ${2#t=}s)" ;;
     RXE-READY) BOOT_READY=$(elapsed "$T0"); log "rxe ready after ${BOOT_READY}s (guest ${2#t=}s)" ;;
     RXE-FAIL)  shift; BOOT_FAIL="rxe setup failed: $*"; log "$BOOT_FAIL" ;;
+    IPV6-FAIL) shift; log "IPv6 on rxe0 failed (the IPv6 suites will fail): $*" ;;
     BEGIN)     log "suite $2" ;;
     END)       log "suite $2 finished: ${3} (${4#secs=}s)" ;;
     DONE)      log "guest done after $(elapsed "$T0")s" ;;

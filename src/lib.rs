@@ -105,6 +105,8 @@ pub use cm_core::{
 };
 // External QPs (the application's own QP; the connection managed here).
 pub use cm_core::{AddressVector, GlobalRoute, QpAttr, QpAttrMask};
+// Options, synchronous ids, getaddrinfo and create_ep.
+pub use cm_core::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_TIMEOUT};
 
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]

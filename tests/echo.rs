@@ -174,8 +174,8 @@ mod on_tokio {
     use std::time::Duration;
 
     use cm::api::{
-        ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpAttr,
-        QpCaps, QpState, Result, UdParam, WorkCompletion,
+        ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption, LiveResources,
+        PortSpace, QpAttr, QpCaps, QpState, Result, UdParam, WorkCompletion,
     };
     use cm::app::tokio::{Readiness, TokioRuntime};
     use cm::sim::{SimFabric, SimHost};
@@ -234,6 +234,8 @@ mod on_tokio {
             get_cm_event(&mut self, ch: ChannelHandle, t: Duration) -> Result<Option<CmEvent>>;
             try_get_cm_event(&mut self, ch: ChannelHandle) -> Result<Option<CmEvent>>;
             ack_cm_event(&mut self, ev: CmEvent) -> Result<()>;
+            set_option(&mut self, id: IdHandle, o: IdOption) -> Result<()>;
+            migrate_id(&mut self, id: IdHandle, ch: ChannelHandle) -> Result<()>;
             get_local_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>>;
             get_peer_addr(&mut self, id: IdHandle) -> Result<Option<SocketAddr>>;
             post_send(&mut self, id: IdHandle, wr: u64, d: &[u8]) -> Result<()>;

@@ -13,6 +13,7 @@ use crate::error::{CmError, ReturnedEvent};
 use crate::event::{CmEvent, CmEventType, ConnParam};
 use crate::external::QpAttr;
 use crate::handle::{ChannelHandle, IdHandle};
+use crate::options::IdOption;
 use crate::state::{IdMachine, QpState};
 use crate::types::{LiveResources, PortSpace, QpCaps, WorkCompletion};
 
@@ -267,6 +268,23 @@ pub trait CmBackend {
     /// [`CmError::EventNotOutstanding`] for one this backend never handed out with this id,
     /// type and token (forged).
     fn ack_cm_event(&mut self, event: CmEvent) -> Result<()>;
+
+    /// `rdma_set_option` at level `RDMA_OPTION_ID`: sets `option` on the id (see [`IdOption`]
+    /// for what each does and when the kernel takes it).
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] where the kernel refuses the option in the id's state (enabling
+    /// `REUSEADDR` on a listener, disabling it or setting `AFONLY` once bound or resolving);
+    /// [`CmError::InvalidArgument`] for `ACK_TIMEOUT` on a datagram id or above 31.
+    fn set_option(&mut self, id: IdHandle, option: IdOption) -> Result<()>;
+
+    /// `rdma_migrate_id`: moves the id to `channel`; its events not retrieved yet move with it,
+    /// after those already queued there. A listener's later requests arrive on `channel`.
+    ///
+    /// # Errors
+    /// [`CmError::UnackedEvents`] while events retrieved for the id are not acked (librdmacm
+    /// would block until they are); [`CmError::UnknownHandle`] for an unknown id or channel.
+    fn migrate_id(&mut self, id: IdHandle, channel: ChannelHandle) -> Result<()>;
 
     /// `rdma_get_local_addr`: the bound local address, if any.
     ///

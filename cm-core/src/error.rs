@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::event::CmEvent;
+use crate::event::{CmEvent, CmEventType};
 use crate::handle::HandleKind;
 use crate::state::{IdState, QpState};
 
@@ -78,6 +78,11 @@ pub enum Call {
     PollCq,
     InitQpAttr,
     Establish,
+    SetOption,
+    MigrateId,
+    GetRequest,
+    GetAddrInfo,
+    CreateEp,
 }
 
 impl Call {
@@ -107,6 +112,11 @@ impl Call {
             Call::PollCq => "ibv_poll_cq",
             Call::InitQpAttr => "rdma_init_qp_attr",
             Call::Establish => "rdma_establish",
+            Call::SetOption => "rdma_set_option",
+            Call::MigrateId => "rdma_migrate_id",
+            Call::GetRequest => "rdma_get_request",
+            Call::GetAddrInfo => "rdma_getaddrinfo",
+            Call::CreateEp => "rdma_create_ep",
         }
     }
 }
@@ -285,6 +295,29 @@ pub enum CmError {
     #[error("no RDMA device: load a driver or add a software device, e.g. `rdma link add rxe0 type rxe netdev <interface>` (Soft-RoCE)")]
     NoRdmaDevice,
 
+    /// A call on a synchronous id ([`SyncId`](crate::SyncId)) got its event, and the event
+    /// reports a failure: what librdmacm's synchronous mode turns into `-1` with errno
+    /// `ECONNREFUSED` for `REJECTED`, else the status (negated when negative).
+    #[error("{call}: {event} with status {status}")]
+    EventFailed {
+        /// The call.
+        call: Call,
+        /// The event that came.
+        event: CmEventType,
+        /// Its status.
+        status: i32,
+    },
+
+    /// A call on a synchronous id ([`SyncId`](crate::SyncId)) got no event within the id's
+    /// bound (`ETIMEDOUT`; librdmacm would wait for ever).
+    #[error("{call}: no event within {} ms", .waited.as_millis())]
+    EventTimeout {
+        /// The call.
+        call: Call,
+        /// How long it waited.
+        waited: Duration,
+    },
+
     /// librdmacm or verbs failed with this errno.
     #[error("{call}: {}", errno_text(*.errno))]
     Os {
@@ -327,6 +360,16 @@ impl CmError {
             CmError::ForeignEvent(_) => EINVAL,
             CmError::HostCrashed { .. } => ENODEV,
             CmError::NoRdmaDevice => ENODEV,
+            CmError::EventFailed { event, status, .. } => {
+                if matches!(event, CmEventType::Rejected) {
+                    ECONNREFUSED
+                } else if *status < 0 {
+                    status.saturating_neg()
+                } else {
+                    *status
+                }
+            }
+            CmError::EventTimeout { .. } => ETIMEDOUT,
             CmError::Os { errno, .. } => *errno,
         }
     }

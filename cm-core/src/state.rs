@@ -869,6 +869,48 @@ impl IdMachine {
         }
     }
 
+    /// `rdma_set_option` with `option`: whether the kernel takes it in this state (see
+    /// [`IdOption`](crate::IdOption)'s table). Options change no state the machine tracks.
+    pub fn set_option(&self, option: crate::IdOption) -> Result<(), CmError> {
+        use crate::IdOption;
+        let call = Call::SetOption;
+        self.alive(call)?;
+        match option {
+            IdOption::Tos(_) => Ok(()),
+            IdOption::ReuseAddr(true) if self.state == IdState::Listen => {
+                Err(self.wrong(call, "any state but RDMA_CM_LISTEN to enable REUSEADDR"))
+            }
+            IdOption::ReuseAddr(false) if self.state != IdState::Idle => {
+                Err(self.wrong(call, "RDMA_CM_IDLE to disable REUSEADDR"))
+            }
+            IdOption::ReuseAddr(_) => Ok(()),
+            IdOption::AfOnly(_) if matches!(self.state, IdState::Idle | IdState::AddrBound) => Ok(()),
+            IdOption::AfOnly(_) => Err(self.wrong(call, "RDMA_CM_IDLE or RDMA_CM_ADDR_BOUND")),
+            IdOption::AckTimeout(_) if !self.ps.is_connected() => Err(CmError::InvalidArgument {
+                call,
+                reason: "ACK_TIMEOUT needs a reliable-connected (RC) id",
+            }),
+            IdOption::AckTimeout(t) if t > IdOption::MAX_ACK_TIMEOUT => Err(CmError::InvalidArgument {
+                call,
+                reason: "ACK_TIMEOUT above 31 (the QP attribute has 5 bits)",
+            }),
+            IdOption::AckTimeout(_) => Ok(()),
+        }
+    }
+
+    /// `rdma_migrate_id`: refused while events counted against the id are retrieved and not
+    /// acked, where librdmacm would block until they are.
+    pub fn migrate(&self) -> Result<(), CmError> {
+        self.alive(Call::MigrateId)?;
+        if self.unacked > 0 {
+            return Err(CmError::UnackedEvents {
+                call: Call::MigrateId,
+                count: self.unacked,
+            });
+        }
+        Ok(())
+    }
+
     /// The machine after one of its events was acked.
     pub fn on_ack(&self) -> Step {
         if self.unacked == 0 {
@@ -1562,6 +1604,70 @@ mod tests {
             ("removed", established_active().on_event(DeviceRemoval).unwrap()),
             ("destroying", bound().destroy().unwrap()),
         ]
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn every_option_in_every_state_is_taken_or_refused_as_the_kernel_does() {
+        use crate::IdOption as O;
+        // Per fixture: TOS, REUSEADDR on, REUSEADDR off, AFONLY, ACK_TIMEOUT 14.
+        let table: &[(&str, [bool; 5])] = &[
+            ("idle",                                 [true, true,  true,  true,  true]),
+            ("bound",                                [true, true,  false, true,  true]),
+            ("bound to the wildcard",                [true, true,  false, true,  true]),
+            ("addr query",                           [true, true,  false, false, true]),
+            ("addr resolved",                        [true, true,  false, false, true]),
+            ("route query",                          [true, true,  false, false, true]),
+            ("route resolved",                       [true, true,  false, false, true]),
+            ("connecting",                           [true, true,  false, false, true]),
+            ("connecting, QP destroyed",             [true, true,  false, false, true]),
+            ("connecting, QP in ERR",                [true, true,  false, false, true]),
+            ("connecting UDP",                       [true, true,  false, false, false]),
+            ("responded",                            [true, true,  false, false, true]),
+            ("established",                          [true, true,  false, false, true]),
+            ("failed",                               [true, true,  false, false, true]),
+            ("child requested",                      [true, true,  false, false, true]),
+            ("child accepted",                       [true, true,  false, false, true]),
+            ("child rejected",                       [true, true,  false, false, true]),
+            ("child established",                    [true, true,  false, false, true]),
+            ("disconnected",                         [true, true,  false, false, true]),
+            ("listening",                            [true, false, false, false, true]),
+            ("removed, not announced",               [false, false, false, false, false]),
+            ("removed without a QP, not announced",  [false, false, false, false, false]),
+            ("removed",                              [false, false, false, false, false]),
+            ("destroying",                           [false, false, false, false, false]),
+        ];
+        let options = [O::Tos(4), O::ReuseAddr(true), O::ReuseAddr(false), O::AfOnly(true), O::AckTimeout(14)];
+        let fixtures = fixtures();
+        assert_eq!(fixtures.len(), table.len(), "one row per fixture");
+        for ((name, m), &(row, expected)) in fixtures.iter().zip(table) {
+            assert_eq!(*name, row, "rows follow the fixtures");
+            for (opt, ok) in options.into_iter().zip(expected) {
+                let got = m.set_option(opt);
+                assert_eq!(got.is_ok(), ok, "{name}: {opt}: {got:?}");
+                if let Err(e) = got {
+                    assert_eq!(e.errno(), EINVAL, "{name}: {opt}");
+                }
+            }
+        }
+        assert!(IdMachine::new(PortSpace::Tcp).set_option(O::AckTimeout(32)).is_err());
+        assert!(IdMachine::new(PortSpace::Ib).set_option(O::AckTimeout(31)).is_ok());
+    }
+
+    #[test]
+    fn migrating_waits_for_no_ack_but_refuses_unacked_events() {
+        let l = bound().listen().unwrap();
+        assert_eq!(l.migrate(), Ok(()));
+        let pending = l.on_event(ConnectRequest).unwrap();
+        assert_eq!(
+            pending.migrate(),
+            Err(CmError::UnackedEvents {
+                call: Call::MigrateId,
+                count: 1
+            })
+        );
+        assert_eq!(pending.on_ack().unwrap().migrate(), Ok(()));
+        assert!(bound().destroy().unwrap().migrate().is_err());
     }
 
     #[test]

@@ -344,6 +344,8 @@ fn op_call(op: &Op) -> Option<Call> {
         Op::InitQpAttr { .. } => Call::InitQpAttr,
         Op::Establish { .. } => Call::Establish,
         Op::GetCmEvent { .. } | Op::TryGetCmEvent { .. } => Call::GetCmEvent,
+        Op::SetOption { .. } => Call::SetOption,
+        Op::MigrateId { .. } => Call::MigrateId,
         Op::AckHeld { .. } | Op::AckForged { .. } => Call::AckCmEvent,
         Op::GetLocalAddr { .. } => Call::GetLocalAddr,
         Op::GetPeerAddr { .. } => Call::GetPeerAddr,
@@ -795,6 +797,17 @@ impl<'a> World<'a> {
                 let ch = self.chan(h, ch);
                 let r = self.host(h).try_get_cm_event(ch);
                 self.event_answer(i, op, h, r, ack)
+            }
+            Op::SetOption { h, id, option } => {
+                let id = self.id(h, id);
+                let r = self.host(h).set_option(id, option);
+                self.unit(i, op, r)
+            }
+            Op::MigrateId { h, id, ch } => {
+                let id = self.id(h, id);
+                let ch = self.chan(h, ch);
+                let r = self.host(h).migrate_id(id, ch);
+                self.unit(i, op, r)
             }
             Op::AckHeld { on, n } => {
                 if self.held.is_empty() {

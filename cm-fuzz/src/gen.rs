@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use cm_core::{CmEventType, PortSpace, QpCaps, QpState};
+use cm_core::{CmEventType, IdOption, PortSpace, QpCaps, QpState};
 use cm_sim::{Fault, FaultSchedule, SimConfig, TraceMode};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -317,6 +317,16 @@ pub enum Op {
         ch: HandleRef,
         ack: bool,
     },
+    SetOption {
+        h: HostSel,
+        id: HandleRef,
+        option: IdOption,
+    },
+    MigrateId {
+        h: HostSel,
+        id: HandleRef,
+        ch: HandleRef,
+    },
     /// Acks the `n`-th most recent held event on host `on`, or on its own host when `None`.
     AckHeld {
         on: Option<HostSel>,
@@ -425,6 +435,8 @@ impl fmt::Display for Op {
                 write!(f, "{h} get_cm_event({ch}, {timeout:?}){}", ack_note(*ack))
             }
             Op::TryGetCmEvent { h, ch, ack } => write!(f, "{h} try_get_cm_event({ch}){}", ack_note(*ack)),
+            Op::SetOption { h, id, option } => write!(f, "{h} set_option({id}, {option})"),
+            Op::MigrateId { h, id, ch } => write!(f, "{h} migrate_id({id}, {ch})"),
             Op::AckHeld { on: Some(h), n } => write!(f, "{h} ack_cm_event(held[-{n}]) (maybe not its host)"),
             Op::AckHeld { on: None, n } => write!(f, "ack_cm_event(held[-{n}]) on its own host"),
             Op::AckForged {
@@ -949,11 +961,26 @@ impl Gen {
                 private_len: self.private_len(),
             },
             555..=584 => Op::Disconnect { h, id },
-            585..=704 => Op::GetCmEvent {
+            585..=694 => Op::GetCmEvent {
                 h,
                 ch: self.handle(hosts),
                 timeout: self.wait(),
                 ack: self.chance(850),
+            },
+            695..=699 => Op::SetOption {
+                h,
+                id,
+                option: match self.below(4) {
+                    0 => IdOption::Tos(self.pick(&[0, 0x10, 0xff])),
+                    1 => IdOption::ReuseAddr(self.chance(500)),
+                    2 => IdOption::AfOnly(self.chance(500)),
+                    _ => IdOption::AckTimeout(self.pick(&[0, 1, 14, 31, 32, 255])),
+                },
+            },
+            700..=704 => Op::MigrateId {
+                h,
+                id,
+                ch: self.handle(hosts),
             },
             705..=739 => Op::TryGetCmEvent {
                 h,

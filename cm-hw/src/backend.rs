@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
-    IdMachine, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, UdParam, WcOpcode, WcStatus,
-    WorkCompletion,
+    IdMachine, IdOption, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, UdParam, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
@@ -21,6 +21,7 @@ mod datagram;
 #[cfg(feature = "differential")]
 pub(crate) mod differential;
 mod external;
+mod options;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
 /// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
@@ -900,6 +901,16 @@ impl CmBackend for HwBackend {
             }
         }
         result
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn set_option(&mut self, id: IdHandle, option: IdOption) -> Result<()> {
+        self.set_option_checked(id, option)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn migrate_id(&mut self, id: IdHandle, channel: ChannelHandle) -> Result<()> {
+        self.migrate_id_checked(id, channel)
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]

@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_core::{
-    ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, LiveResources, PortSpace, QpAttr,
-    QpCaps, QpState, Result, UdParam, WorkCompletion,
+    ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption, LiveResources, PortSpace,
+    QpAttr, QpCaps, QpState, Result, UdParam, WorkCompletion,
 };
 
 use crate::fabric::SimFabric;
@@ -34,6 +34,16 @@ impl SimHost {
     /// The host's number on its fabric.
     pub fn index(&self) -> usize {
         self.host as usize
+    }
+
+    /// The type of service the id set with [`IdOption::Tos`], if it did: the simulator
+    /// records it (it neither traces it nor lets it change anything).
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for an id this host does not
+    /// know.
+    pub fn tos(&self, id: IdHandle) -> Result<Option<u8>> {
+        self.fabric.inner().borrow().tos(self.host, id)
     }
 
     /// The host's first address (where unbound ids resolve from).
@@ -77,6 +87,8 @@ impl CmBackend for SimHost {
         establish(id: IdHandle) -> Result<()>;
         disconnect(id: IdHandle) -> Result<()>;
         ack_cm_event(event: CmEvent) -> Result<()>;
+        set_option(id: IdHandle, option: IdOption) -> Result<()>;
+        migrate_id(id: IdHandle, channel: ChannelHandle) -> Result<()>;
         get_local_addr(id: IdHandle) -> Result<Option<SocketAddr>>;
         get_peer_addr(id: IdHandle) -> Result<Option<SocketAddr>>;
         post_recv(id: IdHandle, wr_id: u64, len: u32) -> Result<()>;

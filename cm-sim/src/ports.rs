@@ -1,7 +1,9 @@
 //! Port bindings per host and port space, with the kernel's conflict rules.
 //!
 //! A bind conflicts with an existing one on the same host, port space and port when either is
-//! a wildcard (`EADDRNOTAVAIL`) or both name the same address (`EADDRINUSE`). Ephemeral ports
+//! a wildcard (`EADDRNOTAVAIL`) or both name the same address (`EADDRINUSE`), unless both set
+//! `REUSEADDR`, or both are AF-only and of different families (the kernel's `cma_check_port`).
+//! Ephemeral ports
 //! come from a per-host cursor walking the configured range, so a free port is usually found at
 //! the first try and the choice is deterministic.
 
@@ -65,6 +67,29 @@ struct Binding {
     ip: Option<IpAddr>,
     id: SlotRef,
     listening: bool,
+    opts: BindOpts,
+}
+
+/// What a binding's id set with `rdma_set_option` that the conflict rules read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BindOpts {
+    /// The address's family (the wildcard's too).
+    pub(crate) v6: bool,
+    /// `REUSEADDR`.
+    pub(crate) reuse: bool,
+    /// `AFONLY`, or the kernel's default for the family (IPv4 yes, IPv6 no).
+    pub(crate) afonly: bool,
+}
+
+impl BindOpts {
+    /// The kernel's defaults for an id that set no option: no reuse, AF-only for IPv4 only.
+    pub(crate) const fn default_for(v6: bool) -> Self {
+        BindOpts {
+            v6,
+            reuse: false,
+            afonly: !v6,
+        }
+    }
 }
 
 /// The bindings of one port. Nearly always there is one, kept inline: a `Vec` would cost an
@@ -127,15 +152,23 @@ impl Ports {
         }
     }
 
-    fn conflict(bindings: &Bindings, ip: Option<IpAddr>) -> Option<BindError> {
-        bindings.iter().find_map(|b| match (b.ip, ip) {
-            (None, _) | (_, None) => Some(BindError::NotAvailable),
-            (Some(a), Some(c)) if a == c => Some(BindError::InUse),
-            _ => None,
-        })
+    /// The kernel's `cma_check_port` for `id` at `ip` with `opts` against the other bindings.
+    fn conflict(bindings: &Bindings, ip: Option<IpAddr>, opts: BindOpts, id: SlotRef) -> Option<BindError> {
+        bindings
+            .iter()
+            .filter(|b| b.id != id)
+            .filter(|b| !(opts.reuse && b.opts.reuse))
+            .filter(|b| !(opts.afonly && b.opts.afonly && opts.v6 != b.opts.v6))
+            .find_map(|b| match (b.ip, ip) {
+                (None, _) | (_, None) => Some(BindError::NotAvailable),
+                (Some(a), Some(c)) if a == c => Some(BindError::InUse),
+                _ => None,
+            })
     }
 
-    /// Binds `id` to `ip` (None = wildcard) and `port` (0 = pick one); returns the port.
+    /// Binds `id` to `ip` (None = wildcard) and `port` (0 = pick one) with the kernel's
+    /// defaults for the family; returns the port.
+    #[cfg(test)]
     pub(crate) fn bind(
         &mut self,
         host: u16,
@@ -144,21 +177,91 @@ impl Ports {
         port: u16,
         id: SlotRef,
     ) -> Result<u16, BindError> {
-        let port = if port == 0 { self.pick(host, ps, ip)? } else { port };
+        let v6 = ip.is_some_and(|ip| ip.is_ipv6());
+        self.bind_with(host, ps, ip, port, id, BindOpts::default_for(v6))
+    }
+
+    /// Binds `id` to `ip` (None = the wildcard of `opts`' family) and `port` (0 = pick one);
+    /// returns the port.
+    pub(crate) fn bind_with(
+        &mut self,
+        host: u16,
+        ps: PortSpace,
+        ip: Option<IpAddr>,
+        port: u16,
+        id: SlotRef,
+        opts: BindOpts,
+    ) -> Result<u16, BindError> {
+        let port = if port == 0 {
+            self.pick(host, ps, ip, opts, id)?
+        } else {
+            port
+        };
         let key = PortKey { host, ps, port };
         let bindings = self.map.entry(key).or_default();
-        if let Some(err) = Self::conflict(bindings, ip) {
+        if let Some(err) = Self::conflict(bindings, ip, opts, id) {
             return Err(err);
         }
         bindings.push(Binding {
             ip,
             id,
             listening: false,
+            opts,
         });
         Ok(port)
     }
 
-    fn pick(&mut self, host: u16, ps: PortSpace, ip: Option<IpAddr>) -> Result<u16, BindError> {
+    /// `rdma_listen` on an id bound with `REUSEADDR`: a listener needs its address and port to
+    /// itself, so it must not conflict with any other binding even where both reuse; from then
+    /// on it no longer reuses (the kernel clears its `reuseaddr`).
+    pub(crate) fn claim_for_listen(
+        &mut self,
+        host: u16,
+        ps: PortSpace,
+        port: u16,
+        id: SlotRef,
+    ) -> Result<(), BindError> {
+        let Some(bindings) = self.map.get_mut(&PortKey { host, ps, port }) else {
+            return Ok(());
+        };
+        let Some(me) = bindings.iter().find(|b| b.id == id).copied() else {
+            return Ok(());
+        };
+        if !me.opts.reuse {
+            return Ok(());
+        }
+        let strict = BindOpts {
+            reuse: false,
+            ..me.opts
+        };
+        if let Some(err) = Self::conflict(bindings, me.ip, strict, id) {
+            return Err(err);
+        }
+        if let Some(b) = bindings.iter_mut().find(|b| b.id == id) {
+            b.opts.reuse = false;
+        }
+        Ok(())
+    }
+
+    /// `REUSEADDR` or `AFONLY` changed on a bound id: later binds read the new value.
+    pub(crate) fn set_opts(&mut self, host: u16, ps: PortSpace, port: u16, id: SlotRef, opts: BindOpts) {
+        if let Some(b) = self
+            .map
+            .get_mut(&PortKey { host, ps, port })
+            .and_then(|v| v.iter_mut().find(|b| b.id == id))
+        {
+            b.opts = opts;
+        }
+    }
+
+    fn pick(
+        &mut self,
+        host: u16,
+        ps: PortSpace,
+        ip: Option<IpAddr>,
+        opts: BindOpts,
+        id: SlotRef,
+    ) -> Result<u16, BindError> {
         let (lo, hi) = (*self.range.start(), *self.range.end());
         let span = u32::from(hi - lo) + 1;
         let cursor = &mut self.cursors[host as usize];
@@ -167,7 +270,7 @@ impl Ports {
             *cursor = if port == hi { lo } else { port + 1 };
             let key = PortKey { host, ps, port };
             match self.map.get(&key) {
-                Some(b) if Self::conflict(b, ip).is_some() => continue,
+                Some(b) if Self::conflict(b, ip, opts, id).is_some() => continue,
                 _ => return Ok(port),
             }
         }
@@ -202,13 +305,14 @@ impl Ports {
         }
     }
 
-    /// The listener a request for `ip:port` reaches: one bound to that address, else a wildcard one.
+    /// The listener a request for `ip:port` reaches: one bound to that address, else a wildcard
+    /// one of the same family or one that is not AF-only (`cma_match_private_data`).
     pub(crate) fn listener(&self, host: u16, ps: PortSpace, ip: IpAddr, port: u16) -> Option<SlotRef> {
         let bindings = self.map.get(&PortKey { host, ps, port })?;
         let listening = || bindings.iter().filter(|b| b.listening);
         listening()
             .find(|b| b.ip == Some(ip))
-            .or_else(|| listening().find(|b| b.ip.is_none()))
+            .or_else(|| listening().find(|b| b.ip.is_none() && (!b.opts.afonly || b.opts.v6 == ip.is_ipv6())))
             .map(|b| b.id)
     }
 }
@@ -246,6 +350,60 @@ mod tests {
         );
         p.unbind(0, PortSpace::Tcp, 7471, id(1));
         assert_eq!(p.bind(0, PortSpace::Tcp, Some(a), 7471, id(4)), Ok(7471));
+    }
+
+    #[test]
+    fn reuse_and_afonly_follow_the_kernels_cma_check_port() {
+        use BindError::{InUse, NotAvailable};
+        use PortSpace::Tcp;
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut p = Ports::new(1, 40000..=40001);
+        let reuse = BindOpts {
+            reuse: true,
+            ..BindOpts::default_for(false)
+        };
+        assert_eq!(p.bind_with(0, Tcp, Some(a), 7, id(1), reuse), Ok(7));
+        assert_eq!(p.bind_with(0, Tcp, Some(a), 7, id(2), reuse), Ok(7));
+        assert_eq!(
+            p.bind(0, Tcp, Some(a), 7, id(3)),
+            Err(InUse),
+            "only where both reuse"
+        );
+        assert_eq!(p.claim_for_listen(0, Tcp, 7, id(1)), Err(InUse));
+        p.unbind(0, Tcp, 7, id(2));
+        assert_eq!(p.claim_for_listen(0, Tcp, 7, id(1)), Ok(()));
+        assert_eq!(
+            p.bind_with(0, Tcp, Some(a), 7, id(4), reuse),
+            Err(InUse),
+            "a listener reuses no more"
+        );
+        let v6_afonly = BindOpts {
+            afonly: true,
+            ..BindOpts::default_for(true)
+        };
+        assert_eq!(p.bind_with(0, Tcp, None, 8, id(5), v6_afonly), Ok(8));
+        assert_eq!(
+            p.bind(0, Tcp, None, 8, id(6)),
+            Ok(8),
+            "both AF-only, families differ"
+        );
+        assert_eq!(
+            p.bind_with(0, Tcp, None, 9, id(7), BindOpts::default_for(true)),
+            Ok(9)
+        );
+        assert_eq!(
+            p.bind(0, Tcp, None, 9, id(8)),
+            Err(NotAvailable),
+            "IPv6 is not AF-only by default"
+        );
+        p.set_listening(0, Tcp, 8, id(5), true);
+        assert_eq!(
+            p.listener(0, Tcp, a, 8),
+            None,
+            "an AF-only IPv6 wildcard takes no IPv4"
+        );
+        p.set_listening(0, Tcp, 9, id(7), true);
+        assert_eq!(p.listener(0, Tcp, a, 9), Some(id(7)));
     }
 
     #[test]

@@ -400,14 +400,15 @@ fn invalid_arguments_are_refused_with_einval() {
         ),
         "{err}"
     );
+    // A destination of the other family than the source (the hardware runner runs on both).
+    let other: SocketAddr = if bed.client_ip.is_ipv4() {
+        "[::1]:1".parse().unwrap()
+    } else {
+        "127.0.0.1:1".parse().unwrap()
+    };
     let v6 = b.create_id(client.ch, PortSpace::Tcp).unwrap();
     let err = b
-        .resolve_addr(
-            v6,
-            Some(SocketAddr::new(bed.client_ip, 0)),
-            "[::1]:1".parse().unwrap(),
-            WAIT,
-        )
+        .resolve_addr(v6, Some(SocketAddr::new(bed.client_ip, 0)), other, WAIT)
         .unwrap_err();
     assert_eq!(err.errno(), errno::EINVAL, "{err}");
     let b = &mut bed.client;

@@ -298,7 +298,9 @@ impl<B: CmBackend> Run<'_, B> {
                 };
                 let addr = match port {
                     0 => SocketAddr::new(ip, 0),
-                    4 => SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), base + 3),
+                    // The wildcard of the bed's family (the hardware runner runs on both).
+                    4 if ip.is_ipv4() => SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), base + 3),
+                    4 => SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), base + 3),
                     p => SocketAddr::new(ip, base + u16::from(p)),
                 };
                 let wildcard = addr.ip().is_unspecified();

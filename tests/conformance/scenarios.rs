@@ -30,7 +30,13 @@ fn bind_reports_addr_in_use_not_available_and_wrong_state() {
             errno::EADDRINUSE
         )
     );
-    let wildcard = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+    // The wildcard of the address's family (the hardware runner runs on IPv4 and on IPv6).
+    let any: std::net::IpAddr = if addr.is_ipv4() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    };
+    let wildcard = SocketAddr::new(any, addr.port());
     let err = b.bind_addr(second, wildcard).unwrap_err();
     assert_eq!(
         err.errno(),

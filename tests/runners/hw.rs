@@ -1,10 +1,11 @@
 //! The conformance suite on the hardware backend (feature `hw`): the same scenario, misuse and
 //! property tests as the simulator runner, over the real librdmacm.
 //!
-//! Needs an RDMA device and `CM_HW_ADDR`, the IPv4 address of the interface that carries it
-//! (Soft-RoCE: `rdma link add rxe0 type rxe netdev <if>`). Server and client are two backends in
-//! this process on that one address; the device loops the traffic back. `CM_HW_UNREACHABLE_ADDR`
-//! names an address nobody answers for (default: the `.254` host of `CM_HW_ADDR`'s /24).
+//! Needs an RDMA device and `CM_HW_ADDR`, an IPv4 or IPv6 address of the interface that carries
+//! it (Soft-RoCE: `rdma link add rxe0 type rxe netdev <if>`; the lab runs the runner once on each
+//! family). Server and client are two backends in this process on that one address; the device
+//! loops the traffic back. `CM_HW_UNREACHABLE_ADDR` names an address nobody answers for (default:
+//! the `.254` host of an IPv4 address's /24, the `::fe` host of an IPv6 address's /64).
 //! Without a device every test prints `skipped: <reason>` and passes.
 //!
 //! libtest has no run-time skip, so a skipped test shows as passed in its summary. The runner
@@ -37,11 +38,11 @@ mod bed {
             return Some(e.to_string());
         }
         match std::env::var("CM_HW_ADDR") {
-            Ok(a) if a.parse::<std::net::Ipv4Addr>().is_ok() => None,
-            Ok(a) => Some(format!("CM_HW_ADDR={a:?} is not an IPv4 address")),
-            Err(_) => Some(
-                "an RDMA device answers, but CM_HW_ADDR (its interface's IPv4 address) is not set".into(),
-            ),
+            Ok(a) if a.parse::<IpAddr>().is_ok() => None,
+            Ok(a) => Some(format!("CM_HW_ADDR={a:?} is not an IP address")),
+            Err(_) => {
+                Some("an RDMA device answers, but CM_HW_ADDR (its interface's IP address) is not set".into())
+            }
         }
     }
 
@@ -60,7 +61,11 @@ mod bed {
                     let [a, b, c, _] = v4.octets();
                     IpAddr::from([a, b, c, 254])
                 }
-                IpAddr::V6(_) => unreachable!("checked to be IPv4"),
+                IpAddr::V6(v6) => {
+                    let mut s = v6.segments();
+                    s[4..].copy_from_slice(&[0, 0, 0, 0xfe]);
+                    IpAddr::from(s)
+                }
             },
         };
         // Each bed gets its own block of ports, so a test never meets the previous one's ids.
@@ -128,6 +133,9 @@ mod datagram;
 #[path = "../conformance/props.rs"]
 mod props;
 
+#[path = "../conformance/options.rs"]
+mod options;
+
 /// Behaviour only a real device shows the way it matters here.
 mod hw_only {
     use cm::api::{CmBackend, QpState, WcOpcode, WcStatus};
@@ -169,6 +177,59 @@ mod hw_only {
             Some(QpState::Err)
         );
         teardown(&mut bed, conn);
+    }
+
+    /// A whole connection between two synchronous ids: each side's calls wait for their own
+    /// events, so the sides run on two threads, as librdmacm's synchronous users do.
+    #[test]
+    fn two_synchronous_ids_on_two_threads_connect_and_disconnect() {
+        use std::net::SocketAddr;
+
+        use cm::api::{getaddrinfo, AddrHints, AddrInfo, CmEventType, ConnParam, PortSpace, QpCaps, SyncId};
+
+        use crate::support::{assert_clean, WAIT};
+
+        let mut bed = bed!();
+        let addr = bed.server_addr();
+        let src = SocketAddr::new(bed.client_ip, 0);
+        let (server, client) = (&mut bed.server, &mut bed.client);
+        let passive = AddrHints {
+            passive: true,
+            ..AddrHints::default()
+        };
+        let info = getaddrinfo(
+            Some(&addr.ip().to_string()),
+            Some(&addr.port().to_string()),
+            &passive,
+        )
+        .unwrap()[0];
+        let mut listener = SyncId::create_ep(server, &info, Some(QpCaps::new()), WAIT).unwrap();
+        listener.listen(server, 0).unwrap();
+        std::thread::scope(|s| {
+            let serving = s.spawn(|| {
+                let mut child = listener.get_request(server).unwrap();
+                child.accept(server, &ConnParam::new()).unwrap();
+                assert_eq!(child.event().map(|e| e.event()), Some(CmEventType::Established));
+                assert_eq!(child.next_event(server).unwrap(), CmEventType::Disconnected);
+                // Destroying the child answers the client's DREQ.
+                child.destroy(server).map_err(|(_, e)| e).unwrap();
+            });
+            let active = AddrInfo {
+                passive: false,
+                port_space: PortSpace::Tcp,
+                src: Some(src),
+                dst: Some(addr),
+            };
+            let mut ep = SyncId::create_ep(client, &active, Some(QpCaps::new()), WAIT).unwrap();
+            ep.connect(client, &ConnParam::new()).unwrap();
+            assert_eq!(ep.event().map(|e| e.event()), Some(CmEventType::Established));
+            ep.disconnect(client).unwrap();
+            assert_eq!(ep.event().map(|e| e.event()), Some(CmEventType::Disconnected));
+            ep.destroy(client).map_err(|(_, e)| e).unwrap();
+            serving.join().expect("the server thread");
+        });
+        listener.destroy(server).map_err(|(_, e)| e).unwrap();
+        assert_clean(&bed);
     }
 }
 

@@ -84,3 +84,9 @@ mod sim_only;
 
 #[path = "../conformance/faults.rs"]
 mod faults;
+
+#[path = "../conformance/options.rs"]
+mod options;
+
+#[path = "../conformance/options_sim.rs"]
+mod options_sim;

@@ -40,6 +40,7 @@ use crate::guard::Guarded;
 
 mod external;
 pub use external::RawId;
+mod options;
 
 /// An errno value.
 pub(crate) type Errno = i32;

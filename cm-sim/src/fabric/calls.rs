@@ -101,9 +101,10 @@ impl Fabric {
             });
         }
         let ps = self.slot(r).m.port_space();
+        let opts = self.bind_opts(r, ip.is_ipv6());
         let port = self
             .ports
-            .bind(host, ps, (!wildcard).then_some(ip), addr.port(), r)
+            .bind_with(host, ps, (!wildcard).then_some(ip), addr.port(), r, opts)
             .map_err(|e| match e {
                 BindError::InUse => CmError::AddrInUse { call },
                 BindError::NotAvailable => CmError::AddrNotAvailable { call },
@@ -197,6 +198,7 @@ impl Fabric {
         let r = self.id_ref(host, id, Call::ResolveRoute)?;
         let next = self.slot(r).m.resolve_route()?;
         self.slot(r).m = next;
+        self.on_route_resolution(r);
         let lat = self.latency();
         let h = &mut self.hosts[host as usize];
         if h.fail_route.1 > 0 {
@@ -274,6 +276,14 @@ impl Fabric {
         };
         let slot = self.slot(r);
         let (ps, port) = (slot.m.port_space(), slot.local.get().expect("bound").port());
+        self.ports
+            .claim_for_listen(host, ps, port, r)
+            .map_err(|e| match e {
+                BindError::InUse => CmError::AddrInUse { call: Call::Listen },
+                BindError::NotAvailable => CmError::AddrNotAvailable { call: Call::Listen },
+            })?;
+        self.on_listen(r);
+        let slot = self.slot(r);
         slot.listener = Some(Box::new(Listener {
             backlog,
             pending: VecDeque::new(),

@@ -115,7 +115,7 @@ impl Fabric {
     /// The send at the head of `sender`'s queue goes unacknowledged: the transport sends it
     /// again every local ACK timeout, `retry_count` times, then gives up.
     pub(super) fn arm_transport_retry(&mut self, sender: SlotRef) {
-        let per_try = nanos(self.cfg.ack_timeout);
+        let per_try = nanos(self.ack_timeout_of(sender));
         let tries = u64::from(self.slot(sender).retry_count) + 1;
         let Some(qp) = self.slot(sender).qp.as_mut() else {
             return;

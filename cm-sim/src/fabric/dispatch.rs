@@ -259,7 +259,7 @@ impl Fabric {
                 Effect::Arm(timer) => {
                     let after = match timer {
                         CmTimer::Timewait => self.cfg.timewait,
-                        CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cfg.cm_timeout,
+                        CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cm_timeout_of(id),
                     };
                     self.timer(id, self.now + after, TimerKind::Cm(timer));
                 }

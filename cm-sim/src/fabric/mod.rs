@@ -47,6 +47,7 @@ mod datagram;
 mod dispatch;
 mod external;
 mod handle;
+mod options;
 mod retrieve;
 mod storage;
 mod strike;
@@ -101,6 +102,8 @@ pub(crate) struct Fabric {
     /// Events ever queued on any channel: an executor that saw this count before and has
     /// retrieved everything since knows no channel has an event without asking each one.
     events_queued: u64,
+    /// What ids set with `rdma_set_option` (most never do).
+    id_options: options::OptionTable,
 }
 
 type R<T> = Result<T, CmError>;
@@ -131,6 +134,7 @@ impl Fabric {
             outstanding: Slab::new(),
             external: BTreeMap::new(),
             datagrams: None,
+            id_options: options::OptionTable::default(),
             cfg,
         }
     }

@@ -240,7 +240,7 @@ impl Fabric {
         if self.lost(from_host, to_host) {
             self.trace_lost(from_host, from, kind, to_host);
             if Self::retried(kind) && u32::from(attempt) < self.cfg.cm_retries {
-                let again = self.now + self.cfg.cm_response_timeout();
+                let again = self.now + self.cm_response_timeout_of(from);
                 let attempt = attempt + 1;
                 self.schedule(
                     again,
@@ -305,7 +305,7 @@ impl Fabric {
     /// again after its response timeout, until its retries run out.
     pub(super) fn resend_req_later(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
         if u32::from(attempt) < self.cfg.cm_retries {
-            let again = self.now + self.cfg.cm_response_timeout();
+            let again = self.now + self.cm_response_timeout_of(from);
             let attempt = attempt + 1;
             self.schedule(
                 again,
