@@ -41,8 +41,10 @@ pub mod backend;
 mod error;
 mod event;
 mod handle;
+mod slab;
 mod state;
 mod types;
+mod wr_pool;
 
 pub use backend::{CmBackend, Result};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};

@@ -1,6 +1,7 @@
 //! The bodies of the librdmacm calls, one per `CmBackend` method.
 
 use super::*;
+use cm_core::backend::{post_gate, Admission};
 
 impl Fabric {
     pub(crate) fn create_event_channel(&mut self, host: u16) -> R<ChannelHandle> {
@@ -496,48 +497,39 @@ impl Fabric {
     }
 
     pub(crate) fn post_send(&mut self, host: u16, id: IdHandle, wr_id: u64, data: &[u8]) -> R<()> {
-        let call = Call::PostSend;
-        let r = self.qp_for(host, id, call)?;
-        self.slot(r).m.post_send()?;
-        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
-        let qp = self.slot(r).qp.as_mut().expect("checked");
-        qp.caps.check_length(WcOpcode::Send, data.len())?;
-        if qp.send_slots() >= qp.caps.max_send_wr {
-            return Err(CmError::QueueFull {
-                call,
-                outstanding: qp.send_slots(),
-            });
-        }
-        if in_err {
-            qp.push_flushed(wr_id, WcOpcode::Send);
-        } else {
-            qp.push_send(wr_id, data);
+        let r = self.qp_for(host, id, Call::PostSend)?;
+        if self.admit(r, WcOpcode::Send, wr_id, data.len())? {
+            self.slot(r).qp.as_mut().expect("checked").push_send(wr_id, data);
             self.deliver_sends(r);
         }
         Ok(())
     }
 
     pub(crate) fn post_recv(&mut self, host: u16, id: IdHandle, wr_id: u64, len: u32) -> R<()> {
-        let call = Call::PostRecv;
-        let r = self.qp_for(host, id, call)?;
-        self.slot(r).m.post_recv()?;
-        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
-        let qp = self.slot(r).qp.as_mut().expect("checked");
-        qp.caps.check_length(WcOpcode::Recv, len as usize)?;
-        if qp.recv_slots() >= qp.caps.max_recv_wr {
-            return Err(CmError::QueueFull {
-                call,
-                outstanding: qp.recv_slots(),
-            });
-        }
-        if in_err {
-            qp.push_flushed(wr_id, WcOpcode::Recv);
-        } else {
-            qp.push_recv(wr_id, len);
+        let r = self.qp_for(host, id, Call::PostRecv)?;
+        if self.admit(r, WcOpcode::Recv, wr_id, len as usize)? {
+            self.slot(r).qp.as_mut().expect("checked").push_recv(wr_id, len);
             let remote = self.slot(r).remote;
             self.deliver_sends(remote);
         }
         Ok(())
+    }
+
+    /// The post gate for a work request on `r`'s QP: whether the caller queues it (true), or
+    /// it was refused (error) or completed flushed here (false). A simulated device fails a QP
+    /// only through the machine, so there is no failure the machine does not know yet.
+    fn admit(&mut self, r: SlotRef, opcode: WcOpcode, wr_id: u64, len: usize) -> R<bool> {
+        let slot = self.slot(r);
+        let qp = slot.qp.as_mut().expect("checked");
+        match post_gate(&mut slot.m, &qp.caps, opcode, len, qp.outstanding(opcode), || {
+            Ok(false)
+        })? {
+            Admission::Post => Ok(true),
+            Admission::Flush => {
+                qp.push_flushed(wr_id, opcode);
+                Ok(false)
+            }
+        }
     }
 
     pub(crate) fn poll_cq(
