@@ -234,6 +234,9 @@ fn answer(r: Result<Admission, CmError>) -> Want {
     }
 }
 
+/// A row of the post gate's table.
+type Row = (IdMachine, WcOpcode, usize, u32, Option<bool>, Want, Option<QpState>);
+
 #[test]
 fn the_post_gate_checks_machine_length_device_and_queue_in_that_order() {
     use Admission::{Flush, Post};
@@ -248,9 +251,10 @@ fn the_post_gate_checks_machine_length_device_and_queue_in_that_order() {
     let init = machine(PortSpace::Tcp, &[AddrResolved], true);
     let err = init.qp_error();
     let ud = machine(PortSpace::Udp, &[AddrResolved], true);
-    // (machine, opcode, length, outstanding, device failed, answer, machine's QP after)
+    // (machine, opcode, length, outstanding, device failed (None: its check fails), answer,
+    // machine's QP after)
     #[rustfmt::skip]
-    let table: &[(IdMachine, WcOpcode, usize, u32, Option<bool>, Want, Option<QpState>)] = &[
+    let table: &[Row] = &[
         (no_qp, Send, 1, 0, Some(false), NoQp, None),
         (no_qp, Recv, 1, 0, Some(false), NoQp, None),
         (init, Send, 1, 0, Some(false), WrongQpState, Some(QpState::Init)),
