@@ -287,6 +287,7 @@ mod tests {
                 }
                 Get(n, want) => {
                     assert_eq!(s.get(refs[n]).copied(), want, "{at}");
+                    assert_eq!(s.get_mut(refs[n]).map(|v| *v), want, "{at}");
                     assert_eq!(s.contains(refs[n]), want.is_some(), "{at}");
                     if want.is_some() {
                         assert_eq!(s.generation(refs[n].index), Some(refs[n].generation), "{at}");

@@ -108,6 +108,7 @@ pub fn post_gate(
 }
 
 /// A queue's index in the per-queue arrays.
+#[inline]
 const fn queue(opcode: WcOpcode) -> usize {
     match opcode {
         WcOpcode::Send => 0,
@@ -149,6 +150,7 @@ impl Queue {
 
     /// The lowest never-used slot comes after every freed one, which makes the order of slots
     /// the same as a free list that started full and sorted.
+    #[inline]
     fn take(&mut self, use_: SlotUse) -> Option<u32> {
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -163,10 +165,12 @@ impl Queue {
         Some(slot)
     }
 
+    #[inline]
     fn use_of(&self, slot: u32) -> Option<&SlotUse> {
         self.used.get(slot.checked_sub(self.base)? as usize)?.as_ref()
     }
 
+    #[inline]
     fn free(&mut self, slot: u32) -> Option<SlotUse> {
         let use_ = self.used.get_mut((slot - self.base) as usize)?.take()?;
         self.free.push(slot);
@@ -212,18 +216,21 @@ impl WrPool {
         }
     }
 
+    #[inline]
     fn queue_of(&self, slot: u32) -> usize {
         usize::from(slot >= self.queues[1].base)
     }
 
     /// Requests of `opcode`'s queue posted and not polled yet (given to the transport or
     /// flushed).
+    #[inline]
     pub fn outstanding(&self, opcode: WcOpcode) -> u32 {
         self.queues[queue(opcode)].held
     }
 
     /// Takes a free slot of `opcode`'s queue for `wr_id`, about to be given to the transport
     /// with `len` bytes; None when the queue is full.
+    #[inline]
     pub fn post(&mut self, opcode: WcOpcode, wr_id: u64, len: u32) -> Option<u32> {
         let q = &mut self.queues[queue(opcode)];
         let slot = q.take(SlotUse {
@@ -236,6 +243,7 @@ impl WrPool {
     }
 
     /// Whether `slot` carries a request given to the transport.
+    #[inline]
     fn in_transport(&self, slot: u32) -> bool {
         self.queues[self.queue_of(slot)]
             .use_of(slot)
@@ -254,14 +262,20 @@ impl WrPool {
     /// The transport completed the request in `slot` (its work request id) and the completion
     /// was polled: frees the slot; what it carried and its queue. None when `slot` is not a
     /// slot given to the transport (ignored rather than trusted).
+    #[inline]
     pub fn complete(&mut self, slot: u64) -> Option<(WcOpcode, SlotUse)> {
         let slot = u32::try_from(slot).ok()?;
-        if !self.in_transport(slot) {
-            return None;
-        }
         let qi = self.queue_of(slot);
         let q = &mut self.queues[qi];
-        let use_ = q.free(slot)?;
+        // One lookup: this runs for every completion polled.
+        let entry = q.used.get_mut(slot.checked_sub(q.base)? as usize)?;
+        let use_ = match *entry {
+            Some(u) if !u.flushed => u,
+            _ => return None,
+        };
+        *entry = None;
+        q.free.push(slot);
+        q.held -= 1;
         q.in_transport -= 1;
         Some((opcode_of(qi), use_))
     }
@@ -269,6 +283,7 @@ impl WrPool {
     /// Takes a slot of `opcode`'s queue for `wr_id` posted while the QP is in ERR: it never goes
     /// to the transport and completes flushed (see the [module docs](self)). False when the
     /// queue is full.
+    #[inline]
     pub fn flush(&mut self, opcode: WcOpcode, wr_id: u64) -> bool {
         let q = &mut self.queues[queue(opcode)];
         let Some(slot) = q.take(SlotUse {
@@ -284,6 +299,7 @@ impl WrPool {
     }
 
     /// Whether flushed requests wait to be handed out (ready or not).
+    #[inline]
     pub fn has_flushed(&self) -> bool {
         self.queues.iter().any(|q| !q.flushed.is_empty())
     }
@@ -291,7 +307,11 @@ impl WrPool {
     /// The next flushed request whose completion may be handed out now (nothing its queue gave
     /// the transport earlier is still unpolled), with its slot freed; the oldest first when
     /// both queues have one.
+    #[inline]
     pub fn next_flushed(&mut self) -> Option<(WcOpcode, u64)> {
+        if !self.has_flushed() {
+            return None;
+        }
         let ready = |q: &Queue| match q.in_transport {
             0 => q.flushed.front().map(|&(seq, _)| seq),
             _ => None,
@@ -309,6 +329,7 @@ impl WrPool {
     }
 }
 
+#[inline]
 const fn opcode_of(queue: usize) -> WcOpcode {
     if queue == 0 {
         WcOpcode::Send

@@ -132,6 +132,20 @@ fn a_request_the_transport_refused_gives_its_slot_back_once() {
 }
 
 #[test]
+fn a_request_the_transport_refused_does_not_hold_back_later_flushed_ones() {
+    run(
+        WrPool::new(1, 1),
+        &[
+            Post(Recv, 1, 8, Some(1)),
+            Unpost(1),
+            Flush(Recv, 2, true),
+            NextFlushed(Some((Recv, 2))),
+            Held(0, 0, false),
+        ],
+    );
+}
+
+#[test]
 fn an_empty_pool_refuses_everything() {
     run(
         WrPool::new(0, 0),
@@ -235,7 +249,15 @@ fn answer(r: Result<Admission, CmError>) -> Want {
 }
 
 /// A row of the post gate's table.
-type Row = (IdMachine, WcOpcode, usize, u32, Option<bool>, Want, Option<QpState>);
+type Row = (
+    IdMachine,
+    WcOpcode,
+    usize,
+    u32,
+    Option<bool>,
+    Want,
+    Option<QpState>,
+);
 
 #[test]
 fn the_post_gate_checks_machine_length_device_and_queue_in_that_order() {
