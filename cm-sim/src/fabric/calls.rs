@@ -498,8 +498,7 @@ impl Fabric {
 
     pub(crate) fn post_send(&mut self, host: u16, id: IdHandle, wr_id: u64, data: &[u8]) -> R<()> {
         let r = self.qp_for(host, id, Call::PostSend)?;
-        if self.admit(r, WcOpcode::Send, wr_id, data.len())? {
-            self.slot(r).qp.as_mut().expect("checked").push_send(wr_id, data);
+        if self.post(r, WcOpcode::Send, wr_id, data, data.len())? {
             self.deliver_sends(r);
         }
         Ok(())
@@ -507,24 +506,29 @@ impl Fabric {
 
     pub(crate) fn post_recv(&mut self, host: u16, id: IdHandle, wr_id: u64, len: u32) -> R<()> {
         let r = self.qp_for(host, id, Call::PostRecv)?;
-        if self.admit(r, WcOpcode::Recv, wr_id, len as usize)? {
-            self.slot(r).qp.as_mut().expect("checked").push_recv(wr_id, len);
+        if self.post(r, WcOpcode::Recv, wr_id, &[], len as usize)? {
             let remote = self.slot(r).remote;
             self.deliver_sends(remote);
         }
         Ok(())
     }
 
-    /// The post gate for a work request on `r`'s QP: whether the caller queues it (true), or
-    /// it was refused (error) or completed flushed here (false). A simulated device fails a QP
-    /// only through the machine, so there is no failure the machine does not know yet.
-    fn admit(&mut self, r: SlotRef, opcode: WcOpcode, wr_id: u64, len: usize) -> R<bool> {
+    /// A work request on `r`'s QP through the post gate: queued (true: the caller lets sends
+    /// land), refused (the error), or completed flushed at once (false). `len` is the send's
+    /// length or the receive buffer's. A simulated device fails a QP only through the machine,
+    /// so there is no failure the machine does not know yet.
+    fn post(&mut self, r: SlotRef, opcode: WcOpcode, wr_id: u64, data: &[u8], len: usize) -> R<bool> {
         let slot = self.slot(r);
         let qp = slot.qp.as_mut().expect("checked");
-        match post_gate(&mut slot.m, &qp.caps, opcode, len, qp.outstanding(opcode), || {
-            Ok(false)
-        })? {
-            Admission::Post => Ok(true),
+        let outstanding = qp.outstanding(opcode);
+        match post_gate(&mut slot.m, &qp.caps, opcode, len, outstanding, || Ok(false))? {
+            Admission::Post => {
+                match opcode {
+                    WcOpcode::Send => qp.push_send(wr_id, data),
+                    WcOpcode::Recv => qp.push_recv(wr_id, len as u32),
+                }
+                Ok(true)
+            }
             Admission::Flush => {
                 qp.push_flushed(wr_id, opcode);
                 Ok(false)
