@@ -5,7 +5,8 @@
 //! handles and events from a backend and never need to make them; backends (and the misuse
 //! suite and fuzzers, which forge stale and foreign ones on purpose) do. It also holds the
 //! storage every backend builds on, so that the backends cannot drift apart: the generational
-//! [`Slab`] their handles index, and a QP's [`WrPool`] with the [`post_gate`] that decides
+//! [`Slab`](crate::slab::Slab) their handles index, and a QP's [`WrPool`](crate::wr_pool::WrPool) with
+//! the [`post_gate`](crate::wr_pool::post_gate) that decides
 //! whether a work request is refused, posted or completed flushed.
 
 use std::net::SocketAddr;

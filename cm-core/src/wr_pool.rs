@@ -1,27 +1,5 @@
-//! A QP's work requests, as pure code (no I/O), and the post gate both backends call before
-//! posting.
-//!
-//! # Slots
-//!
-//! A work request occupies a slot of its queue from posting until its completion is polled,
-//! whether the transport (the device, or the simulator's queues) still holds it or it was
-//! flushed by the backend, so both backends refuse a full queue at the same moment. Slots
-//! `0..send` are for sends, `send..send + recv` for receives: a backend gives the slot as the
-//! work request's id to its transport and finds the caller's `wr_id` (and, on hardware, the
-//! registered message buffer) from it in O(1) when the completion comes back
-//! ([`WrPool::complete`]). Slot storage grows with the slots used, so a QP that never posts
-//! costs nothing here.
-//!
-//! # Flushed work requests
-//!
-//! A work request posted while the QP is in ERR completes at once with `WR_FLUSH_ERR`; it never
-//! reaches the transport (not every provider completes one: rxe on Linux 6.1 never completes a
-//! receive posted on a QP in ERR). It is [`flush`](WrPool::flush)ed here and its completion
-//! handed out by [`next_flushed`](WrPool::next_flushed). Verbs completes each queue in posting
-//! order, and so does this: a flushed completion is held back while requests of its queue that
-//! went to the transport earlier have not been polled (they were all posted before, since a QP
-//! never leaves ERR). Flushed completions that are ready come out in posting order across both
-//! queues.
+//! A QP's work requests ([`WrPool`]: slots, and the order of flushed completions), as pure code
+//! (no I/O), and the [`post_gate`] both backends call before posting.
 
 use std::collections::VecDeque;
 
@@ -179,7 +157,29 @@ impl Queue {
     }
 }
 
-/// The work requests of one QP: see the [module docs](self).
+/// The work requests of one QP.
+///
+/// # Slots
+///
+/// A work request occupies a slot of its queue from posting until its completion is polled,
+/// whether the transport (the device, or the simulator's queues) still holds it or it was
+/// flushed by the backend, so both backends refuse a full queue at the same moment. Slots
+/// `0..send` are for sends, `send..send + recv` for receives: a backend gives the slot as the
+/// work request's id to its transport and finds the caller's `wr_id` (and, on hardware, the
+/// registered message buffer) from it in O(1) when the completion comes back
+/// ([`WrPool::complete`]). Slot storage grows with the slots used, so a QP that never posts
+/// costs nothing here.
+///
+/// # Flushed work requests
+///
+/// A work request posted while the QP is in ERR completes at once with `WR_FLUSH_ERR`; it never
+/// reaches the transport (not every provider completes one: rxe on Linux 6.1 never completes a
+/// receive posted on a QP in ERR). It is [`flush`](WrPool::flush)ed here and its completion
+/// handed out by [`next_flushed`](WrPool::next_flushed). Verbs completes each queue in posting
+/// order, and so does this: a flushed completion is held back while requests of its queue that
+/// went to the transport earlier have not been polled (they were all posted before, since a QP
+/// never leaves ERR). Flushed completions that are ready come out in posting order across both
+/// queues.
 ///
 /// ```
 /// use cm_core::backend::WrPool;
@@ -281,7 +281,7 @@ impl WrPool {
     }
 
     /// Takes a slot of `opcode`'s queue for `wr_id` posted while the QP is in ERR: it never goes
-    /// to the transport and completes flushed (see the [module docs](self)). False when the
+    /// to the transport and completes flushed (see [`WrPool`]). False when the
     /// queue is full.
     #[inline]
     pub fn flush(&mut self, opcode: WcOpcode, wr_id: u64) -> bool {
