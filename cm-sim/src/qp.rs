@@ -353,6 +353,22 @@ mod tests {
     }
 
     #[test]
+    fn poll_moves_at_most_max_of_the_queued_completions_and_frees_only_their_slots() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        for wr_id in 10..13 {
+            qp.push_recv(wr_id, 8);
+        }
+        qp.flush();
+        let ids = |wcs: Vec<WorkCompletion>| wcs.into_iter().map(|wc| wc.wr_id).collect::<Vec<_>>();
+        assert_eq!(ids(polled(&mut qp, 0)), [0u64; 0]);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 3);
+        assert_eq!(ids(polled(&mut qp, 2)), [10, 11]);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 1);
+        assert_eq!(ids(polled(&mut qp, 2)), [12]);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 0);
+    }
+
+    #[test]
     fn a_work_request_posted_in_err_completes_flushed_at_once() {
         let mut qp = Qp::new(1, QpCaps::new());
         qp.push_flushed(4, WcOpcode::Send);
