@@ -3,7 +3,11 @@
 //! The trait and [`Result`] are re-exported at the crate root for applications. The rest of this
 //! module is hidden from the docs: constructors that forge handles and events. Applications get
 //! handles and events from a backend and never need to make them; backends (and the misuse
-//! suite and fuzzers, which forge stale and foreign ones on purpose) do.
+//! suite and fuzzers, which forge stale and foreign ones on purpose) do. It also holds the
+//! storage every backend builds on, so that the backends cannot drift apart: the generational
+//! [`Slab`](crate::slab::Slab) their handles index, and a QP's [`WrPool`](crate::wr_pool::WrPool) with
+//! the [`post_gate`](crate::wr_pool::post_gate) that decides
+//! whether a work request is refused, posted or completed flushed.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -410,6 +414,8 @@ pub trait CmBackend {
 }
 
 pub use crate::handle::next_backend_tag;
+pub use crate::slab::{Slab, SlotRef};
+pub use crate::wr_pool::{post_gate, Admission, SlotUse, WrPool};
 
 /// Makes an id handle: slot `index` at `generation` in the backend tagged `owner`.
 pub const fn id_handle(owner: u32, index: u32, generation: u32) -> IdHandle {

@@ -44,8 +44,10 @@ mod event;
 mod external;
 mod handle;
 mod options;
+mod slab;
 mod state;
 mod types;
+mod wr_pool;
 
 pub use backend::{CmBackend, Result};
 pub use datagram::{gid_ip, grh_source, AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY};

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
+use cm_core::backend::{post_gate, Admission, Slab, SlotRef, WrPool};
 use cm_core::{
     Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
     IdMachine, IdOption, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, UdParam, WcOpcode,
@@ -13,8 +14,7 @@ use cm_core::{
 };
 
 use crate::convert::{self, os_error};
-use crate::pool::{Prefetched, SlotPool};
-use crate::slab::Slab;
+use crate::pool::Prefetched;
 use crate::sys::{self, Errno};
 
 mod datagram;
@@ -60,7 +60,7 @@ struct IdEntry {
 /// The QP of an id with its slot bookkeeping.
 struct QpEntry {
     raw: sys::Qp,
-    pool: SlotPool,
+    pool: WrPool,
     /// What the QP was created with (its message buffers are `caps.max_message_size` long).
     caps: QpCaps,
     /// Completions taken from the CQ by a post, not yet handed out by `poll_cq`.
@@ -256,7 +256,7 @@ impl HwBackend {
     }
 
     fn channel_index(&self, call: Call, h: ChannelHandle) -> Result<u32> {
-        if h.owner() == self.tag && self.channels.get(h.index(), h.generation()).is_some() {
+        if h.owner() == self.tag && self.channels.contains(slot_ref(h.index(), h.generation())) {
             Ok(h.index())
         } else {
             Err(CmError::UnknownHandle {
@@ -267,7 +267,7 @@ impl HwBackend {
     }
 
     fn id_index(&self, call: Call, h: IdHandle) -> Result<u32> {
-        if h.owner() == self.tag && self.ids.get(h.index(), h.generation()).is_some() {
+        if h.owner() == self.tag && self.ids.contains(slot_ref(h.index(), h.generation())) {
             Ok(h.index())
         } else {
             Err(CmError::UnknownHandle {
@@ -289,12 +289,15 @@ impl HwBackend {
 
     fn register_id(&mut self, raw: sys::Id, channel: u32, machine: IdMachine) -> u32 {
         let addr = raw.addr();
-        let (index, _) = self.ids.insert(IdEntry {
-            raw,
-            channel,
-            machine,
-            qp: None,
-        });
+        let index = self
+            .ids
+            .insert(IdEntry {
+                raw,
+                channel,
+                machine,
+                qp: None,
+            })
+            .index;
         self.by_addr.insert(addr, index);
         index
     }
@@ -491,14 +494,9 @@ impl HwBackend {
     }
 }
 
-/// `QueueFull` for `call` (`PostSend` or `PostRecv`) on a QP with `pool`.
-fn queue_full(call: Call, pool: &SlotPool) -> CmError {
-    let outstanding = if call == Call::PostSend {
-        pool.sends_outstanding()
-    } else {
-        pool.recvs_outstanding()
-    };
-    CmError::QueueFull { call, outstanding }
+/// The slab reference of a handle's index and generation.
+const fn slot_ref(index: u32, generation: u32) -> SlotRef {
+    SlotRef { index, generation }
 }
 
 /// `EAGAIN` (= `EWOULDBLOCK` on Linux).
@@ -514,8 +512,8 @@ impl CmBackend for HwBackend {
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn create_event_channel(&mut self) -> Result<ChannelHandle> {
         let raw = sys::Channel::create().map_err(|e| os_error(Call::CreateEventChannel, e))?;
-        let (index, generation) = self.channels.insert(ChannelEntry { raw, unacked: 0 });
-        Ok(cm_core::backend::channel_handle(self.tag, index, generation))
+        let r = self.channels.insert(ChannelEntry { raw, unacked: 0 });
+        Ok(cm_core::backend::channel_handle(self.tag, r.index, r.generation))
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
@@ -676,7 +674,7 @@ impl CmBackend for HwBackend {
                 let e = self.ids.at_mut(index).expect("checked");
                 e.qp = Some(QpEntry {
                     raw,
-                    pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
+                    pool: WrPool::new(caps.max_send_wr, caps.max_recv_wr),
                     caps,
                     early: Prefetched::default(),
                 });
@@ -933,31 +931,38 @@ impl CmBackend for HwBackend {
     fn post_send(&mut self, id: IdHandle, wr_id: u64, data: &[u8]) -> Result<()> {
         let call = Call::PostSend;
         let e = self.id(call, id)?;
-        // The machine also refuses sends on datagram QPs, whose missing address handle a
-        // provider would dereference.
-        e.machine.post_send()?;
         let Some(q) = e.qp.as_mut() else {
+            // The machine names the refusal (no QP, or a state that allows nothing).
+            e.machine.post_send()?;
             return Err(CmError::NoQp { call });
         };
-        q.caps.check_length(WcOpcode::Send, data.len())?;
-        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
-            e.machine = e.machine.qp_error();
-        }
-        if e.machine.qp() == Some(QpState::Err) {
-            // Not every provider completes a request posted on a QP in ERR (see the pool's
-            // docs): it is flushed here, never posted.
-            return if q.pool.flush(WcOpcode::Send, wr_id) {
-                Ok(())
-            } else {
-                Err(queue_full(call, &q.pool))
-            };
-        }
-        let Some(slot) = q.pool.post(WcOpcode::Send, wr_id, data.len() as u32) else {
-            return Err(queue_full(call, &q.pool));
-        };
-        if let Err(err) = q.raw.post_send(slot, data) {
-            q.pool.unpost(slot);
-            return Err(os_error(call, err));
+        // The gate also refuses sends on datagram QPs, whose missing address handle a provider
+        // would dereference, and flushes a send on a QP in ERR, which not every provider
+        // completes (see the pool's docs).
+        let (caps, outstanding) = (q.caps, q.pool.outstanding(WcOpcode::Send));
+        let device_failed = || q.device_failed().map_err(|err| os_error(call, err));
+        match post_gate(
+            &mut e.machine,
+            &caps,
+            WcOpcode::Send,
+            data.len(),
+            outstanding,
+            device_failed,
+        )? {
+            Admission::Flush => {
+                let taken = q.pool.flush(WcOpcode::Send, wr_id);
+                debug_assert!(taken, "the gate checked the slot");
+            }
+            Admission::Post => {
+                let slot = q
+                    .pool
+                    .post(WcOpcode::Send, wr_id, data.len() as u32)
+                    .expect("the gate checked the slot");
+                if let Err(err) = q.raw.post_send(slot, data) {
+                    q.pool.unpost(slot);
+                    return Err(os_error(call, err));
+                }
+            }
         }
         Ok(())
     }
@@ -966,30 +971,37 @@ impl CmBackend for HwBackend {
     fn post_recv(&mut self, id: IdHandle, wr_id: u64, len: u32) -> Result<()> {
         let call = Call::PostRecv;
         let e = self.id(call, id)?;
-        e.machine.post_recv()?;
         let Some(q) = e.qp.as_mut() else {
+            e.machine.post_recv()?;
             return Err(CmError::NoQp { call });
         };
-        q.caps.check_length(WcOpcode::Recv, len as usize)?;
-        // The device may have put the QP in ERR without a call of ours (an error completion
-        // not polled yet): that counts as ERR too.
-        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
-            e.machine = e.machine.qp_error();
-        }
-        if e.machine.qp() == Some(QpState::Err) {
-            // rxe (Linux 6.1) never completes a receive posted on a QP in ERR: flush it here.
-            return if q.pool.flush(WcOpcode::Recv, wr_id) {
-                Ok(())
-            } else {
-                Err(queue_full(call, &q.pool))
-            };
-        }
-        let Some(slot) = q.pool.post(WcOpcode::Recv, wr_id, len) else {
-            return Err(queue_full(call, &q.pool));
-        };
-        if let Err(err) = q.raw.post_recv(slot, len) {
-            q.pool.unpost(slot);
-            return Err(os_error(call, err));
+        // The device may have put the QP in ERR without a call of ours (an error completion not
+        // polled yet): the gate counts that as ERR too, and then the receive is flushed here,
+        // since rxe (Linux 6.1) never completes a receive posted on a QP in ERR.
+        let (caps, outstanding) = (q.caps, q.pool.outstanding(WcOpcode::Recv));
+        let device_failed = || q.device_failed().map_err(|err| os_error(call, err));
+        match post_gate(
+            &mut e.machine,
+            &caps,
+            WcOpcode::Recv,
+            len as usize,
+            outstanding,
+            device_failed,
+        )? {
+            Admission::Flush => {
+                let taken = q.pool.flush(WcOpcode::Recv, wr_id);
+                debug_assert!(taken, "the gate checked the slot");
+            }
+            Admission::Post => {
+                let slot = q
+                    .pool
+                    .post(WcOpcode::Recv, wr_id, len)
+                    .expect("the gate checked the slot");
+                if let Err(err) = q.raw.post_recv(slot, len) {
+                    q.pool.unpost(slot);
+                    return Err(os_error(call, err));
+                }
+            }
         }
         Ok(())
     }

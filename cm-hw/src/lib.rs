@@ -76,7 +76,6 @@ mod backend;
 mod convert;
 mod guard;
 mod pool;
-mod slab;
 #[allow(unsafe_code)]
 mod sys;
 

@@ -1,29 +1,30 @@
 //! The simulated QP's data path: posted work requests, the completion queue, and the flush.
 //!
 //! The QP's *state* lives in the id's [`IdMachine`](cm_core::IdMachine); this holds what is
-//! posted. A work request occupies a slot of its queue from posting until its completion is
-//! polled (the hardware backend frees its message buffer at that point too, so both backends
-//! report a full queue at the same moment).
+//! posted. Which slot a work request holds, from posting until its completion is polled, and
+//! the order in which requests posted on a QP in ERR complete, are cm-core's [`WrPool`], the
+//! same as on hardware: both backends report a full queue at the same moment. Here the
+//! simulator plays the device: its queues and completions carry the slot as work request id,
+//! and [`Qp::poll`] turns it back into the caller's.
 
 use std::collections::VecDeque;
 
+use cm_core::backend::WrPool;
 use cm_core::{QpCaps, UdSender, WcOpcode, WcStatus, WorkCompletion};
 
 pub(crate) struct PostedRecv {
-    wr_id: u64,
+    slot: u32,
     len: u32,
 }
 
 pub(crate) struct PostedSend {
-    wr_id: u64,
+    slot: u32,
     data: Vec<u8>,
 }
 
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) caps: QpCaps,
-    send_slots: u32,
-    recv_slots: u32,
     /// Sends that left the send queue so far: names the head send for a receiver-not-ready
     /// timer, which gives up only if the send it was armed for is still at the head.
     pub(crate) sends_done: u64,
@@ -32,14 +33,15 @@ pub(crate) struct Qp {
     /// Whether a transport retry timer (no acknowledgement) is armed for the head send.
     pub(crate) retry_armed: bool,
     /// Made by the first work request: most QPs of a connection-management workload never
-    /// see one, and the QP lives inside its id, where three empty queues would cost 96 bytes.
+    /// see one, and the QP lives inside its id, where empty queues would cost 96 bytes and more.
     queues: Option<Box<Queues>>,
 }
 
-#[derive(Default)]
 struct Queues {
+    pool: WrPool,
     recvs: VecDeque<PostedRecv>,
     sends: VecDeque<PostedSend>,
+    /// Completions in the order the "device" made them, work request id = slot.
     cq: VecDeque<WorkCompletion>,
 }
 
@@ -56,8 +58,6 @@ impl Qp {
         Qp {
             qpn,
             caps,
-            send_slots: 0,
-            recv_slots: 0,
             sends_done: 0,
             rnr_armed: false,
             retry_armed: false,
@@ -66,37 +66,50 @@ impl Qp {
     }
 
     fn queues(&mut self) -> &mut Queues {
-        self.queues.get_or_insert_with(Box::default)
+        let caps = self.caps;
+        self.queues.get_or_insert_with(|| {
+            Box::new(Queues {
+                pool: WrPool::new(caps.max_send_wr, caps.max_recv_wr),
+                recvs: VecDeque::new(),
+                sends: VecDeque::new(),
+                cq: VecDeque::new(),
+            })
+        })
     }
 
-    pub(crate) fn send_slots(&self) -> u32 {
-        self.send_slots
+    /// Work requests of `opcode`'s queue posted and not polled yet.
+    pub(crate) fn outstanding(&self, opcode: WcOpcode) -> u32 {
+        self.queues.as_ref().map_or(0, |q| q.pool.outstanding(opcode))
     }
 
-    pub(crate) fn recv_slots(&self) -> u32 {
-        self.recv_slots
-    }
-
+    /// Queues a send; the post gate checked there is a free slot.
     pub(crate) fn push_send(&mut self, wr_id: u64, data: &[u8]) {
-        self.send_slots += 1;
-        self.queues().sends.push_back(PostedSend {
-            wr_id,
+        let q = self.queues();
+        let slot = q
+            .pool
+            .post(WcOpcode::Send, wr_id, data.len() as u32)
+            .expect("gate checked the slot");
+        q.sends.push_back(PostedSend {
+            slot,
             data: data.to_vec(),
         });
     }
 
+    /// Queues a receive; the post gate checked there is a free slot.
     pub(crate) fn push_recv(&mut self, wr_id: u64, len: u32) {
-        self.recv_slots += 1;
-        self.queues().recvs.push_back(PostedRecv { wr_id, len });
+        let q = self.queues();
+        let slot = q
+            .pool
+            .post(WcOpcode::Recv, wr_id, len)
+            .expect("gate checked the slot");
+        q.recvs.push_back(PostedRecv { slot, len });
     }
 
-    /// A work request posted while the QP is in ERR: it completes at once, flushed.
+    /// A work request posted while the QP is in ERR: it completes flushed, after what its
+    /// queue completed before (the post gate checked there is a free slot).
     pub(crate) fn push_flushed(&mut self, wr_id: u64, opcode: WcOpcode) {
-        match opcode {
-            WcOpcode::Send => self.send_slots += 1,
-            WcOpcode::Recv => self.recv_slots += 1,
-        }
-        self.queues().cq.push_back(flushed(wr_id, opcode));
+        let taken = self.queues().pool.flush(opcode, wr_id);
+        debug_assert!(taken, "gate checked the slot");
     }
 
     pub(crate) fn has_pending_send(&self) -> bool {
@@ -123,7 +136,7 @@ impl Qp {
         let len = send.data.len();
         if len > recv.len as usize {
             q.cq.push_back(WorkCompletion {
-                wr_id: recv.wr_id,
+                wr_id: u64::from(recv.slot),
                 status: WcStatus::LocLenErr,
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
@@ -133,7 +146,7 @@ impl Qp {
             return Some(Landing::TooLong);
         }
         q.cq.push_back(WorkCompletion {
-            wr_id: recv.wr_id,
+            wr_id: u64::from(recv.slot),
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
             byte_len: len as u32,
@@ -148,7 +161,7 @@ impl Qp {
         // `byte_len` counts received bytes only, as the hardware backend reports it: verbs leaves
         // it undefined for a send (rxe gives the length, mlx5 leaves the field alone).
         self.queues().cq.push_back(WorkCompletion {
-            wr_id: send.wr_id,
+            wr_id: u64::from(send.slot),
             status,
             opcode: WcOpcode::Send,
             byte_len: 0,
@@ -157,14 +170,19 @@ impl Qp {
         });
     }
 
-    /// A datagram send: it completes as it leaves, whatever becomes of it.
+    /// A datagram send: it completes as it leaves, whatever becomes of it. Its slot is held
+    /// until the completion is polled, as for any send (the caller checked there is one free).
     pub(crate) fn complete_datagram_send(&mut self, wr_id: u64, len: usize) {
-        self.send_slots += 1;
-        self.queues().cq.push_back(WorkCompletion {
-            wr_id,
+        let q = self.queues();
+        let slot = q
+            .pool
+            .post(WcOpcode::Send, wr_id, len as u32)
+            .expect("caller checked the slot");
+        q.cq.push_back(WorkCompletion {
+            wr_id: u64::from(slot),
             status: WcStatus::Success,
             opcode: WcOpcode::Send,
-            byte_len: len as u32,
+            byte_len: 0,
             data: Vec::new(),
             sender: None,
         });
@@ -178,7 +196,7 @@ impl Qp {
         let recv = q.recvs.pop_front()?;
         if data.len() > recv.len as usize {
             q.cq.push_back(WorkCompletion {
-                wr_id: recv.wr_id,
+                wr_id: u64::from(recv.slot),
                 status: WcStatus::LocLenErr,
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
@@ -188,7 +206,7 @@ impl Qp {
             return Some(Landing::TooLong);
         }
         q.cq.push_back(WorkCompletion {
-            wr_id: recv.wr_id,
+            wr_id: u64::from(recv.slot),
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
             byte_len: data.len() as u32,
@@ -202,25 +220,44 @@ impl Qp {
     /// exactly once, in posting order within its queue; receives first, as rxe flushes them.
     pub(crate) fn flush(&mut self) {
         let Some(q) = self.queues.as_mut() else { return };
-        let recvs = q.recvs.drain(..).map(|r| flushed(r.wr_id, WcOpcode::Recv));
-        let sends = q.sends.drain(..).map(|s| flushed(s.wr_id, WcOpcode::Send));
+        let recvs = q
+            .recvs
+            .drain(..)
+            .map(|r| flushed(u64::from(r.slot), WcOpcode::Recv));
+        let sends = q
+            .sends
+            .drain(..)
+            .map(|s| flushed(u64::from(s.slot), WcOpcode::Send));
         q.cq.extend(recvs.chain(sends));
     }
 
     pub(crate) fn cq_is_empty(&self) -> bool {
-        self.queues.as_ref().is_none_or(|q| q.cq.is_empty())
+        self.queues
+            .as_ref()
+            .is_none_or(|q| q.cq.is_empty() && !q.pool.has_flushed())
     }
 
-    /// Moves up to `max` completions to `out`, freeing their queue slots.
+    /// Moves up to `max` completions to `out`, freeing their slots: the device's first, then
+    /// the requests flushed on posting that their queues let out.
     pub(crate) fn poll(&mut self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
         let Some(q) = self.queues.as_mut() else { return 0 };
-        let n = max.min(q.cq.len());
-        for wc in q.cq.drain(..n) {
-            match wc.opcode {
-                WcOpcode::Send => self.send_slots -= 1,
-                WcOpcode::Recv => self.recv_slots -= 1,
-            }
+        let mut n = 0;
+        while n < max {
+            let Some(mut wc) = q.cq.pop_front() else { break };
+            let (_, posted) = q
+                .pool
+                .complete(wc.wr_id)
+                .expect("every completion is of a posted slot");
+            wc.wr_id = posted.wr_id;
             out.push(wc);
+            n += 1;
+        }
+        while n < max {
+            let Some((opcode, wr_id)) = q.pool.next_flushed() else {
+                break;
+            };
+            out.push(flushed(wr_id, opcode));
+            n += 1;
         }
         n
     }
@@ -260,7 +297,10 @@ mod tests {
                 (2, WcOpcode::Send, WcStatus::WrFlushErr)
             ]
         );
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (0, 0)
+        );
     }
 
     #[test]
@@ -268,7 +308,7 @@ mod tests {
         let mut qp = Qp::new(1, QpCaps::new());
         qp.push_recv(7, 2);
         let send = PostedSend {
-            wr_id: 9,
+            slot: 9,
             data: b"abc".to_vec(),
         };
         assert!(matches!(qp.land(&send), Some(Landing::TooLong)));
@@ -277,9 +317,10 @@ mod tests {
         assert_eq!(out[0].status, WcStatus::LocLenErr);
     }
 
-    fn send(wr_id: u64, data: &[u8]) -> PostedSend {
+    /// A send of the peer's, in its slot `slot`.
+    fn send(slot: u32, data: &[u8]) -> PostedSend {
         PostedSend {
-            wr_id,
+            slot,
             data: data.to_vec(),
         }
     }
@@ -294,28 +335,40 @@ mod tests {
     #[test]
     fn work_requests_hold_their_slot_until_their_completion_is_polled() {
         let mut qp = Qp::new(1, QpCaps::new());
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (0, 0)
+        );
         assert!(!qp.has_pending_send() && !qp.has_recv() && qp.cq_is_empty());
         qp.push_send(1, b"a");
         qp.push_send(2, b"b");
         qp.push_recv(3, 8);
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (2, 1));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (2, 1)
+        );
         assert!(qp.has_pending_send() && qp.has_recv());
         let first = qp.pop_send().expect("posted");
         assert_eq!(
-            (first.wr_id, qp.send_slots()),
-            (1, 2),
+            (first.slot, qp.outstanding(WcOpcode::Send)),
+            (0, 2),
             "taken off the queue, slot still held"
         );
         qp.complete_send(first, WcStatus::Success);
         assert!(!qp.cq_is_empty());
         let wcs = polled(&mut qp, 16);
         assert_eq!(wcs.len(), 1);
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (1, 1));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (1, 1)
+        );
         qp.flush();
         assert!(!qp.has_pending_send() && !qp.has_recv());
         assert_eq!(polled(&mut qp, 16).len(), 2);
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (0, 0)
+        );
         assert!(qp.cq_is_empty());
     }
 
@@ -327,14 +380,39 @@ mod tests {
             qp.push_flushed(wr_id, WcOpcode::Recv);
         }
         qp.push_flushed(5, WcOpcode::Send);
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (1, 5));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (1, 5)
+        );
         let ids = |wcs: Vec<WorkCompletion>| wcs.into_iter().map(|wc| wc.wr_id).collect::<Vec<_>>();
         assert_eq!(ids(polled(&mut qp, 2)), [0, 1]);
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (1, 3));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (1, 3)
+        );
         assert_eq!(ids(polled(&mut qp, 0)), [0u64; 0]);
         assert_eq!(ids(polled(&mut qp, 10)), [2, 3, 4, 5]);
-        assert_eq!((qp.send_slots(), qp.recv_slots()), (0, 0));
+        assert_eq!(
+            (qp.outstanding(WcOpcode::Send), qp.outstanding(WcOpcode::Recv)),
+            (0, 0)
+        );
         assert_eq!(ids(polled(&mut qp, 10)), [0u64; 0]);
+    }
+
+    #[test]
+    fn poll_moves_at_most_max_of_the_queued_completions_and_frees_only_their_slots() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        for wr_id in 10..13 {
+            qp.push_recv(wr_id, 8);
+        }
+        qp.flush();
+        let ids = |wcs: Vec<WorkCompletion>| wcs.into_iter().map(|wc| wc.wr_id).collect::<Vec<_>>();
+        assert_eq!(ids(polled(&mut qp, 0)), [0u64; 0]);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 3);
+        assert_eq!(ids(polled(&mut qp, 2)), [10, 11]);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 1);
+        assert_eq!(ids(polled(&mut qp, 2)), [12]);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 0);
     }
 
     #[test]
@@ -366,7 +444,7 @@ mod tests {
         qp.rnr_armed = true;
         qp.retry_armed = true;
         let s = qp.pop_send().unwrap();
-        assert_eq!(s.wr_id, 1);
+        assert_eq!(s.slot, 0);
         assert_eq!((qp.sends_done, qp.rnr_armed, qp.retry_armed), (1, false, false));
         assert!(qp.pop_send().is_none());
         assert_eq!(qp.sends_done, 1, "nothing taken, nothing counted");
@@ -394,7 +472,7 @@ mod tests {
                 (6, WcOpcode::Recv, WcStatus::Success, 0, &b""[..])
             ]
         );
-        assert_eq!(qp.recv_slots(), 0);
+        assert_eq!(qp.outstanding(WcOpcode::Recv), 0);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use cm_core::{Call, CmError, IdHandle, QpState, Result, UdParam, WcOpcode};
 
-use super::{queue_full, HwBackend};
+use super::HwBackend;
 use crate::convert::os_error;
 
 impl HwBackend {
@@ -27,16 +27,19 @@ impl HwBackend {
         if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
             e.machine = e.machine.qp_error();
         }
-        if e.machine.qp() == Some(QpState::Err) {
-            return if q.pool.flush(WcOpcode::Send, wr_id) {
-                Ok(())
-            } else {
-                Err(queue_full(call, &q.pool))
-            };
+        let outstanding = q.pool.outstanding(WcOpcode::Send);
+        if outstanding >= q.caps.max_send_wr {
+            return Err(CmError::QueueFull { call, outstanding });
         }
-        let Some(slot) = q.pool.post(WcOpcode::Send, wr_id, data.len() as u32) else {
-            return Err(queue_full(call, &q.pool));
-        };
+        if e.machine.qp() == Some(QpState::Err) {
+            let taken = q.pool.flush(WcOpcode::Send, wr_id);
+            debug_assert!(taken, "checked the slot");
+            return Ok(());
+        }
+        let slot = q
+            .pool
+            .post(WcOpcode::Send, wr_id, data.len() as u32)
+            .expect("checked the slot");
         if let Err(err) = q.raw.post_send_to(slot, data, dest) {
             q.pool.unpost(slot);
             return Err(os_error(call, err));

@@ -15,8 +15,9 @@ use cm_core::{CmBackend, ConnParam, IdHandle, QpCaps, QpState, WcOpcode};
 
 use super::{HwBackend, QpEntry};
 use crate::convert;
-use crate::pool::{Prefetched, SlotPool};
+use crate::pool::Prefetched;
 use crate::sys;
+use cm_core::backend::WrPool;
 
 /// One trait call, with its arguments, to be made on librdmacm directly.
 #[derive(Clone, Debug)]
@@ -156,7 +157,7 @@ impl HwBackend {
                 let e = self.ids.at_mut(index).expect("checked");
                 e.qp = Some(QpEntry {
                     raw,
-                    pool: SlotPool::new(caps.max_send_wr, caps.max_recv_wr),
+                    pool: WrPool::new(caps.max_send_wr, caps.max_recv_wr),
                     caps,
                     early: Prefetched::default(),
                 });

@@ -1,6 +1,7 @@
 //! The bodies of the librdmacm calls, one per `CmBackend` method.
 
 use super::*;
+use cm_core::backend::{post_gate, Admission};
 
 impl Fabric {
     pub(crate) fn create_event_channel(&mut self, host: u16) -> R<ChannelHandle> {
@@ -540,48 +541,43 @@ impl Fabric {
     }
 
     pub(crate) fn post_send(&mut self, host: u16, id: IdHandle, wr_id: u64, data: &[u8]) -> R<()> {
-        let call = Call::PostSend;
-        let r = self.qp_for(host, id, call)?;
-        self.slot(r).m.post_send()?;
-        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
-        let qp = self.slot(r).qp.as_mut().expect("checked");
-        qp.caps.check_length(WcOpcode::Send, data.len())?;
-        if qp.send_slots() >= qp.caps.max_send_wr {
-            return Err(CmError::QueueFull {
-                call,
-                outstanding: qp.send_slots(),
-            });
-        }
-        if in_err {
-            qp.push_flushed(wr_id, WcOpcode::Send);
-        } else {
-            qp.push_send(wr_id, data);
+        let r = self.qp_for(host, id, Call::PostSend)?;
+        if self.post(r, WcOpcode::Send, wr_id, data, data.len())? {
             self.deliver_sends(r);
         }
         Ok(())
     }
 
     pub(crate) fn post_recv(&mut self, host: u16, id: IdHandle, wr_id: u64, len: u32) -> R<()> {
-        let call = Call::PostRecv;
-        let r = self.qp_for(host, id, call)?;
-        self.slot(r).m.post_recv()?;
-        let in_err = self.slot(r).m.qp() == Some(QpState::Err);
-        let qp = self.slot(r).qp.as_mut().expect("checked");
-        qp.caps.check_length(WcOpcode::Recv, len as usize)?;
-        if qp.recv_slots() >= qp.caps.max_recv_wr {
-            return Err(CmError::QueueFull {
-                call,
-                outstanding: qp.recv_slots(),
-            });
-        }
-        if in_err {
-            qp.push_flushed(wr_id, WcOpcode::Recv);
-        } else {
-            qp.push_recv(wr_id, len);
+        let r = self.qp_for(host, id, Call::PostRecv)?;
+        if self.post(r, WcOpcode::Recv, wr_id, &[], len as usize)? {
             let remote = self.slot(r).remote;
             self.deliver_sends(remote);
         }
         Ok(())
+    }
+
+    /// A work request on `r`'s QP through the post gate: queued (true: the caller lets sends
+    /// land), refused (the error), or completed flushed at once (false). `len` is the send's
+    /// length or the receive buffer's. A simulated device fails a QP only through the machine,
+    /// so there is no failure the machine does not know yet.
+    fn post(&mut self, r: SlotRef, opcode: WcOpcode, wr_id: u64, data: &[u8], len: usize) -> R<bool> {
+        let slot = self.slot(r);
+        let qp = slot.qp.as_mut().expect("checked");
+        let outstanding = qp.outstanding(opcode);
+        match post_gate(&mut slot.m, &qp.caps, opcode, len, outstanding, || Ok(false))? {
+            Admission::Post => {
+                match opcode {
+                    WcOpcode::Send => qp.push_send(wr_id, data),
+                    WcOpcode::Recv => qp.push_recv(wr_id, len as u32),
+                }
+                Ok(true)
+            }
+            Admission::Flush => {
+                qp.push_flushed(wr_id, opcode);
+                Ok(false)
+            }
+        }
     }
 
     pub(crate) fn poll_cq(

@@ -96,11 +96,9 @@ impl Fabric {
         let local_ip = slot.local.get().map(|a| a.ip());
         let qp = slot.qp.as_mut().expect("checked");
         qp.caps.check_length(WcOpcode::Send, data.len())?;
-        if qp.send_slots() >= qp.caps.max_send_wr {
-            return Err(CmError::QueueFull {
-                call,
-                outstanding: qp.send_slots(),
-            });
+        let outstanding = qp.outstanding(WcOpcode::Send);
+        if outstanding >= qp.caps.max_send_wr {
+            return Err(CmError::QueueFull { call, outstanding });
         }
         if in_err {
             qp.push_flushed(wr_id, WcOpcode::Send);
