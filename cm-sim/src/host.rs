@@ -61,6 +61,7 @@ macro_rules! forward {
                 feature = "tracing",
                 tracing::instrument(level = "debug", skip(self), fields(host = self.host), ret)
             )]
+            #[inline]
             fn $name(&mut self, $($arg: $ty),*) -> $ret {
                 self.fabric.inner().borrow_mut().$name(self.host, $($arg),*)
             }
@@ -95,21 +96,28 @@ impl CmBackend for SimHost {
         poll_cq(id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize, timeout: Duration) -> Result<usize>;
     }
 
-    #[cfg_attr(
-        feature = "tracing",
-        tracing::instrument(level = "debug", skip(self), fields(host = self.host), ret)
-    )]
+    // Without the `tracing` feature the event is returned as the fabric builds it: an event is
+    // over 300 bytes, and binding it to a local first cost a copy per event.
+    #[cfg(not(feature = "tracing"))]
+    #[inline]
+    fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .get_cm_event(self.host, channel, timeout)
+    }
+
+    #[cfg(feature = "tracing")]
+    #[tracing::instrument(level = "debug", skip(self), fields(host = self.host), ret)]
     fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>> {
         let got = self
             .fabric
             .inner()
             .borrow_mut()
             .get_cm_event(self.host, channel, timeout);
-        traced! {
-            if let Ok(Some(ev)) = &got {
-                let (host, id, event, status) = (self.host, ev.id(), ev.event(), ev.status());
-                tracing::debug!(host, %id, %event, status, "event");
-            }
+        if let Ok(Some(ev)) = &got {
+            let (host, id, event, status) = (self.host, ev.id(), ev.event(), ev.status());
+            tracing::debug!(host, %id, %event, status, "event");
         }
         got
     }
