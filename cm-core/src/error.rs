@@ -78,6 +78,8 @@ pub enum Call {
     PollCq,
     InitQpAttr,
     Establish,
+    JoinMulticast,
+    LeaveMulticast,
 }
 
 impl Call {
@@ -107,6 +109,8 @@ impl Call {
             Call::PollCq => "ibv_poll_cq",
             Call::InitQpAttr => "rdma_init_qp_attr",
             Call::Establish => "rdma_establish",
+            Call::JoinMulticast => "rdma_join_multicast",
+            Call::LeaveMulticast => "rdma_leave_multicast",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! [`HwBackend`]: the `CmBackend` over the real librdmacm.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ mod datagram;
 #[cfg(feature = "differential")]
 pub(crate) mod differential;
 mod external;
+mod multicast;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
 /// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
@@ -158,6 +159,8 @@ pub struct HwBackend {
     events: BTreeMap<u64, Outstanding>,
     next_seq: u64,
     qps: usize,
+    /// (id slab index, group) of every multicast membership.
+    groups: BTreeSet<(u32, std::net::IpAddr)>,
 }
 
 impl std::fmt::Debug for HwBackend {
@@ -181,6 +184,7 @@ impl HwBackend {
             events: BTreeMap::new(),
             next_seq: 1,
             qps: 0,
+            groups: BTreeSet::new(),
         })
     }
 
@@ -375,8 +379,9 @@ impl HwBackend {
             tracing::debug!(%id, listen_id = ?listen_id, event = %ty, status = data.status, "event");
         }
         let event = cm_core::backend::cm_event(id, listen_id, ty, data.status, data.param, token);
-        if ty == CmEventType::Established && !ps.is_connected() {
-            // librdmacm fills `param.ud` of a datagram id's ESTABLISHED from the SIDR reply.
+        if matches!(ty, CmEventType::Established | CmEventType::MulticastJoin) && !ps.is_connected() {
+            // librdmacm fills `param.ud` of a datagram id's ESTABLISHED from the SIDR reply,
+            // and of MULTICAST_JOIN with the group's.
             let ud = self.events.get(&token).expect("recorded above").raw.ud_param();
             return Some(cm_core::backend::with_ud_param(event, ud));
         }
@@ -584,6 +589,7 @@ impl CmBackend for HwBackend {
         match destroyed.expect("checked") {
             Ok(()) => {
                 self.by_addr.remove(&addr);
+                self.forget_groups(index);
                 Ok(())
             }
             Err(errno) => Err(os_error(Call::DestroyId, errno)),
@@ -1075,6 +1081,16 @@ impl CmBackend for HwBackend {
     )]
     fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()> {
         self.send_datagram(id, wr_id, dest, data)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {
+        self.join_group(id, group)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn leave_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {
+        self.leave_group(id, group)
     }
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
         // Calls made only to inspect use the `GetLocalAddr` tag: the trait has no call of its own

@@ -41,6 +41,8 @@ use crate::guard::Guarded;
 mod external;
 pub use external::RawId;
 
+mod multicast;
+
 /// An errno value.
 pub(crate) type Errno = i32;
 

@@ -463,6 +463,11 @@ impl Fabric {
                         t.token,
                     )));
                 };
+                if matches!(t.event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
+                    if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, &p) {
+                        return Ok(Some(ev));
+                    }
+                }
                 if t.event == CmEventType::Established {
                     if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
                         let ev = cm_core::backend::cm_event(
@@ -507,6 +512,12 @@ impl Fabric {
         let next = self.slot(counted).m.on_ack()?;
         self.outstanding.discard(r);
         self.slot(counted).m = next;
+        if matches!(
+            event.event(),
+            CmEventType::MulticastJoin | CmEventType::MulticastError
+        ) {
+            self.on_multicast_acked(event.token());
+        }
         self.hosts[host as usize].counts.unacked -= 1;
         Ok(())
     }

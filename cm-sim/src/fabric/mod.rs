@@ -47,6 +47,7 @@ mod datagram;
 mod dispatch;
 mod external;
 mod handle;
+mod multicast;
 mod retrieve;
 mod storage;
 mod strike;
@@ -98,6 +99,8 @@ pub(crate) struct Fabric {
     external: BTreeMap<SlotRef, self::external::ExternalQp>,
     /// UD QPs and datagrams in flight, made with the first UD QP (RC runs never have it).
     datagrams: Option<Box<datagram::Datagrams>>,
+    /// Multicast memberships, made with the first join (RC runs never have it).
+    multicast: Option<Box<multicast::Multicast>>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -127,6 +130,7 @@ impl Fabric {
             outstanding: Slab::new(),
             external: BTreeMap::new(),
             datagrams: None,
+            multicast: None,
             cfg,
         }
     }

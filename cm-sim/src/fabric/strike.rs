@@ -71,6 +71,7 @@ impl Fabric {
         if !self.external.is_empty() {
             self.external.remove(&r);
         }
+        self.forget_memberships(r);
         self.timers_cancelled(timers);
         if let Some(local) = bound {
             self.ports.unbind(host, ps, local.port(), r);
