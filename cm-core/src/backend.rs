@@ -171,7 +171,8 @@ pub trait CmBackend {
     /// `rdma_destroy_qp`. Completions not polled yet are lost with the QP's completion queue.
     ///
     /// # Errors
-    /// [`CmError::NoQp`] when the id has no QP (librdmacm would dereference NULL).
+    /// [`CmError::NoQp`] when the id has no QP (librdmacm would dereference NULL);
+    /// [`CmError::QpInGroups`] while the QP is attached to multicast groups (leave them first).
     fn destroy_qp(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_listen`; a `backlog` of 0 or less means the system maximum.

@@ -153,6 +153,15 @@ pub enum CmError {
     #[error("rdma_destroy_id with a QP still attached: call rdma_destroy_qp first")]
     QpAttached,
 
+    /// `rdma_destroy_qp` while the QP is attached to multicast groups. The kernel refuses to
+    /// destroy it (`EBUSY`, measured on rxe) but librdmacm ignores that, forgets the QP and
+    /// leaks it with its CQ; refused here with `EBUSY`: leave the groups first.
+    #[error("rdma_destroy_qp with the QP attached to {groups} multicast group(s): leave them first")]
+    QpInGroups {
+        /// How many groups the QP is attached to.
+        groups: u32,
+    },
+
     /// `rdma_destroy_id`, or `rdma_destroy_event_channel`, while events were retrieved and not
     /// acked. librdmacm would block forever in `rdma_destroy_id`; refused here with `EBUSY`.
     #[error("{call} with {count} event(s) retrieved and not acked: ack them first (librdmacm would block forever)")]
@@ -314,6 +323,7 @@ impl CmError {
             } => ENOENT,
             CmError::WrongState { .. } => EINVAL,
             CmError::QpAttached => EBUSY,
+            CmError::QpInGroups { .. } => EBUSY,
             CmError::UnackedEvents { .. } => EBUSY,
             CmError::ChannelBusy { .. } => EBUSY,
             CmError::QpExists => EINVAL,
@@ -341,6 +351,7 @@ impl CmError {
         matches!(
             self,
             CmError::QpAttached
+                | CmError::QpInGroups { .. }
                 | CmError::UnackedEvents { .. }
                 | CmError::ChannelBusy { .. }
                 | CmError::EventNotOutstanding
@@ -571,6 +582,7 @@ mod tests {
                 EINVAL,
             ),
             (CmError::QpAttached, EBUSY),
+            (CmError::QpInGroups { groups: 1 }, EBUSY),
             (
                 CmError::UnackedEvents {
                     call: Call::DestroyId,

@@ -368,6 +368,7 @@ fn error_fits_call(e: &CmError, call: Call) -> bool {
     }
     match e {
         CmError::QpAttached => call == Call::DestroyId,
+        CmError::QpInGroups { .. } => call == Call::DestroyQp,
         CmError::ChannelBusy { .. } => call == Call::DestroyEventChannel,
         CmError::QpExists => call == Call::CreateQp,
         CmError::EventNotOutstanding => call == Call::AckCmEvent,

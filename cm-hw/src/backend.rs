@@ -1,7 +1,7 @@
 //! [`HwBackend`]: the `CmBackend` over the real librdmacm.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
@@ -159,8 +159,9 @@ pub struct HwBackend {
     events: BTreeMap<u64, Outstanding>,
     next_seq: u64,
     qps: usize,
-    /// (id slab index, group) of every multicast membership.
-    groups: BTreeSet<(u32, std::net::IpAddr)>,
+    /// (id slab index, group) of every multicast membership → whether librdmacm attached the
+    /// id's QP to it (it does when it hands out `MULTICAST_JOIN` to an id with a QP).
+    groups: BTreeMap<(u32, std::net::IpAddr), bool>,
 }
 
 impl std::fmt::Debug for HwBackend {
@@ -184,7 +185,7 @@ impl HwBackend {
             events: BTreeMap::new(),
             next_seq: 1,
             qps: 0,
-            groups: BTreeSet::new(),
+            groups: BTreeMap::new(),
         })
     }
 
@@ -383,6 +384,9 @@ impl HwBackend {
             // librdmacm fills `param.ud` of a datagram id's ESTABLISHED from the SIDR reply,
             // and of MULTICAST_JOIN with the group's.
             let ud = self.events.get(&token).expect("recorded above").raw.ud_param();
+            if ty == CmEventType::MulticastJoin {
+                self.joined(counted, &ud);
+            }
             return Some(cm_core::backend::with_ud_param(event, ud));
         }
         Some(event)
@@ -709,8 +713,13 @@ impl CmBackend for HwBackend {
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn destroy_qp(&mut self, id: IdHandle) -> Result<()> {
         let index = self.id_index(Call::DestroyQp, id)?;
+        let groups = self.groups_attached(index);
         let e = self.ids.at_mut(index).expect("checked");
         let next = e.machine.destroy_qp()?;
+        if groups > 0 && e.qp.is_some() {
+            // librdmacm would ignore the kernel's EBUSY and leak the QP and its CQ.
+            return Err(CmError::QpInGroups { groups });
+        }
         let Some(QpEntry {
             raw,
             pool,

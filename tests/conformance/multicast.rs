@@ -286,18 +286,41 @@ fn join_needs_a_datagram_id_bound_to_a_device_and_a_multicast_group_joined_once(
 }
 
 #[test]
+fn a_qp_attached_to_a_group_is_not_destroyed_until_the_group_is_left() {
+    let mut bed = bed!();
+    let g = group(&mut bed);
+    let ip = bed.server_ip;
+    let s = &mut bed.server;
+    let ch = s.create_event_channel().expect("channel");
+    let id = bound_ud(s, ch, ip, 1);
+    join(s, ch, id, g);
+    // The kernel refuses (EBUSY, measured on rxe) and librdmacm would leak the QP regardless.
+    let err = s.destroy_qp(id).unwrap_err();
+    assert_eq!(
+        (err.clone(), err.errno()),
+        (CmError::QpInGroups { groups: 1 }, cm::api::errno::EBUSY)
+    );
+    assert!(err.is_guarded_misuse());
+    s.leave_multicast(id, g).expect("leave");
+    s.destroy_qp(id).expect("destroy_qp once detached");
+    destroy_all(s, &[id], ch);
+    assert_clean(&bed);
+}
+
+#[test]
 fn destroying_an_id_leaves_its_groups() {
     let mut bed = bed!();
     let g = group(&mut bed);
     let (sip, cip) = (bed.server_ip, bed.client_ip);
     let sch = bed.server.create_event_channel().expect("channel");
     let cch = bed.client.create_event_channel().expect("channel");
-    let gone = bound_ud(&mut bed.server, sch, sip, 0);
+    // Joined without a QP (nothing attached), and a second join whose event is still queued:
+    // both memberships go with the id, the queued event too.
+    let gone = bed.server.create_id(sch, PortSpace::Udp).expect("create_id");
+    bed.server.bind_addr(gone, SocketAddr::new(sip, 0)).expect("bind");
     join(&mut bed.server, sch, gone, g);
-    // A second join whose event is still queued: discarded with the id.
     let other = SocketAddr::new(IpAddr::from([239, 8, 0, 1]), 0);
     bed.server.join_multicast(gone, other).expect("join_multicast");
-    bed.server.destroy_qp(gone).expect("destroy_qp");
     bed.server
         .destroy_id(gone)
         .expect("destroy_id with groups joined");
@@ -314,6 +337,8 @@ fn destroying_an_id_leaves_its_groups() {
         received(&mut bed.server, member, 1, WAIT),
         vec![b"still here".to_vec()]
     );
+    bed.server.leave_multicast(member, g).expect("leave");
+    bed.client.leave_multicast(sender, g).expect("leave");
     destroy_all(&mut bed.server, &[member], sch);
     destroy_all(&mut bed.client, &[sender], cch);
     assert_clean(&bed);

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use cm_core::{Call, CmError, CmEventType, IdHandle, Result};
+use cm_core::{Call, CmError, CmEventType, IdHandle, Result, UdParam};
 
 use super::HwBackend;
 use crate::convert::os_error;
@@ -21,11 +21,11 @@ impl HwBackend {
                 reason: "the group must be a multicast address",
             });
         }
-        if self.groups.contains(&(index, group.ip())) {
+        if self.groups.contains_key(&(index, group.ip())) {
             return Err(CmError::AddrInUse { call });
         }
         e.raw.join_multicast(&group).map_err(|err| os_error(call, err))?;
-        self.groups.insert((index, group.ip()));
+        self.groups.insert((index, group.ip()), false);
         Ok(())
     }
 
@@ -34,7 +34,7 @@ impl HwBackend {
         let call = Call::LeaveMulticast;
         let index = self.id_index(call, id)?;
         let ip = group.ip();
-        if !self.groups.contains(&(index, ip)) {
+        if !self.groups.contains_key(&(index, ip)) {
             return Err(CmError::AddrNotAvailable { call });
         }
         // librdmacm waits for the acks of the group's retrieved events. An event whose group
@@ -47,7 +47,7 @@ impl HwBackend {
             .filter(|o| matches!(o.ty, CmEventType::MulticastJoin | CmEventType::MulticastError))
             .filter(|o| {
                 let of = o.raw.ud_param().ah_attr.dest_ip();
-                of == Some(ip) || !of.is_some_and(|g| self.groups.contains(&(index, g)))
+                of == Some(ip) || !of.is_some_and(|g| self.groups.contains_key(&(index, g)))
             })
             .count();
         if unacked > 0 {
@@ -65,7 +65,27 @@ impl HwBackend {
     /// The kernel leaves the groups of a destroyed id.
     pub(super) fn forget_groups(&mut self, index: u32) {
         if !self.groups.is_empty() {
-            self.groups.retain(|(i, _)| *i != index);
+            self.groups.retain(|(i, _), _| *i != index);
         }
+    }
+
+    /// A `MULTICAST_JOIN` of id `index` was handed out: librdmacm attached the id's QP, if it
+    /// has one, to the group.
+    pub(super) fn joined(&mut self, index: u32, group: &UdParam) {
+        let has_qp = self.ids.at(index).is_some_and(|e| e.qp.is_some());
+        if let Some(ip) = group.ah_attr.dest_ip() {
+            if let Some(attached) = self.groups.get_mut(&(index, ip)) {
+                *attached = has_qp;
+            }
+        }
+    }
+
+    /// How many groups id `index`'s QP is attached to.
+    pub(super) fn groups_attached(&self, index: u32) -> u32 {
+        self.groups
+            .range((index, std::net::IpAddr::from([0u8; 4]))..)
+            .take_while(|((i, _), _)| *i == index)
+            .filter(|(_, attached)| **attached)
+            .count() as u32
     }
 }

@@ -253,6 +253,12 @@ impl Fabric {
     pub(crate) fn destroy_qp(&mut self, host: u16, id: IdHandle) -> R<()> {
         let r = self.id_ref(host, id, Call::DestroyQp)?;
         let next = self.slot(r).m.destroy_qp()?;
+        if let Some(qpn) = self.slot(r).qp.as_ref().map(|q| q.qpn) {
+            let groups = self.groups_attached(r, qpn);
+            if groups > 0 {
+                return Err(CmError::QpInGroups { groups });
+            }
+        }
         let slot = self.slot(r);
         slot.qp = None;
         slot.m = next;

@@ -89,6 +89,16 @@ impl Fabric {
         Ok(())
     }
 
+    /// How many groups the QP `qpn` of `id` is attached to (the kernel will not destroy it then).
+    pub(super) fn groups_attached(&self, id: SlotRef, qpn: u32) -> u32 {
+        self.multicast.as_ref().map_or(0, |mc| {
+            mc.members
+                .iter()
+                .filter(|((r, _), m)| *r == id && m.attached == Some(qpn))
+                .count() as u32
+        })
+    }
+
     /// The kernel leaves the groups of a destroyed id.
     pub(super) fn forget_memberships(&mut self, r: SlotRef) {
         if let Some(mc) = self.multicast.as_mut() {
