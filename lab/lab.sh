@@ -81,7 +81,15 @@ PROJECT_BINS=(
   # The project's udaddy on the simulator inside the guest (4 SIDR lookups x 20 datagrams each
   # way, in virtual time: seconds); the binary also serves the udaddy-client/-server suites.
   "udaddy|plain|60|build --release --features hw --example udaddy|example:udaddy|--backend sim -c 4 -C 20"
+  # The project's mckey on the simulator inside the guest (2 members x 20 group datagrams, in
+  # virtual time: well under a second); the binary also serves the mckey-sender/-receiver
+  # suites. Debug build: the work is the kernel's, and it spares a release build.
+  "mckey|plain|60|build --features hw --example mckey|example:mckey|--backend sim -c 2 -C 20"
 )
+
+# Suites that run the project's mckey beside rdma-core's on the one rxe (see add_mckey_suites),
+# each bounded at 60 s (a join and 10 datagrams take well under a second).
+MCKEY_SUITES=(mckey-sender mckey-receiver)
 
 # Suites that run the project's udaddy against rdma-core's (see add_udaddy_suites), each
 # bounded at 90 s (one SIDR lookup and 2 x 10 datagrams take well under a second on rxe).
@@ -423,7 +431,8 @@ build_project() {
   for row in "${PROJECT_BINS[@]}"; do
     IFS='|' read -r suite kind tmo args sel gargs genv <<<"$row"
     if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]] && ! { [[ $suite == cmtime ]] && interop_selected; } \
-        && ! { [[ $suite == udaddy ]] && udaddy_selected; }; then
+        && ! { [[ $suite == udaddy ]] && udaddy_selected; } \
+        && ! { [[ $suite == mckey ]] && mckey_selected; }; then
       continue
     fi
     tkind=${sel%%:*}; tname=${sel#*:}
@@ -491,6 +500,42 @@ rc=\$?
 wait_pid \$srv 20 || { echo "lab: the project's udaddy server did not finish"; rc=1; }
 echo "--- project server"; cat /tmp/udaddy-server.log
 grep -q "return status 0" /tmp/udaddy-server.log || rc=1
+exit \$rc
+EOF
+}
+
+mckey_selected() {
+  local s
+  [[ -z $ONLY ]] && return 0
+  for s in "${MCKEY_SUITES[@]}"; do [[ ",$ONLY," == *",$s,"* ]] && return 0; done
+  return 1
+}
+
+# The project's mckey beside rdma-core's on the same device and group: mckey-sender sends with
+# ours to rdma-core's receiver, mckey-receiver the reverse. The receiver must get all 10
+# datagrams; ours must print "return status 0".
+add_mckey_suites() {
+  [[ -n ${PROJECT_EXE[mckey]:-} ]] || return 0
+  put_elf "$(command -v mckey)"
+  add_suite mckey-sender plain 60 <<EOF
+mckey -m 239.1.2.4 -b $ADDR -C 10 > /tmp/mckey-receiver.log 2>&1 &
+rcv=\$!
+usleep 1000000
+timeout 30 /lab/bin/mckey --backend hw -m 239.1.2.4 -b $ADDR -C 10 -s
+rc=\$?
+wait_pid \$rcv 10 || { echo "lab: rdma-core's receiver did not get all 10 (still waiting after 10 s)"; rc=1; }
+echo "--- rdma-core receiver"; cat /tmp/mckey-receiver.log
+exit \$rc
+EOF
+  add_suite mckey-receiver plain 60 <<EOF
+/lab/bin/mckey --backend hw -m 239.1.2.5 -b $ADDR -C 10 > /tmp/mckey-receiver.log 2>&1 &
+rcv=\$!
+usleep 1000000
+timeout 30 mckey -m 239.1.2.5 -b $ADDR -C 10 -s
+rc=\$?
+wait_pid \$rcv 20 || { echo "lab: the project's receiver did not get all 10 (still waiting after 20 s)"; rc=1; }
+echo "--- project receiver"; cat /tmp/mckey-receiver.log
+grep -q "return status 0" /tmp/mckey-receiver.log || rc=1
 exit \$rc
 EOF
 }
@@ -855,7 +900,7 @@ build_initramfs() {
   cp "$KDIR/modules.load" "$ROOT/lab/modules.load"
 
   add_rdmacore_suites
-  ((PROJECT)) && add_project_suites && add_interop_suites && add_udaddy_suites
+  ((PROJECT)) && add_project_suites && add_interop_suites && add_udaddy_suites && add_mckey_suites
   if ((PROJECT)); then add_dropin_suites; fi
   add_extra_suites
   [[ $MODE == shell || ${#SUITE_NAMES[@]} -gt 0 ]] || die "no suites selected (--only '$ONLY')"

@@ -99,6 +99,8 @@ pub use cm_sim as sim;
 pub use cm_hw as hw;
 
 pub use cm_core::{AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY};
+// Multicast groups.
+pub use cm_core::{group_ud_param, MULTICAST_QPN};
 pub use cm_core::{
     ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, LiveResources,
     PortSpace, PrivateData, QpCaps, QpState, Result, WcOpcode, WcStatus, WorkCompletion,

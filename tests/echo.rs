@@ -243,6 +243,8 @@ mod on_tokio {
             poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize, t: Duration) -> Result<usize>;
             try_poll_cq(&mut self, id: IdHandle, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize>;
             post_send_to(&mut self, id: IdHandle, wr: u64, dest: &UdParam, d: &[u8]) -> Result<()>;
+            join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()>;
+            leave_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()>;
         }
 
         fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

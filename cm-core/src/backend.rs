@@ -176,7 +176,8 @@ pub trait CmBackend {
     /// `rdma_destroy_qp`. Completions not polled yet are lost with the QP's completion queue.
     ///
     /// # Errors
-    /// [`CmError::NoQp`] when the id has no QP (librdmacm would dereference NULL).
+    /// [`CmError::NoQp`] when the id has no QP (librdmacm would dereference NULL);
+    /// [`CmError::QpInGroups`] while the QP is attached to multicast groups (leave them first).
     fn destroy_qp(&mut self, id: IdHandle) -> Result<()>;
 
     /// `rdma_listen`; a `backlog` of 0 or less means the system maximum.
@@ -402,6 +403,58 @@ pub trait CmBackend {
     /// [`CmError::QueueFull`] with `max_send_wr` requests outstanding. A send on a QP in ERR is
     /// accepted and completes with `WR_FLUSH_ERR`, as on connected QPs.
     fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()>;
+
+    /// `rdma_join_multicast(id, group, NULL)`: asks for membership of the multicast group
+    /// `group` (the port is ignored, as the kernel ignores it). `MULTICAST_JOIN` follows on the
+    /// id's channel, its [`CmEvent::ud_param`](crate::CmEvent::ud_param) the group's
+    /// destination ([`group_ud_param`](crate::group_ud_param): QP number
+    /// [`MULTICAST_QPN`](crate::MULTICAST_QPN), the UDP Q_Key, the group's GID), or
+    /// `MULTICAST_ERROR` when the group cannot be joined. Retrieving `MULTICAST_JOIN` attaches
+    /// the id's QP, if it has one then (librdmacm attaches it there), so that datagrams sent to
+    /// the group reach it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, CmEventType, PortSpace, QpCaps};
+    ///
+    /// fn member<B: CmBackend>(b: &mut B) -> cm_core::Result<()> {
+    /// let t = Duration::from_secs(1);
+    /// let ch = b.create_event_channel()?;
+    /// let id = b.create_id(ch, PortSpace::Udp)?;
+    /// b.bind_addr(id, "10.0.0.1:0".parse().unwrap())?;
+    /// b.create_qp(id, QpCaps::new())?;
+    /// b.post_recv(id, 1, 64)?;
+    /// let group = "239.1.2.3:0".parse().unwrap();
+    /// b.join_multicast(id, group)?;
+    /// let joined = b.get_cm_event(ch, t)?.expect("MULTICAST_JOIN");
+    /// assert_eq!(joined.event(), CmEventType::MulticastJoin);
+    /// let dest = *joined.ud_param().expect("the group");
+    /// b.ack_cm_event(joined)?;
+    /// b.post_send_to(id, 2, &dest, b"to all")?;    // reaches this member too
+    /// b.leave_multicast(id, group)?;
+    /// Ok(())
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`CmError::WrongState`] unless the id is of a datagram port space, bound to a device and
+    /// in `ADDR_BOUND` or `ADDR_RESOLVED` (kernel: `EINVAL`); [`CmError::InvalidArgument`] for a
+    /// group that is not a multicast address; [`CmError::AddrInUse`] for a group the id has
+    /// joined already (refused on both backends; the kernel would make a second membership).
+    fn join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()>;
+
+    /// `rdma_leave_multicast(id, group)`: ends the membership. The QP is detached at once and
+    /// receives no more of the group's datagrams; a `MULTICAST_JOIN` or `MULTICAST_ERROR` of
+    /// the group still queued is discarded (the kernel drops it). librdmacm then waits until
+    /// every event of the group that was retrieved has been acked; that wait would never end
+    /// for the caller's own unacked event, so it is refused instead. Destroying the id leaves
+    /// its groups, as the kernel does.
+    ///
+    /// # Errors
+    /// [`CmError::AddrNotAvailable`] for a group the id has not joined (librdmacm:
+    /// `EADDRNOTAVAIL`); [`CmError::UnackedEvents`] while the group's `MULTICAST_JOIN` (or
+    /// `MULTICAST_ERROR`) is retrieved and not acked.
+    fn leave_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()>;
 
     /// The id's legality state as this backend tracks it.
     ///

@@ -83,6 +83,8 @@ pub enum Call {
     GetRequest,
     GetAddrInfo,
     CreateEp,
+    JoinMulticast,
+    LeaveMulticast,
 }
 
 impl Call {
@@ -117,6 +119,8 @@ impl Call {
             Call::GetRequest => "rdma_get_request",
             Call::GetAddrInfo => "rdma_getaddrinfo",
             Call::CreateEp => "rdma_create_ep",
+            Call::JoinMulticast => "rdma_join_multicast",
+            Call::LeaveMulticast => "rdma_leave_multicast",
         }
     }
 }
@@ -158,6 +162,15 @@ pub enum CmError {
     /// QP, its CQs and possibly the PD; refused here with `EBUSY`.
     #[error("rdma_destroy_id with a QP still attached: call rdma_destroy_qp first")]
     QpAttached,
+
+    /// `rdma_destroy_qp` while the QP is attached to multicast groups. The kernel refuses to
+    /// destroy it (`EBUSY`, measured on rxe) but librdmacm ignores that, forgets the QP and
+    /// leaks it with its CQ; refused here with `EBUSY`: leave the groups first.
+    #[error("rdma_destroy_qp with the QP attached to {groups} multicast group(s): leave them first")]
+    QpInGroups {
+        /// How many groups the QP is attached to.
+        groups: u32,
+    },
 
     /// `rdma_destroy_id`, or `rdma_destroy_event_channel`, while events were retrieved and not
     /// acked. librdmacm would block forever in `rdma_destroy_id`; refused here with `EBUSY`.
@@ -343,6 +356,7 @@ impl CmError {
             } => ENOENT,
             CmError::WrongState { .. } => EINVAL,
             CmError::QpAttached => EBUSY,
+            CmError::QpInGroups { .. } => EBUSY,
             CmError::UnackedEvents { .. } => EBUSY,
             CmError::ChannelBusy { .. } => EBUSY,
             CmError::QpExists => EINVAL,
@@ -380,6 +394,7 @@ impl CmError {
         matches!(
             self,
             CmError::QpAttached
+                | CmError::QpInGroups { .. }
                 | CmError::UnackedEvents { .. }
                 | CmError::ChannelBusy { .. }
                 | CmError::EventNotOutstanding
@@ -610,6 +625,7 @@ mod tests {
                 EINVAL,
             ),
             (CmError::QpAttached, EBUSY),
+            (CmError::QpInGroups { groups: 1 }, EBUSY),
             (
                 CmError::UnackedEvents {
                     call: Call::DestroyId,

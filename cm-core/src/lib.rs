@@ -43,6 +43,7 @@ mod error;
 mod event;
 mod external;
 mod handle;
+mod multicast;
 mod options;
 mod slab;
 mod state;
@@ -58,6 +59,7 @@ pub use external::{
     ACCESS_REMOTE_WRITE, MTU_1024,
 };
 pub use handle::{ChannelHandle, HandleKind, IdHandle};
+pub use multicast::{group_ud_param, MULTICAST_QPN};
 pub use options::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_TIMEOUT};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};

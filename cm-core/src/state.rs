@@ -705,6 +705,23 @@ impl IdMachine {
         }
     }
 
+    /// `rdma_join_multicast`: the kernel takes it on a datagram id bound to a device, in
+    /// `RDMA_CM_ADDR_BOUND` or `RDMA_CM_ADDR_RESOLVED` (`EINVAL` otherwise, as for a connected
+    /// port space, whose QPs cannot be attached). Nothing changes in the machine: membership is
+    /// the backend's, and the `MULTICAST_JOIN` that follows leaves the state as it is.
+    pub fn join_multicast(&self) -> Result<(), CmError> {
+        let call = Call::JoinMulticast;
+        self.alive(call)?;
+        let expected = "a datagram id bound to a device (RDMA_CM_ADDR_BOUND or RDMA_CM_ADDR_RESOLVED)";
+        if self.ps.is_connected()
+            || !self.device
+            || !matches!(self.state, IdState::AddrBound | IdState::AddrResolved)
+        {
+            return Err(self.wrong(call, expected));
+        }
+        Ok(())
+    }
+
     /// `ibv_post_recv` on the id's QP.
     pub fn post_recv(&self) -> Result<(), CmError> {
         match self.qp {
@@ -855,6 +872,12 @@ impl IdMachine {
                 next.qp = self.qp.map(|_| QpState::Err);
             }
             AddrChange if self.device && s != IdState::Destroying => {}
+            // A join may be answered after the id moved on (a route resolved meanwhile); the
+            // group's events change nothing but the count.
+            MulticastJoin | MulticastError
+                if self.device
+                    && !self.ps.is_connected()
+                    && !matches!(s, IdState::DeviceRemoval | IdState::Destroying) => {}
             _ => return Err(illegal),
         }
         Ok(next)
@@ -1695,7 +1718,7 @@ mod tests {
             /* connecting */ [__, __, __, __, __, __, failed(err), failed(init), failed(err), To(S::Connect, P::Established, rts), __, gone(P::Connecting, err), __, __, OK, __],
             /* connecting, no QP */ [__, __, __, __, __, To(S::Connect, P::Responded, None), failed(None), failed(None), failed(None), __, __, gone(P::Connecting, None), __, __, OK, __],
             /* connecting, QP ERR */ [__, __, __, __, __, __, failed(err), failed(err), failed(err), __, __, gone(P::Connecting, err), __, __, OK, __],
-            /* connecting UDP */ [__, __, __, __, __, To(S::Connect, P::Responded, None), failed(None), failed(None), failed(None), To(S::Connect, P::Established, None), __, gone(P::Connecting, None), __, __, OK, __],
+            /* connecting UDP */ [__, __, __, __, __, To(S::Connect, P::Responded, None), failed(None), failed(None), failed(None), To(S::Connect, P::Established, None), __, gone(P::Connecting, None), OK, OK, OK, __],
             /* responded */ [__, __, __, __, __, __, __, failed(None), failed(None), __, __, gone(P::Responded, None), __, __, OK, __],
             /* established */ [__, __, __, __, __, __, __, __, __, __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
             /* failed */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
@@ -1743,6 +1766,64 @@ mod tests {
                 assert_eq!(got, want, "{name}: {event}");
             }
         }
+    }
+
+    #[test]
+    fn multicast_joins_need_a_datagram_id_bound_to_a_device_before_any_route() {
+        use IdState as S;
+        let udp = IdMachine::new(PortSpace::Udp);
+        let bound = udp.bind_addr(false).unwrap();
+        let resolved = udp
+            .resolve_addr()
+            .unwrap()
+            .on_event(CmEventType::AddrResolved)
+            .unwrap();
+        let acked = resolved.on_ack().unwrap();
+        let routing = acked.resolve_route().unwrap();
+        let wrong = |m: &IdMachine| {
+            Err(CmError::WrongState {
+                call: Call::JoinMulticast,
+                state: m.state(),
+                expected: "a datagram id bound to a device (RDMA_CM_ADDR_BOUND or RDMA_CM_ADDR_RESOLVED)",
+            })
+        };
+        let tcp_bound = IdMachine::new(PortSpace::Tcp).bind_addr(false).unwrap();
+        let wildcard = udp.bind_addr(true).unwrap();
+        let removed = bound.device_removed();
+        let gone = |m: &IdMachine| {
+            Err(CmError::WrongState {
+                call: Call::JoinMulticast,
+                state: m.state(),
+                expected: "a live device (after DEVICE_REMOVAL only destroy is legal)",
+            })
+        };
+        // (name, machine, join's answer, whether MULTICAST_JOIN / _ERROR may be retrieved)
+        let rows: [(&str, IdMachine, Result<(), CmError>, bool); 8] = [
+            ("udp idle", udp, wrong(&udp), false),
+            ("udp bound", bound, Ok(()), true),
+            ("udp wildcard-bound", wildcard, wrong(&wildcard), false),
+            ("udp addr resolved", acked, Ok(()), true),
+            ("udp route query", routing, wrong(&routing), true),
+            ("tcp bound", tcp_bound, wrong(&tcp_bound), false),
+            ("udp removed", removed, gone(&removed), false),
+            (
+                "udp destroying",
+                bound.destroy().unwrap(),
+                gone(&bound.destroy().unwrap()),
+                false,
+            ),
+        ];
+        for (name, m, join, events) in rows {
+            assert_eq!(m.join_multicast(), join, "{name}: join");
+            for ev in [CmEventType::MulticastJoin, CmEventType::MulticastError] {
+                let got = m.on_event(ev);
+                assert_eq!(got.is_ok(), events, "{name}: {ev}");
+                if let Ok(next) = got {
+                    assert_eq!(next, m.count_event(), "{name}: {ev} changes only the count");
+                }
+            }
+        }
+        assert_eq!(routing.state(), S::RouteQuery);
     }
 
     #[test]

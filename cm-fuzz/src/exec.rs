@@ -350,6 +350,8 @@ fn op_call(op: &Op) -> Option<Call> {
         Op::GetLocalAddr { .. } => Call::GetLocalAddr,
         Op::GetPeerAddr { .. } => Call::GetPeerAddr,
         Op::PostSend { .. } | Op::PostSendTo { .. } => Call::PostSend,
+        Op::JoinMulticast { .. } => Call::JoinMulticast,
+        Op::LeaveMulticast { .. } => Call::LeaveMulticast,
         Op::PostRecv { .. } => Call::PostRecv,
         Op::PollCq { .. } | Op::TryPollCq { .. } => Call::PollCq,
         Op::IdMachine { .. }
@@ -368,6 +370,7 @@ fn error_fits_call(e: &CmError, call: Call) -> bool {
     }
     match e {
         CmError::QpAttached => call == Call::DestroyId,
+        CmError::QpInGroups { .. } => call == Call::DestroyQp,
         CmError::ChannelBusy { .. } => call == Call::DestroyEventChannel,
         CmError::QpExists => call == Call::CreateQp,
         CmError::EventNotOutstanding => call == Call::AckCmEvent,
@@ -391,7 +394,9 @@ fn status_fits(ty: CmEventType, status: i32) -> bool {
         CmEventType::Rejected => status > 0,
         CmEventType::Unreachable => status == -errno::ETIMEDOUT || status > 0,
         CmEventType::Disconnected => status == 0 || status == -errno::ETIMEDOUT,
-        // The simulator has no multicast, and never makes up events of a newer librdmacm.
+        // The simulator's joins always succeed (no SA to refuse them).
+        CmEventType::MulticastJoin => status == 0,
+        // It never makes up events of a newer librdmacm, nor loses a group.
         _ => false,
     }
 }
@@ -892,12 +897,27 @@ impl<'a> World<'a> {
                 qkey,
             } => {
                 let id = self.id(h, id);
+                let to_ip = if qp_num == cm_core::MULTICAST_QPN {
+                    group_addr(0).ip()
+                } else {
+                    self.host_ip(to)
+                };
                 let dest = cm_core::UdParam {
                     qp_num,
                     qkey,
-                    ah_attr: cm_core::AhAttr::for_ip(self.host_ip(to)),
+                    ah_attr: cm_core::AhAttr::for_ip(to_ip),
                 };
                 let r = self.host(h).post_send_to(id, wr_id, &dest, &vec![0x5A; len]);
+                self.unit(i, op, r)
+            }
+            Op::JoinMulticast { h, id, group } => {
+                let id = self.id(h, id);
+                let r = self.host(h).join_multicast(id, group_addr(group));
+                self.unit(i, op, r)
+            }
+            Op::LeaveMulticast { h, id, group } => {
+                let id = self.id(h, id);
+                let r = self.host(h).leave_multicast(id, group_addr(group));
                 self.unit(i, op, r)
             }
             Op::PostRecv { h, id, wr_id, len } => {
@@ -1164,3 +1184,9 @@ pub fn run_checked(scenario: &Scenario) -> RunResult {
 
 /// How long each run may take on the wall clock before the watchdog gives up on it.
 pub const DEFAULT_WALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Group `n` of [`GROUPS`](crate::gen::GROUPS) as a join's address.
+fn group_addr(n: usize) -> std::net::SocketAddr {
+    let ip: std::net::IpAddr = crate::gen::GROUPS[n].parse().expect("a valid address");
+    std::net::SocketAddr::new(ip, 0)
+}

@@ -365,6 +365,18 @@ pub enum Op {
         qp_num: u32,
         qkey: u32,
     },
+    /// `join_multicast` of group `group` ([`GROUPS`]; the last one is no multicast address).
+    JoinMulticast {
+        h: HostSel,
+        id: HandleRef,
+        group: usize,
+    },
+    /// `leave_multicast` of group `group` ([`GROUPS`]).
+    LeaveMulticast {
+        h: HostSel,
+        id: HandleRef,
+        group: usize,
+    },
     PostRecv {
         h: HostSel,
         id: HandleRef,
@@ -404,6 +416,10 @@ pub enum Op {
         fabric: u8,
     },
 }
+
+/// The groups the fuzzer joins, leaves and sends to (a send to QP `0xFFFFFF` goes to the
+/// first); the last is a unicast address, which joins refuse.
+pub(crate) const GROUPS: [&str; 3] = ["239.1.1.1", "ff0e::1", "10.0.0.1"];
 
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -465,6 +481,8 @@ impl fmt::Display for Op {
                 f,
                 "{h} post_send_to({id}, {wr_id}, qp {qp_num:#x} qkey {qkey:#x} of host {to}, {len} bytes)"
             ),
+            Op::JoinMulticast { h, id, group } => write!(f, "{h} join_multicast({id}, {})", GROUPS[*group]),
+            Op::LeaveMulticast { h, id, group } => write!(f, "{h} leave_multicast({id}, {})", GROUPS[*group]),
             Op::PostRecv { h, id, wr_id, len } => write!(f, "{h} post_recv({id}, {wr_id}, {len})"),
             Op::PollCq { h, id, max, timeout } => write!(f, "{h} poll_cq({id}, max {max}, {timeout:?})"),
             Op::TryPollCq { h, id, max } => write!(f, "{h} try_poll_cq({id}, max {max})"),
@@ -1027,7 +1045,17 @@ impl Gen {
                 len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, (1 << 20) + 1]),
                 id,
             },
-            840..=849 => Op::PostSendTo {
+            846..=847 => Op::JoinMulticast {
+                h,
+                id,
+                group: self.below(GROUPS.len() as u64) as usize,
+            },
+            848..=849 => Op::LeaveMulticast {
+                h,
+                id,
+                group: self.below(GROUPS.len() as u64) as usize,
+            },
+            840..=845 => Op::PostSendTo {
                 h,
                 wr_id: self.below(4),
                 len: self.pick(&[0, 1, 64, 1024, 1025, 4096, 4097]),

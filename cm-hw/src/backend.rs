@@ -21,6 +21,7 @@ mod datagram;
 #[cfg(feature = "differential")]
 pub(crate) mod differential;
 mod external;
+mod multicast;
 mod options;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
@@ -159,6 +160,9 @@ pub struct HwBackend {
     events: BTreeMap<u64, Outstanding>,
     next_seq: u64,
     qps: usize,
+    /// (id slab index, group) of every multicast membership → whether librdmacm attached the
+    /// id's QP to it (it does when it hands out `MULTICAST_JOIN` to an id with a QP).
+    groups: BTreeMap<(u32, std::net::IpAddr), bool>,
 }
 
 impl std::fmt::Debug for HwBackend {
@@ -182,6 +186,7 @@ impl HwBackend {
             events: BTreeMap::new(),
             next_seq: 1,
             qps: 0,
+            groups: BTreeMap::new(),
         })
     }
 
@@ -379,9 +384,13 @@ impl HwBackend {
             tracing::debug!(%id, listen_id = ?listen_id, event = %ty, status = data.status, "event");
         }
         let event = cm_core::backend::cm_event(id, listen_id, ty, data.status, data.param, token);
-        if ty == CmEventType::Established && !ps.is_connected() {
-            // librdmacm fills `param.ud` of a datagram id's ESTABLISHED from the SIDR reply.
+        if matches!(ty, CmEventType::Established | CmEventType::MulticastJoin) && !ps.is_connected() {
+            // librdmacm fills `param.ud` of a datagram id's ESTABLISHED from the SIDR reply,
+            // and of MULTICAST_JOIN with the group's.
             let ud = self.events.get(&token).expect("recorded above").raw.ud_param();
+            if ty == CmEventType::MulticastJoin {
+                self.joined(counted, &ud);
+            }
             return Some(cm_core::backend::with_ud_param(event, ud));
         }
         Some(event)
@@ -583,6 +592,7 @@ impl CmBackend for HwBackend {
         match destroyed.expect("checked") {
             Ok(()) => {
                 self.by_addr.remove(&addr);
+                self.forget_groups(index);
                 Ok(())
             }
             Err(errno) => Err(os_error(Call::DestroyId, errno)),
@@ -702,8 +712,13 @@ impl CmBackend for HwBackend {
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn destroy_qp(&mut self, id: IdHandle) -> Result<()> {
         let index = self.id_index(Call::DestroyQp, id)?;
+        let groups = self.groups_attached(index);
         let e = self.ids.at_mut(index).expect("checked");
         let next = e.machine.destroy_qp()?;
+        if groups > 0 && e.qp.is_some() {
+            // librdmacm would ignore the kernel's EBUSY and leak the QP and its CQ.
+            return Err(CmError::QpInGroups { groups });
+        }
         let Some(QpEntry {
             raw,
             pool,
@@ -1098,6 +1113,16 @@ impl CmBackend for HwBackend {
     )]
     fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()> {
         self.send_datagram(id, wr_id, dest, data)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {
+        self.join_group(id, group)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn leave_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {
+        self.leave_group(id, group)
     }
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
         // Calls made only to inspect use the `GetLocalAddr` tag: the trait has no call of its own

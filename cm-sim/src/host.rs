@@ -156,6 +156,20 @@ impl CmBackend for SimHost {
             .post_send_to(self.host, id, wr_id, dest, data)
     }
 
+    fn join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .join_multicast(self.host, id, group)
+    }
+
+    fn leave_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .leave_multicast(self.host, id, group)
+    }
+
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {
         self.fabric.inner().borrow().id_machine(self.host, id)
     }

@@ -130,6 +130,9 @@ mod external_hw;
 #[path = "../conformance/datagram.rs"]
 mod datagram;
 
+#[path = "../conformance/multicast.rs"]
+mod multicast;
+
 #[path = "../conformance/props.rs"]
 mod props;
 

@@ -73,6 +73,9 @@ mod external;
 #[path = "../conformance/datagram.rs"]
 mod datagram;
 
+#[path = "../conformance/multicast.rs"]
+mod multicast;
+
 #[path = "../conformance/datagram_sim.rs"]
 mod datagram_sim;
 

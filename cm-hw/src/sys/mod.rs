@@ -42,6 +42,8 @@ mod external;
 pub use external::RawId;
 mod options;
 
+mod multicast;
+
 /// An errno value.
 pub(crate) type Errno = i32;
 

@@ -256,6 +256,12 @@ impl Fabric {
     pub(crate) fn destroy_qp(&mut self, host: u16, id: IdHandle) -> R<()> {
         let r = self.id_ref(host, id, Call::DestroyQp)?;
         let next = self.slot(r).m.destroy_qp()?;
+        if let Some(qpn) = self.slot(r).qp.as_ref().map(|q| q.qpn) {
+            let groups = self.groups_attached(r, qpn);
+            if groups > 0 {
+                return Err(CmError::QpInGroups { groups });
+            }
+        }
         let slot = self.slot(r);
         slot.qp = None;
         slot.m = next;
@@ -474,6 +480,11 @@ impl Fabric {
                         t.token,
                     )));
                 };
+                if matches!(t.event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
+                    if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, &p) {
+                        return Ok(Some(ev));
+                    }
+                }
                 if t.event == CmEventType::Established {
                     if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
                         let ev = cm_core::backend::cm_event(
@@ -518,6 +529,12 @@ impl Fabric {
         let next = self.slot(counted).m.on_ack()?;
         self.outstanding.discard(r);
         self.slot(counted).m = next;
+        if matches!(
+            event.event(),
+            CmEventType::MulticastJoin | CmEventType::MulticastError
+        ) {
+            self.on_multicast_acked(event.token());
+        }
         self.hosts[host as usize].counts.unacked -= 1;
         Ok(())
     }

@@ -40,6 +40,8 @@ pub(super) struct Datagrams {
 struct InFlight {
     to_host: u16,
     qp_num: u32,
+    /// The group it was sent to, for a copy of a group send.
+    group: Option<IpAddr>,
     qkey: u32,
     from: UdSender,
     data: Vec<u8>,
@@ -112,23 +114,55 @@ impl Fabric {
             addr,
             ah_attr: addr.map_or(AhAttr::for_ip(IpAddr::from([0, 0, 0, 0])), AhAttr::for_ip),
         };
+        if dest.is_group() {
+            // One copy per attached member, each on its own fate.
+            let group = dest.ah_attr.dest_ip();
+            for (to_host, qp_num) in self.group_members(dest) {
+                self.send_datagram(host, to_host, qp_num, group, dest.qkey, from, data);
+            }
+            return Ok(());
+        }
         let Some(to_host) = dest.ah_attr.dest_ip().and_then(|ip| self.host_of_ip(ip)) else {
             return Ok(());
         };
+        self.send_datagram(
+            host,
+            to_host,
+            dest.qp_num & 0x00FF_FFFF,
+            None,
+            dest.qkey,
+            from,
+            data,
+        );
+        Ok(())
+    }
+
+    /// Puts one datagram on the wire, unless the path MTU or the link drops it.
+    #[allow(clippy::too_many_arguments)]
+    fn send_datagram(
+        &mut self,
+        host: u16,
+        to_host: u16,
+        qp_num: u32,
+        group: Option<IpAddr>,
+        qkey: u32,
+        from: UdSender,
+        data: &[u8],
+    ) {
         if data.len() > UD_MTU || self.datagram_lost(host, to_host) {
-            return Ok(());
+            return;
         }
         let latency = self.datagram_latency(host, to_host);
         let at = self.now.after_nanos(latency);
         let n = self.datagrams().in_flight.insert(InFlight {
             to_host,
-            qp_num: dest.qp_num & 0x00FF_FFFF,
-            qkey: dest.qkey,
+            qp_num,
+            group,
+            qkey,
             from,
             data: data.to_vec(),
         });
         self.schedule(at, Action::Datagram(n));
-        Ok(())
     }
 
     /// The address a datagram's receiver sees as its source: the sending id's own address, or
@@ -178,6 +212,10 @@ impl Fabric {
             return;
         };
         if !self.hosts[d.to_host as usize].reachable() || d.qkey != UDP_QKEY {
+            return;
+        }
+        if d.group.is_some_and(|g| !self.attached(g, d.qp_num)) {
+            // The member left while the datagram was on its way.
             return;
         }
         let Some(&r) = self.datagrams.as_ref().and_then(|g| g.by_qpn.get(&d.qp_num)) else {

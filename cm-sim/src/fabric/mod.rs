@@ -47,6 +47,7 @@ mod datagram;
 mod dispatch;
 mod external;
 mod handle;
+mod multicast;
 mod options;
 mod retrieve;
 mod storage;
@@ -104,6 +105,8 @@ pub(crate) struct Fabric {
     events_queued: u64,
     /// What ids set with `rdma_set_option` (most never do).
     id_options: options::OptionTable,
+    /// Multicast memberships, made with the first join (RC runs never have it).
+    multicast: Option<Box<multicast::Multicast>>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -135,6 +138,7 @@ impl Fabric {
             external: BTreeMap::new(),
             datagrams: None,
             id_options: options::OptionTable::default(),
+            multicast: None,
             cfg,
         }
     }

@@ -56,6 +56,12 @@ impl Fabric {
             CmEventType::Rejected | CmEventType::Disconnected if self.slot(q.id).cm.swallows(event) => {
                 return None
             }
+            CmEventType::MulticastJoin | CmEventType::MulticastError
+                if !self.multicast_event_current(q.id, payload.as_ref()) =>
+            {
+                // Its group was left before it was retrieved: the kernel dropped it then.
+                return None;
+            }
             _ => q.id,
         };
         let slot = self.slot(counted);
@@ -78,6 +84,9 @@ impl Fabric {
             }),
             tag,
         );
+        if matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
+            self.on_multicast_retrieved(q.id, event, payload.as_ref(), token);
+        }
         Some(Taken {
             id,
             listen_id,
