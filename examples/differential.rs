@@ -49,13 +49,30 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cm::api::{
-    errno, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine, PortSpace, QpCaps,
-    QpState,
+    errno, AhAttr, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine, IdOption,
+    PortSpace, QpCaps, QpState, UdParam, UDP_QKEY,
 };
 use cm::sim::{SimFabric, SimHost};
 
 /// The list of known departures, checked in next to the tests that check it against the README.
 const DEPARTURES: &str = include_str!("../tests/differential-departures.txt");
+
+/// The TOS byte the `set_tos` probe sets (DSCP AF11, any value the kernel takes).
+const PROBE_TOS: u8 = 0x28;
+
+/// The ACK timeout the `set_ack_timeout` probe sets (rdma-core's default exponent, 4.096 us x
+/// 2^14, within the 5-bit range).
+const PROBE_ACK_TIMEOUT: u8 = 14;
+
+/// The destination of the `post_send_to` probe: the listener's address on the UDP port space's
+/// Q_Key, QP 1 (a number no connected QP is given).
+fn probe_dest(addr: SocketAddr) -> UdParam {
+    UdParam {
+        qp_num: 1,
+        qkey: UDP_QKEY,
+        ah_attr: AhAttr::for_ip(addr.ip()),
+    }
+}
 
 /// How many times a timing-dependent state is probed.
 const TIMING_RUNS: usize = 5;
@@ -165,9 +182,21 @@ enum Op {
     PostRecv,
     /// `init_qp_attr` for RTR, the transition that needs the peer's answer.
     InitQpAttrRtr,
+    Establish,
+    /// `post_send_to` a datagram destination (every probed id is RC: see `RawCall::PostSendTo`).
+    PostSendTo,
+    /// `set_option` of each `IdOption`; REUSEADDR both ways, as the kernel takes enabling it in
+    /// other states than disabling it.
+    SetTos,
+    SetReuseAddr,
+    SetReuseAddrOff,
+    SetAfOnly,
+    SetAckTimeout,
+    /// `migrate_id` to a fresh channel of the same backend.
+    MigrateId,
 }
 
-const OPS: [Op; 14] = [
+const OPS: [Op; 22] = [
     Op::BindAddr,
     Op::ResolveAddr,
     Op::ResolveRoute,
@@ -182,6 +211,14 @@ const OPS: [Op; 14] = [
     Op::PostSend,
     Op::PostRecv,
     Op::InitQpAttrRtr,
+    Op::Establish,
+    Op::PostSendTo,
+    Op::SetTos,
+    Op::SetReuseAddr,
+    Op::SetReuseAddrOff,
+    Op::SetAfOnly,
+    Op::SetAckTimeout,
+    Op::MigrateId,
 ];
 
 impl Op {
@@ -201,11 +238,31 @@ impl Op {
             Op::PostSend => "post_send",
             Op::PostRecv => "post_recv",
             Op::InitQpAttrRtr => "init_qp_attr_rtr",
+            Op::Establish => "establish",
+            Op::PostSendTo => "post_send_to",
+            Op::SetTos => "set_tos",
+            Op::SetReuseAddr => "set_reuseaddr",
+            Op::SetReuseAddrOff => "set_reuseaddr_off",
+            Op::SetAfOnly => "set_afonly",
+            Op::SetAckTimeout => "set_ack_timeout",
+            Op::MigrateId => "migrate_id",
         }
     }
 
     fn parse(s: &str) -> Option<Op> {
         OPS.into_iter().find(|op| op.name() == s)
+    }
+
+    /// The option a `set_option` probe sets.
+    fn option(self) -> Option<IdOption> {
+        match self {
+            Op::SetTos => Some(IdOption::Tos(PROBE_TOS)),
+            Op::SetReuseAddr => Some(IdOption::ReuseAddr(true)),
+            Op::SetReuseAddrOff => Some(IdOption::ReuseAddr(false)),
+            Op::SetAfOnly => Some(IdOption::AfOnly(true)),
+            Op::SetAckTimeout => Some(IdOption::AckTimeout(PROBE_ACK_TIMEOUT)),
+            _ => None,
+        }
     }
 
     /// The machine's verdict for the call on an id in `m`: the return and the QP's state after.
@@ -225,6 +282,13 @@ impl Op {
             Op::PostSend => m.post_send().map(|()| *m),
             Op::PostRecv => m.post_recv().map(|()| *m),
             Op::InitQpAttrRtr => m.init_qp_attr(QpState::Rtr).map(|()| *m),
+            Op::Establish => m.establish(),
+            Op::PostSendTo => m.post_send_to().map(|()| *m),
+            Op::SetTos | Op::SetReuseAddr | Op::SetReuseAddrOff | Op::SetAfOnly | Op::SetAckTimeout => {
+                let option = self.option().expect("a set_option probe");
+                m.set_option(option).map(|()| *m)
+            }
+            Op::MigrateId => m.migrate().map(|()| *m),
         };
         match step {
             Ok(next) => (Rc::Ok, next.qp()),
@@ -566,7 +630,8 @@ fn drive<B: CmBackend>(server: &mut B, client: &mut B, st: St, a: Addrs, w: Wait
 
 /// A backend the probe can make a call on: guarded (the simulator) or raw (librdmacm).
 trait Probed: CmBackend {
-    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration) -> Rc;
+    /// `spare` is the channel `migrate_id` moves the id to.
+    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration, spare: ChannelHandle) -> Rc;
     fn qp(&self, id: IdHandle) -> Option<QpState>;
     /// Lets time pass without an event (the simulator's clock runs only in its waits).
     fn pause(&mut self, ch: ChannelHandle, t: Duration) -> Option<cm::CmEvent>;
@@ -580,7 +645,7 @@ fn rc_of(r: Result<(), CmError>) -> Rc {
 }
 
 impl Probed for SimHost {
-    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration) -> Rc {
+    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration, spare: ChannelHandle) -> Rc {
         rc_of(match op {
             Op::BindAddr => self.bind_addr(id, addr),
             Op::ResolveAddr => self.resolve_addr(id, None, addr, t),
@@ -596,6 +661,12 @@ impl Probed for SimHost {
             Op::PostSend => self.post_send(id, 1, b"probe"),
             Op::PostRecv => self.post_recv(id, 1, 64),
             Op::InitQpAttrRtr => self.init_qp_attr(id, QpState::Rtr).map(|_| ()),
+            Op::Establish => self.establish(id),
+            Op::PostSendTo => self.post_send_to(id, 1, &probe_dest(addr), b"probe"),
+            Op::SetTos | Op::SetReuseAddr | Op::SetReuseAddrOff | Op::SetAfOnly | Op::SetAckTimeout => {
+                self.set_option(id, op.option().expect("a set_option probe"))
+            }
+            Op::MigrateId => self.migrate_id(id, spare),
         })
     }
 
@@ -610,7 +681,7 @@ impl Probed for SimHost {
 
 #[cfg(feature = "differential")]
 impl Probed for cm::hw::HwBackend {
-    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration) -> Rc {
+    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration, spare: ChannelHandle) -> Rc {
         use cm::hw::{RawCall, RawOutcome};
         let call = match op {
             Op::BindAddr => RawCall::BindAddr(addr),
@@ -627,6 +698,12 @@ impl Probed for cm::hw::HwBackend {
             Op::PostSend => RawCall::PostSend(b"probe".to_vec()),
             Op::PostRecv => RawCall::PostRecv(64),
             Op::InitQpAttrRtr => RawCall::InitQpAttr(QpState::Rtr),
+            Op::Establish => RawCall::Establish,
+            Op::PostSendTo => RawCall::PostSendTo(b"probe".to_vec(), probe_dest(addr)),
+            Op::SetTos | Op::SetReuseAddr | Op::SetReuseAddrOff | Op::SetAfOnly | Op::SetAckTimeout => {
+                RawCall::SetOption(op.option().expect("a set_option probe"))
+            }
+            Op::MigrateId => RawCall::MigrateId(spare),
         };
         match self.raw_call(id, call) {
             RawOutcome::Ok => Rc::Ok,
@@ -689,7 +766,18 @@ fn probe<B: Probed>(
         Op::BindAddr => SocketAddr::new(if target.on_server { addr.ip() } else { local }, 0),
         _ => addr,
     };
-    let rc = b.issue(target.id, op, call_addr, w.event);
+    // The channel migrate_id moves the id to; made for every probe so that each drives the
+    // same resources.
+    let spare = b
+        .create_event_channel()
+        .map_err(|e| format!("spare channel: {e}"))?;
+    let rc = b.issue(target.id, op, call_addr, w.event, spare);
+    // A migrated id's events arrive on the spare channel.
+    let id_ch = if rc == Rc::Ok && op == Op::MigrateId {
+        spare
+    } else {
+        target.ch
+    };
     let qp_after = if rc == Rc::Ok && op == Op::DestroyId {
         None
     } else {
@@ -699,7 +787,7 @@ fn probe<B: Probed>(
     let mut events = Vec::new();
     let slice = w.after / 4;
     for _ in 0..4 {
-        while let Some(ev) = b.pause(target.ch, slice) {
+        while let Some(ev) = b.pause(id_ch, slice) {
             if ev.id() == target.id || ev.counted_id() == target.id {
                 events.push(ev.event().name().trim_start_matches("RDMA_CM_EVENT_").to_string());
             }

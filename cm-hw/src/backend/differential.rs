@@ -11,7 +11,7 @@ use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm_core::{CmBackend, ConnParam, IdHandle, QpCaps, QpState, WcOpcode};
+use cm_core::{Call, ChannelHandle, CmBackend, ConnParam, IdHandle, IdOption, QpCaps, QpState, WcOpcode};
 
 use super::{HwBackend, QpEntry};
 use crate::convert;
@@ -50,6 +50,16 @@ pub enum RawCall {
     PostRecv(u32),
     /// `rdma_init_qp_attr` for this state (the attributes are dropped; only the answer counts).
     InitQpAttr(QpState),
+    /// `rdma_establish`.
+    Establish,
+    /// `post_send_to` of the bytes. On a UD QP a datagram to the destination; on a connected QP
+    /// the send `post_send` makes, since verbs ignore a work request's `wr.ud` there
+    /// (`ibv_post_send(3)`): what librdmacm's `rdma_post_ud_send` would put on the connection.
+    PostSendTo(Vec<u8>, cm_core::UdParam),
+    /// `rdma_set_option` at level `RDMA_OPTION_ID`.
+    SetOption(IdOption),
+    /// `rdma_migrate_id` to the channel.
+    MigrateId(ChannelHandle),
 }
 
 /// What librdmacm (or verbs) answered.
@@ -112,6 +122,14 @@ impl HwBackend {
                 .raw
                 .init_qp_attr(state)
                 .map(|_| m.init_qp_attr(state).map(|()| m)),
+            // The sys wrapper's one check is librdmacm's own (EINVAL while id->qp is set).
+            RawCall::Establish => e.raw.establish().map(|()| m.establish()),
+            RawCall::PostSendTo(data, dest) => return self.raw_post_send_to(index, &data, &dest),
+            RawCall::SetOption(option) => e
+                .raw
+                .set_option(option)
+                .map(|()| m.set_option(option).map(|()| m)),
+            RawCall::MigrateId(channel) => return self.raw_migrate(index, channel),
         };
         match result {
             Ok(next) => {
@@ -239,6 +257,45 @@ impl HwBackend {
                 q.pool.unpost(slot);
                 RawOutcome::Failed(errno)
             }
+        }
+    }
+
+    fn raw_post_send_to(&mut self, index: u32, data: &[u8], dest: &cm_core::UdParam) -> RawOutcome {
+        let e = self.ids.at_mut(index).expect("checked");
+        if e.machine.port_space().is_connected() {
+            return self.raw_post(index, WcOpcode::Send, data, 0);
+        }
+        let Some(q) = e.qp.as_mut() else {
+            return RawOutcome::NotIssued("no QP: the verbs call would get a NULL QP");
+        };
+        let Some(slot) = q.pool.post(WcOpcode::Send, 0, data.len() as u32) else {
+            return RawOutcome::NotIssued("queue full");
+        };
+        match q.raw.post_send_to(slot, data, dest) {
+            Ok(()) => RawOutcome::Ok,
+            Err(errno) => {
+                q.pool.unpost(slot);
+                RawOutcome::Failed(errno)
+            }
+        }
+    }
+
+    fn raw_migrate(&mut self, index: u32, channel: ChannelHandle) -> RawOutcome {
+        let Ok(to) = self.channel_index(Call::MigrateId, channel) else {
+            return RawOutcome::NotIssued("unknown channel");
+        };
+        let e = self.ids.at(index).expect("checked");
+        if e.raw.holders() > usize::from(e.raw.has_qp()) {
+            return RawOutcome::NotIssued("unacked events: rdma_migrate_id blocks until they are acked");
+        }
+        let ch = &self.channels.at(to).expect("checked").raw;
+        let e = self.ids.at_mut(index).expect("checked");
+        match e.raw.migrate(ch) {
+            Ok(()) => {
+                e.channel = to;
+                RawOutcome::Ok
+            }
+            Err(errno) => RawOutcome::Failed(errno),
         }
     }
 }
