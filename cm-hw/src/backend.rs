@@ -251,7 +251,7 @@ impl HwBackend {
     pub fn cq_fd(&self, id: IdHandle) -> Result<BorrowedFd<'_>> {
         let index = self.id_index(Call::PollCq, id)?;
         match &self.ids.at(index).expect("checked").qp {
-            Some(q) => Ok(q.raw.cq_fd()),
+            Some(q) => q.raw.cq_fd().map_err(|err| os_error(Call::PollCq, err)),
             None => Err(CmError::NoQp { call: Call::PollCq }),
         }
     }

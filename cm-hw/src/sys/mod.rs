@@ -672,6 +672,9 @@ pub(crate) struct Qp {
     qp: NonNull<ffi::ibv_qp>,
     cq: NonNull<ffi::ibv_cq>,
     comp: NonNull<ffi::ibv_comp_channel>,
+    /// Whether the completion channel's fd was made non-blocking: on its first use (`cq_fd`,
+    /// `rearm`), which keeps two `fcntl`s out of the creation of a QP that never waits.
+    comp_nonblocking: Cell<bool>,
     /// None until the first post.
     mem: Option<SlotMemory>,
     slot_size: usize,
@@ -723,11 +726,6 @@ impl Qp {
         let Some(comp) = NonNull::new(comp) else {
             return Err(last_errno());
         };
-        // SAFETY: the channel is alive; reading its fd field.
-        if let Err(err) = set_nonblocking(unsafe { (*comp.as_ptr()).fd }) {
-            undo_create(comp, None);
-            return Err(err);
-        }
         // SAFETY: the context is the live id's device context; the completion channel is alive
         // on the same context and outlives the CQ (destroyed after it).
         let cq =
@@ -776,6 +774,7 @@ impl Qp {
                 qp,
                 cq,
                 comp,
+                comp_nonblocking: Cell::new(false),
                 mem: None,
                 slot_size,
                 slots,
@@ -945,10 +944,22 @@ impl Qp {
 
     /// The completion channel's fd (non-blocking), borrowed for as long as the QP: readable once
     /// the armed CQ has a new completion.
-    pub(crate) fn cq_fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn cq_fd(&self) -> Result<BorrowedFd<'_>, Errno> {
+        let fd = self.comp_fd()?;
         // SAFETY: the channel is alive while `self` exists (destroyed only by consuming `self`);
         // it closes the fd only in ibv_destroy_comp_channel, so the fd stays open for the borrow.
-        unsafe { BorrowedFd::borrow_raw((*self.comp.as_ptr()).fd) }
+        Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// The completion channel's fd, made non-blocking if it was not yet.
+    fn comp_fd(&self) -> Result<i32, Errno> {
+        // SAFETY: the channel is alive; reading its fd field.
+        let fd = unsafe { (*self.comp.as_ptr()).fd };
+        if !self.comp_nonblocking.get() {
+            set_nonblocking(fd)?;
+            self.comp_nonblocking.set(true);
+        }
+        Ok(fd)
     }
 
     /// Takes every CQ event waiting on the completion channel, acks them, and arms the CQ again
@@ -956,12 +967,13 @@ impl Qp {
     /// A completion that arrived before the arming raises no event: the caller polls the CQ
     /// again afterwards to close that race. Returns how many events were taken.
     pub(crate) fn rearm(&self) -> Result<u32, Errno> {
+        self.comp_fd()?;
         let mut taken: u32 = 0;
         loop {
             let mut cq: *mut ffi::ibv_cq = ptr::null_mut();
             let mut ctx: *mut c_void = ptr::null_mut();
-            // SAFETY: the channel is alive; both out-pointers are valid. The fd is non-blocking,
-            // so this returns -1 (EAGAIN) at once when no event waits.
+            // SAFETY: the channel is alive; both out-pointers are valid. The fd is non-blocking
+            // (`comp_fd` above), so this returns -1 (EAGAIN) at once when no event waits.
             let ret = unsafe { ffi::ibv_get_cq_event(self.comp.as_ptr(), &mut cq, &mut ctx) };
             if ret != 0 {
                 let err = last_errno();
