@@ -25,7 +25,8 @@ mod multicast;
 mod options;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
-/// max_message_size` bytes, all pinned by `ibv_reg_mr` (mind `ulimit -l`).
+/// max_message_size` bytes, all pinned by `ibv_reg_mr` on the QP's first post (mind `ulimit -l`:
+/// a registration the limit refuses fails that post, not `create_qp`).
 pub const MAX_QP_BUFFER_BYTES: u64 = 1 << 30;
 
 /// The largest [`QpCaps::max_message_size`] accepted: 1 MiB, the simulator's default.
@@ -112,9 +113,10 @@ struct Outstanding {
 /// * Each QP gets its own completion queue (for sends and receives, so completions come back in
 ///   completion order) with a completion channel (one file descriptor per QP: mind
 ///   `RLIMIT_NOFILE`, see [`raise_fd_limit`](crate::raise_fd_limit)), and a registered buffer
-///   pool of `max_send_wr + max_recv_wr` slots of `max_message_size` bytes, on a protection
-///   domain the backend owns per device context (made with the first QP on the device, freed
-///   with the last).
+///   pool of `max_send_wr + max_recv_wr` slots of `max_message_size` bytes, allocated and
+///   registered on the QP's first post (a QP nothing is posted on pins no memory), on a
+///   protection domain the backend owns per device context (made with the first QP on the
+///   device, freed with the last).
 /// * A work request posted while the QP is in ERR — by the id's machine, or by the device itself
 ///   as an error completion still in the CQ shows — is not posted to the
 ///   hardware (rxe on Linux 6.1, for one, never completes a receive posted then): the backend
@@ -255,7 +257,7 @@ impl HwBackend {
     pub fn cq_fd(&self, id: IdHandle) -> Result<BorrowedFd<'_>> {
         let index = self.id_index(Call::PollCq, id)?;
         match &self.ids.at(index).expect("checked").qp {
-            Some(q) => Ok(q.raw.cq_fd()),
+            Some(q) => q.raw.cq_fd().map_err(|err| os_error(Call::PollCq, err)),
             None => Err(CmError::NoQp { call: Call::PollCq }),
         }
     }
@@ -660,7 +662,10 @@ impl CmBackend for HwBackend {
             reason,
         };
         // The simulator's checks, with its reasons; the limit on work requests is the device's.
-        let max_wr = e.raw.max_qp_wr().map_err(|err| os_error(Call::CreateQp, err))?;
+        let max_wr = match self.pds.get(&context).and_then(sys::Pd::max_qp_wr) {
+            Some(max_wr) => max_wr,
+            None => e.raw.max_qp_wr().map_err(|err| os_error(Call::CreateQp, err))?,
+        };
         caps.check(max_wr, MAX_MESSAGE_SIZE)?;
         // Both at most max_qp_wr (a u32 from the device, in practice far below 2^31 / 2).
         let slots = caps
@@ -679,6 +684,7 @@ impl CmBackend for HwBackend {
                 slot.insert(sys::Pd::alloc(&e.raw).map_err(|err| os_error(Call::CreateQp, err))?)
             }
         };
+        pd.remember_max_qp_wr(max_wr);
         match sys::Qp::create(&e.raw, pd, &caps, slots, cqe) {
             Ok((raw, granted)) => {
                 let e = self.ids.at_mut(index).expect("checked");

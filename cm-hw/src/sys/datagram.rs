@@ -95,6 +95,7 @@ impl Qp {
     /// (the immediate is this QP's number, which rdma-core's `udaddy` answers to), making the
     /// address handle for `dest.ah_attr` on first use.
     pub(crate) fn post_send_to(&mut self, slot: u32, data: &[u8], dest: &UdParam) -> Result<(), Errno> {
+        let lkey = self.register_slots()?;
         let dst = self.slot_ptr(slot, data.len())?;
         let pd = self.pd.inner.ptr.as_ptr();
         let Some(ud) = self.ud.as_mut() else {
@@ -118,8 +119,7 @@ impl Qp {
         let mut sge = ffi::ibv_sge {
             addr: dst as u64,
             length: data.len() as u32,
-            // SAFETY: the MR is alive; reading its lkey.
-            lkey: unsafe { (*self.mr.as_ptr()).lkey },
+            lkey,
         };
         // SAFETY: all-zero is a valid ibv_send_wr (integers, NULL pointers, plain unions).
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };

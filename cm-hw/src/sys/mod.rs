@@ -22,7 +22,7 @@
 //!
 //! Functions return the errno as `Err(i32)`; the backend maps errnos to `CmError`.
 
-use std::alloc::Layout;
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
@@ -36,7 +36,9 @@ use rdma_sys as ffi;
 use crate::convert::{self, RawSockAddr};
 
 mod datagram;
+mod memory;
 use crate::guard::Guarded;
+use memory::SlotMemory;
 
 mod external;
 pub use external::RawId;
@@ -564,6 +566,9 @@ impl Event {
 struct PdInner {
     ptr: NonNull<ffi::ibv_pd>,
     context: DeviceContext,
+    /// The device's `max_qp_wr` once queried: every QP checks against it, and a query is a
+    /// kernel call.
+    max_qp_wr: Cell<Option<u32>>,
 }
 
 /// A protection domain on one device context.
@@ -580,8 +585,22 @@ impl Pd {
         let pd = unsafe { ffi::ibv_alloc_pd(ctx.0.as_ptr()) };
         let ptr = NonNull::new(pd).ok_or_else(last_errno)?;
         Ok(Pd {
-            inner: Rc::new(PdInner { ptr, context: ctx }),
+            inner: Rc::new(PdInner {
+                ptr,
+                context: ctx,
+                max_qp_wr: Cell::new(None),
+            }),
         })
+    }
+
+    /// The device's `max_qp_wr` as remembered by [`Pd::remember_max_qp_wr`].
+    pub(crate) fn max_qp_wr(&self) -> Option<u32> {
+        self.inner.max_qp_wr.get()
+    }
+
+    /// Remembers the device's `max_qp_wr` (from [`Id::max_qp_wr`]) for the PD's lifetime.
+    pub(crate) fn remember_max_qp_wr(&self, max_qp_wr: u32) {
+        self.inner.max_qp_wr.set(Some(max_qp_wr));
     }
 
     /// The device context the PD belongs to.
@@ -618,28 +637,6 @@ impl Pd {
 // ------------------------------------------------------------------------------------------------
 // QP with its completion queue and registered buffers
 
-/// Zeroed, page-aligned memory that is freed only explicitly.
-struct Buffer {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl Buffer {
-    fn new(len: usize) -> Result<Buffer, Errno> {
-        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|_| libc::ENOMEM)?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or(libc::ENOMEM)?;
-        Ok(Buffer { ptr, layout })
-    }
-
-    /// Frees the memory. Only once nothing (no MR) lets the device reach it.
-    fn free(self) {
-        // SAFETY: allocated in `new` with this layout, freed once (consumed).
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
-    }
-}
-
 /// The most completions one [`Qp::poll`] retrieves.
 pub(crate) const POLL_BATCH: usize = 16;
 
@@ -667,8 +664,8 @@ pub(crate) struct GrantedCaps {
 }
 
 /// A QP made by `rdma_create_qp` on an id, with its own completion queue (shared by sends and
-/// receives), the CQ's completion channel, and a registered buffer of `slots` slots of
-/// `slot_size` bytes.
+/// receives), the CQ's completion channel, and `slots` message slots of `slot_size` bytes,
+/// registered on the first post (see [`memory`]).
 ///
 /// Release order: every CQ event retrieved from the completion channel is acked at once (in
 /// [`Qp::rearm`]), so none is outstanding when the CQ is destroyed (`ibv_destroy_cq` would wait
@@ -678,8 +675,11 @@ pub(crate) struct Qp {
     qp: NonNull<ffi::ibv_qp>,
     cq: NonNull<ffi::ibv_cq>,
     comp: NonNull<ffi::ibv_comp_channel>,
-    mr: NonNull<ffi::ibv_mr>,
-    buf: Buffer,
+    /// Whether the completion channel's fd was made non-blocking: on its first use (`cq_fd`,
+    /// `rearm`), which keeps two `fcntl`s out of the creation of a QP that never waits.
+    comp_nonblocking: Cell<bool>,
+    /// None until the first post.
+    mem: Option<SlotMemory>,
     slot_size: usize,
     slots: u32,
     id_anchor: Rc<()>,
@@ -688,14 +688,9 @@ pub(crate) struct Qp {
     ud: Option<Box<datagram::UdState>>,
 }
 
-/// Undo for a failed creation: releases what exists, in reverse order, leaking (never freeing
-/// memory a device may reach) where a release fails.
-fn undo_create(
-    buf: Buffer,
-    mr: Option<NonNull<ffi::ibv_mr>>,
-    comp: Option<NonNull<ffi::ibv_comp_channel>>,
-    cq: Option<NonNull<ffi::ibv_cq>>,
-) {
+/// Undo for a failed creation: releases what exists, in reverse order, leaking where a release
+/// fails.
+fn undo_create(comp: NonNull<ffi::ibv_comp_channel>, cq: Option<NonNull<ffi::ibv_cq>>) {
     if let Some(cq) = cq {
         // SAFETY: the CQ was created here, no QP uses it (creation failed) and no CQ event was
         // retrieved from it (nothing was posted).
@@ -703,23 +698,12 @@ fn undo_create(
             return;
         }
     }
-    if let Some(comp) = comp {
-        // SAFETY: the channel was created here and the only CQ on it is gone (above).
-        if unsafe { ffi::ibv_destroy_comp_channel(comp.as_ptr()) } != 0 {
-            return;
-        }
-    }
-    if let Some(mr) = mr {
-        // SAFETY: the MR was registered here and nothing was posted with it.
-        if unsafe { ffi::ibv_dereg_mr(mr.as_ptr()) } != 0 {
-            return;
-        }
-    }
-    buf.free();
+    // SAFETY: the channel was created here and the only CQ on it is gone (above).
+    let _ = unsafe { ffi::ibv_destroy_comp_channel(comp.as_ptr()) };
 }
 
 impl Qp {
-    /// Registers `slots * slot_size` bytes (local write), creates a CQ of `cqe` entries, then
+    /// Creates a CQ of `cqe` entries, then
     /// `rdma_create_qp(id, pd, attr)` with that CQ for both queues and `caps`' counts; returns
     /// the QP and the caps librdmacm wrote back. `EINVAL` when the id has no device, already has
     /// a QP, or `pd` belongs to another device.
@@ -738,43 +722,20 @@ impl Qp {
         let ud = qp_type == ffi::ibv_qp_type::IBV_QPT_UD;
         // A UD receive buffer holds the 40-byte GRH in front of the payload.
         let slot_size = caps.max_message_size as usize + if ud { cm_core::GRH_LEN } else { 0 };
-        let len = slot_size.checked_mul(slots as usize).ok_or(libc::ENOMEM)?;
-        let buf = Buffer::new(len)?;
-        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
-        // SAFETY: the PD is alive; the buffer is valid for `layout.size()` bytes and stays
-        // allocated until the MR is deregistered (see `destroy`).
-        let mr = unsafe {
-            ffi::ibv_reg_mr(
-                pd.inner.ptr.as_ptr(),
-                buf.ptr.as_ptr().cast(),
-                buf.layout.size(),
-                access,
-            )
-        };
-        let Some(mr) = NonNull::new(mr) else {
-            let err = last_errno();
-            buf.free();
-            return Err(err);
-        };
+        // The slots are registered on the first post (`memory`); their size is checked now.
+        slot_size.checked_mul(slots as usize).ok_or(libc::ENOMEM)?;
         // SAFETY: the context is the live id's device context, open while the id exists.
         let comp = unsafe { ffi::ibv_create_comp_channel(pd.context().0.as_ptr()) };
         let Some(comp) = NonNull::new(comp) else {
-            let err = last_errno();
-            undo_create(buf, Some(mr), None, None);
-            return Err(err);
+            return Err(last_errno());
         };
-        // SAFETY: the channel is alive; reading its fd field.
-        if let Err(err) = set_nonblocking(unsafe { (*comp.as_ptr()).fd }) {
-            undo_create(buf, Some(mr), Some(comp), None);
-            return Err(err);
-        }
         // SAFETY: the context is the live id's device context; the completion channel is alive
         // on the same context and outlives the CQ (destroyed after it).
         let cq =
             unsafe { ffi::ibv_create_cq(pd.context().0.as_ptr(), cqe, ptr::null_mut(), comp.as_ptr(), 0) };
         let Some(cq) = NonNull::new(cq) else {
             let err = last_errno();
-            undo_create(buf, Some(mr), Some(comp), None);
+            undo_create(comp, None);
             return Err(err);
         };
         // Not armed yet: the first `rearm` (when a poll finds nothing) does it, which keeps a
@@ -797,7 +758,7 @@ impl Qp {
         // SAFETY: the id is alive with a device and no QP; the PD belongs to its device; the
         // attr is valid and names our CQ, so librdmacm creates no CQs of its own.
         if let Err(err) = check(unsafe { ffi::rdma_create_qp(id.raw(), pd.inner.ptr.as_ptr(), &mut attr) }) {
-            undo_create(buf, Some(mr), Some(comp), Some(cq));
+            undo_create(comp, Some(cq));
             return Err(err);
         }
         // SAFETY: rdma_create_qp succeeded, so `id->qp` is the new QP.
@@ -816,8 +777,8 @@ impl Qp {
                 qp,
                 cq,
                 comp,
-                mr,
-                buf,
+                comp_nonblocking: Cell::new(false),
+                mem: None,
                 slot_size,
                 slots,
                 id_anchor: Rc::clone(&id.anchor),
@@ -860,17 +821,33 @@ impl Qp {
         self.pd.context()
     }
 
+    /// The slots' memory, registered now if this is the first post; its lkey.
+    fn register_slots(&mut self) -> Result<u32, Errno> {
+        if let Some(mem) = &self.mem {
+            return Ok(mem.lkey());
+        }
+        // The product was checked in `create`.
+        let mem = SlotMemory::register(&self.pd, self.slot_size * self.slots as usize)?;
+        let lkey = mem.lkey();
+        self.mem = Some(mem);
+        Ok(lkey)
+    }
+
+    /// Where `len` bytes of slot `slot` start; `EINVAL` when out of bounds or nothing was
+    /// posted yet (the slots are not allocated).
     fn slot_ptr(&self, slot: u32, len: usize) -> Result<*mut u8, Errno> {
         if slot >= self.slots || len > self.slot_size {
             return Err(libc::EINVAL);
         }
+        let mem = self.mem.as_ref().ok_or(libc::EINVAL)?;
         // In bounds: slot * slot_size + len <= slots * slot_size = the allocation's length.
-        Ok(self.buf.ptr.as_ptr().wrapping_add(slot as usize * self.slot_size))
+        Ok(mem.base().wrapping_add(slot as usize * self.slot_size))
     }
 
     /// Copies `data` into send slot `slot` and posts a signalled SEND of it (one SGE; none for
     /// an empty message), with `slot` as the work request id.
-    pub(crate) fn post_send(&self, slot: u32, data: &[u8]) -> Result<(), Errno> {
+    pub(crate) fn post_send(&mut self, slot: u32, data: &[u8]) -> Result<(), Errno> {
+        let lkey = self.register_slots()?;
         let dst = self.slot_ptr(slot, data.len())?;
         // SAFETY: `dst` is valid for `data.len()` bytes inside our buffer (checked above); the
         // slot is not posted (the caller owns it), so the device does not touch it now.
@@ -878,8 +855,7 @@ impl Qp {
         let mut sge = ffi::ibv_sge {
             addr: dst as u64,
             length: data.len() as u32,
-            // SAFETY: the MR is alive; reading its lkey.
-            lkey: unsafe { (*self.mr.as_ptr()).lkey },
+            lkey,
         };
         // SAFETY: all-zero is a valid ibv_send_wr (integers, NULL pointers, plain unions).
         let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -902,7 +878,8 @@ impl Qp {
 
     /// Posts receive slot `slot` for `len` bytes (no SGE for 0; on a UD QP `len` bytes after
     /// the GRH), with `slot` as the wr id.
-    pub(crate) fn post_recv(&self, slot: u32, len: u32) -> Result<(), Errno> {
+    pub(crate) fn post_recv(&mut self, slot: u32, len: u32) -> Result<(), Errno> {
+        let lkey = self.register_slots()?;
         let len = if self.ud.is_some() {
             len + cm_core::GRH_LEN as u32
         } else {
@@ -912,8 +889,7 @@ impl Qp {
         let mut sge = ffi::ibv_sge {
             addr: dst as u64,
             length: len,
-            // SAFETY: the MR is alive; reading its lkey.
-            lkey: unsafe { (*self.mr.as_ptr()).lkey },
+            lkey,
         };
         let mut wr = ffi::ibv_recv_wr {
             wr_id: u64::from(slot),
@@ -971,10 +947,22 @@ impl Qp {
 
     /// The completion channel's fd (non-blocking), borrowed for as long as the QP: readable once
     /// the armed CQ has a new completion.
-    pub(crate) fn cq_fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn cq_fd(&self) -> Result<BorrowedFd<'_>, Errno> {
+        let fd = self.comp_fd()?;
         // SAFETY: the channel is alive while `self` exists (destroyed only by consuming `self`);
         // it closes the fd only in ibv_destroy_comp_channel, so the fd stays open for the borrow.
-        unsafe { BorrowedFd::borrow_raw((*self.comp.as_ptr()).fd) }
+        Ok(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// The completion channel's fd, made non-blocking if it was not yet.
+    fn comp_fd(&self) -> Result<i32, Errno> {
+        // SAFETY: the channel is alive; reading its fd field.
+        let fd = unsafe { (*self.comp.as_ptr()).fd };
+        if !self.comp_nonblocking.get() {
+            set_nonblocking(fd)?;
+            self.comp_nonblocking.set(true);
+        }
+        Ok(fd)
     }
 
     /// Takes every CQ event waiting on the completion channel, acks them, and arms the CQ again
@@ -982,12 +970,13 @@ impl Qp {
     /// A completion that arrived before the arming raises no event: the caller polls the CQ
     /// again afterwards to close that race. Returns how many events were taken.
     pub(crate) fn rearm(&self) -> Result<u32, Errno> {
+        self.comp_fd()?;
         let mut taken: u32 = 0;
         loop {
             let mut cq: *mut ffi::ibv_cq = ptr::null_mut();
             let mut ctx: *mut c_void = ptr::null_mut();
-            // SAFETY: the channel is alive; both out-pointers are valid. The fd is non-blocking,
-            // so this returns -1 (EAGAIN) at once when no event waits.
+            // SAFETY: the channel is alive; both out-pointers are valid. The fd is non-blocking
+            // (`comp_fd` above), so this returns -1 (EAGAIN) at once when no event waits.
             let ret = unsafe { ffi::ibv_get_cq_event(self.comp.as_ptr(), &mut cq, &mut ctx) };
             if ret != 0 {
                 let err = last_errno();
@@ -1038,7 +1027,8 @@ impl Qp {
         }
     }
 
-    /// `rdma_destroy_qp(id)`, then destroys the CQ, deregisters the MR and frees the buffer;
+    /// `rdma_destroy_qp(id)`, then destroys the CQ, deregisters the MR and frees the slots (if
+    /// anything was posted);
     /// returns the PD (to release it when unused). `EINVAL` (nothing done, the QP handed back)
     /// when `id` is not the id the QP is attached to. A later failure (CQ or MR still busy)
     /// leaks what remains, never freeing memory the device can reach, and is reported as the
@@ -1052,8 +1042,7 @@ impl Qp {
         let Qp {
             cq,
             comp,
-            mr,
-            buf,
+            mem,
             pd,
             ud,
             ..
@@ -1075,15 +1064,15 @@ impl Qp {
         }
         // SAFETY: its only CQ is gone (above). A failure leaks the channel's fd, nothing more.
         let _ = unsafe { ffi::ibv_destroy_comp_channel(comp.as_ptr()) };
-        // SAFETY: no QP can use the MR any more.
-        let ret = unsafe { ffi::ibv_dereg_mr(mr.as_ptr()) };
-        if ret != 0 {
-            // The MR (and so the buffer) leaks and keeps the PD busy: keep counting it as used
-            // so that it is never deallocated under the MR.
-            std::mem::forget(pd);
-            return Err((None, ret));
+        if let Some(mem) = mem {
+            // No QP can use the MR any more (destroyed above).
+            if let Err(ret) = mem.release() {
+                // The MR (and so the buffer) leaks and keeps the PD busy: keep counting it as
+                // used so that it is never deallocated under the MR.
+                std::mem::forget(pd);
+                return Err((None, ret));
+            }
         }
-        buf.free();
         Ok(pd)
     }
 }
