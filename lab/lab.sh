@@ -65,7 +65,10 @@ PROJECT_BINS=(
   "hw-test|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
   # The same runner on the device's IPv6 address (issue 12, item 5); bound as hw-test's. The
   # unreachable address is one of veth0's /64 that nobody answers neighbour discovery for.
-  "hw-test-ipv6|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture|CM_HW_ADDR=@ADDR6 CM_HW_UNREACHABLE_ADDR=fd00::fe"
+  # The multicast tests are left out on IPv6: RoCEv2 carries IPv4 groups only (the kernel's
+  # cma_iboe_join_multicast answers an IPv6 group with ENOTSUPP, 524, measured on rxe), and an
+  # IPv6 id joined to an IPv4 group gets none of its datagrams.
+  "hw-test-ipv6|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture --skip multicast::|CM_HW_ADDR=@ADDR6 CM_HW_UNREACHABLE_ADDR=fd00::fe"
   "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 --sample-size 10 hw"
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
