@@ -498,17 +498,60 @@ fn rss_hwm_kib() -> Result<(u64, u64), String> {
     Ok((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// One simulated cmtime run of `n` connections, without its table: (connections/s, trace hash).
-fn scale_run(o: &Options, n: usize) -> Result<(f64, u64), String> {
+/// Nanoseconds this thread has run on a CPU (the first field of `/proc/thread-self/schedstat`):
+/// on a machine shared with other work, wall-clock time counts their time slices too. The
+/// kernel brings the figure up to date at scheduler ticks (4 ms here), so only spans much
+/// longer than that are measured by it: see [`CPU_SPAN_NS`].
+fn thread_cpu_ns() -> Result<u64, String> {
+    let path = "/proc/thread-self/schedstat";
+    let stat = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    stat.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{path}: no CPU time in {stat:?}"))
+}
+
+/// CPU time over which `--scale` measures each CPU rate: a run shorter than this (1 000
+/// connections take a few milliseconds) is repeated until the runs add up to it.
+const CPU_SPAN_NS: u64 = 250_000_000;
+
+/// One simulated run's figures for `--scale`.
+struct ScaleRun {
+    /// Connections per second of wall-clock time, timed as cmtime's table times them.
+    rate: f64,
+    /// Connections per second of this thread's CPU time, fabric set-up included, over runs
+    /// repeated for at least [`CPU_SPAN_NS`].
+    cpu_rate: f64,
+    hash: u64,
+}
+
+/// One simulated cmtime run of `n` connections (repeated for its CPU rate), without its table.
+fn scale_run(o: &Options, n: usize) -> Result<ScaleRun, String> {
     let o = Options {
         connections: n,
         ..o.clone()
     };
-    let (fabric, sources) = cli::sim_fabric(&o).map_err(|e| e.to_string())?;
-    let (mut server, mut client) = (fabric.host(0), fabric.host(fabric.host_count() - 1));
-    let t = cmtime(Some(&mut server), &mut client, &o, &sources)
-        .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
-    Ok((n as f64 / (total_us(&t) / 1e6), fabric.trace_hash()))
+    let run = || -> Result<(Times, u64), String> {
+        let (fabric, sources) = cli::sim_fabric(&o).map_err(|e| e.to_string())?;
+        let (mut server, mut client) = (fabric.host(0), fabric.host(fabric.host_count() - 1));
+        let t = cmtime(Some(&mut server), &mut client, &o, &sources)
+            .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
+        Ok((t, fabric.trace_hash()))
+    };
+    let cpu_start = thread_cpu_ns()?;
+    let (t, hash) = run()?;
+    let mut runs = 1;
+    let mut cpu = thread_cpu_ns()?.saturating_sub(cpu_start);
+    while cpu < CPU_SPAN_NS {
+        run()?;
+        runs += 1;
+        cpu = thread_cpu_ns()?.saturating_sub(cpu_start);
+    }
+    Ok(ScaleRun {
+        rate: n as f64 / (total_us(&t) / 1e6),
+        cpu_rate: (runs * n) as f64 / (cpu as f64 / 1e9),
+        hash,
+    })
 }
 
 /// `--scale`: how connections/s holds up as the count grows, measured in one process so the
@@ -525,34 +568,51 @@ fn run_scale(o: &Options, sizes: &[usize]) -> Result<(), String> {
     // Warm-up: one run of each count, not counted (allocator, caches, page tables).
     let mut hashes = Vec::new();
     for &n in sizes {
-        hashes.push(scale_run(&o, n)?.1);
+        hashes.push(scale_run(&o, n)?.hash);
     }
     let mut rates = vec![Vec::new(); sizes.len()];
+    let mut cpu_rates = vec![Vec::new(); sizes.len()];
     for _ in 0..SCALE_ROUNDS {
         for (i, &n) in sizes.iter().enumerate() {
-            let (rate, hash) = scale_run(&o, n)?;
-            if hash != hashes[i] {
+            let run = scale_run(&o, n)?;
+            if run.hash != hashes[i] {
                 return Err(format!(
-                    "{n} connections: trace hash {hash:016x}, then {:016x}: not deterministic",
-                    hashes[i]
+                    "{n} connections: trace hash {:016x}, then {:016x}: not deterministic",
+                    hashes[i], run.hash
                 ));
             }
-            rates[i].push(rate);
+            rates[i].push(run.rate);
+            cpu_rates[i].push(run.cpu_rate);
         }
     }
     let (_, hwm) = rss_hwm_kib()?;
+    let median = |r: &mut Vec<f64>| {
+        r.sort_by(f64::total_cmp);
+        r[SCALE_ROUNDS / 2]
+    };
     println!("seed: {}", o.seed.unwrap_or(7));
     println!(
         "{:>11} {:>14} {:>9}  {:<18} connections/s of each round",
         "connections", "median conn/s", "slowdown", "trace-hash"
     );
     let mut first = None;
-    for ((n, mut r), hash) in sizes.iter().zip(rates).zip(hashes) {
+    for ((n, r), hash) in sizes.iter().zip(&rates).zip(&hashes) {
         let rounds = r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
-        r.sort_by(f64::total_cmp);
-        let median = r[SCALE_ROUNDS / 2];
+        let median = median(&mut r.clone());
         let slowdown = *first.get_or_insert(median) / median;
         println!("{n:>11} {median:>14.0} {slowdown:>8.2}x  {hash:016x}   {rounds}");
+    }
+    // The same runs per second of CPU time: what the load of other processes disturbs least.
+    println!(
+        "{:>11} {:>14} {:>9}  CPU connections/s of each round",
+        "connections", "median CPU c/s", "slowdown"
+    );
+    let mut first = None;
+    for (n, r) in sizes.iter().zip(&cpu_rates) {
+        let rounds = r.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" ");
+        let median = median(&mut r.clone());
+        let slowdown = *first.get_or_insert(median) / median;
+        println!("{n:>11} {median:>14.0} {slowdown:>8.2}x  {rounds}");
     }
     let largest = sizes.iter().copied().max().unwrap_or(1) as f64;
     println!(
