@@ -49,8 +49,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cm::api::{
-    errno, AhAttr, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine, IdOption,
-    PortSpace, QpCaps, QpState, UdParam, UDP_QKEY,
+    errno, AhAttr, Call, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine,
+    IdOption, PortSpace, QpCaps, QpState, UdParam, UDP_QKEY,
 };
 use cm::sim::{SimFabric, SimHost};
 
@@ -72,6 +72,16 @@ fn probe_dest(addr: SocketAddr) -> UdParam {
         qkey: UDP_QKEY,
         ah_attr: AhAttr::for_ip(addr.ip()),
     }
+}
+
+/// The group the multicast probes join and leave: an administratively scoped group (RFC 2365)
+/// of the suite address's family, so the kernel resolves it on the same device.
+fn probe_group(addr: SocketAddr) -> SocketAddr {
+    let ip: IpAddr = match addr {
+        SocketAddr::V4(_) => [239, 1, 2, 3].into(),
+        SocketAddr::V6(_) => [0xff15, 0, 0, 0, 0, 0, 0x0102, 0x0304].into(),
+    };
+    SocketAddr::new(ip, 0)
 }
 
 /// How many times a timing-dependent state is probed.
@@ -194,9 +204,14 @@ enum Op {
     SetAckTimeout,
     /// `migrate_id` to a fresh channel of the same backend.
     MigrateId,
+    /// `join_multicast` of the probe's group; a join that went through is left again once the
+    /// events that followed are acked.
+    JoinMulticast,
+    /// `leave_multicast` of the probe's group, which the id never joined.
+    LeaveMulticast,
 }
 
-const OPS: [Op; 22] = [
+const OPS: [Op; 24] = [
     Op::BindAddr,
     Op::ResolveAddr,
     Op::ResolveRoute,
@@ -219,6 +234,8 @@ const OPS: [Op; 22] = [
     Op::SetAfOnly,
     Op::SetAckTimeout,
     Op::MigrateId,
+    Op::JoinMulticast,
+    Op::LeaveMulticast,
 ];
 
 impl Op {
@@ -246,6 +263,8 @@ impl Op {
             Op::SetAfOnly => "set_afonly",
             Op::SetAckTimeout => "set_ack_timeout",
             Op::MigrateId => "migrate_id",
+            Op::JoinMulticast => "join_multicast",
+            Op::LeaveMulticast => "leave_multicast",
         }
     }
 
@@ -289,6 +308,12 @@ impl Op {
                 m.set_option(option).map(|()| *m)
             }
             Op::MigrateId => m.migrate().map(|()| *m),
+            Op::JoinMulticast => m.join_multicast().map(|()| *m),
+            // Memberships are the backend's, not the machine's: a group the id never joined is
+            // not there to leave, in any state.
+            Op::LeaveMulticast => Err(CmError::AddrNotAvailable {
+                call: Call::LeaveMulticast,
+            }),
         };
         match step {
             Ok(next) => (Rc::Ok, next.qp()),
@@ -667,6 +692,8 @@ impl Probed for SimHost {
                 self.set_option(id, op.option().expect("a set_option probe"))
             }
             Op::MigrateId => self.migrate_id(id, spare),
+            Op::JoinMulticast => self.join_multicast(id, probe_group(addr)),
+            Op::LeaveMulticast => self.leave_multicast(id, probe_group(addr)),
         })
     }
 
@@ -704,6 +731,8 @@ impl Probed for cm::hw::HwBackend {
                 RawCall::SetOption(op.option().expect("a set_option probe"))
             }
             Op::MigrateId => RawCall::MigrateId(spare),
+            Op::JoinMulticast => RawCall::JoinMulticast(probe_group(addr)),
+            Op::LeaveMulticast => RawCall::LeaveMulticast(probe_group(addr)),
         };
         match self.raw_call(id, call) {
             RawOutcome::Ok => Rc::Ok,
@@ -801,6 +830,14 @@ fn probe<B: Probed>(
                 ));
                 let _ = peer.ack_cm_event(ev);
             }
+        }
+    }
+    // The kernel is left without the membership: the join's events were acked above, so
+    // librdmacm's leave does not wait.
+    if rc == Rc::Ok && op == Op::JoinMulticast {
+        match b.issue(target.id, Op::LeaveMulticast, call_addr, w.event, spare) {
+            Rc::Ok => {}
+            other => return Err(format!("leave after the join: {other}")),
         }
     }
     Ok((

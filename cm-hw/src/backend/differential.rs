@@ -60,6 +60,11 @@ pub enum RawCall {
     SetOption(IdOption),
     /// `rdma_migrate_id` to the channel.
     MigrateId(ChannelHandle),
+    /// `rdma_join_multicast` of the group (NULL context), whatever the id's port space or state.
+    JoinMulticast(SocketAddr),
+    /// `rdma_leave_multicast` of the group, joined or not (librdmacm looks the group up in the
+    /// id's memberships before it asks the kernel).
+    LeaveMulticast(SocketAddr),
 }
 
 /// What librdmacm (or verbs) answered.
@@ -130,6 +135,8 @@ impl HwBackend {
                 .set_option(option)
                 .map(|()| m.set_option(option).map(|()| m)),
             RawCall::MigrateId(channel) => return self.raw_migrate(index, channel),
+            RawCall::JoinMulticast(group) => return self.raw_join(index, group),
+            RawCall::LeaveMulticast(group) => return self.raw_leave(index, group),
         };
         match result {
             Ok(next) => {
@@ -293,6 +300,36 @@ impl HwBackend {
         match e.raw.migrate(ch) {
             Ok(()) => {
                 e.channel = to;
+                RawOutcome::Ok
+            }
+            Err(errno) => RawOutcome::Failed(errno),
+        }
+    }
+
+    fn raw_join(&mut self, index: u32, group: SocketAddr) -> RawOutcome {
+        let e = self.ids.at(index).expect("checked");
+        match e.raw.join_multicast(&group) {
+            Ok(()) => {
+                // Tracked as a guarded join is, so that its MULTICAST_JOIN attaches the QP in the
+                // backend's count and a leave finds it.
+                self.groups.insert((index, group.ip()), false);
+                RawOutcome::Ok
+            }
+            Err(errno) => RawOutcome::Failed(errno),
+        }
+    }
+
+    fn raw_leave(&mut self, index: u32, group: SocketAddr) -> RawOutcome {
+        if self.groups.contains_key(&(index, group.ip())) && self.unacked_group_events(index, group.ip()) > 0
+        {
+            return RawOutcome::NotIssued(
+                "unacked multicast events: rdma_leave_multicast blocks until they are acked",
+            );
+        }
+        let e = self.ids.at(index).expect("checked");
+        match e.raw.leave_multicast(&group) {
+            Ok(()) => {
+                self.groups.remove(&(index, group.ip()));
                 RawOutcome::Ok
             }
             Err(errno) => RawOutcome::Failed(errno),

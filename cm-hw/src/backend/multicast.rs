@@ -37,19 +37,8 @@ impl HwBackend {
         if !self.groups.contains_key(&(index, ip)) {
             return Err(CmError::AddrNotAvailable { call });
         }
-        // librdmacm waits for the acks of the group's retrieved events. An event whose group
-        // cannot be told (no GID that maps to one of the id's groups) counts too: better refused
-        // than a wait without end.
-        let unacked = self
-            .events
-            .values()
-            .filter(|o| o.counted == index)
-            .filter(|o| matches!(o.ty, CmEventType::MulticastJoin | CmEventType::MulticastError))
-            .filter(|o| {
-                let of = o.raw.ud_param().ah_attr.dest_ip();
-                of == Some(ip) || !of.is_some_and(|g| self.groups.contains_key(&(index, g)))
-            })
-            .count();
+        // librdmacm waits for the acks of the group's retrieved events.
+        let unacked = self.unacked_group_events(index, ip);
         if unacked > 0 {
             return Err(CmError::UnackedEvents {
                 call,
@@ -60,6 +49,21 @@ impl HwBackend {
         e.raw.leave_multicast(&group).map_err(|err| os_error(call, err))?;
         self.groups.remove(&(index, ip));
         Ok(())
+    }
+
+    /// How many retrieved, unacked events of id `index` `rdma_leave_multicast` of `ip` would wait
+    /// for. An event whose group cannot be told (no GID that maps to one of the id's groups)
+    /// counts too: better refused than a wait without end.
+    pub(super) fn unacked_group_events(&self, index: u32, ip: std::net::IpAddr) -> usize {
+        self.events
+            .values()
+            .filter(|o| o.counted == index)
+            .filter(|o| matches!(o.ty, CmEventType::MulticastJoin | CmEventType::MulticastError))
+            .filter(|o| {
+                let of = o.raw.ud_param().ah_attr.dest_ip();
+                of == Some(ip) || !of.is_some_and(|g| self.groups.contains_key(&(index, g)))
+            })
+            .count()
     }
 
     /// The kernel leaves the groups of a destroyed id.
