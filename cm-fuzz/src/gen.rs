@@ -365,13 +365,14 @@ pub enum Op {
         qp_num: u32,
         qkey: u32,
     },
-    /// `join_multicast` of group `group` ([`GROUPS`]; the last one is no multicast address).
+    /// `join_multicast` of group `group`, an index into the fuzzer's group table (239.1.1.1,
+    /// ff0e::1, and 10.0.0.1, which is no multicast address).
     JoinMulticast {
         h: HostSel,
         id: HandleRef,
         group: usize,
     },
-    /// `leave_multicast` of group `group` ([`GROUPS`]).
+    /// `leave_multicast` of group `group`, an index into the fuzzer's group table.
     LeaveMulticast {
         h: HostSel,
         id: HandleRef,
