@@ -286,8 +286,9 @@ fn fail(check: Check, signature: impl Into<String>, detail: impl Into<String>, a
     })
 }
 
-/// Every errno librdmacm and verbs answer these calls with.
-const PLAUSIBLE_ERRNOS: [i32; 13] = [
+/// Every errno librdmacm and verbs answer these calls with (524 is the kernel's `ENOTSUPP`,
+/// which `rdma_join_multicast` passes on for an IPv6 group on RoCEv2).
+const PLAUSIBLE_ERRNOS: [i32; 14] = [
     errno::ENOENT,
     errno::EBADF,
     errno::ENOMEM,
@@ -301,6 +302,7 @@ const PLAUSIBLE_ERRNOS: [i32; 13] = [
     errno::ETIMEDOUT,
     errno::ECONNREFUSED,
     errno::EHOSTUNREACH,
+    524,
 ];
 
 /// The call an error names, when its variant names one.

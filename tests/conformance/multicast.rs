@@ -213,6 +213,41 @@ fn leaving_a_group_not_joined_is_refused_with_eaddrnotavail() {
 }
 
 #[test]
+fn an_ipv6_group_is_refused_with_enotsupp_as_rocev2_refuses_it() {
+    let mut bed = bed!();
+    let port = bed.port();
+    let v6 = group_of(IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]), 9, port);
+    let g = group(&mut bed);
+    let ip = bed.server_ip;
+    let s = &mut bed.server;
+    let ch = s.create_event_channel().expect("channel");
+    let id = bound_ud(s, ch, ip, 0);
+    let err = s.join_multicast(id, v6).unwrap_err();
+    assert_eq!(
+        err,
+        CmError::Os {
+            call: Call::JoinMulticast,
+            errno: ENOTSUPP
+        }
+    );
+    assert_eq!(
+        s.leave_multicast(id, v6).unwrap_err(),
+        CmError::AddrNotAvailable {
+            call: Call::LeaveMulticast
+        },
+        "a refused join leaves no membership behind"
+    );
+    join(s, ch, id, g);
+    s.leave_multicast(id, g).expect("leave");
+    destroy_all(s, &[id], ch);
+    assert_clean(&bed);
+}
+
+/// The kernel's `ENOTSUPP` (not `ENOTSUP`): what `rdma_join_multicast` gives for an IPv6 group
+/// on RoCEv2, passed to user space as it is.
+const ENOTSUPP: i32 = 524;
+
+#[test]
 fn leaving_while_the_join_event_is_unacked_is_refused_instead_of_blocking() {
     let mut bed = bed!();
     let g = group(&mut bed);

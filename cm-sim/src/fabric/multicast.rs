@@ -46,6 +46,14 @@ impl Fabric {
                 reason: "the group must be a multicast address",
             });
         }
+        if ip.is_ipv6() {
+            // RoCEv2 carries IPv4 groups only: the kernel's cma_iboe_join_multicast answers an
+            // IPv6 group with ENOTSUPP, which reaches user space as it is (measured on rxe).
+            return Err(CmError::Os {
+                call,
+                errno: ENOTSUPP,
+            });
+        }
         let mc = self.multicast.get_or_insert_with(Box::default);
         if mc.members.contains_key(&(r, ip)) {
             return Err(CmError::AddrInUse { call });
@@ -195,3 +203,6 @@ impl Fabric {
         })
     }
 }
+
+/// The kernel's `ENOTSUPP` (524, not libc's `ENOTSUP`).
+const ENOTSUPP: i32 = 524;
