@@ -468,7 +468,7 @@ pub trait CmBackend {
 
 pub use crate::handle::next_backend_tag;
 pub use crate::slab::{Slab, SlotRef};
-pub use crate::wr_pool::{post_gate, Admission, SlotUse, WrPool};
+pub use crate::wr_pool::{datagram_gate, post_gate, Admission, SlotUse, WrPool};
 
 /// Makes an id handle: slot `index` at `generation` in the backend tagged `owner`.
 pub const fn id_handle(owner: u32, index: u32, generation: u32) -> IdHandle {

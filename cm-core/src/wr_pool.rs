@@ -61,15 +61,42 @@ pub fn post_gate(
     outstanding: u32,
     device_failed: impl FnOnce() -> Result<bool, CmError>,
 ) -> Result<Admission, CmError> {
+    match opcode {
+        WcOpcode::Send => machine.post_send()?,
+        WcOpcode::Recv => machine.post_recv()?,
+    }
+    admit(machine, caps, opcode, len, outstanding, device_failed)
+}
+
+/// The [`post_gate`] of a datagram send (`post_send_to`): the machine's datagram rule (a UD QP
+/// in a state that sends) in place of `post_send`'s, then the same checks in the same order.
+///
+/// # Errors
+///
+/// As [`post_gate`]'s.
+pub fn datagram_gate(
+    machine: &mut IdMachine,
+    caps: &QpCaps,
+    len: usize,
+    outstanding: u32,
+    device_failed: impl FnOnce() -> Result<bool, CmError>,
+) -> Result<Admission, CmError> {
+    machine.post_send_to()?;
+    admit(machine, caps, WcOpcode::Send, len, outstanding, device_failed)
+}
+
+/// The checks after the machine's: length, a failed QP, a full queue; then post or flush.
+fn admit(
+    machine: &mut IdMachine,
+    caps: &QpCaps,
+    opcode: WcOpcode,
+    len: usize,
+    outstanding: u32,
+    device_failed: impl FnOnce() -> Result<bool, CmError>,
+) -> Result<Admission, CmError> {
     let (call, limit) = match opcode {
-        WcOpcode::Send => {
-            machine.post_send()?;
-            (Call::PostSend, caps.max_send_wr)
-        }
-        WcOpcode::Recv => {
-            machine.post_recv()?;
-            (Call::PostRecv, caps.max_recv_wr)
-        }
+        WcOpcode::Send => (Call::PostSend, caps.max_send_wr),
+        WcOpcode::Recv => (Call::PostRecv, caps.max_recv_wr),
     };
     caps.check_length(opcode, len)?;
     if machine.qp() != Some(QpState::Err) && device_failed()? {

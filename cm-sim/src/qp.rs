@@ -131,12 +131,18 @@ impl Qp {
     /// Lands `send` in this QP's next receive; returns what happened, with the receive's
     /// completion queued here. The caller queues the sender's completion.
     pub(crate) fn land(&mut self, send: &PostedSend) -> Option<Landing> {
+        self.land_in_recv(send.data.clone(), None)
+    }
+
+    /// `data` takes the next posted receive (none: `None`). One longer than that receive's
+    /// buffer fails it with a local length error (the caller moves the QP to ERR).
+    fn land_in_recv(&mut self, data: Vec<u8>, sender: Option<UdSender>) -> Option<Landing> {
         let q = self.queues.as_mut()?;
         let recv = q.recvs.pop_front()?;
-        let len = send.data.len();
-        if len > recv.len as usize {
+        let wr_id = u64::from(recv.slot);
+        if data.len() > recv.len as usize {
             q.cq.push_back(WorkCompletion {
-                wr_id: u64::from(recv.slot),
+                wr_id,
                 status: WcStatus::LocLenErr,
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
@@ -146,12 +152,12 @@ impl Qp {
             return Some(Landing::TooLong);
         }
         q.cq.push_back(WorkCompletion {
-            wr_id: u64::from(recv.slot),
+            wr_id,
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
-            byte_len: len as u32,
-            data: send.data.clone(),
-            sender: None,
+            byte_len: data.len() as u32,
+            data,
+            sender,
         });
         Some(Landing::Delivered)
     }
@@ -192,28 +198,7 @@ impl Qp {
     /// dropped). One longer than that receive's buffer fails it with a local length error, as
     /// rxe does (the caller moves the QP to ERR).
     pub(crate) fn land_datagram(&mut self, data: Vec<u8>, from: UdSender) -> Option<Landing> {
-        let q = self.queues.as_mut()?;
-        let recv = q.recvs.pop_front()?;
-        if data.len() > recv.len as usize {
-            q.cq.push_back(WorkCompletion {
-                wr_id: u64::from(recv.slot),
-                status: WcStatus::LocLenErr,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                data: Vec::new(),
-                sender: None,
-            });
-            return Some(Landing::TooLong);
-        }
-        q.cq.push_back(WorkCompletion {
-            wr_id: u64::from(recv.slot),
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: data.len() as u32,
-            data,
-            sender: Some(from),
-        });
-        Some(Landing::Delivered)
+        self.land_in_recv(data, Some(from))
     }
 
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each

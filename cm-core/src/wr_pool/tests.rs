@@ -333,3 +333,34 @@ fn the_device_is_asked_only_when_the_machine_does_not_know_the_qp_failed() {
     });
     assert!(!asked);
 }
+
+#[test]
+fn the_datagram_gate_takes_ud_qps_only_then_checks_as_the_post_gate_does() {
+    use Admission::{Flush, Post};
+    use Want::*;
+    let caps = QpCaps {
+        max_send_wr: 2,
+        max_message_size: 100,
+        ..QpCaps::new()
+    };
+    let no_qp = machine(PortSpace::Udp, &[AddrResolved], false);
+    let ud = machine(PortSpace::Udp, &[AddrResolved], true);
+    let rc = machine(PortSpace::Tcp, &[AddrResolved], true);
+    // (machine, length, outstanding, device failed, answer, machine's QP after)
+    #[rustfmt::skip]
+    let table = [
+        (no_qp, 1, 0, false, NoQp, None),
+        (rc, 1, 0, false, InvalidArgument, rc.qp()),
+        (ud, 1, 0, false, Admit(Post), Some(QpState::Rts)),
+        (ud, 101, 0, false, InvalidArgument, Some(QpState::Rts)),
+        (ud, 1, 2, false, QueueFull(2), Some(QpState::Rts)),
+        (ud, 1, 0, true, Admit(Flush), Some(QpState::Err)),
+        (ud.qp_error(), 1, 1, false, Admit(Flush), Some(QpState::Err)),
+    ];
+    for (i, (m, len, outstanding, device, want, qp_after)) in table.into_iter().enumerate() {
+        let mut m = m;
+        let got = datagram_gate(&mut m, &caps, len, outstanding, || Ok(device));
+        assert_eq!(answer(got), want, "row {i}");
+        assert_eq!(m.qp(), qp_after, "row {i}: the machine after the gate");
+    }
+}

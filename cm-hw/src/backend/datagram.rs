@@ -1,6 +1,7 @@
 //! Datagram sends on UD QPs: the checks of `post_send`, then a send to a destination.
 
-use cm_core::{Call, CmError, IdHandle, QpState, Result, UdParam, WcOpcode};
+use cm_core::backend::{datagram_gate, Admission};
+use cm_core::{Call, CmError, IdHandle, Result, UdParam, WcOpcode};
 
 use super::HwBackend;
 use crate::convert::os_error;
@@ -18,28 +19,23 @@ impl HwBackend {
     ) -> Result<()> {
         let call = Call::PostSend;
         let e = self.id(call, id)?;
-        // The machine refuses connected QPs, on which verbs would ignore the destination.
-        e.machine.post_send_to()?;
         let Some(q) = e.qp.as_mut() else {
+            // The machine names the refusal (no QP, or a state that allows nothing).
+            e.machine.post_send_to()?;
             return Err(CmError::NoQp { call });
         };
-        q.caps.check_length(WcOpcode::Send, data.len())?;
-        if e.machine.qp() != Some(QpState::Err) && q.device_failed().map_err(|err| os_error(call, err))? {
-            e.machine = e.machine.qp_error();
-        }
-        let outstanding = q.pool.outstanding(WcOpcode::Send);
-        if outstanding >= q.caps.max_send_wr {
-            return Err(CmError::QueueFull { call, outstanding });
-        }
-        if e.machine.qp() == Some(QpState::Err) {
+        // The gate also refuses connected QPs, on which verbs would ignore the destination.
+        let (caps, outstanding) = (q.caps, q.pool.outstanding(WcOpcode::Send));
+        let device_failed = || q.device_failed().map_err(|err| os_error(call, err));
+        if datagram_gate(&mut e.machine, &caps, data.len(), outstanding, device_failed)? == Admission::Flush {
             let taken = q.pool.flush(WcOpcode::Send, wr_id);
-            debug_assert!(taken, "checked the slot");
+            debug_assert!(taken, "the gate checked the slot");
             return Ok(());
         }
         let slot = q
             .pool
             .post(WcOpcode::Send, wr_id, data.len() as u32)
-            .expect("checked the slot");
+            .expect("the gate checked the slot");
         if let Err(err) = q.raw.post_send_to(slot, data, dest) {
             q.pool.unpost(slot);
             return Err(os_error(call, err));
