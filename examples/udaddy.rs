@@ -104,20 +104,23 @@ fn expect<B: CmBackend>(
     Ok((got.2, got.3))
 }
 
-/// Polls `id`'s CQ until `n` completions of `opcode` arrived; returns the successful ones.
+/// Polls `id`'s CQ until `sends` send and `recvs` receive completions arrived, all successful;
+/// returns the receives. Both are counted in one loop: a reply can complete before the last
+/// send's completion is polled.
 fn collect<B: CmBackend>(
     b: &mut B,
     id: IdHandle,
-    n: u32,
-    opcode: WcOpcode,
+    sends: u32,
+    recvs: u32,
 ) -> Result<Vec<cm::WorkCompletion>, String> {
+    let mut sent = 0;
     let mut got = Vec::new();
     let mut out = Vec::new();
-    while got.len() < n as usize {
+    while sent < sends || got.len() < recvs as usize {
         out.clear();
         if b.poll_cq(id, &mut out, 16, WAIT).map_err(|e| e.to_string())? == 0 {
             return Err(format!(
-                "udaddy: {} of {n} completions within {WAIT:?}",
+                "udaddy: {sent} of {sends} send and {} of {recvs} receive completions within {WAIT:?}",
                 got.len()
             ));
         }
@@ -125,8 +128,9 @@ fn collect<B: CmBackend>(
             if wc.status != WcStatus::Success {
                 return Err(format!("udaddy: completion status {}", wc.status));
             }
-            if wc.opcode == opcode {
-                got.push(wc);
+            match wc.opcode {
+                WcOpcode::Send => sent += 1,
+                WcOpcode::Recv => got.push(wc),
             }
         }
     }
@@ -185,7 +189,7 @@ impl<B: CmBackend> Server<B> {
         println!("receiving data transfers");
         let mut peers = Vec::new();
         for &node in &self.nodes {
-            let got = collect(&mut self.b, node, o.messages, WcOpcode::Recv)?;
+            let got = collect(&mut self.b, node, 0, o.messages)?;
             if got.iter().any(|wc| wc.byte_len != o.size) {
                 return Err("udaddy: a datagram of the wrong length".into());
             }
@@ -199,7 +203,7 @@ impl<B: CmBackend> Server<B> {
                     .post_send_to(node, u64::from(i), dest, &message(i, o.size))
                     .map_err(|e| e.to_string())?;
             }
-            collect(&mut self.b, node, o.messages, WcOpcode::Send)?;
+            collect(&mut self.b, node, o.messages, 0)?;
         }
         println!("data transfers complete");
         Ok(())
@@ -271,7 +275,6 @@ impl<B: CmBackend> Client<B> {
                     .post_send_to(id, u64::from(i), &dest, &message(i, o.size))
                     .map_err(|e| e.to_string())?;
             }
-            collect(&mut self.b, id, o.messages, WcOpcode::Send)?;
         }
         Ok(())
     }
@@ -279,7 +282,7 @@ impl<B: CmBackend> Client<B> {
     fn receive_all(&mut self, o: &Opts) -> Result<(), String> {
         println!("receiving data transfers");
         for &(id, dest) in &self.nodes {
-            let got = collect(&mut self.b, id, o.messages, WcOpcode::Recv)?;
+            let got = collect(&mut self.b, id, o.messages, o.messages)?;
             let server_qpn = dest.map(|d| d.qp_num);
             if got.iter().any(|wc| wc.sender.map(|s| s.qp_num) != server_qpn) {
                 return Err("udaddy: a reply from a QP that is not the server's".into());
