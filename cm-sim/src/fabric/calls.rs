@@ -521,7 +521,7 @@ impl Fabric {
             return Err(CmError::ForeignEvent(cm_core::backend::returned_event(event)));
         }
         self.host_up(host, Call::AckCmEvent)?;
-        let r = token_ref(event.token(), self.tag(host));
+        let r = token_ref(event.token(), self.hosts[host as usize].token_key);
         let counted = match self.outstanding.get(r) {
             Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
             _ => return Err(CmError::EventNotOutstanding),

@@ -74,7 +74,7 @@ impl Fabric {
         self.set_machine(counted, next);
         let id = self.id_handle(q.id);
         let host = self.slot(counted).host;
-        let tag = self.tag(host);
+        let key = self.hosts[host as usize].token_key;
         let token = token_of(
             self.outstanding.insert(Outstanding {
                 host,
@@ -82,7 +82,7 @@ impl Fabric {
                 id,
                 event,
             }),
-            tag,
+            key,
         );
         if matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
             self.on_multicast_retrieved(q.id, event, payload.as_ref(), token);

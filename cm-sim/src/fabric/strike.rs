@@ -125,6 +125,7 @@ impl Fabric {
                     *h = Host {
                         incarnation: h.incarnation,
                         tag: h.tag,
+                        token_key: h.token_key,
                         ..Host::new(std::mem::take(&mut h.addrs))
                     };
                     self.stats.restarts += 1;
