@@ -470,7 +470,7 @@ impl Fabric {
             if let Some(t) = self.pop_event(r) {
                 // Built in what is returned, one return per kind of parameters: an event is
                 // over 300 bytes and every copy of it showed in profiles.
-                let Some(p) = t.payload else {
+                let Some(p) = self.take_payload(t.payload) else {
                     return Ok(Some(cm_core::backend::cm_event(
                         t.id,
                         t.listen_id,

@@ -15,16 +15,21 @@ impl Fabric {
             let host = self.slot(q.id).host;
             self.slot(q.id).queued -= 1;
             self.hosts[host as usize].counts.queued -= 1;
-            let payload = self.take_payload(q.payload);
-            if let Some(ev) = self.retrieve(q, payload) {
-                self.hosts[host as usize].counts.unacked += 1;
-                return Some(ev);
+            match self.retrieve(q) {
+                Some(ev) => {
+                    self.hosts[host as usize].counts.unacked += 1;
+                    return Some(ev);
+                }
+                None => {
+                    self.take_payload(q.payload);
+                }
             }
         }
     }
 
-    /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it.
-    pub(super) fn retrieve(&mut self, q: Queued, payload: Option<Payload>) -> Option<Taken> {
+    /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it
+    /// (its payload is then still in the pool, for the caller to drop).
+    pub(super) fn retrieve(&mut self, q: Queued) -> Option<Taken> {
         let mut event = q.event;
         let mut status = q.status;
         let mut listen_id = None;
@@ -57,7 +62,7 @@ impl Fabric {
                 return None
             }
             CmEventType::MulticastJoin | CmEventType::MulticastError
-                if !self.multicast_event_current(q.id, payload.as_ref()) =>
+                if !self.multicast_event_current(q.id, self.payloads.get(q.payload)) =>
             {
                 // Its group was left before it was retrieved: the kernel dropped it then.
                 return None;
@@ -85,14 +90,15 @@ impl Fabric {
             key,
         );
         if matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
-            self.on_multicast_retrieved(q.id, event, payload.as_ref(), token);
+            let group = self.payloads.get(q.payload).and_then(|p| p.dst.get());
+            self.on_multicast_retrieved(q.id, event, group, token);
         }
         Some(Taken {
             id,
             listen_id,
             event,
             status,
-            payload,
+            payload: q.payload,
             token,
         })
     }

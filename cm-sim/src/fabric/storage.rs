@@ -130,7 +130,9 @@ pub(super) struct Taken {
     pub(super) listen_id: Option<IdHandle>,
     pub(super) event: CmEventType,
     pub(super) status: i32,
-    pub(super) payload: Option<Payload>,
+    /// The event's payload, still in the fabric's pool (`NO_PAYLOAD`: none): most events have
+    /// none, and moving an `Option<Payload>` through retrieval cost every event its copies.
+    pub(super) payload: u32,
     pub(super) token: u64,
 }
 
