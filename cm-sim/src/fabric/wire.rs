@@ -104,14 +104,21 @@ impl Fabric {
         status: i32,
         payload: u32,
     ) {
-        // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
-        // application sees (on retrieval).
-        if event != CmEventType::ConnectResponse {
-            self.trace_event(id, event, status);
-        }
         let slot = self.slot(id);
         slot.queued += 1;
         let (host, channel) = (slot.host, slot.channel);
+        // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
+        // application sees (on retrieval). Recorded here rather than through `trace_event`,
+        // which would look the id up again for its host.
+        if event != CmEventType::ConnectResponse {
+            self.trace.record(TraceRecord {
+                time: self.now,
+                host,
+                id: id.index,
+                what: TraceWhat::Event(event),
+                status,
+            });
+        }
         self.hosts[host as usize].counts.queued += 1;
         self.events_queued += 1;
         let ch = self
