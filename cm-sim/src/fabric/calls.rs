@@ -526,9 +526,9 @@ impl Fabric {
             Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
             _ => return Err(CmError::EventNotOutstanding),
         };
-        let next = self.slot(counted).m.on_ack()?;
+        let slot = self.slot(counted);
+        slot.m = slot.m.on_ack()?;
         self.outstanding.discard(r);
-        self.slot(counted).m = next;
         if matches!(
             event.event(),
             CmEventType::MulticastJoin | CmEventType::MulticastError
