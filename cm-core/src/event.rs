@@ -202,6 +202,9 @@ impl PrivateData {
     };
 
     /// Copies `data` (or its first [`MAX_PRIVATE_DATA`] bytes, remembering the full length).
+    // Inlined, a caller building an event writes the bytes in place instead of copying the
+    // 256-byte buffer again.
+    #[inline]
     pub fn new(data: &[u8]) -> Self {
         let mut pd = Self::EMPTY;
         let kept = data.len().min(MAX_PRIVATE_DATA);

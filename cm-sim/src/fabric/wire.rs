@@ -57,6 +57,7 @@ impl WirePrivateData {
 }
 
 impl Payload {
+    #[inline]
     pub(super) fn conn_param(&self) -> ConnParam {
         let w = self.wire;
         ConnParam {
