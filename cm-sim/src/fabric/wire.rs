@@ -48,7 +48,8 @@ impl WirePrivateData {
         const ZEROS: [u8; MAX_PRIVATE_DATA] = [0; MAX_PRIVATE_DATA];
         let len = usize::from(self.len);
         if self.bytes.is_empty() {
-            return PrivateData::new(&ZEROS[..len]);
+            // The usual all-zero data: the zeroed buffer with its length, no copy of zeros.
+            return PrivateData::EMPTY.padded(len);
         }
         let mut padded = ZEROS;
         padded[..self.bytes.len()].copy_from_slice(&self.bytes);
