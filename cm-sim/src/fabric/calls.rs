@@ -27,7 +27,7 @@ impl Fabric {
         }
         let c = self.channels.remove(r).expect("checked");
         for q in c.queue {
-            self.take_payload(q.payload);
+            self.drop_payload(q.payload);
         }
         self.hosts[host as usize].counts.channels -= 1;
         Ok(())

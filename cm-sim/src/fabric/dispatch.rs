@@ -25,7 +25,7 @@ impl Fabric {
                     self.stats.messages_resent += 1;
                     self.send_req(from, host, payload, attempt);
                 } else {
-                    self.take_payload(payload);
+                    self.drop_payload(payload);
                 }
             }
             Action::Resend {
@@ -40,7 +40,7 @@ impl Fabric {
                     self.stats.messages_resent += 1;
                     self.send_attempt(from, to, kind, status, payload, attempt);
                 } else {
-                    self.take_payload(payload);
+                    self.drop_payload(payload);
                 }
             }
             Action::Fault(n) => {
@@ -59,7 +59,7 @@ impl Fabric {
                 if self.ids.contains(to) {
                     self.on_msg(kind, to, from, status, payload);
                 } else {
-                    self.take_payload(payload);
+                    self.drop_payload(payload);
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
@@ -124,12 +124,12 @@ impl Fabric {
 
     pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
         let Some(active) = self.ids.get(from) else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             return;
         };
         // A host that crashed or lost its device while the REQ flew does not answer.
         if !active.cm.awaits_answer_to(MsgKind::Req) || !self.hosts[host as usize].reachable() {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             return;
         }
         let ps = active.m.port_space();
@@ -148,7 +148,7 @@ impl Fabric {
             (false, false) => reason::SIDR_REJECT,
         };
         let Some(listener) = listener else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             self.reply_without_id(host, from, refuse(true));
             return;
         };
@@ -293,7 +293,7 @@ impl Fabric {
                             // The REQ leaves for an address no host has: it is lost without a
                             // trace, after the same draw a sent one makes.
                             self.latency();
-                            self.take_payload(req);
+                            self.drop_payload(req);
                         }
                     }
                 }
@@ -320,6 +320,6 @@ impl Fabric {
                 }
             }
         }
-        self.take_payload(payload);
+        self.drop_payload(payload);
     }
 }

@@ -9,7 +9,7 @@ impl Fabric {
             let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
             if !alive {
                 // Its id was destroyed: the kernel discarded the event then.
-                self.take_payload(q.payload);
+                self.drop_payload(q.payload);
                 continue;
             }
             let host = self.slot(q.id).host;
@@ -21,7 +21,7 @@ impl Fabric {
                     return Some(ev);
                 }
                 None => {
-                    self.take_payload(q.payload);
+                    self.drop_payload(q.payload);
                 }
             }
         }

@@ -150,6 +150,13 @@ impl Fabric {
         })
     }
 
+    /// Lets a message's payload go (`NO_PAYLOAD`: none).
+    pub(super) fn drop_payload(&mut self, payload: u32) {
+        if payload != NO_PAYLOAD {
+            self.payloads.discard(payload);
+        }
+    }
+
     pub(super) fn take_payload(&mut self, payload: u32) -> Option<Payload> {
         if payload == NO_PAYLOAD {
             return None;
@@ -243,7 +250,7 @@ impl Fabric {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
         let lat = self.latency();
         let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             return;
         };
         if self.lost(from_host, to_host) {
@@ -263,7 +270,7 @@ impl Fabric {
                     },
                 );
             } else {
-                self.take_payload(payload);
+                self.drop_payload(payload);
             }
             return;
         }
@@ -326,7 +333,7 @@ impl Fabric {
                 },
             );
         } else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
         }
     }
 
