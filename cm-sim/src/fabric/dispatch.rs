@@ -231,6 +231,20 @@ impl Fabric {
     }
 
     pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+        // One arm per kind, each with the kind a constant: the inlined exchange then matches on
+        // the wire state alone and most effects fold (issue 14).
+        match kind {
+            MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, status, payload),
+            MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, status, payload),
+            MsgKind::Rtu => self.on_msg_of(MsgKind::Rtu, to, from, status, payload),
+            MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, status, payload),
+            MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, status, payload),
+            MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, status, payload),
+        }
+    }
+
+    #[inline(always)]
+    fn on_msg_of(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
         let slot = self.slot(to);
         let connected = slot.m.port_space().is_connected();
         let (next, effects) = slot
