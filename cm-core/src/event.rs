@@ -233,6 +233,8 @@ impl PrivateData {
     /// # Panics
     /// If `size` exceeds [`MAX_PRIVATE_DATA`] or the data is longer than `size`; backends check
     /// the length against the port space's limit first.
+    // Inlined, padding the empty data is a fill, not a copy of a 256-byte constant.
+    #[inline]
     pub fn padded(&self, size: usize) -> Self {
         assert!(
             size <= MAX_PRIVATE_DATA && self.len <= size,
