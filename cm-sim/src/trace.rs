@@ -155,10 +155,11 @@ fn fnv_le(mut h: u64, v: u64, n: u32) -> u64 {
 }
 
 impl TraceRecord {
-    /// `h` after FNV-1a over [`encode`](Self::encode)'s 24 bytes, computed from the fields:
-    /// the same value, with the runs of zero bytes most records have (a time's high bytes, an
-    /// id's, the status and the padding) folded into one multiplication each. A record was 130
-    /// instructions hashed byte by byte, twelve records a lifecycle (issue 14).
+    /// `h` after FNV-1a over the record's 24-byte encoding (`encode`, which the tests keep as
+    /// the definition), computed from the fields: the same value, with the runs of zero bytes
+    /// most records have (a time's high bytes, an id's, the status and the padding) folded into
+    /// one multiplication each. A record was 130 instructions hashed byte by byte, twelve
+    /// records a lifecycle (issue 14).
     #[inline(always)]
     fn fold_into(&self, h: u64) -> u64 {
         let time = self.time.as_nanos();
