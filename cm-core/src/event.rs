@@ -202,6 +202,9 @@ impl PrivateData {
     };
 
     /// Copies `data` (or its first [`MAX_PRIVATE_DATA`] bytes, remembering the full length).
+    // Inlined, a caller building an event writes the bytes in place instead of copying the
+    // 256-byte buffer again.
+    #[inline]
     pub fn new(data: &[u8]) -> Self {
         let mut pd = Self::EMPTY;
         let kept = data.len().min(MAX_PRIVATE_DATA);
@@ -230,6 +233,8 @@ impl PrivateData {
     /// # Panics
     /// If `size` exceeds [`MAX_PRIVATE_DATA`] or the data is longer than `size`; backends check
     /// the length against the port space's limit first.
+    // Inlined, padding the empty data is a fill, not a copy of a 256-byte constant.
+    #[inline]
     pub fn padded(&self, size: usize) -> Self {
         assert!(
             size <= MAX_PRIVATE_DATA && self.len <= size,

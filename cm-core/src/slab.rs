@@ -86,6 +86,7 @@ impl<T> Slab<T> {
     /// # Panics
     ///
     /// With 2^32 slots in use.
+    #[inline]
     pub fn insert(&mut self, value: T) -> SlotRef {
         self.len += 1;
         if let Some(index) = self.free.pop() {
@@ -106,6 +107,9 @@ impl<T> Slab<T> {
     }
 
     /// The value `r` names, if it is still stored.
+    // The simulator looks ids up several times per event and sees these only through
+    // cm-core's boundary: without the hint, small as they are, some stayed calls.
+    #[inline]
     pub fn get(&self, r: SlotRef) -> Option<&T> {
         match self.entries.get(r.index as usize) {
             Some(e) if e.generation == r.generation => e.value.as_ref(),
@@ -114,6 +118,7 @@ impl<T> Slab<T> {
     }
 
     /// Mutable [`get`](Self::get).
+    #[inline]
     pub fn get_mut(&mut self, r: SlotRef) -> Option<&mut T> {
         match self.entries.get_mut(r.index as usize) {
             Some(e) if e.generation == r.generation => e.value.as_mut(),
@@ -122,17 +127,20 @@ impl<T> Slab<T> {
     }
 
     /// Whether the value `r` names is still stored.
+    #[inline]
     pub fn contains(&self, r: SlotRef) -> bool {
         self.get(r).is_some()
     }
 
     /// The value at `index`, whatever its generation: for a caller that checked the
     /// generation already.
+    #[inline]
     pub fn at(&self, index: u32) -> Option<&T> {
         self.entries.get(index as usize)?.value.as_ref()
     }
 
     /// Mutable [`at`](Self::at).
+    #[inline]
     pub fn at_mut(&mut self, index: u32) -> Option<&mut T> {
         self.entries.get_mut(index as usize)?.value.as_mut()
     }
@@ -157,6 +165,7 @@ impl<T> Slab<T> {
     /// Drops the value `r` names. Unlike [`remove`](Self::remove) nothing is moved out: the
     /// caller reads the few fields it needs first, where reading them from a just-moved copy
     /// stalled on the copy's stores.
+    #[inline]
     pub fn discard(&mut self, r: SlotRef) {
         if let Some(e) = self.entries.get_mut(r.index as usize) {
             if e.generation == r.generation && e.value.is_some() {
@@ -220,6 +229,7 @@ impl<T> Slab<T> {
 
     /// Moves a just-emptied slot to the next generation and makes it reusable, or retires it for
     /// good when its generations are used up.
+    #[inline]
     fn free_slot(&mut self, index: u32) {
         let e = &mut self.entries[index as usize];
         self.len -= 1;

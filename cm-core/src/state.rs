@@ -791,6 +791,8 @@ impl IdMachine {
 
     /// The machine after `event` was retrieved for this id (the id the event counts against:
     /// the listener for `CONNECT_REQUEST`). Counts the event as unacked.
+    // Called across the crate boundary for every event a simulator hands out.
+    #[inline]
     pub fn on_event(&self, event: CmEventType) -> Result<IdMachine, IllegalEvent> {
         use CmEventType::*;
         use ConnPhase as P;

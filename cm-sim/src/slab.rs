@@ -35,6 +35,17 @@ impl<T> Pool<T> {
         self.values.get(index as usize).and_then(Option::as_ref)
     }
 
+    /// Drops the value at `index`, if any, where it lies: for the many owners that only let a
+    /// value go, which [`take`](Self::take) made move it out first.
+    pub(crate) fn discard(&mut self, index: u32) {
+        if let Some(v) = self.values.get_mut(index as usize) {
+            if v.is_some() {
+                *v = None;
+                self.free.push(index);
+            }
+        }
+    }
+
     pub(crate) fn take(&mut self, index: u32) -> Option<T> {
         let v = self.values.get_mut(index as usize)?.take()?;
         self.free.push(index);

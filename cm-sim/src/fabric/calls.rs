@@ -27,7 +27,7 @@ impl Fabric {
         }
         let c = self.channels.remove(r).expect("checked");
         for q in c.queue {
-            self.take_payload(q.payload);
+            self.drop_payload(q.payload);
         }
         self.hosts[host as usize].counts.channels -= 1;
         Ok(())
@@ -470,7 +470,7 @@ impl Fabric {
             if let Some(t) = self.pop_event(r) {
                 // Built in what is returned, one return per kind of parameters: an event is
                 // over 300 bytes and every copy of it showed in profiles.
-                let Some(p) = t.payload else {
+                let Some(p) = self.take_payload(t.payload) else {
                     return Ok(Some(cm_core::backend::cm_event(
                         t.id,
                         t.listen_id,
@@ -521,14 +521,14 @@ impl Fabric {
             return Err(CmError::ForeignEvent(cm_core::backend::returned_event(event)));
         }
         self.host_up(host, Call::AckCmEvent)?;
-        let r = token_ref(event.token(), self.tag(host));
+        let r = token_ref(event.token(), self.hosts[host as usize].token_key);
         let counted = match self.outstanding.get(r) {
             Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
             _ => return Err(CmError::EventNotOutstanding),
         };
-        let next = self.slot(counted).m.on_ack()?;
+        let slot = self.slot(counted);
+        slot.m = slot.m.on_ack()?;
         self.outstanding.discard(r);
-        self.slot(counted).m = next;
         if matches!(
             event.event(),
             CmEventType::MulticastJoin | CmEventType::MulticastError

@@ -12,13 +12,15 @@ impl Fabric {
             let remote = s.remote;
             let sender_ready =
                 s.m.qp() == Some(QpState::Rts) && s.qp.as_ref().is_some_and(|q| q.has_pending_send());
+            // Most calls (every QP reaching RTS) find nothing to send: the receiver is looked
+            // up only when there is.
+            if !sender_ready {
+                return;
+            }
             let receiver_ready = self.ids.get(remote).is_some_and(|r| {
                 matches!(r.m.qp(), Some(QpState::Rtr | QpState::Rts))
                     && r.qp.as_ref().is_some_and(|q| q.has_recv())
             });
-            if !sender_ready {
-                return;
-            }
             if self.path_broken(sender) {
                 self.arm_transport_retry(sender);
                 return;

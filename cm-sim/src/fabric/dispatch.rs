@@ -25,7 +25,7 @@ impl Fabric {
                     self.stats.messages_resent += 1;
                     self.send_req(from, host, payload, attempt);
                 } else {
-                    self.take_payload(payload);
+                    self.drop_payload(payload);
                 }
             }
             Action::Resend {
@@ -40,7 +40,7 @@ impl Fabric {
                     self.stats.messages_resent += 1;
                     self.send_attempt(from, to, kind, status, payload, attempt);
                 } else {
-                    self.take_payload(payload);
+                    self.drop_payload(payload);
                 }
             }
             Action::Fault(n) => {
@@ -59,7 +59,7 @@ impl Fabric {
                 if self.ids.contains(to) {
                     self.on_msg(kind, to, from, status, payload);
                 } else {
-                    self.take_payload(payload);
+                    self.drop_payload(payload);
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
@@ -124,12 +124,12 @@ impl Fabric {
 
     pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
         let Some(active) = self.ids.get(from) else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             return;
         };
         // A host that crashed or lost its device while the REQ flew does not answer.
         if !active.cm.awaits_answer_to(MsgKind::Req) || !self.hosts[host as usize].reachable() {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             return;
         }
         let ps = active.m.port_space();
@@ -148,7 +148,7 @@ impl Fabric {
             (false, false) => reason::SIDR_REJECT,
         };
         let Some(listener) = listener else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             self.reply_without_id(host, from, refuse(true));
             return;
         };
@@ -231,6 +231,20 @@ impl Fabric {
     }
 
     pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+        // One arm per kind, each with the kind a constant: the inlined exchange then matches on
+        // the wire state alone and most effects fold (issue 14).
+        match kind {
+            MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, status, payload),
+            MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, status, payload),
+            MsgKind::Rtu => self.on_msg_of(MsgKind::Rtu, to, from, status, payload),
+            MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, status, payload),
+            MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, status, payload),
+            MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, status, payload),
+        }
+    }
+
+    #[inline(always)]
+    fn on_msg_of(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
         let slot = self.slot(to);
         let connected = slot.m.port_space().is_connected();
         let (next, effects) = slot
@@ -243,6 +257,9 @@ impl Fabric {
     /// Moves `id`'s exchange to `next` and carries out the transition's `effects` in order.
     /// `sender` sent the message being handled (if any); `payload` is what that message or
     /// the call brought, handed to the effect that takes it and otherwise dropped.
+    // Inlined into each caller, where the inlined exchange hands it constant effects: the
+    // loop over them and their match fold away (about 650 instructions a lifecycle, issue 14).
+    #[inline(always)]
     pub(super) fn apply(
         &mut self,
         id: SlotRef,
@@ -290,7 +307,7 @@ impl Fabric {
                             // The REQ leaves for an address no host has: it is lost without a
                             // trace, after the same draw a sent one makes.
                             self.latency();
-                            self.take_payload(req);
+                            self.drop_payload(req);
                         }
                     }
                 }
@@ -317,6 +334,6 @@ impl Fabric {
                 }
             }
         }
-        self.take_payload(payload);
+        self.drop_payload(payload);
     }
 }

@@ -126,15 +126,16 @@ impl Fabric {
             .is_some_and(|m| m.serial == serial)
     }
 
-    /// librdmacm's processing of a retrieved `MULTICAST_JOIN`: the id's QP, if any, is attached.
+    /// librdmacm's processing of a retrieved `MULTICAST_JOIN` (`group`: what its payload
+    /// names): the id's QP, if any, is attached.
     pub(super) fn on_multicast_retrieved(
         &mut self,
         id: SlotRef,
         event: CmEventType,
-        payload: Option<&Payload>,
+        group: Option<SocketAddr>,
         token: u64,
     ) {
-        let Some(ip) = payload.and_then(|p| p.dst.get()).map(|a| a.ip()) else {
+        let Some(ip) = group.map(|a| a.ip()) else {
             return;
         };
         let qpn = self.ids.get(id).and_then(|s| s.qp.as_ref()).map(|q| q.qpn);

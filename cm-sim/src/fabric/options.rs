@@ -132,6 +132,10 @@ impl Fabric {
 
     /// Route resolution: an `ACK_TIMEOUT` set by now becomes the path's packet lifetime.
     pub(super) fn on_route_resolution(&mut self, r: SlotRef) {
+        // Most runs set no option: no hashing of the id for an empty table.
+        if self.id_options.is_empty() {
+            return;
+        }
         if let Some(o) = self.id_options.get_mut(&r) {
             o.packet_lifetime = o.ack_timeout.map(|t| t.saturating_sub(1));
         }
@@ -143,6 +147,14 @@ impl Fabric {
         if self.id_options.is_empty() {
             return Duration::ZERO;
         }
+        self.path_extra_set(r)
+    }
+
+    /// [`path_extra`](Self::path_extra) once some id set an option. Kept out of line: inlined,
+    /// the compiler hashed the id for the lookup ahead of the emptiness test, on every armed
+    /// timer of runs that set no option (issue 14).
+    #[inline(never)]
+    fn path_extra_set(&self, r: SlotRef) -> Duration {
         match self.id_options.get(&r).and_then(|o| o.packet_lifetime) {
             Some(plt) => IdOption::ack_timeout(plt) * 2,
             None => Duration::ZERO,

@@ -9,22 +9,27 @@ impl Fabric {
             let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
             if !alive {
                 // Its id was destroyed: the kernel discarded the event then.
-                self.take_payload(q.payload);
+                self.drop_payload(q.payload);
                 continue;
             }
             let host = self.slot(q.id).host;
             self.slot(q.id).queued -= 1;
             self.hosts[host as usize].counts.queued -= 1;
-            let payload = self.take_payload(q.payload);
-            if let Some(ev) = self.retrieve(q, payload) {
-                self.hosts[host as usize].counts.unacked += 1;
-                return Some(ev);
+            match self.retrieve(q) {
+                Some(ev) => {
+                    self.hosts[host as usize].counts.unacked += 1;
+                    return Some(ev);
+                }
+                None => {
+                    self.drop_payload(q.payload);
+                }
             }
         }
     }
 
-    /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it.
-    pub(super) fn retrieve(&mut self, q: Queued, payload: Option<Payload>) -> Option<Taken> {
+    /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it
+    /// (its payload is then still in the pool, for the caller to drop).
+    pub(super) fn retrieve(&mut self, q: Queued) -> Option<Taken> {
         let mut event = q.event;
         let mut status = q.status;
         let mut listen_id = None;
@@ -57,7 +62,7 @@ impl Fabric {
                 return None
             }
             CmEventType::MulticastJoin | CmEventType::MulticastError
-                if !self.multicast_event_current(q.id, payload.as_ref()) =>
+                if !self.multicast_event_current(q.id, self.payloads.get(q.payload)) =>
             {
                 // Its group was left before it was retrieved: the kernel dropped it then.
                 return None;
@@ -74,7 +79,7 @@ impl Fabric {
         self.set_machine(counted, next);
         let id = self.id_handle(q.id);
         let host = self.slot(counted).host;
-        let tag = self.tag(host);
+        let key = self.hosts[host as usize].token_key;
         let token = token_of(
             self.outstanding.insert(Outstanding {
                 host,
@@ -82,17 +87,18 @@ impl Fabric {
                 id,
                 event,
             }),
-            tag,
+            key,
         );
         if matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
-            self.on_multicast_retrieved(q.id, event, payload.as_ref(), token);
+            let group = self.payloads.get(q.payload).and_then(|p| p.dst.get());
+            self.on_multicast_retrieved(q.id, event, group, token);
         }
         Some(Taken {
             id,
             listen_id,
             event,
             status,
-            payload,
+            payload: q.payload,
             token,
         })
     }

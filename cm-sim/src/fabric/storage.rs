@@ -110,12 +110,14 @@ fn token_key(tag: u32) -> u64 {
     z ^ (z >> 31)
 }
 
-pub(super) fn token_of(r: SlotRef, tag: u32) -> u64 {
-    ((u64::from(r.generation) << 32) | u64::from(r.index)) ^ token_key(tag)
+/// `key` is the host's [`Host::token_key`].
+pub(super) fn token_of(r: SlotRef, key: u64) -> u64 {
+    ((u64::from(r.generation) << 32) | u64::from(r.index)) ^ key
 }
 
-pub(super) fn token_ref(token: u64, tag: u32) -> SlotRef {
-    let t = token ^ token_key(tag);
+/// `key` is the host's [`Host::token_key`].
+pub(super) fn token_ref(token: u64, key: u64) -> SlotRef {
+    let t = token ^ key;
     SlotRef {
         index: t as u32,
         generation: (t >> 32) as u32,
@@ -128,7 +130,9 @@ pub(super) struct Taken {
     pub(super) listen_id: Option<IdHandle>,
     pub(super) event: CmEventType,
     pub(super) status: i32,
-    pub(super) payload: Option<Payload>,
+    /// The event's payload, still in the fabric's pool (`NO_PAYLOAD`: none): most events have
+    /// none, and moving an `Option<Payload>` through retrieval cost every event its copies.
+    pub(super) payload: u32,
     pub(super) token: u64,
 }
 
@@ -144,6 +148,9 @@ pub(super) struct HostCounts {
 pub(super) struct Host {
     pub(super) addrs: Vec<IpAddr>,
     pub(super) tag: u32,
+    /// `token_key(tag)`, kept because every event retrieved and acked needs it (three
+    /// multiplications each time otherwise).
+    pub(super) token_key: u64,
     pub(super) counts: HostCounts,
     /// Not crashed.
     pub(super) up: bool,
@@ -164,9 +171,11 @@ pub(super) struct Host {
 
 impl Host {
     pub(super) fn new(addrs: Vec<IpAddr>) -> Self {
+        let tag = cm_core::backend::next_backend_tag();
         Host {
             addrs,
-            tag: cm_core::backend::next_backend_tag(),
+            tag,
+            token_key: token_key(tag),
             counts: HostCounts::default(),
             up: true,
             incarnation: 0,

@@ -125,6 +125,7 @@ impl Fabric {
                     *h = Host {
                         incarnation: h.incarnation,
                         tag: h.tag,
+                        token_key: h.token_key,
                         ..Host::new(std::mem::take(&mut h.addrs))
                     };
                     self.stats.restarts += 1;
@@ -185,7 +186,7 @@ impl Fabric {
             if self.channels.get(ch).is_some_and(|c| c.host == host) {
                 let c = self.channels.remove(ch).expect("live");
                 for q in c.queue {
-                    self.take_payload(q.payload);
+                    self.drop_payload(q.payload);
                 }
             }
         }
@@ -206,7 +207,7 @@ impl Fabric {
             for q in queue {
                 let Some(slot) = self.ids.get_mut(q.id) else {
                     // Its id was destroyed, and its events uncounted then.
-                    self.take_payload(q.payload);
+                    self.drop_payload(q.payload);
                     continue;
                 };
                 if q.event == CmEventType::DeviceRemoval {
@@ -215,7 +216,7 @@ impl Fabric {
                 }
                 slot.queued -= 1;
                 self.hosts[host as usize].counts.queued -= 1;
-                self.take_payload(q.payload);
+                self.drop_payload(q.payload);
             }
             self.channels.get_mut(ch).expect("live").queue = kept;
         }

@@ -48,7 +48,8 @@ impl WirePrivateData {
         const ZEROS: [u8; MAX_PRIVATE_DATA] = [0; MAX_PRIVATE_DATA];
         let len = usize::from(self.len);
         if self.bytes.is_empty() {
-            return PrivateData::new(&ZEROS[..len]);
+            // The usual all-zero data: the zeroed buffer with its length, no copy of zeros.
+            return PrivateData::EMPTY.padded(len);
         }
         let mut padded = ZEROS;
         padded[..self.bytes.len()].copy_from_slice(&self.bytes);
@@ -57,6 +58,7 @@ impl WirePrivateData {
 }
 
 impl Payload {
+    #[inline]
     pub(super) fn conn_param(&self) -> ConnParam {
         let w = self.wire;
         ConnParam {
@@ -104,14 +106,21 @@ impl Fabric {
         status: i32,
         payload: u32,
     ) {
-        // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
-        // application sees (on retrieval).
-        if event != CmEventType::ConnectResponse {
-            self.trace_event(id, event, status);
-        }
         let slot = self.slot(id);
         slot.queued += 1;
         let (host, channel) = (slot.host, slot.channel);
+        // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
+        // application sees (on retrieval). Recorded here rather than through `trace_event`,
+        // which would look the id up again for its host.
+        if event != CmEventType::ConnectResponse {
+            self.trace.record(TraceRecord {
+                time: self.now,
+                host,
+                id: id.index,
+                what: TraceWhat::Event(event),
+                status,
+            });
+        }
         self.hosts[host as usize].counts.queued += 1;
         self.events_queued += 1;
         let ch = self
@@ -139,6 +148,13 @@ impl Fabric {
             private_data: WirePrivateData::new(data, len),
             dst: Addr::None,
         })
+    }
+
+    /// Lets a message's payload go (`NO_PAYLOAD`: none).
+    pub(super) fn drop_payload(&mut self, payload: u32) {
+        if payload != NO_PAYLOAD {
+            self.payloads.discard(payload);
+        }
     }
 
     pub(super) fn take_payload(&mut self, payload: u32) -> Option<Payload> {
@@ -234,7 +250,7 @@ impl Fabric {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
         let lat = self.latency();
         let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
             return;
         };
         if self.lost(from_host, to_host) {
@@ -254,7 +270,7 @@ impl Fabric {
                     },
                 );
             } else {
-                self.take_payload(payload);
+                self.drop_payload(payload);
             }
             return;
         }
@@ -317,7 +333,7 @@ impl Fabric {
                 },
             );
         } else {
-            self.take_payload(payload);
+            self.drop_payload(payload);
         }
     }
 
