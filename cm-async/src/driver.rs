@@ -1,9 +1,10 @@
 //! One event channel's driver: it owns the backend, retrieves events and completions, and
 //! hands each to the mailbox of the id it concerns, waking the task that waits there.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 use std::task::Waker;
 
 use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
@@ -117,6 +118,8 @@ pub(crate) struct State<B: CmBackend> {
     /// The runtime's registrations of the backend's fds; dropped before the fds close.
     pub(crate) regs: Option<Box<dyn Registrations>>,
     scratch: Vec<WorkCompletion>,
+    /// Set when a CQ joins the watch: the flag [`Shared::poke`] shares.
+    poke: Rc<Cell<bool>>,
 }
 
 /// A runtime's registrations of a channel's fds (tokio's `AsyncFd`s). The driver forgets an
@@ -136,11 +139,16 @@ pub(crate) struct Shared<B: CmBackend> {
     pub(crate) st: RefCell<State<B>>,
     /// Ids whose owner was dropped while the state was borrowed; torn down at the next pump.
     pub(crate) deferred: RefCell<Vec<(IdHandle, bool)>>,
+    /// Set whenever a pump gets work besides events (a release deferred, a CQ watched), so
+    /// that an executor driving many channels can skip them all while it is clear. An
+    /// executor may share one flag among its channels ([`Shared::set_poke`]).
+    poke: RefCell<Rc<Cell<bool>>>,
 }
 
 impl<B: CmBackend> Shared<B> {
     pub(crate) fn new(mut b: B) -> Result<Self, CmError> {
         let ch = b.create_event_channel()?;
+        let poke = Rc::new(Cell::new(false));
         Ok(Shared {
             st: RefCell::new(State {
                 b,
@@ -151,9 +159,22 @@ impl<B: CmBackend> Shared<B> {
                 driver: None,
                 regs: None,
                 scratch: Vec::new(),
+                poke: poke.clone(),
             }),
             deferred: RefCell::new(Vec::new()),
+            poke: RefCell::new(poke),
         })
+    }
+
+    /// Makes `flag` the one set when this channel gets work besides events; it is set at once
+    /// when there is some already.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn set_poke(&self, flag: Rc<Cell<bool>>) {
+        self.st.borrow_mut().poke = flag.clone();
+        *self.poke.borrow_mut() = flag;
+        if self.has_other_work() {
+            self.poke.borrow().set(true);
+        }
     }
 
     /// Retrieves every queued event (unless `events` is false: the caller knows none is
@@ -240,7 +261,10 @@ impl<B: CmBackend> Shared<B> {
     pub(crate) fn release(&self, id: IdHandle, listener: bool) {
         match self.st.try_borrow_mut() {
             Ok(mut st) => st.release(id, listener),
-            Err(_) => self.deferred.borrow_mut().push((id, listener)),
+            Err(_) => {
+                self.deferred.borrow_mut().push((id, listener));
+                self.poke.borrow().set(true);
+            }
         }
     }
 }
@@ -317,6 +341,7 @@ impl<B: CmBackend> State<B> {
             bx.add_waker(waker);
         }
         if cq && self.cq_watch.insert(id) {
+            self.poke.set(true);
             if let Some(d) = &self.driver {
                 d.wake_by_ref();
             }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use cm_core::ChannelHandle;
 use cm_sim::{SimFabric, SimHost, SimTime};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -263,6 +264,13 @@ impl Timers {
     }
 }
 
+/// A channel's driver as the executor knows it.
+struct Pump {
+    host: usize,
+    ch: ChannelHandle,
+    sh: Weak<Shared<SimHost>>,
+}
+
 /// What tasks share with the executor.
 struct Core {
     fabric: SimFabric,
@@ -272,8 +280,12 @@ struct Core {
     /// `wakers[i]`: the waker of slot `i` of `tasks`.
     wakers: RefCell<Vec<Waker>>,
     timers: RefCell<Timers>,
-    /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
-    pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
+    /// Every channel's driver on the fabric (each host's backend is a `SimHost`), with its
+    /// host's number and its channel, so that a pass can tell without the driver whether the
+    /// fabric has an event for it.
+    pumps: RefCell<Vec<Pump>>,
+    /// Set by a driver that got work besides events (shared by all of them).
+    poke: Rc<Cell<bool>>,
     spawned: Cell<u64>,
 }
 
@@ -343,7 +355,13 @@ impl SimRuntime {
     /// An event channel on `host`, driven by this executor.
     pub fn cm(&self, host: SimHost) -> Result<Cm<SimHost, SimRuntime>> {
         let cm = Cm::new(host, self.clone())?;
-        self.core.pumps.borrow_mut().push(Rc::downgrade(&cm.sh));
+        let ch = cm.sh.st.borrow().ch;
+        cm.sh.set_poke(self.core.poke.clone());
+        self.core.pumps.borrow_mut().push(Pump {
+            host: self.host,
+            ch,
+            sh: Rc::downgrade(&cm.sh),
+        });
         Ok(cm)
     }
 }
@@ -577,6 +595,7 @@ impl<T: 'static> Executor<T> {
                 wakers: RefCell::new(Vec::new()),
                 timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
+                poke: Rc::new(Cell::new(false)),
                 spawned: Cell::new(0),
             }),
             defs: sim.hosts,
@@ -771,16 +790,30 @@ impl<T: 'static> Executor<T> {
         // something, and only those are asked. CQs are asked only when watched and non-empty.
         let queued = self.core.fabric.events_queued();
         let events_new = queued != self.events_seen || self.force_pump;
+        // Cleared before the drivers run: what they leave (a CQ still watched) sets it again.
+        let other = self.core.poke.replace(false);
+        if !events_new && !other {
+            return;
+        }
         self.events_seen = queued;
         self.force_pump = false;
         let fabric = &self.core.fabric;
+        // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
+        // than a channel's queue.
+        let event_ready =
+            |host: usize, ch| fabric.queued_events_on(host) > 0 && fabric.may_have_event(host, ch);
         let mut i = 0;
         loop {
-            let pump = {
+            let (pump, events) = {
                 let mut pumps = self.core.pumps.borrow_mut();
-                let Some(w) = pumps.get(i) else { break };
-                match w.upgrade() {
-                    Some(p) => p,
+                let Some(p) = pumps.get(i) else { break };
+                let events = events_new && event_ready(p.host, p.ch);
+                if !events && !other {
+                    i += 1;
+                    continue;
+                }
+                match p.sh.upgrade() {
+                    Some(sh) => (sh, events),
                     None => {
                         pumps.remove(i);
                         continue;
@@ -788,19 +821,15 @@ impl<T: 'static> Executor<T> {
                 }
             };
             i += 1;
-            // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
-            // than a channel's queue.
-            let event_ready = |b: &SimHost, ch| {
-                fabric.queued_events_on(b.index()) > 0 && fabric.may_have_event(b.index(), ch)
-            };
-            let events = events_new && {
-                let st = pump.st.borrow();
-                event_ready(&st.b, st.ch)
-            };
             if events || pump.has_other_work() {
-                pump.pump_where(events, event_ready, |b, id| {
-                    fabric.may_have_completion(b.index(), id)
-                });
+                pump.pump_where(
+                    events,
+                    |b: &SimHost, ch| event_ready(b.index(), ch),
+                    |b, id| fabric.may_have_completion(b.index(), id),
+                );
+                if pump.has_other_work() {
+                    self.core.poke.set(true);
+                }
             }
         }
     }
