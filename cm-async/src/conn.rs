@@ -404,18 +404,14 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         let (sh, id) = (&self.sh, self.id);
         if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
             status = poll_fn(|cx| {
-                let mut st = sh.st.borrow_mut();
-                while let Some(ev) = st.take_event(id) {
-                    if matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval) {
-                        return Poll::Ready(Ok(ev.status));
-                    }
+                let got = sh.st.borrow_mut().next_for(id, cx.waker(), |ev| {
+                    matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval)
+                        .then_some(ev.status)
+                });
+                match got {
+                    Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
+                    Poll::Pending => passed(bound.as_mut(), cx, "disconnect"),
                 }
-                if let Some(e) = &st.failed {
-                    return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
-                }
-                st.wait(id, cx.waker(), false);
-                drop(st);
-                passed(bound.as_mut(), cx, "disconnect")
             })
             .await?;
         }
@@ -460,21 +456,20 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         mut bound: Pin<&'a mut S>,
     ) -> impl Future<Output = Result<EventInfo>> + 'a {
         poll_fn(move |cx| {
-            let mut st = self.sh.st.borrow_mut();
-            while let Some(ev) = st.take_event(self.id) {
+            let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
                 if ev.ty == want {
-                    return Poll::Ready(Ok(ev));
+                    Some(Ok(ev))
+                } else if !ignorable(ev.ty) {
+                    Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
+                } else {
+                    None
                 }
-                if !ignorable(ev.ty) {
-                    return Poll::Ready(Err(end_error(ev.ty, ev.status, ev.private_data)));
-                }
+            });
+            match got {
+                Poll::Ready(Ok(r)) => Poll::Ready(r),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(Error::ChannelFailed(e))),
+                Poll::Pending => passed(bound.as_mut(), cx, "connect"),
             }
-            if let Some(e) = &st.failed {
-                return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
-            }
-            st.wait(self.id, cx.waker(), false);
-            drop(st);
-            passed(bound.as_mut(), cx, "connect")
         })
     }
 
@@ -562,15 +557,10 @@ fn end_error(ty: CmEventType, status: i32, private_data: Vec<u8>) -> Error {
 /// The next event of `id` (the driver acked it when it reached the mailbox).
 async fn next_event<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle) -> Result<EventInfo> {
     poll_fn(|cx| {
-        let mut st = sh.st.borrow_mut();
-        if let Some(ev) = st.take_event(id) {
-            return Poll::Ready(Ok(ev));
-        }
-        if let Some(e) = &st.failed {
-            return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
-        }
-        st.wait(id, cx.waker(), false);
-        Poll::Pending
+        sh.st
+            .borrow_mut()
+            .next_for(id, cx.waker(), Some)
+            .map_err(Error::ChannelFailed)
     })
     .await
 }

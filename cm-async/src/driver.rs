@@ -335,6 +335,37 @@ impl<B: CmBackend> State<B> {
         self.boxes.get_mut(&id)?.pop_event()
     }
 
+    /// Hands `id`'s events, oldest first, to `take` until it returns something; when none is
+    /// left, the channel's failure if it failed, or `Pending` with `waker` registered for the
+    /// next event. The same as [`take_event`](Self::take_event), a look at `failed` and
+    /// [`wait`](Self::wait), with one lookup of the mailbox instead of two (a task's poll is
+    /// little more than this).
+    pub(crate) fn next_for<T>(
+        &mut self,
+        id: IdHandle,
+        waker: &Waker,
+        mut take: impl FnMut(EventInfo) -> Option<T>,
+    ) -> std::task::Poll<Result<T, CmError>> {
+        use std::task::Poll;
+        let failed = &self.failed;
+        let Some(bx) = self.boxes.get_mut(&id) else {
+            return match failed {
+                Some(e) => Poll::Ready(Err(e.clone())),
+                None => Poll::Pending,
+            };
+        };
+        while let Some(ev) = bx.pop_event() {
+            if let Some(v) = take(ev) {
+                return Poll::Ready(Ok(v));
+            }
+        }
+        if let Some(e) = failed {
+            return Poll::Ready(Err(e.clone()));
+        }
+        bx.add_waker(waker);
+        Poll::Pending
+    }
+
     /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
     pub(crate) fn wait(&mut self, id: IdHandle, waker: &Waker, cq: bool) {
         if let Some(bx) = self.boxes.get_mut(&id) {
