@@ -235,10 +235,17 @@ impl Timers {
     }
 
     /// The time of the earliest armed timer, dropping stale entries on the way.
+    #[inline]
     fn earliest(&mut self) -> Option<u64> {
-        if let Some(e) = self.earliest {
-            return e;
+        match self.earliest {
+            Some(e) => e,
+            None => self.find_earliest(),
         }
+    }
+
+    /// [`earliest`](Self::earliest) when it is not known: only after the earliest timer went.
+    #[inline(never)]
+    fn find_earliest(&mut self) -> Option<u64> {
         let e = loop {
             let Some(&Reverse((at, seq, slot))) = self.heap.peek() else {
                 break None;
@@ -876,11 +883,15 @@ impl<T: 'static> Executor<T> {
             }
             self.core.fabric.advance_to(SimTime::from_nanos(next));
             let now = self.core.now();
-            while let Some(waker) = {
-                let mut timers = self.core.timers.borrow_mut();
-                timers.pop_due(now)
-            } {
-                waker.wake();
+            // The timers did not change since `timer` was read (no task ran): none is due
+            // unless that one is.
+            if timer.is_some_and(|t| t <= now) {
+                while let Some(waker) = {
+                    let mut timers = self.core.timers.borrow_mut();
+                    timers.pop_due(now)
+                } {
+                    waker.wake();
+                }
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
