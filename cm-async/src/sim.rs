@@ -12,7 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -135,16 +135,34 @@ struct Task {
 struct TaskWaker {
     id: usize,
     ready: Arc<Woken>,
+    /// 0 while the slot's task was not woken since the executor last took the woken tasks;
+    /// otherwise the number of the first wake since then, which orders the tasks woken.
+    woke: AtomicU64,
 }
 
-/// Tasks woken since the executor last took them, in waking order. A `Waker` must be `Send`
-/// and `Sync`, hence the lock; the executor keeps its own list of ready tasks and takes what
-/// is here only when `any` says there is something, so that picking a task and finding that
-/// none is ready take no lock.
-#[derive(Default)]
+/// Which tasks were woken since the executor last took them, and in what order (each slot's
+/// [`TaskWaker::woke`]). A `Waker` must be `Send` and `Sync`; the first 64 slots are marked in
+/// a bit mask, which takes no lock, the others in a locked list. The executor takes them
+/// together, ordered by their wakes' numbers: the order in which they were woken.
 struct Woken {
-    ids: Mutex<Vec<usize>>,
-    any: AtomicBool,
+    /// The number the next wake gets (from 1).
+    next: AtomicU64,
+    /// Bit `i`: slot `i` (< 64) was woken.
+    low: AtomicU64,
+    /// Slots from 64 up that were woken (possibly twice: the executor skips the repeats).
+    high: Mutex<Vec<usize>>,
+    any_high: AtomicBool,
+}
+
+impl Default for Woken {
+    fn default() -> Self {
+        Woken {
+            next: AtomicU64::new(1),
+            low: AtomicU64::new(0),
+            high: Mutex::new(Vec::new()),
+            any_high: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Wake for TaskWaker {
@@ -153,10 +171,21 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut r = self.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if !r.contains(&self.id) {
-            r.push(self.id);
-            self.ready.any.store(true, Ordering::Release);
+        if self.woke.load(Ordering::Acquire) != 0 {
+            // Woken already and not taken yet: it keeps its place.
+            return;
+        }
+        let n = self.ready.next.fetch_add(1, Ordering::Relaxed);
+        self.woke.store(n, Ordering::Release);
+        if self.id < 64 {
+            self.ready.low.fetch_or(1 << self.id, Ordering::Release);
+        } else {
+            self.ready
+                .high
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.id);
+            self.ready.any_high.store(true, Ordering::Release);
         }
     }
 }
@@ -286,6 +315,8 @@ struct Core {
     ready: Arc<Woken>,
     /// `wakers[i]`: the waker of slot `i` of `tasks`.
     wakers: RefCell<Vec<Waker>>,
+    /// `task_wakers[i]`: what `wakers[i]` wakes, for the executor to read and clear `woke`.
+    task_wakers: RefCell<Vec<Arc<TaskWaker>>>,
     timers: RefCell<Timers>,
     /// Every channel's driver on the fabric (each host's backend is a `SimHost`), with its
     /// host's number and its channel, so that a pass can tell without the driver whether the
@@ -309,10 +340,13 @@ impl Core {
             match wakers.get(id) {
                 Some(w) => w.clone(),
                 None => {
-                    let w = Waker::from(Arc::new(TaskWaker {
+                    let tw = Arc::new(TaskWaker {
                         id,
                         ready: self.ready.clone(),
-                    }));
+                        woke: AtomicU64::new(0),
+                    });
+                    self.task_wakers.borrow_mut().push(tw.clone());
+                    let w = Waker::from(tw);
                     wakers.push(w.clone());
                     w
                 }
@@ -587,6 +621,8 @@ struct Executor<T> {
     /// The ready tasks, in the order they were woken (a task drawn leaves by `swap_remove`):
     /// the seeded draw picks among them.
     ready: Vec<usize>,
+    /// The woken tasks being taken, with their wakes' numbers (kept for its allocation).
+    batch: Vec<(u64, usize)>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -600,6 +636,7 @@ impl<T: 'static> Executor<T> {
                 free: RefCell::new(Vec::new()),
                 ready: Arc::new(Woken::default()),
                 wakers: RefCell::new(Vec::new()),
+                task_wakers: RefCell::new(Vec::new()),
                 timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
                 poke: Rc::new(Cell::new(false)),
@@ -616,6 +653,7 @@ impl<T: 'static> Executor<T> {
             force_pump: true,
             ended: Cell::new(true),
             ready: Vec::new(),
+            batch: Vec::new(),
         }
     }
 
@@ -735,23 +773,56 @@ impl<T: 'static> Executor<T> {
         }
     }
 
-    /// Appends the tasks woken since the last call to the ready list, each once.
+    /// Appends the tasks woken since the last call to the ready list, each once, in the order
+    /// they were first woken.
     #[inline]
     fn take_woken(&mut self) {
-        if self.core.ready.any.load(Ordering::Acquire) {
+        let w = &self.core.ready;
+        if w.low.load(Ordering::Acquire) != 0 || w.any_high.load(Ordering::Acquire) {
             self.take_woken_now();
         }
     }
 
     #[inline(never)]
     fn take_woken_now(&mut self) {
-        let mut woken = self.core.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
-        self.core.ready.any.store(false, Ordering::Relaxed);
-        for id in woken.drain(..) {
+        let w = &self.core.ready;
+        let tws = self.core.task_wakers.borrow();
+        let mut bits = w.low.swap(0, Ordering::AcqRel);
+        let high = w.any_high.swap(false, Ordering::AcqRel);
+        // A slot's number is cleared before the slot is taken, so that a wake racing with
+        // this one (another thread's) is either seen here or marks the slot again.
+        if !high && bits & bits.wrapping_sub(1) == 0 {
+            // One task woken (nearly always): nothing to order.
+            let id = bits.trailing_zeros() as usize;
+            if bits != 0 && tws[id].woke.swap(0, Ordering::AcqRel) != 0 && !self.ready.contains(&id) {
+                self.ready.push(id);
+            }
+            return;
+        }
+        let batch = &mut self.batch;
+        let mut take = |id: usize| {
+            let n = tws[id].woke.swap(0, Ordering::AcqRel);
+            if n != 0 {
+                batch.push((n, id));
+            }
+        };
+        while bits != 0 {
+            take(bits.trailing_zeros() as usize);
+            bits &= bits - 1;
+        }
+        if high {
+            let mut high = w.high.lock().unwrap_or_else(|p| p.into_inner());
+            for id in high.drain(..) {
+                take(id);
+            }
+        }
+        batch.sort_unstable();
+        for &(_, id) in batch.iter() {
             if !self.ready.contains(&id) {
                 self.ready.push(id);
             }
         }
+        batch.clear();
     }
 
     /// Polls one ready task; `Err` with the failure when it panicked.
