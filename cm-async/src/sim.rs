@@ -1013,6 +1013,33 @@ mod tests {
     }
 
     #[test]
+    fn woken_tasks_are_taken_once_each_in_waking_order_across_mask_and_list() {
+        let fabric = SimFabric::builder().seed(1).host("10.0.0.1").build();
+        let mut ex = Executor::<()>::new(Sim::new(fabric));
+        for _ in 0..70 {
+            ex.core
+                .spawn(0, TaskName::Main, Box::pin(std::future::pending::<()>()));
+        }
+        ex.take_woken();
+        assert_eq!(ex.ready, (0..70).collect::<Vec<_>>(), "spawned in slot order");
+        ex.ready.clear();
+        let wakers = ex.core.wakers.borrow().clone();
+        for id in [66, 3, 65, 3, 0, 66, 64] {
+            wakers[id].wake_by_ref();
+        }
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![66, 3, 65, 0, 64]);
+        wakers[5].wake_by_ref();
+        wakers[3].wake_by_ref();
+        ex.take_woken();
+        assert_eq!(
+            ex.ready,
+            vec![66, 3, 65, 0, 64, 5],
+            "a task already ready keeps its place"
+        );
+    }
+
+    #[test]
     fn timers_fire_by_time_then_arming_order_and_cancelled_ones_never() {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut t = Timers::default();
