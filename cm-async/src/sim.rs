@@ -444,13 +444,10 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.core.now() >= self.at {
-            if let Some(k) = self.key.take() {
-                self.core.timers.borrow_mut().cancel(k);
-            }
-            return Poll::Ready(());
-        }
         if let Some(k) = self.key {
+            // Armed: its timer is still there until it is due (the executor takes every due
+            // timer as soon as it moves time on, before any task runs), so the clock need not
+            // be read.
             let mut timers = self.core.timers.borrow_mut();
             if let Some(w) = timers.waker_mut(k) {
                 if !w.will_wake(cx.waker()) {
@@ -458,6 +455,12 @@ impl Future for Sleep {
                 }
                 return Poll::Pending;
             }
+            drop(timers);
+            self.key = None;
+            return Poll::Ready(());
+        }
+        if self.core.now() >= self.at {
+            return Poll::Ready(());
         }
         let key = self.core.timers.borrow_mut().arm(self.at, cx.waker().clone());
         self.key = Some(key);
