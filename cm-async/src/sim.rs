@@ -129,7 +129,6 @@ struct Task {
     host: usize,
     name: TaskName,
     fut: BoxFuture<()>,
-    waker: Waker,
 }
 
 struct TaskWaker {
@@ -335,30 +334,20 @@ impl Core {
         // A slot's waker is made once and serves every task the slot holds: a waker left
         // behind by an earlier task of the slot wakes whatever task is there, as a new waker
         // with the same slot number would.
-        let waker = {
+        {
             let mut wakers = self.wakers.borrow_mut();
-            match wakers.get(id) {
-                Some(w) => w.clone(),
-                None => {
-                    let tw = Arc::new(TaskWaker {
-                        id,
-                        ready: self.ready.clone(),
-                        woke: AtomicU64::new(0),
-                    });
-                    self.task_wakers.borrow_mut().push(tw.clone());
-                    let w = Waker::from(tw);
-                    wakers.push(w.clone());
-                    w
-                }
+            if id == wakers.len() {
+                let tw = Arc::new(TaskWaker {
+                    id,
+                    ready: self.ready.clone(),
+                    woke: AtomicU64::new(0),
+                });
+                self.task_wakers.borrow_mut().push(tw.clone());
+                wakers.push(Waker::from(tw));
             }
-        };
-        waker.wake_by_ref();
-        let task = Task {
-            host,
-            name,
-            fut,
-            waker,
-        };
+            wakers[id].wake_by_ref();
+        }
+        let task = Task { host, name, fut };
         if id == tasks.len() {
             tasks.push(Some(task));
         } else {
@@ -626,6 +615,8 @@ struct Executor<T> {
     ready: Vec<usize>,
     /// The woken tasks being taken, with their wakes' numbers (kept for its allocation).
     batch: Vec<(u64, usize)>,
+    /// A copy of [`Core::wakers`], lent to polls without borrowing the core's.
+    wakers: Vec<Waker>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -657,6 +648,7 @@ impl<T: 'static> Executor<T> {
             ended: Cell::new(true),
             ready: Vec::new(),
             batch: Vec::new(),
+            wakers: Vec::new(),
         }
     }
 
@@ -830,21 +822,32 @@ impl<T: 'static> Executor<T> {
 
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        // The task leaves its slot while it runs (what it spawns takes other slots), so that
-        // its waker is lent to the poll without a reference count moving.
-        let Some(task) = self.core.tasks.borrow_mut().get_mut(id).and_then(Option::take) else {
+        // The future leaves its slot while it runs (a placeholder that allocates nothing
+        // stands in), so that the tasks are not borrowed during the poll: what it spawns takes
+        // other slots. The slot's waker is lent from the executor's copy of the wakers.
+        let fut = self
+            .core
+            .tasks
+            .borrow_mut()
+            .get_mut(id)
+            .and_then(Option::as_mut)
+            .map(|t| std::mem::replace(&mut t.fut, Box::pin(std::future::pending())));
+        let Some(mut fut) = fut else {
             return Ok(());
         };
-        let mut task = task;
-        let mut cx = Context::from_waker(&task.waker);
-        match catch_unwind(AssertUnwindSafe(|| task.fut.as_mut().poll(&mut cx))) {
+        let mut cx = Context::from_waker(&self.wakers[id]);
+        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) => {
-                self.core.tasks.borrow_mut()[id] = Some(task);
+                if let Some(t) = self.core.tasks.borrow_mut()[id].as_mut() {
+                    t.fut = fut;
+                }
                 Ok(())
             }
             Ok(Poll::Ready(())) => {
+                let task = self.core.tasks.borrow_mut()[id].take();
                 self.core.free.borrow_mut().push(id);
                 self.ended.set(true);
+                drop(fut);
                 drop(task);
                 Ok(())
             }
@@ -854,11 +857,22 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
-                let name = self.core.name(&task);
+                let task = self.core.tasks.borrow_mut()[id].take();
+                let name = task.as_ref().map_or_else(String::new, |t| self.core.name(t));
                 self.core.free.borrow_mut().push(id);
+                drop(fut);
                 drop(task);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
+        }
+    }
+
+    /// Makes the executor's copy of the wakers cover slot `id`.
+    #[inline]
+    fn mirror_wakers(&mut self, id: usize) {
+        if id >= self.wakers.len() {
+            let all = self.core.wakers.borrow();
+            self.wakers.extend_from_slice(&all[self.wakers.len()..]);
         }
     }
 
@@ -925,6 +939,7 @@ impl<T: 'static> Executor<T> {
                 }
                 let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
                 let id = self.ready.swap_remove(i);
+                self.mirror_wakers(id);
                 self.poll_one(id)?;
             }
             // Outputs change only when a task ends: the hosts' slots are looked at only then.
