@@ -40,6 +40,7 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
+    #[inline]
     fn push_event(&mut self, ev: EventInfo) {
         if self.first.is_none() && self.later.is_empty() {
             self.first = Some(ev);
@@ -48,10 +49,12 @@ impl Mailbox {
         }
     }
 
+    #[inline]
     fn pop_event(&mut self) -> Option<EventInfo> {
         self.first.take().or_else(|| self.later.pop_front())
     }
 
+    #[inline]
     fn wake(&mut self) {
         if std::mem::take(&mut self.armed) {
             if let Some(w) = &self.waker {
@@ -65,6 +68,7 @@ impl Mailbox {
         }
     }
 
+    #[inline]
     fn add_waker(&mut self, waker: &Waker) {
         match &self.waker {
             Some(w) if w.will_wake(waker) => self.armed = true,
@@ -205,10 +209,12 @@ impl<B: CmBackend> Shared<B> {
         event_ready: impl Fn(&B, ChannelHandle) -> bool,
         cq_ready: impl Fn(&B, IdHandle) -> bool,
     ) -> bool {
-        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         let mut st = self.st.borrow_mut();
-        for (id, listener) in deferred {
-            st.release(id, listener);
+        if !self.deferred.borrow().is_empty() {
+            let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+            for (id, listener) in deferred {
+                st.release(id, listener);
+            }
         }
         let mut moved = false;
         if events && st.failed.is_none() {
