@@ -783,7 +783,7 @@ impl<T: 'static> Executor<T> {
         let w = &self.core.ready;
         let tws = self.core.task_wakers.borrow();
         let mut bits = w.low.swap(0, Ordering::AcqRel);
-        let high = w.any_high.swap(false, Ordering::AcqRel);
+        let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
         // A slot's number is cleared before the slot is taken, so that a wake racing with
         // this one (another thread's) is either seen here or marks the slot again.
         if !high && bits & bits.wrapping_sub(1) == 0 {
