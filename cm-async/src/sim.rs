@@ -299,6 +299,28 @@ impl Timers {
     }
 }
 
+/// A host closure's future and where its output lands. A struct rather than an `async`
+/// block around the boxed future: one state machine less to go through at every poll.
+struct MainTask<T> {
+    fut: BoxFuture<T>,
+    out: Output<T>,
+}
+
+impl<T> Future for MainTask<T> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        match this.fut.as_mut().poll(cx) {
+            Poll::Ready(v) => {
+                *this.out.borrow_mut() = Some(v);
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// A channel's driver as the executor knows it.
 struct Pump {
     host: usize,
@@ -676,14 +698,8 @@ impl<T: 'static> Executor<T> {
                 host: fabric.host(i),
             };
             let fut = (def.run)(ctx);
-            self.core.spawn(
-                i,
-                TaskName::Main,
-                Box::pin(async move {
-                    let v = fut.await;
-                    *out.borrow_mut() = Some(v);
-                }),
-            );
+            self.core
+                .spawn(i, TaskName::Main, Box::pin(MainTask { fut, out }));
         }
     }
 
