@@ -481,17 +481,25 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         let (sh, id) = (&self.sh, self.id);
         poll_fn(|cx| {
             let mut st = sh.st.borrow_mut();
-            let mut found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
-            while found.is_none() {
-                let Some(ev) = st.take_event(id) else { break };
-                if !ignorable(ev.ty) && self.ended.get().is_none() {
-                    self.ended.set(Some((ev.ty, ev.status)));
-                    *self.end_data.borrow_mut() = ev.private_data;
-                }
-            }
             // With nothing posted the CQ has nothing for this connection: it is neither polled
             // nor watched (a connection without receive buffers waits for its end alone).
             let cq = self.posted.get() > 0;
+            let mut found = None;
+            if let (Some(bx), failed) = st.mailbox_and_failed(id) {
+                found = pick(&mut bx.cq);
+                while found.is_none() {
+                    let Some(ev) = bx.pop_event() else { break };
+                    if !ignorable(ev.ty) && self.ended.get().is_none() {
+                        self.ended.set(Some((ev.ty, ev.status)));
+                        *self.end_data.borrow_mut() = ev.private_data;
+                    }
+                }
+                if found.is_none() && !cq && self.ended.get().is_none() && failed.is_none() {
+                    // The usual wait, registered on the mailbox already at hand.
+                    bx.add_waker(cx.waker());
+                    return Poll::Pending;
+                }
+            }
             if found.is_none() && cq && (self.ended.get().is_some() || st.failed.is_some()) {
                 // What the CQ already holds came before the end.
                 st.poll_cq_into_box(id);

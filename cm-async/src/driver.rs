@@ -50,7 +50,7 @@ impl Mailbox {
     }
 
     #[inline]
-    fn pop_event(&mut self) -> Option<EventInfo> {
+    pub(crate) fn pop_event(&mut self) -> Option<EventInfo> {
         self.first.take().or_else(|| self.later.pop_front())
     }
 
@@ -69,7 +69,7 @@ impl Mailbox {
     }
 
     #[inline]
-    fn add_waker(&mut self, waker: &Waker) {
+    pub(crate) fn add_waker(&mut self, waker: &Waker) {
         match &self.waker {
             Some(w) if w.will_wake(waker) => self.armed = true,
             _ if !self.armed => {
@@ -331,6 +331,12 @@ impl<B: CmBackend> State<B> {
         self.boxes.get_mut(&id)
     }
 
+    /// `id`'s mailbox and the channel's failure, for a wait that looks at both with one
+    /// lookup.
+    pub(crate) fn mailbox_and_failed(&mut self, id: IdHandle) -> (Option<&mut Mailbox>, Option<&CmError>) {
+        (self.boxes.get_mut(&id), self.failed.as_ref())
+    }
+
     /// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
     /// there. Returns the child id of a request nobody owns any more, to refuse once the event
     /// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
@@ -368,14 +374,9 @@ impl<B: CmBackend> State<B> {
         }
     }
 
-    /// Takes the oldest event of `id` out of its mailbox.
-    pub(crate) fn take_event(&mut self, id: IdHandle) -> Option<EventInfo> {
-        self.boxes.get_mut(&id)?.pop_event()
-    }
-
     /// Hands `id`'s events, oldest first, to `take` until it returns something; when none is
     /// left, the channel's failure if it failed, or `Pending` with `waker` registered for the
-    /// next event. The same as [`take_event`](Self::take_event), a look at `failed` and
+    /// next event. The same as taking its events one by one, a look at `failed` and
     /// [`wait`](Self::wait), with one lookup of the mailbox instead of two (a task's poll is
     /// little more than this).
     pub(crate) fn next_for<T>(
