@@ -104,7 +104,76 @@ impl Hasher for IdHasher {
     }
 }
 
-type Boxes = HashMap<IdHandle, Mailbox, BuildHasherDefault<IdHasher>>;
+/// The mailboxes, found by their id's slot number: a backend hands out ids from a slab, so
+/// the numbers of the ids alive on a channel are few and small, and a table indexed by them
+/// answers a lookup (several per event) in a few instructions where hashing took dozens. An
+/// id whose number is far beyond the others' goes to a hash map instead, so that the table
+/// stays about as long as the ids alive are many.
+#[derive(Default)]
+struct Boxes {
+    /// `at[i]`: 1 + where in `dense` the mailbox of the id with slot number `i` is; 0: none.
+    at: Vec<u32>,
+    dense: Vec<(IdHandle, Mailbox)>,
+    far: HashMap<IdHandle, Mailbox, BuildHasherDefault<IdHasher>>,
+}
+
+impl Boxes {
+    #[inline]
+    fn position(&self, id: IdHandle) -> Option<usize> {
+        let p = *self.at.get(id.index() as usize)? as usize;
+        (p != 0 && self.dense[p - 1].0 == id).then(|| p - 1)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, id: &IdHandle) -> Option<&mut Mailbox> {
+        match self.position(*id) {
+            Some(p) => Some(&mut self.dense[p].1),
+            None if self.far.is_empty() => None,
+            None => self.far.get_mut(id),
+        }
+    }
+
+    /// `id`'s mailbox, made empty when it has none.
+    fn get_or_default(&mut self, id: IdHandle) -> &mut Mailbox {
+        if let Some(p) = self.position(id) {
+            return &mut self.dense[p].1;
+        }
+        let i = id.index() as usize;
+        let near = i < self.at.len() || i <= 4 * self.dense.len() + 64;
+        if near && !self.far.contains_key(&id) {
+            if i >= self.at.len() {
+                self.at.resize(i + 1, 0);
+            }
+            if self.at[i] == 0 {
+                self.dense.push((id, Mailbox::default()));
+                self.at[i] = self.dense.len() as u32;
+                return &mut self.dense.last_mut().expect("just pushed").1;
+            }
+        }
+        // Far, or the slot number is taken by another id's mailbox (one of an id destroyed
+        // behind the driver's back, until it is released).
+        self.far.entry(id).or_default()
+    }
+
+    fn remove(&mut self, id: &IdHandle) -> Option<Mailbox> {
+        let Some(p) = self.position(*id) else {
+            return self.far.remove(id);
+        };
+        self.at[id.index() as usize] = 0;
+        let (_, bx) = self.dense.swap_remove(p);
+        if let Some((moved, _)) = self.dense.get(p) {
+            self.at[moved.index() as usize] = p as u32 + 1;
+        }
+        Some(bx)
+    }
+
+    fn keys(&self) -> impl Iterator<Item = IdHandle> + '_ {
+        self.dense
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(self.far.keys().copied())
+    }
+}
 
 /// The backend and everything the driver tracks. Always borrowed briefly, never across an
 /// `.await`.
@@ -301,7 +370,7 @@ impl<B: CmBackend> Shared<B> {
 
 impl<B: CmBackend> State<B> {
     pub(crate) fn open(&mut self, id: IdHandle) {
-        self.boxes.entry(id).or_default();
+        self.boxes.get_or_default(id);
     }
 
     /// Marks the channel failed and wakes every waiting task, which then sees the failure.
@@ -316,7 +385,7 @@ impl<B: CmBackend> State<B> {
 
     /// The ids that have a mailbox, in handle order.
     fn ids_in_order(&self) -> Vec<IdHandle> {
-        let mut ids: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        let mut ids: Vec<IdHandle> = self.boxes.keys().collect();
         ids.sort_unstable();
         ids
     }
@@ -345,7 +414,7 @@ impl<B: CmBackend> State<B> {
         let request = ev.event() == CmEventType::ConnectRequest;
         let owner = if request {
             // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
-            self.boxes.entry(ev.id()).or_default();
+            self.boxes.get_or_default(ev.id());
             ev.listen_id()
         } else {
             Some(ev.id())
@@ -483,6 +552,51 @@ mod tests {
             id: cm_core::backend::id_handle(1, 2, 3),
             private_data: Vec::new(),
         }
+    }
+
+    #[test]
+    fn mailboxes_are_found_by_id_across_removals_far_slots_and_reused_slot_numbers() {
+        use cm_core::backend::id_handle;
+        let mut boxes = Boxes::default();
+        let ids: Vec<IdHandle> = (0..10).map(|i| id_handle(1, i, 1)).collect();
+        let far = id_handle(1, 1_000_000, 1);
+        let twin = id_handle(1, 3, 2); // slot 3 again, another generation
+        for (n, &id) in ids.iter().chain([&far, &twin]).enumerate() {
+            boxes.get_or_default(id).push_event(info(n as i32));
+        }
+        assert!(!boxes.far.is_empty(), "slot 1000000 is far beyond the others");
+        for &gone in &[ids[0], ids[3], ids[9]] {
+            assert!(boxes.remove(&gone).is_some());
+            assert!(boxes.get_mut(&gone).is_none());
+            assert!(boxes.remove(&gone).is_none());
+        }
+        assert!(
+            boxes.get_mut(&id_handle(1, 4, 7)).is_none(),
+            "same slot, other generation"
+        );
+        let mut left: Vec<(IdHandle, i32)> = boxes
+            .keys()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|id| {
+                (
+                    id,
+                    boxes
+                        .get_mut(&id)
+                        .and_then(|b| b.pop_event())
+                        .map(|e| e.status)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        left.sort();
+        let mut want: Vec<(IdHandle, i32)> = [1, 2, 4, 5, 6, 7, 8]
+            .iter()
+            .map(|&n| (ids[n], n as i32))
+            .chain([(far, 10), (twin, 11)])
+            .collect();
+        want.sort();
+        assert_eq!(left, want);
     }
 
     #[test]
