@@ -910,9 +910,12 @@ impl<T: 'static> Executor<T> {
         self.force_pump = false;
         let fabric = &self.core.fabric;
         // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
-        // than a channel's queue.
-        let event_ready =
-            |host: usize, ch| fabric.queued_events_on(host) > 0 && fabric.may_have_event(host, ch);
+        // than a channel's queue. A host whose only channel is this one (the driver is alive,
+        // so its channel is open) has an event on it when it has one at all.
+        let event_ready = |host: usize, ch| {
+            fabric.queued_events_on(host) > 0
+                && (fabric.channels_on(host) == 1 || fabric.may_have_event(host, ch))
+        };
         let mut i = 0;
         loop {
             let (pump, events) = {
