@@ -151,8 +151,18 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             .resolve_route(id, opts.resolve_timeout)?;
         conn.expect(CmEventType::RouteResolved, bound.as_mut()).await?;
         conn.set_up_qp(opts)?;
-        let param = ConnParam::new().with_private_data(&opts.private_data);
-        self.sh.st.borrow_mut().b.connect(id, &param)?;
+        {
+            let mut param = self.sh.connect_param.borrow_mut();
+            let data = &opts.private_data[..];
+            let same = param.as_ref().is_some_and(|p| {
+                p.private_data.len() == data.len() && data.starts_with(p.private_data.as_slice())
+            });
+            if !same {
+                *param = Some(ConnParam::new().with_private_data(data));
+            }
+            let param = param.as_ref().expect("just made");
+            self.sh.st.borrow_mut().b.connect(id, param)?;
+        }
         let ev = conn.expect(CmEventType::Established, bound.as_mut()).await?;
         conn.peer_data = ev.private_data;
         Ok(conn)

@@ -7,7 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::task::Waker;
 
-use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
+use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, WorkCompletion};
 
 /// What a task learns from an event. The event itself is acked as soon as the driver has
 /// taken this out of it: a `CmEvent` is over 300 bytes, and keeping it unacked in a mailbox
@@ -225,6 +225,9 @@ pub(crate) struct Shared<B: CmBackend> {
     /// that an executor driving many channels can skip them all while it is clear. An
     /// executor may share one flag among its channels ([`Shared::set_poke`]).
     poke: RefCell<Rc<Cell<bool>>>,
+    /// The parameters of the last `connect`, kept for the next with the same private data:
+    /// they are a few hundred bytes to build (the private data's buffer zeroed and copied).
+    pub(crate) connect_param: RefCell<Option<ConnParam>>,
 }
 
 impl<B: CmBackend> Shared<B> {
@@ -246,6 +249,7 @@ impl<B: CmBackend> Shared<B> {
             }),
             deferred: RefCell::new(Vec::new()),
             poke: RefCell::new(poke),
+            connect_param: RefCell::new(None),
         })
     }
 
