@@ -489,7 +489,9 @@ fn each_accepted_connection_sees_exactly_its_own_requests_private_data() {
     // The driver copies private data into buffers that earlier connections held: a reused
     // buffer must carry nothing of what it held before.
     let f = fabric(21);
-    let seen: Rc<std::cell::RefCell<Vec<(Vec<u8>, Vec<u8>)>>> = Rc::default();
+    // Per accepted connection: the private data `accept` returned, and what the connection keeps.
+    type Seen = Vec<(Vec<u8>, Vec<u8>)>;
+    let seen: Rc<std::cell::RefCell<Seen>> = Rc::default();
     let log = seen.clone();
     let mut sim: Sim<cm_async::Result<Vec<u8>>> = Sim::new(f.clone());
     sim.server(0, move |ctx| {
