@@ -342,6 +342,7 @@ impl<B: CmBackend> Shared<B> {
     /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ
     /// some task waits on.
     #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    #[inline]
     pub(crate) fn has_other_work(&self) -> bool {
         !self.deferred.borrow().is_empty() || !self.st.borrow().cq_watch.is_empty()
     }

@@ -916,23 +916,19 @@ impl<T: 'static> Executor<T> {
             fabric.queued_events_on(host) > 0
                 && (fabric.channels_on(host) == 1 || fabric.may_have_event(host, ch))
         };
+        // Borrowed for the whole pass: a driver's pump runs no task, so nothing registers a
+        // channel meanwhile.
+        let mut pumps = self.core.pumps.borrow_mut();
         let mut i = 0;
-        loop {
-            let (pump, events) = {
-                let mut pumps = self.core.pumps.borrow_mut();
-                let Some(p) = pumps.get(i) else { break };
-                let events = events_new && event_ready(p.host, p.ch);
-                if !events && !other {
-                    i += 1;
-                    continue;
-                }
-                match p.sh.upgrade() {
-                    Some(sh) => (sh, events),
-                    None => {
-                        pumps.remove(i);
-                        continue;
-                    }
-                }
+        while let Some(p) = pumps.get(i) {
+            let events = events_new && event_ready(p.host, p.ch);
+            if !events && !other {
+                i += 1;
+                continue;
+            }
+            let Some(pump) = p.sh.upgrade() else {
+                pumps.remove(i);
+                continue;
             };
             i += 1;
             if events || pump.has_other_work() {
