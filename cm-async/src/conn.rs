@@ -4,6 +4,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
@@ -125,14 +126,10 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
     /// [`Error::ConnectError`]); the whole is bounded by `opts.connect_timeout`. Dropping the
     /// future halfway releases everything it made.
     pub async fn connect(&self, dst: SocketAddr, opts: &ConnOptions) -> Result<Connection<B, R>> {
-        let bound = opts.connect_timeout;
-        match self.rt.timeout(bound, self.connect_steps(dst, opts)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::TimedOut { op: "connect" }),
-        }
-    }
-
-    async fn connect_steps(&self, dst: SocketAddr, opts: &ConnOptions) -> Result<Connection<B, R>> {
+        // The bound is polled by each wait itself rather than by a `timeout` around the whole:
+        // the wrapper's future and poll function were a layer more to move and to poll at every
+        // step of every connect.
+        let mut bound = pin!(self.rt.sleep(opts.connect_timeout));
         let id = {
             let mut st = self.sh.st.borrow_mut();
             let ch = st.ch;
@@ -146,17 +143,27 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             .borrow_mut()
             .b
             .resolve_addr(id, None, dst, opts.resolve_timeout)?;
-        conn.expect(CmEventType::AddrResolved).await?;
+        conn.expect(CmEventType::AddrResolved, bound.as_mut()).await?;
         self.sh
             .st
             .borrow_mut()
             .b
             .resolve_route(id, opts.resolve_timeout)?;
-        conn.expect(CmEventType::RouteResolved).await?;
+        conn.expect(CmEventType::RouteResolved, bound.as_mut()).await?;
         conn.set_up_qp(opts)?;
-        let param = ConnParam::new().with_private_data(&opts.private_data);
-        self.sh.st.borrow_mut().b.connect(id, &param)?;
-        let ev = conn.expect(CmEventType::Established).await?;
+        {
+            let mut param = self.sh.connect_param.borrow_mut();
+            let data = &opts.private_data[..];
+            let same = param.as_ref().is_some_and(|p| {
+                p.private_data.len() == data.len() && data.starts_with(p.private_data.as_slice())
+            });
+            if !same {
+                *param = Some(ConnParam::new().with_private_data(data));
+            }
+            let param = param.as_ref().expect("just made");
+            self.sh.st.borrow_mut().b.connect(id, param)?;
+        }
+        let ev = conn.expect(CmEventType::Established, bound.as_mut()).await?;
         conn.peer_data = ev.private_data;
         Ok(conn)
     }
@@ -392,14 +399,8 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
     /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
     pub async fn disconnect(self) -> Result<Closed> {
-        let bound = self.disconnect_timeout;
-        match self.rt.timeout(bound, self.close()).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::TimedOut { op: "disconnect" }),
-        }
-    }
-
-    async fn close(&self) -> Result<Closed> {
+        // As in `connect`, each wait polls the bound itself.
+        let mut bound = pin!(self.rt.sleep(self.disconnect_timeout));
         let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
             Ok(()) => true,
             // Never connected, or the attempt failed: there is nobody to say goodbye to.
@@ -410,25 +411,28 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             Some((_, s)) => s,
             None => 0,
         };
+        let (sh, id) = (&self.sh, self.id);
         if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
-            loop {
-                let ev = next_event(&self.sh, self.id).await?;
-                if matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval) {
-                    status = ev.status;
-                    break;
+            status = poll_fn(|cx| {
+                let got = sh.st.borrow_mut().next_for(id, cx.waker(), |ev| {
+                    matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval)
+                        .then_some(ev.status)
+                });
+                match got {
+                    Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
+                    Poll::Pending => passed(bound.as_mut(), cx, "disconnect"),
                 }
-            }
+            })
+            .await?;
         }
         let mut closed = Closed {
             status,
             ..Closed::default()
         };
-        let sh = &self.sh;
-        let id = self.id;
         poll_fn(|cx| {
             if self.posted.get() == 0 {
                 // Every completion was taken: there is nothing left to flush.
-                return Poll::Ready(());
+                return Poll::Ready(Ok(()));
             }
             let mut st = sh.st.borrow_mut();
             st.poll_cq_into_box(id);
@@ -443,34 +447,39 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 }
             }
             if self.posted.get() == 0 || st.failed.is_some() {
-                return Poll::Ready(());
+                return Poll::Ready(Ok(()));
             }
             st.wait(id, cx.waker(), true);
-            Poll::Pending
+            drop(st);
+            passed(bound.as_mut(), cx, "disconnect")
         })
-        .await;
+        .await?;
         Ok(closed)
     }
 
     /// The next event of the connection that is `want`, skipping the ignorable ones; another
     /// is the error it stands for. (One poll function rather than a loop over
     /// [`next_event`]: it is awaited at every step of `connect`.)
-    fn expect(&self, want: CmEventType) -> impl Future<Output = Result<EventInfo>> + '_ {
+    fn expect<'a, S: Future<Output = ()>>(
+        &'a self,
+        want: CmEventType,
+        mut bound: Pin<&'a mut S>,
+    ) -> impl Future<Output = Result<EventInfo>> + 'a {
         poll_fn(move |cx| {
-            let mut st = self.sh.st.borrow_mut();
-            while let Some(ev) = st.take_event(self.id) {
+            let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
                 if ev.ty == want {
-                    return Poll::Ready(Ok(ev));
+                    Some(Ok(ev))
+                } else if !ignorable(ev.ty) {
+                    Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
+                } else {
+                    None
                 }
-                if !ignorable(ev.ty) {
-                    return Poll::Ready(Err(end_error(ev.ty, ev.status, ev.private_data)));
-                }
+            });
+            match got {
+                Poll::Ready(Ok(r)) => Poll::Ready(r),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(Error::ChannelFailed(e))),
+                Poll::Pending => passed(bound.as_mut(), cx, "connect"),
             }
-            if let Some(e) = &st.failed {
-                return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
-            }
-            st.wait(self.id, cx.waker(), false);
-            Poll::Pending
         })
     }
 
@@ -482,17 +491,25 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         let (sh, id) = (&self.sh, self.id);
         poll_fn(|cx| {
             let mut st = sh.st.borrow_mut();
-            let mut found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
-            while found.is_none() {
-                let Some(ev) = st.take_event(id) else { break };
-                if !ignorable(ev.ty) && self.ended.get().is_none() {
-                    self.ended.set(Some((ev.ty, ev.status)));
-                    *self.end_data.borrow_mut() = ev.private_data;
-                }
-            }
             // With nothing posted the CQ has nothing for this connection: it is neither polled
             // nor watched (a connection without receive buffers waits for its end alone).
             let cq = self.posted.get() > 0;
+            let mut found = None;
+            if let (Some(bx), failed) = st.mailbox_and_failed(id) {
+                found = pick(&mut bx.cq);
+                while found.is_none() {
+                    let Some(ev) = bx.pop_event() else { break };
+                    if !ignorable(ev.ty) && self.ended.get().is_none() {
+                        self.ended.set(Some((ev.ty, ev.status)));
+                        *self.end_data.borrow_mut() = ev.private_data;
+                    }
+                }
+                if found.is_none() && !cq && self.ended.get().is_none() && failed.is_none() {
+                    // The usual wait, registered on the mailbox already at hand.
+                    bx.add_waker(cx.waker());
+                    return Poll::Pending;
+                }
+            }
             if found.is_none() && cq && (self.ended.get().is_some() || st.failed.is_some()) {
                 // What the CQ already holds came before the end.
                 st.poll_cq_into_box(id);
@@ -518,6 +535,21 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 impl<B: CmBackend, R: Runtime> Drop for Connection<B, R> {
     fn drop(&mut self) {
         self.sh.release(self.id, false);
+        self.sh.recycle(std::mem::take(&mut self.peer_data));
+    }
+}
+
+/// `Pending` while `bound` has not passed, [`Error::TimedOut`] for `op` once it has. A wait
+/// calls it after registering its waker, when it found nothing (as a `timeout` around it would
+/// poll its sleep after it).
+fn passed<S: Future<Output = ()>, T>(
+    bound: Pin<&mut S>,
+    cx: &mut std::task::Context<'_>,
+    op: &'static str,
+) -> Poll<Result<T>> {
+    match bound.poll(cx) {
+        Poll::Ready(()) => Poll::Ready(Err(Error::TimedOut { op })),
+        Poll::Pending => Poll::Pending,
     }
 }
 
@@ -544,15 +576,10 @@ fn end_error(ty: CmEventType, status: i32, private_data: Vec<u8>) -> Error {
 /// The next event of `id` (the driver acked it when it reached the mailbox).
 async fn next_event<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle) -> Result<EventInfo> {
     poll_fn(|cx| {
-        let mut st = sh.st.borrow_mut();
-        if let Some(ev) = st.take_event(id) {
-            return Poll::Ready(Ok(ev));
-        }
-        if let Some(e) = &st.failed {
-            return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
-        }
-        st.wait(id, cx.waker(), false);
-        Poll::Pending
+        sh.st
+            .borrow_mut()
+            .next_for(id, cx.waker(), Some)
+            .map_err(Error::ChannelFailed)
     })
     .await
 }

@@ -1,12 +1,13 @@
 //! One event channel's driver: it owns the backend, retrieves events and completions, and
 //! hands each to the mailbox of the id it concerns, waking the task that waits there.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 use std::task::Waker;
 
-use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, IdHandle, WorkCompletion};
+use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, WorkCompletion};
 
 /// What a task learns from an event. The event itself is acked as soon as the driver has
 /// taken this out of it: a `CmEvent` is over 300 bytes, and keeping it unacked in a mailbox
@@ -39,6 +40,7 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
+    #[inline]
     fn push_event(&mut self, ev: EventInfo) {
         if self.first.is_none() && self.later.is_empty() {
             self.first = Some(ev);
@@ -47,10 +49,12 @@ impl Mailbox {
         }
     }
 
-    fn pop_event(&mut self) -> Option<EventInfo> {
+    #[inline]
+    pub(crate) fn pop_event(&mut self) -> Option<EventInfo> {
         self.first.take().or_else(|| self.later.pop_front())
     }
 
+    #[inline]
     fn wake(&mut self) {
         if std::mem::take(&mut self.armed) {
             if let Some(w) = &self.waker {
@@ -64,7 +68,8 @@ impl Mailbox {
         }
     }
 
-    fn add_waker(&mut self, waker: &Waker) {
+    #[inline]
+    pub(crate) fn add_waker(&mut self, waker: &Waker) {
         match &self.waker {
             Some(w) if w.will_wake(waker) => self.armed = true,
             _ if !self.armed => {
@@ -99,7 +104,76 @@ impl Hasher for IdHasher {
     }
 }
 
-type Boxes = HashMap<IdHandle, Mailbox, BuildHasherDefault<IdHasher>>;
+/// The mailboxes, found by their id's slot number: a backend hands out ids from a slab, so
+/// the numbers of the ids alive on a channel are few and small, and a table indexed by them
+/// answers a lookup (several per event) in a few instructions where hashing took dozens. An
+/// id whose number is far beyond the others' goes to a hash map instead, so that the table
+/// stays about as long as the ids alive are many.
+#[derive(Default)]
+struct Boxes {
+    /// `at[i]`: 1 + where in `dense` the mailbox of the id with slot number `i` is; 0: none.
+    at: Vec<u32>,
+    dense: Vec<(IdHandle, Mailbox)>,
+    far: HashMap<IdHandle, Mailbox, BuildHasherDefault<IdHasher>>,
+}
+
+impl Boxes {
+    #[inline]
+    fn position(&self, id: IdHandle) -> Option<usize> {
+        let p = *self.at.get(id.index() as usize)? as usize;
+        (p != 0 && self.dense[p - 1].0 == id).then(|| p - 1)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, id: &IdHandle) -> Option<&mut Mailbox> {
+        match self.position(*id) {
+            Some(p) => Some(&mut self.dense[p].1),
+            None if self.far.is_empty() => None,
+            None => self.far.get_mut(id),
+        }
+    }
+
+    /// `id`'s mailbox, made empty when it has none.
+    fn get_or_default(&mut self, id: IdHandle) -> &mut Mailbox {
+        if let Some(p) = self.position(id) {
+            return &mut self.dense[p].1;
+        }
+        let i = id.index() as usize;
+        let near = i < self.at.len() || i <= 4 * self.dense.len() + 64;
+        if near && !self.far.contains_key(&id) {
+            if i >= self.at.len() {
+                self.at.resize(i + 1, 0);
+            }
+            if self.at[i] == 0 {
+                self.dense.push((id, Mailbox::default()));
+                self.at[i] = self.dense.len() as u32;
+                return &mut self.dense.last_mut().expect("just pushed").1;
+            }
+        }
+        // Far, or the slot number is taken by another id's mailbox (one of an id destroyed
+        // behind the driver's back, until it is released).
+        self.far.entry(id).or_default()
+    }
+
+    fn remove(&mut self, id: &IdHandle) -> Option<Mailbox> {
+        let Some(p) = self.position(*id) else {
+            return self.far.remove(id);
+        };
+        self.at[id.index() as usize] = 0;
+        let (_, bx) = self.dense.swap_remove(p);
+        if let Some((moved, _)) = self.dense.get(p) {
+            self.at[moved.index() as usize] = p as u32 + 1;
+        }
+        Some(bx)
+    }
+
+    fn keys(&self) -> impl Iterator<Item = IdHandle> + '_ {
+        self.dense
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(self.far.keys().copied())
+    }
+}
 
 /// The backend and everything the driver tracks. Always borrowed briefly, never across an
 /// `.await`.
@@ -117,7 +191,18 @@ pub(crate) struct State<B: CmBackend> {
     /// The runtime's registrations of the backend's fds; dropped before the fds close.
     pub(crate) regs: Option<Box<dyn Registrations>>,
     scratch: Vec<WorkCompletion>,
+    /// Set when a CQ joins the watch: the flag [`Shared::poke`] shares.
+    poke: Rc<Cell<bool>>,
+    /// Emptied buffers of private data that connections held, for the next events to copy
+    /// theirs into: a request's and an accept's private data (56 and 196 bytes) otherwise cost
+    /// an allocation and a free per connection.
+    spare: Vec<Vec<u8>>,
 }
+
+/// At most this many buffers are kept in [`State::spare`], of at most [`SPARE_LEN`] bytes each
+/// (the IB CM carries at most 220 bytes of private data).
+const SPARE_MAX: usize = 16;
+const SPARE_LEN: usize = 256;
 
 /// A runtime's registrations of a channel's fds (tokio's `AsyncFd`s). The driver forgets an
 /// id's before destroying its QP and drops them all before destroying the channel, so that no
@@ -136,11 +221,19 @@ pub(crate) struct Shared<B: CmBackend> {
     pub(crate) st: RefCell<State<B>>,
     /// Ids whose owner was dropped while the state was borrowed; torn down at the next pump.
     pub(crate) deferred: RefCell<Vec<(IdHandle, bool)>>,
+    /// Set whenever a pump gets work besides events (a release deferred, a CQ watched), so
+    /// that an executor driving many channels can skip them all while it is clear. An
+    /// executor may share one flag among its channels ([`Shared::set_poke`]).
+    poke: RefCell<Rc<Cell<bool>>>,
+    /// The parameters of the last `connect`, kept for the next with the same private data:
+    /// they are a few hundred bytes to build (the private data's buffer zeroed and copied).
+    pub(crate) connect_param: RefCell<Option<ConnParam>>,
 }
 
 impl<B: CmBackend> Shared<B> {
     pub(crate) fn new(mut b: B) -> Result<Self, CmError> {
         let ch = b.create_event_channel()?;
+        let poke = Rc::new(Cell::new(false));
         Ok(Shared {
             st: RefCell::new(State {
                 b,
@@ -151,9 +244,24 @@ impl<B: CmBackend> Shared<B> {
                 driver: None,
                 regs: None,
                 scratch: Vec::new(),
+                poke: poke.clone(),
+                spare: Vec::new(),
             }),
             deferred: RefCell::new(Vec::new()),
+            poke: RefCell::new(poke),
+            connect_param: RefCell::new(None),
         })
+    }
+
+    /// Makes `flag` the one set when this channel gets work besides events; it is set at once
+    /// when there is some already.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn set_poke(&self, flag: Rc<Cell<bool>>) {
+        self.st.borrow_mut().poke = flag.clone();
+        *self.poke.borrow_mut() = flag;
+        if self.has_other_work() {
+            self.poke.borrow().set(true);
+        }
     }
 
     /// Retrieves every queued event (unless `events` is false: the caller knows none is
@@ -174,10 +282,12 @@ impl<B: CmBackend> Shared<B> {
         event_ready: impl Fn(&B, ChannelHandle) -> bool,
         cq_ready: impl Fn(&B, IdHandle) -> bool,
     ) -> bool {
-        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         let mut st = self.st.borrow_mut();
-        for (id, listener) in deferred {
-            st.release(id, listener);
+        if !self.deferred.borrow().is_empty() {
+            let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+            for (id, listener) in deferred {
+                st.release(id, listener);
+            }
         }
         let mut moved = false;
         if events && st.failed.is_none() {
@@ -232,22 +342,40 @@ impl<B: CmBackend> Shared<B> {
     /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ
     /// some task waits on.
     #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    #[inline]
     pub(crate) fn has_other_work(&self) -> bool {
         !self.deferred.borrow().is_empty() || !self.st.borrow().cq_watch.is_empty()
+    }
+
+    /// Keeps `buf`'s allocation for the private data of a later event (dropped when the state
+    /// is in use or enough are kept).
+    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > SPARE_LEN {
+            return;
+        }
+        if let Ok(mut st) = self.st.try_borrow_mut() {
+            if st.spare.len() < SPARE_MAX {
+                buf.clear();
+                st.spare.push(buf);
+            }
+        }
     }
 
     /// Tears `id` down now, or at the next pump when the state is in use.
     pub(crate) fn release(&self, id: IdHandle, listener: bool) {
         match self.st.try_borrow_mut() {
             Ok(mut st) => st.release(id, listener),
-            Err(_) => self.deferred.borrow_mut().push((id, listener)),
+            Err(_) => {
+                self.deferred.borrow_mut().push((id, listener));
+                self.poke.borrow().set(true);
+            }
         }
     }
 }
 
 impl<B: CmBackend> State<B> {
     pub(crate) fn open(&mut self, id: IdHandle) {
-        self.boxes.entry(id).or_default();
+        self.boxes.get_or_default(id);
     }
 
     /// Marks the channel failed and wakes every waiting task, which then sees the failure.
@@ -262,7 +390,7 @@ impl<B: CmBackend> State<B> {
 
     /// The ids that have a mailbox, in handle order.
     fn ids_in_order(&self) -> Vec<IdHandle> {
-        let mut ids: Vec<IdHandle> = self.boxes.keys().copied().collect();
+        let mut ids: Vec<IdHandle> = self.boxes.keys().collect();
         ids.sort_unstable();
         ids
     }
@@ -277,6 +405,12 @@ impl<B: CmBackend> State<B> {
         self.boxes.get_mut(&id)
     }
 
+    /// `id`'s mailbox and the channel's failure, for a wait that looks at both with one
+    /// lookup.
+    pub(crate) fn mailbox_and_failed(&mut self, id: IdHandle) -> (Option<&mut Mailbox>, Option<&CmError>) {
+        (self.boxes.get_mut(&id), self.failed.as_ref())
+    }
+
     /// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
     /// there. Returns the child id of a request nobody owns any more, to refuse once the event
     /// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
@@ -285,18 +419,26 @@ impl<B: CmBackend> State<B> {
         let request = ev.event() == CmEventType::ConnectRequest;
         let owner = if request {
             // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
-            self.boxes.entry(ev.id()).or_default();
+            self.boxes.get_or_default(ev.id());
             ev.listen_id()
         } else {
             Some(ev.id())
         };
         match owner.and_then(|o| self.boxes.get_mut(&o)) {
             Some(bx) => {
+                let data = ev.private_data();
+                let private_data = if data.is_empty() {
+                    Vec::new()
+                } else {
+                    let mut v = self.spare.pop().unwrap_or_default();
+                    v.extend_from_slice(data);
+                    v
+                };
                 bx.push_event(EventInfo {
                     ty: ev.event(),
                     status: ev.status(),
                     id: ev.id(),
-                    private_data: ev.private_data().to_vec(),
+                    private_data,
                 });
                 bx.wake();
                 None
@@ -306,9 +448,35 @@ impl<B: CmBackend> State<B> {
         }
     }
 
-    /// Takes the oldest event of `id` out of its mailbox.
-    pub(crate) fn take_event(&mut self, id: IdHandle) -> Option<EventInfo> {
-        self.boxes.get_mut(&id)?.pop_event()
+    /// Hands `id`'s events, oldest first, to `take` until it returns something; when none is
+    /// left, the channel's failure if it failed, or `Pending` with `waker` registered for the
+    /// next event. The same as taking its events one by one, a look at `failed` and
+    /// [`wait`](Self::wait), with one lookup of the mailbox instead of two (a task's poll is
+    /// little more than this).
+    pub(crate) fn next_for<T>(
+        &mut self,
+        id: IdHandle,
+        waker: &Waker,
+        mut take: impl FnMut(EventInfo) -> Option<T>,
+    ) -> std::task::Poll<Result<T, CmError>> {
+        use std::task::Poll;
+        let failed = &self.failed;
+        let Some(bx) = self.boxes.get_mut(&id) else {
+            return match failed {
+                Some(e) => Poll::Ready(Err(e.clone())),
+                None => Poll::Pending,
+            };
+        };
+        while let Some(ev) = bx.pop_event() {
+            if let Some(v) = take(ev) {
+                return Poll::Ready(Ok(v));
+            }
+        }
+        if let Some(e) = failed {
+            return Poll::Ready(Err(e.clone()));
+        }
+        bx.add_waker(waker);
+        Poll::Pending
     }
 
     /// Registers `waker` to be woken when `id` gets an event (and, with `cq`, a completion).
@@ -317,6 +485,7 @@ impl<B: CmBackend> State<B> {
             bx.add_waker(waker);
         }
         if cq && self.cq_watch.insert(id) {
+            self.poke.set(true);
             if let Some(d) = &self.driver {
                 d.wake_by_ref();
             }
@@ -388,6 +557,51 @@ mod tests {
             id: cm_core::backend::id_handle(1, 2, 3),
             private_data: Vec::new(),
         }
+    }
+
+    #[test]
+    fn mailboxes_are_found_by_id_across_removals_far_slots_and_reused_slot_numbers() {
+        use cm_core::backend::id_handle;
+        let mut boxes = Boxes::default();
+        let ids: Vec<IdHandle> = (0..10).map(|i| id_handle(1, i, 1)).collect();
+        let far = id_handle(1, 1_000_000, 1);
+        let twin = id_handle(1, 3, 2); // slot 3 again, another generation
+        for (n, &id) in ids.iter().chain([&far, &twin]).enumerate() {
+            boxes.get_or_default(id).push_event(info(n as i32));
+        }
+        assert!(!boxes.far.is_empty(), "slot 1000000 is far beyond the others");
+        for &gone in &[ids[0], ids[3], ids[9]] {
+            assert!(boxes.remove(&gone).is_some());
+            assert!(boxes.get_mut(&gone).is_none());
+            assert!(boxes.remove(&gone).is_none());
+        }
+        assert!(
+            boxes.get_mut(&id_handle(1, 4, 7)).is_none(),
+            "same slot, other generation"
+        );
+        let mut left: Vec<(IdHandle, i32)> = boxes
+            .keys()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|id| {
+                (
+                    id,
+                    boxes
+                        .get_mut(&id)
+                        .and_then(|b| b.pop_event())
+                        .map(|e| e.status)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        left.sort();
+        let mut want: Vec<(IdHandle, i32)> = [1, 2, 4, 5, 6, 7, 8]
+            .iter()
+            .map(|&n| (ids[n], n as i32))
+            .chain([(far, 10), (twin, 11)])
+            .collect();
+        want.sort();
+        assert_eq!(left, want);
     }
 
     #[test]

@@ -63,7 +63,7 @@ impl std::fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
-struct Slot<T> {
+pub(crate) struct Slot<T> {
     value: Option<T>,
     finished: bool,
     waker: Option<Waker>,
@@ -77,7 +77,7 @@ pub struct JoinHandle<T> {
 }
 
 /// Wraps `fut` so that its output lands in the returned handle; runtimes spawn the wrapper.
-pub(crate) fn joinable<F>(fut: F) -> (impl Future<Output = ()> + 'static, JoinHandle<F::Output>)
+pub(crate) fn joinable<F>(fut: F) -> (Joined<F>, JoinHandle<F::Output>)
 where
     F: Future + 'static,
     F::Output: 'static,
@@ -87,17 +87,41 @@ where
         finished: false,
         waker: None,
     }));
-    let guard = Finish(slot.clone());
-    let task = async move {
-        let guard = guard;
-        let v = fut.await;
-        guard.0.borrow_mut().value = Some(v);
+    let task = Joined {
+        fut,
+        finish: Finish(slot.clone()),
     };
     (task, JoinHandle { slot })
 }
 
+pin_project_lite::pin_project! {
+    /// A spawned future and where its output goes. A struct rather than an `async` block: the
+    /// block kept the future twice (captured, then awaited), and each was a copy of the whole
+    /// future per spawn.
+    pub(crate) struct Joined<F: Future> {
+        #[pin]
+        fut: F,
+        finish: Finish<F::Output>,
+    }
+}
+
+impl<F: Future> Future for Joined<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        match this.fut.poll(cx) {
+            Poll::Ready(v) => {
+                this.finish.0.borrow_mut().value = Some(v);
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 /// Marks the task finished and wakes the joiner when the task ends or is dropped.
-struct Finish<T>(Rc<RefCell<Slot<T>>>);
+pub(crate) struct Finish<T>(Rc<RefCell<Slot<T>>>);
 
 impl<T> Drop for Finish<T> {
     fn drop(&mut self) {

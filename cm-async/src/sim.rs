@@ -12,11 +12,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use cm_core::ChannelHandle;
 use cm_sim::{SimFabric, SimHost, SimTime};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -128,22 +129,39 @@ struct Task {
     host: usize,
     name: TaskName,
     fut: BoxFuture<()>,
-    waker: Waker,
 }
 
 struct TaskWaker {
     id: usize,
     ready: Arc<Woken>,
+    /// 0 while the slot's task was not woken since the executor last took the woken tasks;
+    /// otherwise the number of the first wake since then, which orders the tasks woken.
+    woke: AtomicU64,
 }
 
-/// Tasks woken since the executor last took them, in waking order. A `Waker` must be `Send`
-/// and `Sync`, hence the lock; the executor keeps its own list of ready tasks and takes what
-/// is here only when `any` says there is something, so that picking a task and finding that
-/// none is ready take no lock.
-#[derive(Default)]
+/// Which tasks were woken since the executor last took them, and in what order (each slot's
+/// [`TaskWaker::woke`]). A `Waker` must be `Send` and `Sync`; the first 64 slots are marked in
+/// a bit mask, which takes no lock, the others in a locked list. The executor takes them
+/// together, ordered by their wakes' numbers: the order in which they were woken.
 struct Woken {
-    ids: Mutex<Vec<usize>>,
-    any: AtomicBool,
+    /// The number the next wake gets (from 1).
+    next: AtomicU64,
+    /// Bit `i`: slot `i` (< 64) was woken.
+    low: AtomicU64,
+    /// Slots from 64 up that were woken (possibly twice: the executor skips the repeats).
+    high: Mutex<Vec<usize>>,
+    any_high: AtomicBool,
+}
+
+impl Default for Woken {
+    fn default() -> Self {
+        Woken {
+            next: AtomicU64::new(1),
+            low: AtomicU64::new(0),
+            high: Mutex::new(Vec::new()),
+            any_high: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Wake for TaskWaker {
@@ -152,10 +170,21 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut r = self.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if !r.contains(&self.id) {
-            r.push(self.id);
-            self.ready.any.store(true, Ordering::Release);
+        if self.woke.load(Ordering::Acquire) != 0 {
+            // Woken already and not taken yet: it keeps its place.
+            return;
+        }
+        let n = self.ready.next.fetch_add(1, Ordering::Relaxed);
+        self.woke.store(n, Ordering::Release);
+        if self.id < 64 {
+            self.ready.low.fetch_or(1 << self.id, Ordering::Release);
+        } else {
+            self.ready
+                .high
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.id);
+            self.ready.any_high.store(true, Ordering::Release);
         }
     }
 }
@@ -234,10 +263,17 @@ impl Timers {
     }
 
     /// The time of the earliest armed timer, dropping stale entries on the way.
+    #[inline]
     fn earliest(&mut self) -> Option<u64> {
-        if let Some(e) = self.earliest {
-            return e;
+        match self.earliest {
+            Some(e) => e,
+            None => self.find_earliest(),
         }
+    }
+
+    /// [`earliest`](Self::earliest) when it is not known: only after the earliest timer went.
+    #[inline(never)]
+    fn find_earliest(&mut self) -> Option<u64> {
         let e = loop {
             let Some(&Reverse((at, seq, slot))) = self.heap.peek() else {
                 break None;
@@ -263,6 +299,35 @@ impl Timers {
     }
 }
 
+/// A host closure's future and where its output lands. A struct rather than an `async`
+/// block around the boxed future: one state machine less to go through at every poll.
+struct MainTask<T> {
+    fut: BoxFuture<T>,
+    out: Output<T>,
+}
+
+impl<T> Future for MainTask<T> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        match this.fut.as_mut().poll(cx) {
+            Poll::Ready(v) => {
+                *this.out.borrow_mut() = Some(v);
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// A channel's driver as the executor knows it.
+struct Pump {
+    host: usize,
+    ch: ChannelHandle,
+    sh: Weak<Shared<SimHost>>,
+}
+
 /// What tasks share with the executor.
 struct Core {
     fabric: SimFabric,
@@ -271,9 +336,15 @@ struct Core {
     ready: Arc<Woken>,
     /// `wakers[i]`: the waker of slot `i` of `tasks`.
     wakers: RefCell<Vec<Waker>>,
+    /// `task_wakers[i]`: what `wakers[i]` wakes, for the executor to read and clear `woke`.
+    task_wakers: RefCell<Vec<Arc<TaskWaker>>>,
     timers: RefCell<Timers>,
-    /// Every channel's driver on the fabric (each host's backend is a `SimHost`).
-    pumps: RefCell<Vec<Weak<Shared<SimHost>>>>,
+    /// Every channel's driver on the fabric (each host's backend is a `SimHost`), with its
+    /// host's number and its channel, so that a pass can tell without the driver whether the
+    /// fabric has an event for it.
+    pumps: RefCell<Vec<Pump>>,
+    /// Set by a driver that got work besides events (shared by all of them).
+    poke: Rc<Cell<bool>>,
     spawned: Cell<u64>,
 }
 
@@ -285,27 +356,20 @@ impl Core {
         // A slot's waker is made once and serves every task the slot holds: a waker left
         // behind by an earlier task of the slot wakes whatever task is there, as a new waker
         // with the same slot number would.
-        let waker = {
+        {
             let mut wakers = self.wakers.borrow_mut();
-            match wakers.get(id) {
-                Some(w) => w.clone(),
-                None => {
-                    let w = Waker::from(Arc::new(TaskWaker {
-                        id,
-                        ready: self.ready.clone(),
-                    }));
-                    wakers.push(w.clone());
-                    w
-                }
+            if id == wakers.len() {
+                let tw = Arc::new(TaskWaker {
+                    id,
+                    ready: self.ready.clone(),
+                    woke: AtomicU64::new(0),
+                });
+                self.task_wakers.borrow_mut().push(tw.clone());
+                wakers.push(Waker::from(tw));
             }
-        };
-        waker.wake_by_ref();
-        let task = Task {
-            host,
-            name,
-            fut,
-            waker,
-        };
+            wakers[id].wake_by_ref();
+        }
+        let task = Task { host, name, fut };
         if id == tasks.len() {
             tasks.push(Some(task));
         } else {
@@ -343,7 +407,13 @@ impl SimRuntime {
     /// An event channel on `host`, driven by this executor.
     pub fn cm(&self, host: SimHost) -> Result<Cm<SimHost, SimRuntime>> {
         let cm = Cm::new(host, self.clone())?;
-        self.core.pumps.borrow_mut().push(Rc::downgrade(&cm.sh));
+        let ch = cm.sh.st.borrow().ch;
+        cm.sh.set_poke(self.core.poke.clone());
+        self.core.pumps.borrow_mut().push(Pump {
+            host: self.host,
+            ch,
+            sh: Rc::downgrade(&cm.sh),
+        });
         Ok(cm)
     }
 }
@@ -385,13 +455,10 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.core.now() >= self.at {
-            if let Some(k) = self.key.take() {
-                self.core.timers.borrow_mut().cancel(k);
-            }
-            return Poll::Ready(());
-        }
         if let Some(k) = self.key {
+            // Armed: its timer is still there until it is due (the executor takes every due
+            // timer as soon as it moves time on, before any task runs), so the clock need not
+            // be read.
             let mut timers = self.core.timers.borrow_mut();
             if let Some(w) = timers.waker_mut(k) {
                 if !w.will_wake(cx.waker()) {
@@ -399,6 +466,12 @@ impl Future for Sleep {
                 }
                 return Poll::Pending;
             }
+            drop(timers);
+            self.key = None;
+            return Poll::Ready(());
+        }
+        if self.core.now() >= self.at {
+            return Poll::Ready(());
         }
         let key = self.core.timers.borrow_mut().arm(self.at, cx.waker().clone());
         self.key = Some(key);
@@ -562,6 +635,10 @@ struct Executor<T> {
     /// The ready tasks, in the order they were woken (a task drawn leaves by `swap_remove`):
     /// the seeded draw picks among them.
     ready: Vec<usize>,
+    /// The woken tasks being taken, with their wakes' numbers (kept for its allocation).
+    batch: Vec<(u64, usize)>,
+    /// A copy of [`Core::wakers`], lent to polls without borrowing the core's.
+    wakers: Vec<Waker>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -575,8 +652,10 @@ impl<T: 'static> Executor<T> {
                 free: RefCell::new(Vec::new()),
                 ready: Arc::new(Woken::default()),
                 wakers: RefCell::new(Vec::new()),
+                task_wakers: RefCell::new(Vec::new()),
                 timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
+                poke: Rc::new(Cell::new(false)),
                 spawned: Cell::new(0),
             }),
             defs: sim.hosts,
@@ -590,6 +669,8 @@ impl<T: 'static> Executor<T> {
             force_pump: true,
             ended: Cell::new(true),
             ready: Vec::new(),
+            batch: Vec::new(),
+            wakers: Vec::new(),
         }
     }
 
@@ -617,14 +698,8 @@ impl<T: 'static> Executor<T> {
                 host: fabric.host(i),
             };
             let fut = (def.run)(ctx);
-            self.core.spawn(
-                i,
-                TaskName::Main,
-                Box::pin(async move {
-                    let v = fut.await;
-                    *out.borrow_mut() = Some(v);
-                }),
-            );
+            self.core
+                .spawn(i, TaskName::Main, Box::pin(MainTask { fut, out }));
         }
     }
 
@@ -709,42 +784,86 @@ impl<T: 'static> Executor<T> {
         }
     }
 
-    /// Appends the tasks woken since the last call to the ready list, each once.
+    /// Appends the tasks woken since the last call to the ready list, each once, in the order
+    /// they were first woken.
     #[inline]
     fn take_woken(&mut self) {
-        if self.core.ready.any.load(Ordering::Acquire) {
+        let w = &self.core.ready;
+        if w.low.load(Ordering::Acquire) != 0 || w.any_high.load(Ordering::Acquire) {
             self.take_woken_now();
         }
     }
 
     #[inline(never)]
     fn take_woken_now(&mut self) {
-        let mut woken = self.core.ready.ids.lock().unwrap_or_else(|p| p.into_inner());
-        self.core.ready.any.store(false, Ordering::Relaxed);
-        for id in woken.drain(..) {
+        let w = &self.core.ready;
+        let tws = self.core.task_wakers.borrow();
+        let mut bits = w.low.swap(0, Ordering::AcqRel);
+        let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
+        // A slot's number is cleared before the slot is taken, so that a wake racing with
+        // this one (another thread's) is either seen here or marks the slot again.
+        if !high && bits & bits.wrapping_sub(1) == 0 {
+            // One task woken (nearly always): nothing to order.
+            let id = bits.trailing_zeros() as usize;
+            if bits != 0 && tws[id].woke.swap(0, Ordering::AcqRel) != 0 && !self.ready.contains(&id) {
+                self.ready.push(id);
+            }
+            return;
+        }
+        let batch = &mut self.batch;
+        let mut take = |id: usize| {
+            let n = tws[id].woke.swap(0, Ordering::AcqRel);
+            if n != 0 {
+                batch.push((n, id));
+            }
+        };
+        while bits != 0 {
+            take(bits.trailing_zeros() as usize);
+            bits &= bits - 1;
+        }
+        if high {
+            let mut high = w.high.lock().unwrap_or_else(|p| p.into_inner());
+            for id in high.drain(..) {
+                take(id);
+            }
+        }
+        batch.sort_unstable();
+        for &(_, id) in batch.iter() {
             if !self.ready.contains(&id) {
                 self.ready.push(id);
             }
         }
+        batch.clear();
     }
 
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        // The task leaves its slot while it runs (what it spawns takes other slots), so that
-        // its waker is lent to the poll without a reference count moving.
-        let Some(task) = self.core.tasks.borrow_mut().get_mut(id).and_then(Option::take) else {
+        // The future leaves its slot while it runs (a placeholder that allocates nothing
+        // stands in), so that the tasks are not borrowed during the poll: what it spawns takes
+        // other slots. The slot's waker is lent from the executor's copy of the wakers.
+        let fut = self
+            .core
+            .tasks
+            .borrow_mut()
+            .get_mut(id)
+            .and_then(Option::as_mut)
+            .map(|t| std::mem::replace(&mut t.fut, Box::pin(std::future::pending())));
+        let Some(mut fut) = fut else {
             return Ok(());
         };
-        let mut task = task;
-        let mut cx = Context::from_waker(&task.waker);
-        match catch_unwind(AssertUnwindSafe(|| task.fut.as_mut().poll(&mut cx))) {
+        let mut cx = Context::from_waker(&self.wakers[id]);
+        match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) => {
-                self.core.tasks.borrow_mut()[id] = Some(task);
+                if let Some(t) = self.core.tasks.borrow_mut()[id].as_mut() {
+                    t.fut = fut;
+                }
                 Ok(())
             }
             Ok(Poll::Ready(())) => {
+                let task = self.core.tasks.borrow_mut()[id].take();
                 self.core.free.borrow_mut().push(id);
                 self.ended.set(true);
+                drop(fut);
                 drop(task);
                 Ok(())
             }
@@ -754,11 +873,22 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
-                let name = self.core.name(&task);
+                let task = self.core.tasks.borrow_mut()[id].take();
+                let name = task.as_ref().map_or_else(String::new, |t| self.core.name(t));
                 self.core.free.borrow_mut().push(id);
+                drop(fut);
                 drop(task);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
+        }
+    }
+
+    /// Makes the executor's copy of the wakers cover slot `id`.
+    #[inline]
+    fn mirror_wakers(&mut self, id: usize) {
+        if id >= self.wakers.len() {
+            let all = self.core.wakers.borrow();
+            self.wakers.extend_from_slice(&all[self.wakers.len()..]);
         }
     }
 
@@ -771,36 +901,45 @@ impl<T: 'static> Executor<T> {
         // something, and only those are asked. CQs are asked only when watched and non-empty.
         let queued = self.core.fabric.events_queued();
         let events_new = queued != self.events_seen || self.force_pump;
+        // Cleared before the drivers run: what they leave (a CQ still watched) sets it again.
+        let other = self.core.poke.replace(false);
+        if !events_new && !other {
+            return;
+        }
         self.events_seen = queued;
         self.force_pump = false;
         let fabric = &self.core.fabric;
+        // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
+        // than a channel's queue. A host whose only channel is this one (the driver is alive,
+        // so its channel is open) has an event on it when it has one at all.
+        let event_ready = |host: usize, ch| {
+            fabric.queued_events_on(host) > 0
+                && (fabric.channels_on(host) == 1 || fabric.may_have_event(host, ch))
+        };
+        // Borrowed for the whole pass: a driver's pump runs no task, so nothing registers a
+        // channel meanwhile.
+        let mut pumps = self.core.pumps.borrow_mut();
         let mut i = 0;
-        loop {
-            let pump = {
-                let mut pumps = self.core.pumps.borrow_mut();
-                let Some(w) = pumps.get(i) else { break };
-                match w.upgrade() {
-                    Some(p) => p,
-                    None => {
-                        pumps.remove(i);
-                        continue;
-                    }
-                }
+        while let Some(p) = pumps.get(i) {
+            let events = events_new && event_ready(p.host, p.ch);
+            if !events && !other {
+                i += 1;
+                continue;
+            }
+            let Some(pump) = p.sh.upgrade() else {
+                pumps.remove(i);
+                continue;
             };
             i += 1;
-            // The host's count first: it is 0 for most hosts at most steps, and cheaper to read
-            // than a channel's queue.
-            let event_ready = |b: &SimHost, ch| {
-                fabric.queued_events_on(b.index()) > 0 && fabric.may_have_event(b.index(), ch)
-            };
-            let events = events_new && {
-                let st = pump.st.borrow();
-                event_ready(&st.b, st.ch)
-            };
             if events || pump.has_other_work() {
-                pump.pump_where(events, event_ready, |b, id| {
-                    fabric.may_have_completion(b.index(), id)
-                });
+                pump.pump_where(
+                    events,
+                    |b: &SimHost, ch| event_ready(b.index(), ch),
+                    |b, id| fabric.may_have_completion(b.index(), id),
+                );
+                if pump.has_other_work() {
+                    self.core.poke.set(true);
+                }
             }
         }
     }
@@ -815,6 +954,7 @@ impl<T: 'static> Executor<T> {
                 }
                 let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
                 let id = self.ready.swap_remove(i);
+                self.mirror_wakers(id);
                 self.poll_one(id)?;
             }
             // Outputs change only when a task ends: the hosts' slots are looked at only then.
@@ -847,11 +987,15 @@ impl<T: 'static> Executor<T> {
             }
             self.core.fabric.advance_to(SimTime::from_nanos(next));
             let now = self.core.now();
-            while let Some(waker) = {
-                let mut timers = self.core.timers.borrow_mut();
-                timers.pop_due(now)
-            } {
-                waker.wake();
+            // The timers did not change since `timer` was read (no task ran): none is due
+            // unless that one is.
+            if timer.is_some_and(|t| t <= now) {
+                while let Some(waker) = {
+                    let mut timers = self.core.timers.borrow_mut();
+                    timers.pop_due(now)
+                } {
+                    waker.wake();
+                }
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
@@ -899,6 +1043,33 @@ mod tests {
 
     fn tagged(n: u32, log: &Arc<Mutex<Vec<u32>>>) -> Waker {
         Waker::from(Arc::new(Tagged { n, log: log.clone() }))
+    }
+
+    #[test]
+    fn woken_tasks_are_taken_once_each_in_waking_order_across_mask_and_list() {
+        let fabric = SimFabric::builder().seed(1).host("10.0.0.1").build();
+        let mut ex = Executor::<()>::new(Sim::new(fabric));
+        for _ in 0..70 {
+            ex.core
+                .spawn(0, TaskName::Main, Box::pin(std::future::pending::<()>()));
+        }
+        ex.take_woken();
+        assert_eq!(ex.ready, (0..70).collect::<Vec<_>>(), "spawned in slot order");
+        ex.ready.clear();
+        let wakers = ex.core.wakers.borrow().clone();
+        for id in [66, 3, 65, 3, 0, 66, 64] {
+            wakers[id].wake_by_ref();
+        }
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![66, 3, 65, 0, 64]);
+        wakers[5].wake_by_ref();
+        wakers[3].wake_by_ref();
+        ex.take_woken();
+        assert_eq!(
+            ex.ready,
+            vec![66, 3, 65, 0, 64, 5],
+            "a task already ready keeps its place"
+        );
     }
 
     #[test]

@@ -483,3 +483,54 @@ fn sleeps_and_timeouts_run_in_virtual_time() {
         HostOutcome::Finished(Duration::from_secs(3599) + Duration::from_millis(5))
     );
 }
+
+#[test]
+fn each_accepted_connection_sees_exactly_its_own_requests_private_data() {
+    // The driver copies private data into buffers that earlier connections held: a reused
+    // buffer must carry nothing of what it held before.
+    let f = fabric(21);
+    // Per accepted connection: the private data `accept` returned, and what the connection keeps.
+    type Seen = Vec<(Vec<u8>, Vec<u8>)>;
+    let seen: Rc<std::cell::RefCell<Seen>> = Rc::default();
+    let log = seen.clone();
+    let mut sim: Sim<cm_async::Result<Vec<u8>>> = Sim::new(f.clone());
+    sim.server(0, move |ctx| {
+        let log = log.clone();
+        async move {
+            let cm = ctx.cm()?;
+            let listener = cm.listen(server_addr(), ConnOptions::default())?;
+            loop {
+                let (conn, data) = listener.accept().await?;
+                log.borrow_mut().push((data, conn.peer_private_data().to_vec()));
+                drop(cm.runtime().spawn(async move {
+                    let _ = conn.recv().await;
+                    let _ = conn.disconnect().await;
+                }));
+            }
+        }
+    });
+    let sent: [&[u8]; 4] = [b"a longer request", b"one", b"", b"three"];
+    sim.client(1, move |ctx| async move {
+        let cm = ctx.cm()?;
+        for data in sent {
+            let opts = ConnOptions {
+                private_data: data.to_vec(),
+                ..ConnOptions::default()
+            };
+            let conn = cm.connect(server_addr(), &opts).await?;
+            conn.disconnect().await?;
+        }
+        Ok(Vec::new())
+    });
+    assert_eq!(client_result(sim.run().unwrap()), Ok(Vec::new()));
+    let seen = seen.borrow();
+    assert_eq!(seen.len(), sent.len());
+    for ((returned, kept), data) in seen.iter().zip(sent) {
+        // The IB CM pads a request's private data with zeros to 56 bytes.
+        let mut want = data.to_vec();
+        want.resize(56, 0);
+        assert_eq!(returned, &want);
+        assert_eq!(kept, &want);
+    }
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}

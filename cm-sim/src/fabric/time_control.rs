@@ -101,6 +101,30 @@ impl SimFabric {
             .map_or(0, |h| h.counts.queued)
     }
 
+    /// How many event channels host number `host` has open (0 for a host the fabric does not
+    /// have). An executor that holds the only one knows, from
+    /// [`queued_events_on`](SimFabric::queued_events_on), whether it has an event without asking
+    /// the channel ([`may_have_event`](SimFabric::may_have_event)).
+    ///
+    /// ```
+    /// use cm_core::CmBackend;
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// assert_eq!(fabric.channels_on(0), 0);
+    /// let ch = fabric.host(0).create_event_channel()?;
+    /// assert_eq!(fabric.channels_on(0), 1);
+    /// fabric.host(0).destroy_event_channel(ch)?;
+    /// assert_eq!(fabric.channels_on(0), 0);
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    #[inline]
+    pub fn channels_on(&self, host: usize) -> usize {
+        self.inner()
+            .borrow()
+            .hosts
+            .get(host)
+            .map_or(0, |h| h.counts.channels)
+    }
+
     /// Whether `try_get_cm_event(ch)` on host number `host` may return something now: an event
     /// is queued on the channel, or the call would fail (the channel is gone, the host is
     /// down). `false` means that retrieval would return `Ok(None)` once what is due now has
