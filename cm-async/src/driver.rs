@@ -297,20 +297,21 @@ impl<B: CmBackend> Shared<B> {
                 if !std::mem::take(&mut first) && !event_ready(&st.b, ch) {
                     break;
                 }
-                let got = st.b.try_get_cm_event(ch);
-                let orphan = match &got {
-                    Ok(Some(ev)) => st.deliver(ev),
-                    Ok(None) => break,
-                    Err(_) => {
-                        if let Err(e) = got {
-                            st.fail(e);
-                        }
+                // Read and acked in one call: the event is needed only until its mailbox has
+                // what the task wants of it. `delivered` tells an ack that failed after the
+                // delivery (ignored, as the ack of a delivered event always was) from a
+                // retrieval that failed (the channel is then failed).
+                let mut delivered = None;
+                let State { b, boxes, spare, .. } = &mut *st;
+                let got = b.take_cm_event(ch, |ev| delivered = Some(deliver(boxes, spare, ev)));
+                let orphan = match (delivered, got) {
+                    (Some(orphan), _) => orphan,
+                    (None, Ok(_)) => break,
+                    (None, Err(e)) => {
+                        st.fail(e);
                         return true;
                     }
                 };
-                if let Ok(Some(ev)) = got {
-                    let _ = st.b.ack_cm_event(ev);
-                }
                 if let Some(child) = orphan {
                     st.refuse(child);
                 }
@@ -411,43 +412,6 @@ impl<B: CmBackend> State<B> {
         (self.boxes.get_mut(&id), self.failed.as_ref())
     }
 
-    /// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
-    /// there. Returns the child id of a request nobody owns any more, to refuse once the event
-    /// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
-    /// it was a copy.
-    fn deliver(&mut self, ev: &CmEvent) -> Option<IdHandle> {
-        let request = ev.event() == CmEventType::ConnectRequest;
-        let owner = if request {
-            // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
-            self.boxes.get_or_default(ev.id());
-            ev.listen_id()
-        } else {
-            Some(ev.id())
-        };
-        match owner.and_then(|o| self.boxes.get_mut(&o)) {
-            Some(bx) => {
-                let data = ev.private_data();
-                let private_data = if data.is_empty() {
-                    Vec::new()
-                } else {
-                    let mut v = self.spare.pop().unwrap_or_default();
-                    v.extend_from_slice(data);
-                    v
-                };
-                bx.push_event(EventInfo {
-                    ty: ev.event(),
-                    status: ev.status(),
-                    id: ev.id(),
-                    private_data,
-                });
-                bx.wake();
-                None
-            }
-            // Nobody owns the id any more: the event goes back, an orphan request is refused.
-            None => request.then(|| ev.id()),
-        }
-    }
-
     /// Hands `id`'s events, oldest first, to `take` until it returns something; when none is
     /// left, the channel's failure if it failed, or `Pending` with `waker` registered for the
     /// next event. The same as taking its events one by one, a look at `failed` and
@@ -543,6 +507,43 @@ impl<B: CmBackend> Drop for State<B> {
         }
         self.regs = None;
         let _ = self.b.destroy_event_channel(self.ch);
+    }
+}
+
+/// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
+/// there. Returns the child id of a request nobody owns any more, to refuse once the event
+/// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
+/// it was a copy.
+fn deliver(boxes: &mut Boxes, spare: &mut Vec<Vec<u8>>, ev: &CmEvent) -> Option<IdHandle> {
+    let request = ev.event() == CmEventType::ConnectRequest;
+    let owner = if request {
+        // The child's own events (ESTABLISHED, DISCONNECTED) must wait for whoever accepts it.
+        boxes.get_or_default(ev.id());
+        ev.listen_id()
+    } else {
+        Some(ev.id())
+    };
+    match owner.and_then(|o| boxes.get_mut(&o)) {
+        Some(bx) => {
+            let data = ev.private_data();
+            let private_data = if data.is_empty() {
+                Vec::new()
+            } else {
+                let mut v = spare.pop().unwrap_or_default();
+                v.extend_from_slice(data);
+                v
+            };
+            bx.push_event(EventInfo {
+                ty: ev.event(),
+                status: ev.status(),
+                id: ev.id(),
+                private_data,
+            });
+            bx.wake();
+            None
+        }
+        // Nobody owns the id any more: the event goes back, an orphan request is refused.
+        None => request.then(|| ev.id()),
     }
 }
 

@@ -264,6 +264,34 @@ pub trait CmBackend {
         self.get_cm_event(channel, Duration::ZERO)
     }
 
+    /// [`try_get_cm_event`](CmBackend::try_get_cm_event), then `read` on the event, then
+    /// [`ack_cm_event`](CmBackend::ack_cm_event): for event loops that ack every event as soon
+    /// as they have read what they need of it. `Ok(None)` at once when nothing is queued;
+    /// `read` cannot keep the event (it is acked by the time this returns), so a backend may
+    /// hand it one that never enters its table of outstanding events. The simulator does: no
+    /// token, no 300-byte copies of the event out and back in. Any other backend gets this
+    /// default, the two calls librdmacm has.
+    ///
+    /// # Errors
+    /// As [`try_get_cm_event`](CmBackend::try_get_cm_event); after `read` has run, as
+    /// [`ack_cm_event`](CmBackend::ack_cm_event) (`read`'s output is then lost: a caller that
+    /// must know whether it ran records that in `read`).
+    fn take_cm_event<T>(
+        &mut self,
+        channel: ChannelHandle,
+        read: impl FnOnce(&CmEvent) -> T,
+    ) -> Result<Option<T>>
+    where
+        Self: Sized,
+    {
+        let Some(event) = self.try_get_cm_event(channel)? else {
+            return Ok(None);
+        };
+        let out = read(&event);
+        self.ack_cm_event(event)?;
+        Ok(Some(out))
+    }
+
     /// `rdma_ack_cm_event`: gives the event back. An event of another backend is refused with
     /// [`CmError::ForeignEvent`], which hands it back so it can still be acked where it came
     /// from.

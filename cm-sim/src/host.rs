@@ -122,6 +122,55 @@ impl CmBackend for SimHost {
         got
     }
 
+    /// Retrieves, reads and acks in one step of the fabric: the event never enters the table
+    /// of outstanding events and is not copied out and back in (see
+    /// [`CmBackend::take_cm_event`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, CmEventType, PortSpace};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// assert_eq!(h.take_cm_event(ch, |ev| ev.event())?, None, "not resolved yet");
+    /// fabric.advance_to(fabric.next_deadline().expect("ADDR_RESOLVED is scheduled"));
+    /// assert_eq!(h.take_cm_event(ch, |ev| ev.event())?, Some(CmEventType::AddrResolved));
+    /// h.destroy_id(id)?; // the event was acked: nothing holds the id
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    #[cfg(not(feature = "tracing"))]
+    #[inline]
+    fn take_cm_event<T>(
+        &mut self,
+        channel: ChannelHandle,
+        read: impl FnOnce(&CmEvent) -> T,
+    ) -> Result<Option<T>> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .take_cm_event(self.host, channel, read)
+    }
+
+    #[cfg(feature = "tracing")]
+    #[tracing::instrument(level = "debug", skip(self, read), fields(host = self.host))]
+    fn take_cm_event<T>(
+        &mut self,
+        channel: ChannelHandle,
+        read: impl FnOnce(&CmEvent) -> T,
+    ) -> Result<Option<T>> {
+        let host = self.host;
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .take_cm_event(self.host, channel, |ev| {
+                let (id, event, status) = (ev.id(), ev.event(), ev.status());
+                tracing::debug!(host, %id, %event, status, "event");
+                read(ev)
+            })
+    }
+
     // The payload is left out of the record (it may be large); its length is in.
     #[cfg_attr(
         feature = "tracing",

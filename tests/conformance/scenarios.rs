@@ -205,6 +205,56 @@ fn reject_delivers_rejected_with_status_28_and_private_data() {
 }
 
 #[test]
+fn take_cm_event_reads_each_event_once_and_leaves_it_acked() {
+    let mut bed = bed!();
+    let server = listen(&mut bed, 0);
+    let client = resolved_client(&mut bed, server.addr, true);
+    let s = &mut bed.server;
+    assert!(
+        s.take_cm_event(server.ch, |_| ()).unwrap().is_none(),
+        "nothing queued: None at once"
+    );
+    bed.client
+        .connect(client.id, &ConnParam::new().with_private_data(b"take me"))
+        .unwrap();
+    let s = &mut bed.server;
+    let mut got = None;
+    for _ in 0..50 {
+        got = s
+            .take_cm_event(server.ch, |ev| {
+                (ev.event(), ev.id(), ev.listen_id(), ev.private_data().to_vec())
+            })
+            .unwrap();
+        if got.is_some() {
+            break;
+        }
+        let_time_pass(s);
+    }
+    let (ty, child, listen_id, data) = got.expect("CONNECT_REQUEST within 50 waits");
+    assert_eq!(
+        (ty, listen_id),
+        (CmEventType::ConnectRequest, Some(server.listener))
+    );
+    assert_eq!(&data[..7], b"take me");
+    // Acked on the way out: nothing counts against the listener, nothing is left to take.
+    assert_eq!(s.id_machine(server.listener).unwrap().unacked(), 0);
+    assert_eq!(s.live_resources().unacked_events, 0);
+    assert!(s.take_cm_event(server.ch, |_| ()).unwrap().is_none());
+    s.reject(child, &[]).unwrap();
+    expect(&mut bed.client, client.ch, CmEventType::Rejected);
+    destroy_all(&mut bed.client, &[client.id], client.ch);
+    destroy_all(&mut bed.server, &[child, server.listener], server.ch);
+    assert_err(
+        bed.server.take_cm_event(server.ch, |_| ()),
+        CmError::UnknownHandle {
+            call: cm::api::Call::GetCmEvent,
+            kind: cm::api::HandleKind::Channel,
+        },
+    );
+    assert_clean(&bed);
+}
+
+#[test]
 fn connect_to_a_port_without_listener_is_rejected_with_status_8() {
     let mut bed = bed!();
     let dst = bed.server_addr();

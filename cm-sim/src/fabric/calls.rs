@@ -467,51 +467,84 @@ impl Fabric {
         let r = self.channel_ref(host, ch, Call::GetCmEvent)?;
         let deadline = self.deadline(timeout);
         loop {
-            if let Some(t) = self.pop_event(r) {
-                // Built in what is returned, one return per kind of parameters: an event is
-                // over 300 bytes and every copy of it showed in profiles.
-                let Some(p) = self.take_payload(t.payload) else {
-                    return Ok(Some(cm_core::backend::cm_event(
-                        t.id,
-                        t.listen_id,
-                        t.event,
-                        t.status,
-                        NO_PARAM,
-                        t.token,
-                    )));
-                };
-                if matches!(t.event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
-                    if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, &p) {
-                        return Ok(Some(ev));
-                    }
-                }
-                if t.event == CmEventType::Established {
-                    if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
-                        let ev = cm_core::backend::cm_event(
-                            t.id,
-                            t.listen_id,
-                            t.event,
-                            t.status,
-                            p.conn_param(),
-                            t.token,
-                        );
-                        return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
-                    }
-                }
-                return Ok(Some(cm_core::backend::cm_event(
-                    t.id,
-                    t.listen_id,
-                    t.event,
-                    t.status,
-                    p.conn_param(),
-                    t.token,
-                )));
+            if let Some(t) = self.pop_event(r, true) {
+                return self.event_of(t);
             }
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
             if !self.run_until(deadline, &has_event) {
                 return Ok(None);
             }
         }
+    }
+
+    /// `get_cm_event` without waiting, `read`, and the ack, in one: the event never enters the
+    /// table of outstanding events (nobody can hold it past `read`), and is built once, where
+    /// `read` looks at it, instead of being copied out to the caller and back into the ack.
+    pub(crate) fn take_cm_event<T>(
+        &mut self,
+        host: u16,
+        ch: ChannelHandle,
+        read: impl FnOnce(&CmEvent) -> T,
+    ) -> R<Option<T>> {
+        let r = self.channel_ref(host, ch, Call::GetCmEvent)?;
+        let deadline = self.deadline(Duration::ZERO);
+        loop {
+            if let Some(t) = self.pop_event(r, false) {
+                let (counted, kept) = (t.counted, t.kept);
+                let built = self.event_of(t);
+                let Ok(Some(event)) = &built else {
+                    unreachable!("event_of always builds an event");
+                };
+                let out = read(event);
+                match built {
+                    Ok(Some(event)) if kept => self.ack_cm_event(host, event)?,
+                    _ => self.ack_counted(host, counted)?,
+                }
+                return Ok(Some(out));
+            }
+            let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
+            if !self.run_until(deadline, &has_event) {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The event `t` stands for, with its parameters, as `get_cm_event` returns it (always
+    /// `Ok(Some(_))`). Built in what is returned, one return per kind of parameters: an event is
+    /// over 300 bytes and every copy of it showed in profiles (built in a `CmEvent` and then
+    /// wrapped, it was copied once more).
+    #[inline(always)]
+    fn event_of(&mut self, t: Taken) -> R<Option<CmEvent>> {
+        let Some(p) = self.take_payload(t.payload) else {
+            return Ok(Some(cm_core::backend::cm_event(
+                t.id,
+                t.listen_id,
+                t.event,
+                t.status,
+                NO_PARAM,
+                t.token,
+            )));
+        };
+        if matches!(t.event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
+            if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, &p) {
+                return Ok(Some(ev));
+            }
+        }
+        if t.event == CmEventType::Established {
+            if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
+                let ev =
+                    cm_core::backend::cm_event(t.id, t.listen_id, t.event, t.status, p.conn_param(), t.token);
+                return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
+            }
+        }
+        Ok(Some(cm_core::backend::cm_event(
+            t.id,
+            t.listen_id,
+            t.event,
+            t.status,
+            p.conn_param(),
+            t.token,
+        )))
     }
 
     pub(crate) fn ack_cm_event(&mut self, host: u16, event: CmEvent) -> R<()> {
@@ -535,6 +568,16 @@ impl Fabric {
         ) {
             self.on_multicast_acked(event.token());
         }
+        self.hosts[host as usize].counts.unacked -= 1;
+        Ok(())
+    }
+
+    /// The ack of an event `take_cm_event` handed out without a token: `ack_cm_event`'s steps
+    /// but the table's (the id's machine, the host's count).
+    #[inline]
+    fn ack_counted(&mut self, host: u16, counted: SlotRef) -> R<()> {
+        let slot = self.slot(counted);
+        slot.m = slot.m.on_ack()?;
         self.hosts[host as usize].counts.unacked -= 1;
         Ok(())
     }

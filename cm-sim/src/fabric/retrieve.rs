@@ -3,7 +3,12 @@
 use super::*;
 
 impl Fabric {
-    pub(super) fn pop_event(&mut self, ch: SlotRef) -> Option<Taken> {
+    /// The next event of channel `ch`, retrieved. With `keep` false the caller acks it before
+    /// anyone can hold it (`take_cm_event`): it gets no token unless its kind needs one later.
+    // Inlined into both retrievals, as it was into the one there was: out of line, the
+    // `Taken` it returns and the slab lookups around it cost the raw lifecycle 3 % more.
+    #[inline(always)]
+    pub(super) fn pop_event(&mut self, ch: SlotRef, keep: bool) -> Option<Taken> {
         loop {
             let q = self.channels.get_mut(ch)?.queue.pop_front()?;
             let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
@@ -15,7 +20,7 @@ impl Fabric {
             let host = self.slot(q.id).host;
             self.slot(q.id).queued -= 1;
             self.hosts[host as usize].counts.queued -= 1;
-            match self.retrieve(q) {
+            match self.retrieve(q, keep) {
                 Some(ev) => {
                     self.hosts[host as usize].counts.unacked += 1;
                     return Some(ev);
@@ -28,8 +33,10 @@ impl Fabric {
     }
 
     /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it
-    /// (its payload is then still in the pool, for the caller to drop).
-    pub(super) fn retrieve(&mut self, q: Queued) -> Option<Taken> {
+    /// (its payload is then still in the pool, for the caller to drop). `keep`: see
+    /// [`pop_event`](Self::pop_event).
+    #[inline(always)]
+    pub(super) fn retrieve(&mut self, q: Queued, keep: bool) -> Option<Taken> {
         let mut event = q.event;
         let mut status = q.status;
         let mut listen_id = None;
@@ -78,18 +85,25 @@ impl Fabric {
         });
         self.set_machine(counted, next);
         let id = self.id_handle(q.id);
-        let host = self.slot(counted).host;
-        let key = self.hosts[host as usize].token_key;
-        let token = token_of(
-            self.outstanding.insert(Outstanding {
-                host,
-                counted,
-                id,
-                event,
-            }),
-            key,
-        );
-        if matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
+        let multicast = matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError);
+        // A multicast event's token names its join until it is acked, whoever acks it.
+        let kept = keep || multicast;
+        let token = if kept {
+            let host = self.slot(counted).host;
+            let key = self.hosts[host as usize].token_key;
+            token_of(
+                self.outstanding.insert(Outstanding {
+                    host,
+                    counted,
+                    id,
+                    event,
+                }),
+                key,
+            )
+        } else {
+            0
+        };
+        if multicast {
             let group = self.payloads.get(q.payload).and_then(|p| p.dst.get());
             self.on_multicast_retrieved(q.id, event, group, token);
         }
@@ -100,6 +114,8 @@ impl Fabric {
             status,
             payload: q.payload,
             token,
+            counted,
+            kept,
         })
     }
 

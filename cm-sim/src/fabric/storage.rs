@@ -134,6 +134,11 @@ pub(super) struct Taken {
     /// none, and moving an `Option<Payload>` through retrieval cost every event its copies.
     pub(super) payload: u32,
     pub(super) token: u64,
+    /// The id whose machine counts the event unacked (the listener's, for a request).
+    pub(super) counted: SlotRef,
+    /// Whether the event is in the table of outstanding events under `token`: always, but for
+    /// one taken by `take_cm_event` (acked before anyone can hold it) that needs no token.
+    pub(super) kept: bool,
 }
 
 #[derive(Default, Clone, Copy)]
