@@ -122,32 +122,40 @@ impl<A> RadixHeap<A> {
         }
         if self.zero.is_empty() {
             let (time, _) = self.peek()?;
-            let b = self.first_filled()?;
-            self.last = time;
-            self.min = None;
-            if self.buckets[b].len() == 1 {
-                // The usual case with few entries: the one entry is the earliest, and entries
-                // in higher buckets differ from the new `last` where they differed from the old.
-                self.filled &= !(1 << b);
-                return self.buckets[b].pop();
-            }
-            self.filled &= !(1 << b);
-            // Every entry of bucket `b` shares the bits above `b` with the new `last`, so each
-            // lands in a lower bucket, or at `last`.
-            let mut moving = std::mem::take(&mut self.buckets[b]);
-            for e in moving.drain(..) {
-                if e.time == time {
-                    self.zero.push_back(e);
-                } else {
-                    let to = Self::bucket(time, e.time);
-                    self.filled |= 1 << to;
-                    self.buckets[to].push(e);
-                }
-            }
-            // The bucket keeps its allocation: it fills up again soon.
-            self.buckets[b] = moving;
-            self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
+            return self.pop_buckets(time);
         }
+        self.zero.pop_front()
+    }
+
+    /// [`pop`](Self::pop) when `late` and `zero` are empty and `time` is the earliest time in
+    /// the buckets (what `peek` gave, nothing pushed or popped since).
+    #[inline(always)]
+    fn pop_buckets(&mut self, time: u64) -> Option<Entry<A>> {
+        let b = self.first_filled()?;
+        self.last = time;
+        self.min = None;
+        if self.buckets[b].len() == 1 {
+            // The usual case with few entries: the one entry is the earliest, and entries
+            // in higher buckets differ from the new `last` where they differed from the old.
+            self.filled &= !(1 << b);
+            return self.buckets[b].pop();
+        }
+        self.filled &= !(1 << b);
+        // Every entry of bucket `b` shares the bits above `b` with the new `last`, so each
+        // lands in a lower bucket, or at `last`.
+        let mut moving = std::mem::take(&mut self.buckets[b]);
+        for e in moving.drain(..) {
+            if e.time == time {
+                self.zero.push_back(e);
+            } else {
+                let to = Self::bucket(time, e.time);
+                self.filled |= 1 << to;
+                self.buckets[to].push(e);
+            }
+        }
+        // The bucket keeps its allocation: it fills up again soon.
+        self.buckets[b] = moving;
+        self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
         self.zero.pop_front()
     }
 
@@ -240,6 +248,8 @@ impl<A> Queue<A> {
     /// Takes out the entry `peek_earliest` found; nothing may have been pushed or popped since.
     pub(crate) fn pop_earliest(&mut self, at: Earliest) -> Option<(u64, A)> {
         let entry = match at.lane {
+            // The search `peek_earliest` made need not be made again.
+            None if self.heap.late.is_empty() && self.heap.zero.is_empty() => self.heap.pop_buckets(at.time),
             None => self.heap.pop(),
             Some(n) => self.fifos[n].pop_front(),
         }?;
