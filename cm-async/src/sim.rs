@@ -128,7 +128,8 @@ enum TaskName {
 struct Task {
     host: usize,
     name: TaskName,
-    fut: BoxFuture<()>,
+    /// `None` only while the task is being polled.
+    fut: Option<BoxFuture<()>>,
 }
 
 struct TaskWaker {
@@ -369,7 +370,11 @@ impl Core {
             }
             wakers[id].wake_by_ref();
         }
-        let task = Task { host, name, fut };
+        let task = Task {
+            host,
+            name,
+            fut: Some(fut),
+        };
         if id == tasks.len() {
             tasks.push(Some(task));
         } else {
@@ -838,16 +843,17 @@ impl<T: 'static> Executor<T> {
 
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        // The future leaves its slot while it runs (a placeholder that allocates nothing
-        // stands in), so that the tasks are not borrowed during the poll: what it spawns takes
-        // other slots. The slot's waker is lent from the executor's copy of the wakers.
+        // The future leaves its slot while it runs (`None` stands in: nothing to drop when it
+        // comes back, where a placeholder future had to be dropped through its vtable), so that
+        // the tasks are not borrowed during the poll: what it spawns takes other slots. The
+        // slot's waker is lent from the executor's copy of the wakers.
         let fut = self
             .core
             .tasks
             .borrow_mut()
             .get_mut(id)
             .and_then(Option::as_mut)
-            .map(|t| std::mem::replace(&mut t.fut, Box::pin(std::future::pending())));
+            .and_then(|t| t.fut.take());
         let Some(mut fut) = fut else {
             return Ok(());
         };
@@ -855,7 +861,7 @@ impl<T: 'static> Executor<T> {
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) => {
                 if let Some(t) = self.core.tasks.borrow_mut()[id].as_mut() {
-                    t.fut = fut;
+                    t.fut = Some(fut);
                 }
                 Ok(())
             }
