@@ -110,6 +110,7 @@ impl SimFabric {
     /// assert!(h.try_get_cm_event(ch)?.is_some());
     /// # Ok::<(), cm_core::CmError>(())
     /// ```
+    #[inline]
     pub fn step(&self, wake_at: Option<SimTime>, limit: SimTime) -> Step {
         let mut fab = self.inner().borrow_mut();
         let fab = &mut *fab;
