@@ -125,8 +125,9 @@ impl App {
                 let _ = h.ack_cm_event(ev);
                 match kind {
                     CmEventType::ConnectRequest => {
-                        if h.create_qp(id, QpCaps::new()).is_err() || h.accept(id, &ConnParam::new()).is_err()
-                        {
+                        let accepted =
+                            h.create_qp(id, QpCaps::new()).is_ok() && h.accept(id, &ConnParam::new()).is_ok();
+                        if !accepted {
                             let _ = h.destroy_qp(id);
                             let _ = h.destroy_id(id);
                         }
