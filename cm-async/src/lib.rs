@@ -96,7 +96,8 @@
 //! ([`may_have_event`](cm_sim::SimFabric::may_have_event)), and the CQs a task waits on that
 //! have a completion ([`may_have_completion`](cm_sim::SimFabric::may_have_completion)). When
 //! that wakes nobody it moves virtual time to the earlier of the fabric's next scheduled action
-//! ([`SimFabric::next_deadline`](cm_sim::SimFabric::next_deadline)) and the earliest sleep.
+//! ([`SimFabric::next_deadline`](cm_sim::SimFabric::next_deadline)) and the earliest sleep, in
+//! one call ([`SimFabric::step`](cm_sim::SimFabric::step)).
 //! Nothing scheduled and no sleep: a deadlock, reported with the waiting tasks and the seed. A
 //! panic or a passed virtual deadline fails the run the same way, with the trace file's path.
 #![deny(missing_docs)]

@@ -18,7 +18,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use cm_core::ChannelHandle;
-use cm_sim::{SimFabric, SimHost, SimTime};
+use cm_sim::{SimFabric, SimHost, SimTime, Step};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -128,7 +128,8 @@ enum TaskName {
 struct Task {
     host: usize,
     name: TaskName,
-    fut: BoxFuture<()>,
+    /// `None` only while the task is being polled.
+    fut: Option<BoxFuture<()>>,
 }
 
 struct TaskWaker {
@@ -369,7 +370,11 @@ impl Core {
             }
             wakers[id].wake_by_ref();
         }
-        let task = Task { host, name, fut };
+        let task = Task {
+            host,
+            name,
+            fut: Some(fut),
+        };
         if id == tasks.len() {
             tasks.push(Some(task));
         } else {
@@ -838,16 +843,17 @@ impl<T: 'static> Executor<T> {
 
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        // The future leaves its slot while it runs (a placeholder that allocates nothing
-        // stands in), so that the tasks are not borrowed during the poll: what it spawns takes
-        // other slots. The slot's waker is lent from the executor's copy of the wakers.
+        // The future leaves its slot while it runs (`None` stands in: nothing to drop when it
+        // comes back, where a placeholder future had to be dropped through its vtable), so that
+        // the tasks are not borrowed during the poll: what it spawns takes other slots. The
+        // slot's waker is lent from the executor's copy of the wakers.
         let fut = self
             .core
             .tasks
             .borrow_mut()
             .get_mut(id)
             .and_then(Option::as_mut)
-            .map(|t| std::mem::replace(&mut t.fut, Box::pin(std::future::pending())));
+            .and_then(|t| t.fut.take());
         let Some(mut fut) = fut else {
             return Ok(());
         };
@@ -855,7 +861,7 @@ impl<T: 'static> Executor<T> {
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
             Ok(Poll::Pending) => {
                 if let Some(t) = self.core.tasks.borrow_mut()[id].as_mut() {
-                    t.fut = fut;
+                    t.fut = Some(fut);
                 }
                 Ok(())
             }
@@ -970,23 +976,28 @@ impl<T: 'static> Executor<T> {
                 continue;
             }
             let timer = self.core.timers.borrow_mut().earliest();
-            let fabric_next = self.core.fabric.next_deadline().map(SimTime::as_nanos);
-            let next = match (fabric_next, timer) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(t), None) | (None, Some(t)) => t,
-                (None, None) => {
-                    let at = self.core.fabric.now();
-                    let waiting = self.waiting();
-                    return Err(self.fail(FailureKind::Deadlock { at, waiting }));
-                }
-            };
-            if next > self.deadline {
-                let waiting = self.waiting();
-                let deadline = SimTime::from_nanos(self.deadline);
-                return Err(self.fail(FailureKind::Deadline { deadline, waiting }));
-            }
-            self.core.fabric.advance_to(SimTime::from_nanos(next));
-            let now = self.core.now();
+            // One call moves the fabric to the earlier of its next instant and the next timer,
+            // and tells what the executor asks after every step.
+            let limit = SimTime::from_nanos(self.deadline);
+            let (now, crashes_and_restarts) =
+                match self.core.fabric.step(timer.map(SimTime::from_nanos), limit) {
+                    Step::Moved {
+                        now,
+                        crashes_and_restarts,
+                        ..
+                    } => (now.as_nanos(), crashes_and_restarts),
+                    Step::Idle { now: at } => {
+                        let waiting = self.waiting();
+                        return Err(self.fail(FailureKind::Deadlock { at, waiting }));
+                    }
+                    Step::PastLimit { .. } => {
+                        let waiting = self.waiting();
+                        return Err(self.fail(FailureKind::Deadline {
+                            deadline: limit,
+                            waiting,
+                        }));
+                    }
+                };
             // The timers did not change since `timer` was read (no task ran): none is due
             // unless that one is.
             if timer.is_some_and(|t| t <= now) {
@@ -999,9 +1010,8 @@ impl<T: 'static> Executor<T> {
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
-            let seen = self.core.fabric.crashes_and_restarts();
-            if seen != self.crashes_seen {
-                self.crashes_seen = seen;
+            if crashes_and_restarts != self.crashes_seen {
+                self.crashes_seen = crashes_and_restarts;
                 self.force_pump = true;
                 self.reap_crashed();
                 self.start_hosts();

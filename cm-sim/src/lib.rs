@@ -90,7 +90,7 @@ mod timers;
 mod trace;
 
 pub use builder::{parse_seed, ConfigError, HostAddr, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
-pub use fabric::SimFabric;
+pub use fabric::{SimFabric, Step};
 pub use faults::{Fault, FaultAt, FaultSchedule, FaultStats, Swarm};
 pub use host::SimHost;
 pub use time::SimTime;

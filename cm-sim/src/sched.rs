@@ -111,6 +111,10 @@ impl<A> RadixHeap<A> {
         self.min
     }
 
+    // Inlined into both callers: `pop_due`, which the blocking calls' loop runs, was built with
+    // it inlined before `pop_earliest` became a second caller (out of line, it cost the raw
+    // trait's lifecycle 100 instructions more).
+    #[inline(always)]
     fn pop(&mut self) -> Option<Entry<A>> {
         if !self.late.is_empty() {
             let (i, _) = self.late.iter().enumerate().min_by_key(|(_, e)| e.key())?;
@@ -118,32 +122,40 @@ impl<A> RadixHeap<A> {
         }
         if self.zero.is_empty() {
             let (time, _) = self.peek()?;
-            let b = self.first_filled()?;
-            self.last = time;
-            self.min = None;
-            if self.buckets[b].len() == 1 {
-                // The usual case with few entries: the one entry is the earliest, and entries
-                // in higher buckets differ from the new `last` where they differed from the old.
-                self.filled &= !(1 << b);
-                return self.buckets[b].pop();
-            }
-            self.filled &= !(1 << b);
-            // Every entry of bucket `b` shares the bits above `b` with the new `last`, so each
-            // lands in a lower bucket, or at `last`.
-            let mut moving = std::mem::take(&mut self.buckets[b]);
-            for e in moving.drain(..) {
-                if e.time == time {
-                    self.zero.push_back(e);
-                } else {
-                    let to = Self::bucket(time, e.time);
-                    self.filled |= 1 << to;
-                    self.buckets[to].push(e);
-                }
-            }
-            // The bucket keeps its allocation: it fills up again soon.
-            self.buckets[b] = moving;
-            self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
+            return self.pop_buckets(time);
         }
+        self.zero.pop_front()
+    }
+
+    /// [`pop`](Self::pop) when `late` and `zero` are empty and `time` is the earliest time in
+    /// the buckets (what `peek` gave, nothing pushed or popped since).
+    #[inline(always)]
+    fn pop_buckets(&mut self, time: u64) -> Option<Entry<A>> {
+        let b = self.first_filled()?;
+        self.last = time;
+        self.min = None;
+        if self.buckets[b].len() == 1 {
+            // The usual case with few entries: the one entry is the earliest, and entries
+            // in higher buckets differ from the new `last` where they differed from the old.
+            self.filled &= !(1 << b);
+            return self.buckets[b].pop();
+        }
+        self.filled &= !(1 << b);
+        // Every entry of bucket `b` shares the bits above `b` with the new `last`, so each
+        // lands in a lower bucket, or at `last`.
+        let mut moving = std::mem::take(&mut self.buckets[b]);
+        for e in moving.drain(..) {
+            if e.time == time {
+                self.zero.push_back(e);
+            } else {
+                let to = Self::bucket(time, e.time);
+                self.filled |= 1 << to;
+                self.buckets[to].push(e);
+            }
+        }
+        // The bucket keeps its allocation: it fills up again soon.
+        self.buckets[b] = moving;
+        self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
         self.zero.pop_front()
     }
 
@@ -162,6 +174,13 @@ impl<A> RadixHeap<A> {
         }
         self.min = None;
     }
+}
+
+/// The earliest entry of a [`Queue`]: its time, and its lane (`None`: the heap).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Earliest {
+    pub(crate) time: u64,
+    lane: Option<usize>,
 }
 
 pub(crate) struct Queue<A> {
@@ -218,6 +237,39 @@ impl<A> Queue<A> {
             (_, Some(n)) => self.fifos[n].pop_front(),
         }?;
         Some((entry.time, entry.action))
+    }
+
+    /// The earliest entry's time and where it is, for [`pop_earliest`](Queue::pop_earliest):
+    /// an executor's step needs the time first, then, usually, the entry.
+    pub(crate) fn peek_earliest(&mut self) -> Option<Earliest> {
+        self.earliest().map(|((time, _), lane)| Earliest { time, lane })
+    }
+
+    /// Takes out the entry `peek_earliest` found; nothing may have been pushed or popped since.
+    pub(crate) fn pop_earliest(&mut self, at: Earliest) -> Option<(u64, A)> {
+        let entry = match at.lane {
+            // The search `peek_earliest` made need not be made again.
+            None if self.heap.late.is_empty() && self.heap.zero.is_empty() => self.heap.pop_buckets(at.time),
+            None => self.heap.pop(),
+            Some(n) => self.fifos[n].pop_front(),
+        }?;
+        Some((entry.time, entry.action))
+    }
+
+    /// Whether it is known without a search that nothing queued is due by `deadline`: true
+    /// when the heap last popped at `deadline` or later and holds nothing at or before that
+    /// time (what its buckets hold is later), and no FIFO lane starts by `deadline`. False
+    /// says nothing: [`pop_due`](Queue::pop_due) answers then. After a step's one action at
+    /// the heap's earliest time (nearly every step), this spares the search for the earliest
+    /// entry that the next step makes anyway.
+    pub(crate) fn surely_none_due_by(&self, deadline: u64) -> bool {
+        self.heap.last >= deadline
+            && self.heap.late.is_empty()
+            && self.heap.zero.is_empty()
+            && self
+                .fifos
+                .iter()
+                .all(|f| f.front().is_none_or(|e| e.time > deadline))
     }
 
     /// The time of the earliest entry, if any.

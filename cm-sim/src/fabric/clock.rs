@@ -152,6 +152,20 @@ impl Fabric {
         }
     }
 
+    /// [`run_until`](Fabric::run_until) with nothing to stop it early, without asking a
+    /// predicate after each action.
+    pub(super) fn run_to(&mut self, deadline: SimTime) {
+        while let Some((time, action)) = self.sched.pop_due(deadline.as_nanos()) {
+            self.now = self.now.max(SimTime::from_nanos(time));
+            self.dispatch(action);
+        }
+        self.now = self.now.max(if deadline == SimTime::NEVER {
+            self.removed_until
+        } else {
+            deadline
+        });
+    }
+
     pub(super) fn deadline(&self, timeout: Duration) -> SimTime {
         self.now + timeout
     }

@@ -58,6 +58,7 @@ mod wire;
 use self::clock::*;
 pub use self::handle::SimFabric;
 use self::storage::*;
+pub use self::time_control::Step;
 use self::wire::*;
 
 /// Parameters of events that carry none.

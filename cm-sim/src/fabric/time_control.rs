@@ -10,6 +10,31 @@ use cm_core::{Call, ChannelHandle, IdHandle};
 use super::SimFabric;
 use crate::time::SimTime;
 
+/// Where [`SimFabric::step`] left the fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Everything due by `now`, the next instant, ran, and the clock is there.
+    Moved {
+        /// The time reached.
+        now: SimTime,
+        /// [`SimFabric::events_queued`] after the step.
+        events_queued: u64,
+        /// [`SimFabric::crashes_and_restarts`] after the step.
+        crashes_and_restarts: (u64, u64),
+    },
+    /// Nothing is scheduled and no wake-up time was given: nothing can ever happen. The clock
+    /// stayed at `now`.
+    Idle {
+        /// The current time.
+        now: SimTime,
+    },
+    /// The next instant, `next`, is after the limit: nothing ran and the clock did not move.
+    PastLimit {
+        /// The next instant.
+        next: SimTime,
+    },
+}
+
 impl SimFabric {
     /// When the fabric next has something scheduled (a message arriving, a timer, a fault), or
     /// `None` when nothing is. A cancelled timer may still be counted: the answer is never
@@ -44,6 +69,84 @@ impl SimFabric {
         let mut fab = self.inner().borrow_mut();
         let deadline = t.max(fab.now);
         fab.run_until(deadline, &|_| false);
+    }
+
+    /// Moves the fabric to its next instant and reports where it got, in one call: the step an
+    /// async executor takes when every task waits.
+    ///
+    /// The next instant is the earlier of the fabric's next scheduled action
+    /// ([`next_deadline`](SimFabric::next_deadline)) and `wake_at` (the executor's own next
+    /// timer, if it has one). When that is after `limit`, nothing runs and the answer is
+    /// [`Step::PastLimit`]; when there is none, nothing runs and the answer is [`Step::Idle`].
+    /// Otherwise everything due by then runs and the clock moves there, exactly as
+    /// [`advance_to`](SimFabric::advance_to) would, and [`Step::Moved`] gives the new time, the
+    /// count of [`events_queued`](SimFabric::events_queued) and the
+    /// [`crashes_and_restarts`](SimFabric::crashes_and_restarts), so that the executor need
+    /// not ask for each again. The same run and trace as those calls one after the other.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_core::{CmBackend, PortSpace};
+    /// use cm_sim::{SimTime, Step};
+    /// let fabric = cm_sim::SimFabric::builder().seed(1).host("10.0.0.1").build();
+    /// let never = SimTime::from_nanos(u64::MAX);
+    /// assert_eq!(fabric.step(None, never), Step::Idle { now: fabric.now() });
+    /// let mut h = fabric.host(0);
+    /// let ch = h.create_event_channel()?;
+    /// let id = h.create_id(ch, PortSpace::Tcp)?;
+    /// h.resolve_addr(id, None, "10.0.0.1:1".parse().unwrap(), Duration::from_secs(1))?;
+    /// let next = fabric.next_deadline().expect("ADDR_RESOLVED is scheduled");
+    /// // The executor's own timer comes first: only the clock moves.
+    /// let early = SimTime::from_nanos(1);
+    /// assert!(matches!(fabric.step(Some(early), never), Step::Moved { now, events_queued: 0, .. } if now == early));
+    /// // A limit before the next instant: nothing runs.
+    /// assert_eq!(fabric.step(None, early), Step::PastLimit { next });
+    /// match fabric.step(None, never) {
+    ///     Step::Moved { now, events_queued, crashes_and_restarts } => {
+    ///         assert_eq!((now, events_queued, crashes_and_restarts), (next, 1, (0, 0)));
+    ///     }
+    ///     other => panic!("ADDR_RESOLVED was due: {other:?}"),
+    /// }
+    /// assert!(h.try_get_cm_event(ch)?.is_some());
+    /// # Ok::<(), cm_core::CmError>(())
+    /// ```
+    #[inline]
+    pub fn step(&self, wake_at: Option<SimTime>, limit: SimTime) -> Step {
+        let mut fab = self.inner().borrow_mut();
+        let fab = &mut *fab;
+        let first = fab.sched.peek_earliest();
+        let next = match (first.map(|e| e.time), wake_at.map(SimTime::as_nanos)) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(t), None) | (None, Some(t)) => t,
+            (None, None) => return Step::Idle { now: fab.now },
+        };
+        let next = SimTime::from_nanos(next);
+        if next > limit {
+            return Step::PastLimit { next };
+        }
+        let deadline = next.max(fab.now);
+        // What `advance_to` runs, less the searches for the earliest entry that are known
+        // already: the first entry is the one just found, and after it, when it was the only
+        // one at its time, the queue can tell that nothing else is due without a search.
+        match first {
+            Some(e) if e.time <= deadline.as_nanos() => {
+                if let Some((time, action)) = fab.sched.pop_earliest(e) {
+                    fab.now = fab.now.max(SimTime::from_nanos(time));
+                    fab.dispatch(action);
+                }
+                if deadline != SimTime::NEVER && fab.sched.surely_none_due_by(deadline.as_nanos()) {
+                    fab.now = fab.now.max(deadline);
+                } else {
+                    fab.run_to(deadline);
+                }
+            }
+            _ => fab.run_to(deadline),
+        }
+        Step::Moved {
+            now: fab.now,
+            events_queued: fab.events_queued,
+            crashes_and_restarts: (fab.stats.crashes, fab.stats.restarts),
+        }
     }
 
     /// Time from the start of the run to now, for executors that hand out `Duration`s.
