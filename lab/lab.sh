@@ -69,7 +69,7 @@ PROJECT_BINS=(
   # cma_iboe_join_multicast answers an IPv6 group with ENOTSUPP, 524, measured on rxe), and an
   # IPv6 id joined to an IPv4 group gets none of its datagrams.
   "hw-test-ipv6|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture --skip multicast::|CM_HW_ADDR=@ADDR6 CM_HW_UNREACHABLE_ADDR=fd00::fe"
-  "hw-bench|criterion|300|bench --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 --sample-size 10 hw"
+  "hw-bench|criterion|300|bench --profile release --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 --sample-size 10 hw"
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
