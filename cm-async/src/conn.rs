@@ -436,8 +436,8 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             }
             let mut st = sh.st.borrow_mut();
             st.poll_cq_into_box(id);
-            if let Some(bx) = st.mailbox(id) {
-                for wc in bx.cq.drain(..) {
+            if let Some(cq) = st.mailbox(id).and_then(|bx| bx.cq()) {
+                for wc in cq.drain(..) {
                     self.posted.set(self.posted.get().saturating_sub(1));
                     match (wc.opcode, wc.status) {
                         (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
@@ -496,7 +496,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             let cq = self.posted.get() > 0;
             let mut found = None;
             if let (Some(bx), failed) = st.mailbox_and_failed(id) {
-                found = pick(&mut bx.cq);
+                found = bx.cq().and_then(&mut pick);
                 while found.is_none() {
                     let Some(ev) = bx.pop_event() else { break };
                     if !ignorable(ev.ty) && self.ended.get().is_none() {
@@ -513,7 +513,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             if found.is_none() && cq && (self.ended.get().is_some() || st.failed.is_some()) {
                 // What the CQ already holds came before the end.
                 st.poll_cq_into_box(id);
-                found = st.mailbox(id).and_then(|bx| pick(&mut bx.cq));
+                found = st.mailbox(id).and_then(|bx| bx.cq()).and_then(&mut pick);
             }
             if let Some(wc) = found {
                 self.posted.set(self.posted.get().saturating_sub(1));

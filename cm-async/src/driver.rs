@@ -22,36 +22,60 @@ pub(crate) struct EventInfo {
 }
 
 /// Events and completions of one id that its owner has not taken yet.
+///
+/// What nearly every id needs (one event at a time, one waiting task) is inline; the rest is
+/// in [`Rare`], allocated for the ids that need it. A mailbox is moved when it is made and when
+/// it is removed (and when another's removal fills its place): at 80 bytes, with its id in the
+/// table, those moves are a few vector stores, where the 176 bytes it had with its queues inline
+/// were a call to `memcpy` each (six per lifecycle).
 #[derive(Default)]
 pub(crate) struct Mailbox {
     /// The oldest event not taken, kept inline: an id rarely has two waiting, and a queue
     /// would allocate for the first.
     first: Option<EventInfo>,
-    /// The events after `first`, oldest first.
-    later: VecDeque<EventInfo>,
-    pub(crate) cq: VecDeque<WorkCompletion>,
     /// The waker of the last task that waited on the id, kept after it is woken: the same task
     /// nearly always waits again, and re-arming it then costs no reference count.
     waker: Option<Waker>,
     /// Whether `waker`'s task waits now (it is woken once per wait).
     armed: bool,
+    rare: Option<Box<Rare>>,
+}
+
+/// What few mailboxes need: a second event waiting, completions, a second waiting task.
+#[derive(Default)]
+struct Rare {
+    /// The events after `first`, oldest first.
+    later: VecDeque<EventInfo>,
+    cq: VecDeque<WorkCompletion>,
     /// Other tasks waiting on the same id (a `send` and a `recv` at once).
     more: Vec<Waker>,
 }
 
 impl Mailbox {
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
     #[inline]
     fn push_event(&mut self, ev: EventInfo) {
-        if self.first.is_none() && self.later.is_empty() {
+        if self.first.is_none() && self.rare.as_ref().is_none_or(|r| r.later.is_empty()) {
             self.first = Some(ev);
         } else {
-            self.later.push_back(ev);
+            self.rare().later.push_back(ev);
         }
     }
 
     #[inline]
     pub(crate) fn pop_event(&mut self) -> Option<EventInfo> {
-        self.first.take().or_else(|| self.later.pop_front())
+        self.first
+            .take()
+            .or_else(|| self.rare.as_mut()?.later.pop_front())
+    }
+
+    /// The completions taken from the CQ and not yet picked; `None` when there never were any.
+    #[inline]
+    pub(crate) fn cq(&mut self) -> Option<&mut VecDeque<WorkCompletion>> {
+        self.rare.as_mut().map(|r| &mut r.cq)
     }
 
     #[inline]
@@ -61,8 +85,8 @@ impl Mailbox {
                 w.wake_by_ref();
             }
         }
-        if !self.more.is_empty() {
-            for w in self.more.drain(..) {
+        if let Some(r) = &mut self.rare {
+            for w in r.more.drain(..) {
                 w.wake();
             }
         }
@@ -76,8 +100,17 @@ impl Mailbox {
                 self.waker = Some(waker.clone());
                 self.armed = true;
             }
-            _ if self.more.iter().any(|w| w.will_wake(waker)) => {}
-            _ => self.more.push(waker.clone()),
+            _ => self.add_other_waker(waker),
+        }
+    }
+
+    /// A second task waiting on the id at once.
+    #[cold]
+    #[inline(never)]
+    fn add_other_waker(&mut self, waker: &Waker) {
+        let more = &mut self.rare().more;
+        if !more.iter().any(|w| w.will_wake(waker)) {
+            more.push(waker.clone());
         }
     }
 }
@@ -469,7 +502,7 @@ impl<B: CmBackend> State<B> {
             let Some(bx) = self.boxes.get_mut(&id) else {
                 return got;
             };
-            bx.cq.extend(self.scratch.drain(..));
+            bx.rare().cq.extend(self.scratch.drain(..));
         }
     }
 
@@ -603,6 +636,12 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(left, want);
+    }
+
+    #[test]
+    fn a_mailbox_with_its_id_is_small_enough_to_move_without_a_memcpy_call() {
+        // Mailboxes move when made and removed; past 128 bytes each move is a call to `memcpy`.
+        assert!(std::mem::size_of::<(IdHandle, Mailbox)>() <= 96);
     }
 
     #[test]
