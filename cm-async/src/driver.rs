@@ -25,14 +25,18 @@ pub(crate) struct EventInfo {
 ///
 /// What nearly every id needs (one event at a time, one waiting task) is inline; the rest is
 /// in [`Rare`], allocated for the ids that need it. A mailbox is moved when it is made and when
-/// it is removed (and when another's removal fills its place): at 80 bytes, with its id in the
-/// table, those moves are a few vector stores, where the 176 bytes it had with its queues inline
+/// it is removed (and when another's removal fills its place): at 120 bytes with its id in the
+/// table (at most 128), those moves are a few vector stores, where the 176 bytes it had with its queues inline
 /// were a call to `memcpy` each (six per lifecycle).
 #[derive(Default)]
 pub(crate) struct Mailbox {
     /// The oldest event not taken, kept inline: an id rarely has two waiting, and a queue
     /// would allocate for the first.
     first: Option<EventInfo>,
+    /// The event after `first` when it has no private data, kept inline too: a passive
+    /// side's `ESTABLISHED` is still waiting when its `DISCONNECTED` comes, and queueing the
+    /// second cost an allocation per connection.
+    second: Option<BareEvent>,
     /// The waker of the last task that waited on the id, kept after it is woken: the same task
     /// nearly always waits again, and re-arming it then costs no reference count.
     waker: Option<Waker>,
@@ -41,10 +45,18 @@ pub(crate) struct Mailbox {
     rare: Option<Box<Rare>>,
 }
 
-/// What few mailboxes need: a second event waiting, completions, a second waiting task.
+/// An event without private data.
+#[derive(Debug)]
+struct BareEvent {
+    ty: CmEventType,
+    status: i32,
+    id: IdHandle,
+}
+
+/// What few mailboxes need: a third event waiting (or a second with private data), completions, a second waiting task.
 #[derive(Default)]
 struct Rare {
-    /// The events after `first`, oldest first.
+    /// The events after `first` and `second`, oldest first.
     later: VecDeque<EventInfo>,
     cq: VecDeque<WorkCompletion>,
     /// Other tasks waiting on the same id (a `send` and a `recv` at once).
@@ -58,8 +70,17 @@ impl Mailbox {
 
     #[inline]
     fn push_event(&mut self, ev: EventInfo) {
-        if self.first.is_none() && self.rare.as_ref().is_none_or(|r| r.later.is_empty()) {
+        // Each place is used only while the ones after it are empty, so that events come out
+        // in the order they came.
+        let later_empty = self.rare.as_ref().is_none_or(|r| r.later.is_empty());
+        if self.first.is_none() && self.second.is_none() && later_empty {
             self.first = Some(ev);
+        } else if self.second.is_none() && later_empty && ev.private_data.is_empty() {
+            self.second = Some(BareEvent {
+                ty: ev.ty,
+                status: ev.status,
+                id: ev.id,
+            });
         } else {
             self.rare().later.push_back(ev);
         }
@@ -67,9 +88,18 @@ impl Mailbox {
 
     #[inline]
     pub(crate) fn pop_event(&mut self) -> Option<EventInfo> {
-        self.first
-            .take()
-            .or_else(|| self.rare.as_mut()?.later.pop_front())
+        if let Some(ev) = self.first.take() {
+            return Some(ev);
+        }
+        if let Some(BareEvent { ty, status, id }) = self.second.take() {
+            return Some(EventInfo {
+                ty,
+                status,
+                id,
+                private_data: Vec::new(),
+            });
+        }
+        self.rare.as_mut()?.later.pop_front()
     }
 
     /// The completions taken from the CQ and not yet picked; `None` when there never were any.
@@ -641,7 +671,7 @@ mod tests {
     #[test]
     fn a_mailbox_with_its_id_is_small_enough_to_move_without_a_memcpy_call() {
         // Mailboxes move when made and removed; past 128 bytes each move is a call to `memcpy`.
-        assert!(std::mem::size_of::<(IdHandle, Mailbox)>() <= 96);
+        assert!(std::mem::size_of::<(IdHandle, Mailbox)>() <= 128);
     }
 
     #[test]
@@ -657,6 +687,19 @@ mod tests {
         bx.push_event(info(5));
         assert_eq!(bx.pop_event().map(|e| e.status), Some(5));
         assert!(bx.pop_event().is_none());
+        // With private data an event skips the inline place for bare ones, and the bare events
+        // after it queue behind it.
+        let with_data = |status| EventInfo {
+            private_data: vec![status as u8],
+            ..info(status)
+        };
+        bx.push_event(info(6));
+        bx.push_event(with_data(7));
+        bx.push_event(info(8));
+        bx.push_event(with_data(9));
+        let order: Vec<(i32, Vec<u8>)> =
+            std::iter::from_fn(|| bx.pop_event().map(|e| (e.status, e.private_data))).collect();
+        assert_eq!(order, vec![(6, vec![]), (7, vec![7]), (8, vec![]), (9, vec![9])]);
     }
 
     #[test]
