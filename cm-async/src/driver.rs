@@ -187,13 +187,21 @@ impl Boxes {
         (p != 0 && self.dense[p - 1].0 == id).then(|| p - 1)
     }
 
-    #[inline]
+    #[inline(always)]
     fn get_mut(&mut self, id: &IdHandle) -> Option<&mut Mailbox> {
         match self.position(*id) {
             Some(p) => Some(&mut self.dense[p].1),
             None if self.far.is_empty() => None,
-            None => self.far.get_mut(id),
+            None => self.far_mut(id),
         }
+    }
+
+    /// Kept out of line: hashing is the rare way to a mailbox, and inlined into every lookup
+    /// it made each a call.
+    #[cold]
+    #[inline(never)]
+    fn far_mut(&mut self, id: &IdHandle) -> Option<&mut Mailbox> {
+        self.far.get_mut(id)
     }
 
     /// `id`'s mailbox, made empty when it has none.
