@@ -3,8 +3,7 @@
 //! task waits.
 
 use std::cell::{Cell, RefCell};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -193,12 +192,18 @@ impl Wake for TaskWaker {
 /// The sleeps armed, earliest first by (time, arming order).
 ///
 /// Nearly every timer is a bound that is cancelled long before it fires (`connect` and
-/// `disconnect` arm one each): a cancellation only empties its slot, and the heap entry,
-/// stale from then on, is dropped when it comes to the top or when stale entries outnumber the
-/// live ones. (A `BTreeMap` keyed by time allocated and freed a node for most of these.)
+/// `disconnect` arm one each): a cancellation only empties its slot, and the queue entry,
+/// stale from then on, is dropped when it comes to the front or when stale entries outnumber
+/// the live ones. (A `BTreeMap` keyed by time allocated and freed a node for most of these.)
+///
+/// The queue is kept sorted rather than a heap: a bound is armed at now plus the same duration
+/// as the one before it, so nearly every timer goes at the back, and the front's stale entries
+/// go in a step each, where a heap sifted down through its entries for each.
 #[derive(Default)]
 struct Timers {
-    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    /// `(time, sequence number, slot)` of each timer armed and not yet dropped from here, in
+    /// firing order.
+    queue: VecDeque<(u64, u64, usize)>,
     /// `slots[i]`: the sequence number, time and waker of the armed timer in slot `i`.
     slots: Vec<Option<(u64, u64, Waker)>>,
     free: Vec<usize>,
@@ -230,7 +235,14 @@ impl Timers {
             }
         };
         self.live += 1;
-        self.heap.push(Reverse((at, seq, slot)));
+        match self.queue.back() {
+            Some(&(last, _, _)) if last > at => {
+                // Among equal times the earlier armed fires first: after them.
+                let i = self.queue.partition_point(|&(t, _, _)| t <= at);
+                self.queue.insert(i, (at, seq, slot));
+            }
+            _ => self.queue.push_back((at, seq, slot)),
+        }
         if let Some(e) = &mut self.earliest {
             *e = Some(e.map_or(at, |t| t.min(at)));
         }
@@ -255,10 +267,10 @@ impl Timers {
         if self.earliest == Some(Some(at)) {
             self.earliest = None;
         }
-        if self.heap.len() > 64 && self.heap.len() > 4 * self.live {
+        if self.queue.len() > 64 && self.queue.len() > 4 * self.live {
             let slots = &self.slots;
-            self.heap
-                .retain(|Reverse((_, seq, i))| matches!(&slots[*i], Some((s, _, _)) if s == seq));
+            self.queue
+                .retain(|(_, seq, i)| matches!(&slots[*i], Some((s, _, _)) if s == seq));
         }
         Some(waker)
     }
@@ -276,13 +288,13 @@ impl Timers {
     #[inline(never)]
     fn find_earliest(&mut self) -> Option<u64> {
         let e = loop {
-            let Some(&Reverse((at, seq, slot))) = self.heap.peek() else {
+            let Some(&(at, seq, slot)) = self.queue.front() else {
                 break None;
             };
             if matches!(&self.slots[slot], Some((s, _, _)) if *s == seq) {
                 break Some(at);
             }
-            self.heap.pop();
+            self.queue.pop_front();
         };
         self.earliest = Some(e);
         e
@@ -294,8 +306,8 @@ impl Timers {
         if at > now {
             return None;
         }
-        // `earliest` left the entry of `at` on top.
-        let Reverse((_, seq, slot)) = self.heap.pop()?;
+        // `earliest` left the entry of `at` in front.
+        let (_, seq, slot) = self.queue.pop_front()?;
         self.cancel(TimerKey { slot, seq })
     }
 }
@@ -1110,14 +1122,18 @@ mod tests {
     }
 
     #[test]
-    fn cancelled_timers_do_not_pile_up_in_the_heap() {
+    fn cancelled_timers_do_not_pile_up_in_the_queue() {
         let mut t = Timers::default();
         let keep = t.arm(u64::MAX, Waker::noop().clone());
         for i in 0..10_000 {
             let k = t.arm(1_000_000 + i, Waker::noop().clone());
             t.cancel(k);
         }
-        assert!(t.heap.len() <= 65, "{} entries for one live timer", t.heap.len());
+        assert!(
+            t.queue.len() <= 65,
+            "{} entries for one live timer",
+            t.queue.len()
+        );
         assert_eq!(t.earliest(), Some(u64::MAX));
         assert!(t.cancel(keep).is_some());
         assert_eq!(t.earliest(), None);
