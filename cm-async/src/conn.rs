@@ -313,7 +313,10 @@ pub struct Connection<B: CmBackend, R: Runtime> {
     posted: Cell<u32>,
     /// The event that ended the connection, once one came.
     ended: Cell<Option<(CmEventType, i32)>>,
-    end_data: std::cell::RefCell<Vec<u8>>,
+    /// The private data of the event that ended the connection. A `Cell` (taken and put back
+    /// to be read) rather than a `RefCell`: the flag's 8 bytes took the connection past 128,
+    /// where each of its moves (returned by `connect`, into `disconnect`) became a `memcpy` call.
+    end_data: Cell<Vec<u8>>,
 }
 
 impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
@@ -328,7 +331,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             next_wr: Cell::new(0),
             posted: Cell::new(0),
             ended: Cell::new(None),
-            end_data: std::cell::RefCell::new(Vec::new()),
+            end_data: Cell::new(Vec::new()),
         }
     }
 
@@ -501,7 +504,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                     let Some(ev) = bx.pop_event() else { break };
                     if !ignorable(ev.ty) && self.ended.get().is_none() {
                         self.ended.set(Some((ev.ty, ev.status)));
-                        *self.end_data.borrow_mut() = ev.private_data;
+                        self.end_data.set(ev.private_data);
                     }
                 }
                 if found.is_none() && !cq && self.ended.get().is_none() && failed.is_none() {
@@ -520,7 +523,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 return Poll::Ready(Ok(wc));
             }
             if let Some((ty, status)) = self.ended.get() {
-                return Poll::Ready(Err(end_error(ty, status, self.end_data.borrow().clone())));
+                let data = self.end_data.take();
+                self.end_data.set(data.clone());
+                return Poll::Ready(Err(end_error(ty, status, data)));
             }
             if let Some(e) = &st.failed {
                 return Poll::Ready(Err(Error::ChannelFailed(e.clone())));

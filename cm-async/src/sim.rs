@@ -1068,6 +1068,13 @@ mod tests {
     }
 
     #[test]
+    fn a_simulated_connection_is_small_enough_to_move_without_a_memcpy_call() {
+        // `connect` returns it and `disconnect` takes it by value; past 128 bytes each of
+        // those moves is a call to `memcpy`.
+        assert!(std::mem::size_of::<crate::Connection<SimHost, SimRuntime>>() <= 128);
+    }
+
+    #[test]
     fn woken_tasks_are_taken_once_each_in_waking_order_across_mask_and_list() {
         let fabric = SimFabric::builder().seed(1).host("10.0.0.1").build();
         let mut ex = Executor::<()>::new(Sim::new(fabric));
