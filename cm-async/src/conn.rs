@@ -402,8 +402,11 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
     /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
     pub async fn disconnect(self) -> Result<Closed> {
-        // As in `connect`, each wait polls the bound itself.
-        let mut bound = pin!(self.rt.sleep(self.disconnect_timeout));
+        // As in `connect`, each wait polls the bound itself. It is made by the first wait that
+        // finds nothing (in this first poll, so at the same instant): a passive side that saw
+        // `DISCONNECTED` already and has nothing posted never waits, and made it for nothing.
+        let mut bound = pin!(None);
+        let timeout = || self.rt.sleep(self.disconnect_timeout);
         let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
             Ok(()) => true,
             // Never connected, or the attempt failed: there is nobody to say goodbye to.
@@ -423,7 +426,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 });
                 match got {
                     Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
-                    Poll::Pending => passed(bound.as_mut(), cx, "disconnect"),
+                    Poll::Pending => passed_made(bound.as_mut(), timeout, cx, "disconnect"),
                 }
             })
             .await?;
@@ -454,7 +457,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             }
             st.wait(id, cx.waker(), true);
             drop(st);
-            passed(bound.as_mut(), cx, "disconnect")
+            passed_made(bound.as_mut(), timeout, cx, "disconnect")
         })
         .await?;
         Ok(closed)
@@ -556,6 +559,19 @@ fn passed<S: Future<Output = ()>, T>(
         Poll::Ready(()) => Poll::Ready(Err(Error::TimedOut { op })),
         Poll::Pending => Poll::Pending,
     }
+}
+
+/// [`passed`] for a bound made by `make` when first needed.
+fn passed_made<S: Future<Output = ()>, T>(
+    mut bound: Pin<&mut Option<S>>,
+    make: impl FnOnce() -> S,
+    cx: &mut std::task::Context<'_>,
+    op: &'static str,
+) -> Poll<Result<T>> {
+    if bound.is_none() {
+        bound.set(Some(make()));
+    }
+    passed(bound.as_pin_mut().expect("made above"), cx, op)
 }
 
 /// Events that change nothing for the connection's owner.
