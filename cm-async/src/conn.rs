@@ -194,20 +194,27 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// The next connection request, to accept or reject. Dropping the future halfway leaves
     /// nothing behind; dropping the [`Request`] rejects it.
     pub async fn request(&self) -> Result<Request<B, R>> {
-        loop {
-            let ev = next_event(&self.sh, self.id).await?;
-            match ev.ty {
-                CmEventType::ConnectRequest => {}
-                CmEventType::DeviceRemoval => return Err(Error::DeviceRemoved),
-                _ => continue,
-            }
-            let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.accept.opts);
-            conn.peer_data = ev.private_data;
-            return Ok(Request {
-                conn: Some(conn),
-                with: self.accept.clone(),
-            });
+        // The events a listener has no use for are skipped inside the wait, which takes one
+        // poll function rather than a loop around a future of its own for each event.
+        let ev = poll_fn(|cx| {
+            self.sh
+                .st
+                .borrow_mut()
+                .next_for(self.id, cx.waker(), |ev| {
+                    matches!(ev.ty, CmEventType::ConnectRequest | CmEventType::DeviceRemoval).then_some(ev)
+                })
+                .map_err(Error::ChannelFailed)
+        })
+        .await?;
+        if ev.ty == CmEventType::DeviceRemoval {
+            return Err(Error::DeviceRemoved);
         }
+        let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.accept.opts);
+        conn.peer_data = ev.private_data;
+        Ok(Request {
+            conn: Some(conn),
+            with: self.accept.clone(),
+        })
     }
 
     /// The next connection: waits for a `CONNECT_REQUEST`, gives the new id a QP with its
@@ -464,8 +471,8 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     }
 
     /// The next event of the connection that is `want`, skipping the ignorable ones; another
-    /// is the error it stands for. (One poll function rather than a loop over
-    /// [`next_event`]: it is awaited at every step of `connect`.)
+    /// is the error it stands for. (One poll function rather than a loop around a wait for
+    /// each event: it is awaited at every step of `connect`.)
     fn expect<'a, S: Future<Output = ()>>(
         &'a self,
         want: CmEventType,
@@ -592,15 +599,4 @@ fn end_error(ty: CmEventType, status: i32, private_data: Vec<u8>) -> Error {
         CmEventType::DeviceRemoval => Error::DeviceRemoved,
         _ => Error::Disconnected { status },
     }
-}
-
-/// The next event of `id` (the driver acked it when it reached the mailbox).
-async fn next_event<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle) -> Result<EventInfo> {
-    poll_fn(|cx| {
-        sh.st
-            .borrow_mut()
-            .next_for(id, cx.waker(), Some)
-            .map_err(Error::ChannelFailed)
-    })
-    .await
 }
