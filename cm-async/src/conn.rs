@@ -549,8 +549,8 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 
 impl<B: CmBackend, R: Runtime> Drop for Connection<B, R> {
     fn drop(&mut self) {
-        self.sh.release(self.id, false);
-        self.sh.recycle(std::mem::take(&mut self.peer_data));
+        self.sh
+            .release_keeping(self.id, false, std::mem::take(&mut self.peer_data));
     }
 }
 

@@ -419,24 +419,20 @@ impl<B: CmBackend> Shared<B> {
         !self.deferred.borrow().is_empty() || !self.st.borrow().cq_watch.is_empty()
     }
 
-    /// Keeps `buf`'s allocation for the private data of a later event (dropped when the state
-    /// is in use or enough are kept).
-    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > SPARE_LEN {
-            return;
-        }
-        if let Ok(mut st) = self.st.try_borrow_mut() {
-            if st.spare.len() < SPARE_MAX {
-                buf.clear();
-                st.spare.push(buf);
-            }
-        }
-    }
-
     /// Tears `id` down now, or at the next pump when the state is in use.
     pub(crate) fn release(&self, id: IdHandle, listener: bool) {
+        self.release_keeping(id, listener, Vec::new());
+    }
+
+    /// [`release`](Self::release), keeping `buf`'s allocation for the private data of a later
+    /// event (dropped when the state is in use or enough are kept): one borrow of the state
+    /// for both, as a connection's drop needs.
+    pub(crate) fn release_keeping(&self, id: IdHandle, listener: bool, buf: Vec<u8>) {
         match self.st.try_borrow_mut() {
-            Ok(mut st) => st.release(id, listener),
+            Ok(mut st) => {
+                st.release(id, listener);
+                st.keep_spare(buf);
+            }
             Err(_) => {
                 self.deferred.borrow_mut().push((id, listener));
                 self.poke.borrow().set(true);
@@ -446,6 +442,16 @@ impl<B: CmBackend> Shared<B> {
 }
 
 impl<B: CmBackend> State<B> {
+    /// Keeps `buf`'s allocation for the private data of a later event, unless it has none, is
+    /// larger than any, or enough are kept.
+    #[inline]
+    fn keep_spare(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() != 0 && buf.capacity() <= SPARE_LEN && self.spare.len() < SPARE_MAX {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+
     pub(crate) fn open(&mut self, id: IdHandle) {
         self.boxes.get_or_default(id);
     }
