@@ -88,6 +88,12 @@ pub(super) const NO_WIRE_PARAM: WireParam = WireParam {
 impl Fabric {
     pub(super) fn trace_event(&mut self, id: SlotRef, event: CmEventType, status: i32) {
         let host = self.ids.get(id).map_or(u16::MAX, |s| s.host);
+        self.record_event(host, id, event, status);
+    }
+
+    /// Records `event` of `id` on `host` at the current time (the caller knows the host).
+    #[inline]
+    fn record_event(&mut self, host: u16, id: SlotRef, event: CmEventType, status: i32) {
         self.trace.record(TraceRecord {
             time: self.now,
             host,
@@ -110,16 +116,10 @@ impl Fabric {
         slot.queued += 1;
         let (host, channel) = (slot.host, slot.channel);
         // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
-        // application sees (on retrieval). Recorded here rather than through `trace_event`,
-        // which would look the id up again for its host.
+        // application sees (on retrieval). Recorded with the host at hand rather than through
+        // `trace_event`, which would look the id up again for it.
         if event != CmEventType::ConnectResponse {
-            self.trace.record(TraceRecord {
-                time: self.now,
-                host,
-                id: id.index,
-                what: TraceWhat::Event(event),
-                status,
-            });
+            self.record_event(host, id, event, status);
         }
         self.hosts[host as usize].counts.queued += 1;
         self.events_queued += 1;
