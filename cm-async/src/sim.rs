@@ -996,7 +996,6 @@ impl<T: 'static> Executor<T> {
                     Step::Moved {
                         now,
                         crashes_and_restarts,
-                        ..
                     } => (now.as_nanos(), crashes_and_restarts),
                     Step::Idle { now: at } => {
                         let waiting = self.waiting();

@@ -27,10 +27,16 @@ fn group_of(ip: IpAddr, n: u8, low: u16) -> SocketAddr {
     SocketAddr::new(group, 0)
 }
 
-/// A datagram id bound to `ip` with a UD QP and `recvs` receives of 64 bytes posted.
-fn bound_ud<B: CmBackend>(b: &mut B, ch: ChannelHandle, ip: IpAddr, recvs: u64) -> IdHandle {
+/// A datagram id bound to `ip`, without a QP.
+fn bound_udp<B: CmBackend>(b: &mut B, ch: ChannelHandle, ip: IpAddr) -> IdHandle {
     let id = b.create_id(ch, PortSpace::Udp).expect("create_id");
     b.bind_addr(id, SocketAddr::new(ip, 0)).expect("bind");
+    id
+}
+
+/// A datagram id bound to `ip` with a UD QP and `recvs` receives of 64 bytes posted.
+fn bound_ud<B: CmBackend>(b: &mut B, ch: ChannelHandle, ip: IpAddr, recvs: u64) -> IdHandle {
+    let id = bound_udp(b, ch, ip);
     b.create_qp(id, QpCaps::new()).expect("create_qp");
     for wr in 0..recvs {
         b.post_recv(id, wr, 64).expect("post_recv");
@@ -173,8 +179,7 @@ fn a_join_without_a_qp_attaches_none_created_later() {
     let (sip, cip) = (bed.server_ip, bed.client_ip);
     let sch = bed.server.create_event_channel().expect("channel");
     let cch = bed.client.create_event_channel().expect("channel");
-    let late = bed.server.create_id(sch, PortSpace::Udp).expect("create_id");
-    bed.server.bind_addr(late, SocketAddr::new(sip, 0)).expect("bind");
+    let late = bound_udp(&mut bed.server, sch, sip);
     // librdmacm attaches the id's QP when it hands out MULTICAST_JOIN, and there is none yet.
     join(&mut bed.server, sch, late, g);
     bed.server.create_qp(late, QpCaps::new()).expect("create_qp");
@@ -362,8 +367,7 @@ fn destroying_an_id_leaves_its_groups() {
     let cch = bed.client.create_event_channel().expect("channel");
     // Joined without a QP (nothing attached), and a second join whose event is still queued:
     // both memberships go with the id, the queued event too.
-    let gone = bed.server.create_id(sch, PortSpace::Udp).expect("create_id");
-    bed.server.bind_addr(gone, SocketAddr::new(sip, 0)).expect("bind");
+    let gone = bound_udp(&mut bed.server, sch, sip);
     join(&mut bed.server, sch, gone, g);
     let other = group_of(sip, 8, 1);
     bed.server.join_multicast(gone, other).expect("join_multicast");

@@ -559,8 +559,7 @@ impl Fabric {
             Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
             _ => return Err(CmError::EventNotOutstanding),
         };
-        let slot = self.slot(counted);
-        slot.m = slot.m.on_ack()?;
+        self.ack_counted(host, counted)?;
         self.outstanding.discard(r);
         if matches!(
             event.event(),
@@ -568,12 +567,11 @@ impl Fabric {
         ) {
             self.on_multicast_acked(event.token());
         }
-        self.hosts[host as usize].counts.unacked -= 1;
         Ok(())
     }
 
-    /// The ack of an event `take_cm_event` handed out without a token: `ack_cm_event`'s steps
-    /// but the table's (the id's machine, the host's count).
+    /// The ack's step on the id that counts the event and on the host's count: all of an ack
+    /// for an event `take_cm_event` handed out without a token, the rest of `ack_cm_event`'s.
     #[inline]
     fn ack_counted(&mut self, host: u16, counted: SlotRef) -> R<()> {
         let slot = self.slot(counted);

@@ -17,8 +17,6 @@ pub enum Step {
     Moved {
         /// The time reached.
         now: SimTime,
-        /// [`SimFabric::events_queued`] after the step.
-        events_queued: u64,
         /// [`SimFabric::crashes_and_restarts`] after the step.
         crashes_and_restarts: (u64, u64),
     },
@@ -79,10 +77,9 @@ impl SimFabric {
     /// timer, if it has one). When that is after `limit`, nothing runs and the answer is
     /// [`Step::PastLimit`]; when there is none, nothing runs and the answer is [`Step::Idle`].
     /// Otherwise everything due by then runs and the clock moves there, exactly as
-    /// [`advance_to`](SimFabric::advance_to) would, and [`Step::Moved`] gives the new time, the
-    /// count of [`events_queued`](SimFabric::events_queued) and the
-    /// [`crashes_and_restarts`](SimFabric::crashes_and_restarts), so that the executor need
-    /// not ask for each again. The same run and trace as those calls one after the other.
+    /// [`advance_to`](SimFabric::advance_to) would, and [`Step::Moved`] gives the new time and
+    /// the [`crashes_and_restarts`](SimFabric::crashes_and_restarts), so that the executor need
+    /// not ask for them again. The same run and trace as those calls one after the other.
     ///
     /// ```
     /// use std::time::Duration;
@@ -98,12 +95,13 @@ impl SimFabric {
     /// let next = fabric.next_deadline().expect("ADDR_RESOLVED is scheduled");
     /// // The executor's own timer comes first: only the clock moves.
     /// let early = SimTime::from_nanos(1);
-    /// assert!(matches!(fabric.step(Some(early), never), Step::Moved { now, events_queued: 0, .. } if now == early));
+    /// assert!(matches!(fabric.step(Some(early), never), Step::Moved { now, .. } if now == early));
+    /// assert_eq!(fabric.events_queued(), 0);
     /// // A limit before the next instant: nothing runs.
     /// assert_eq!(fabric.step(None, early), Step::PastLimit { next });
     /// match fabric.step(None, never) {
-    ///     Step::Moved { now, events_queued, crashes_and_restarts } => {
-    ///         assert_eq!((now, events_queued, crashes_and_restarts), (next, 1, (0, 0)));
+    ///     Step::Moved { now, crashes_and_restarts } => {
+    ///         assert_eq!((now, fabric.events_queued(), crashes_and_restarts), (next, 1, (0, 0)));
     ///     }
     ///     other => panic!("ADDR_RESOLVED was due: {other:?}"),
     /// }
@@ -144,7 +142,6 @@ impl SimFabric {
         }
         Step::Moved {
             now: fab.now,
-            events_queued: fab.events_queued,
             crashes_and_restarts: (fab.stats.crashes, fab.stats.restarts),
         }
     }
