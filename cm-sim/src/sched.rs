@@ -159,14 +159,34 @@ impl<A> RadixHeap<A> {
         self.zero.pop_front()
     }
 
+    /// The buckets `filled` marks, lowest first: the others are empty, and walking all 64
+    /// cost the stale-timer check (which asks for the length) more than the rest of it.
+    fn filled_buckets(&self) -> impl Iterator<Item = usize> {
+        let mut bits = self.filled;
+        std::iter::from_fn(move || {
+            let b = (bits != 0).then(|| bits.trailing_zeros() as usize)?;
+            bits &= bits - 1;
+            Some(b)
+        })
+    }
+
     fn len(&self) -> usize {
-        self.late.len() + self.zero.len() + self.buckets.iter().map(Vec::len).sum::<usize>()
+        self.late.len()
+            + self.zero.len()
+            + self
+                .filled_buckets()
+                .map(|b| self.buckets[b].len())
+                .sum::<usize>()
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&Entry<A>) -> bool) {
         self.late.retain(&mut keep);
         self.zero.retain(&mut keep);
-        for (n, b) in self.buckets.iter_mut().enumerate() {
+        let mut bits = self.filled;
+        while bits != 0 {
+            let n = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let b = &mut self.buckets[n];
             b.retain(&mut keep);
             if b.is_empty() {
                 self.filled &= !(1 << n);
@@ -233,6 +253,10 @@ impl<A> Queue<A> {
     pub(crate) fn pop_due(&mut self, deadline: u64) -> Option<(u64, A)> {
         let entry = match self.earliest()? {
             ((time, _), _) if time > deadline => return None,
+            // The search `earliest` made need not be made again (as in `pop_earliest`).
+            ((time, _), None) if self.heap.late.is_empty() && self.heap.zero.is_empty() => {
+                self.heap.pop_buckets(time)
+            }
             (_, None) => self.heap.pop(),
             (_, Some(n)) => self.fifos[n].pop_front(),
         }?;

@@ -471,7 +471,7 @@ impl Fabric {
                 return self.event_of(t);
             }
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
-            if !self.run_until(deadline, &has_event) {
+            if !self.run_until(deadline, has_event) {
                 return Ok(None);
             }
         }
@@ -503,7 +503,7 @@ impl Fabric {
                 return Ok(Some(out));
             }
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
-            if !self.run_until(deadline, &has_event) {
+            if !self.run_until(deadline, has_event) {
                 return Ok(None);
             }
         }
@@ -654,7 +654,7 @@ impl Fabric {
                 .and_then(|s| s.qp.as_ref())
                 .is_none_or(|q| !q.cq_is_empty())
         };
-        self.run_until(deadline, &ready);
+        self.run_until(deadline, ready);
         Ok(self
             .ids
             .get_mut(r)

@@ -130,7 +130,8 @@ impl Fabric {
 
     /// Runs scheduled actions up to `deadline`, stopping early as soon as
     /// `done` holds. Returns whether `done` held.
-    pub(super) fn run_until(&mut self, deadline: SimTime, done: &dyn Fn(&Fabric) -> bool) -> bool {
+    // Generic: through `&dyn Fn` the test after every action was an indirect call.
+    pub(super) fn run_until(&mut self, deadline: SimTime, done: impl Fn(&Fabric) -> bool) -> bool {
         loop {
             if done(self) {
                 return true;

@@ -66,7 +66,7 @@ impl SimFabric {
     pub fn advance_to(&self, t: SimTime) {
         let mut fab = self.inner().borrow_mut();
         let deadline = t.max(fab.now);
-        fab.run_until(deadline, &|_| false);
+        fab.run_until(deadline, |_| false);
     }
 
     /// Moves the fabric to its next instant and reports where it got, in one call: the step an
