@@ -110,11 +110,20 @@ impl Fabric {
 
     /// Counts `n` queued timers as stale; once they are half the queue, removes them all, which
     /// costs O(1) per timer over time and keeps the queue at most twice what is live.
+    // The test inline, the sweep out of line: with the sweep inlined, every call (four a
+    // lifecycle, one in sixty sweeping) saved and restored the registers the sweep uses.
+    #[inline]
     pub(super) fn timers_cancelled(&mut self, n: u32) {
         self.stale_timers += n as usize;
         if self.stale_timers < 64 || self.stale_timers * 2 < self.sched.len() {
             return;
         }
+        self.remove_stale_timers();
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_stale_timers(&mut self) {
         let ids = &self.ids;
         let mut removed_until = self.removed_until;
         self.sched.retain(|time, action| match *action {
