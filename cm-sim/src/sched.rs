@@ -98,6 +98,7 @@ impl<A> RadixHeap<A> {
 
     /// The earliest key. Entries in a lower bucket are earlier than all in higher ones, so only
     /// the first non-empty bucket is scanned, and only once per time the queue moves on.
+    #[inline]
     fn peek(&mut self) -> Option<(u64, u64)> {
         if !self.late.is_empty() {
             return self.late.iter().map(Entry::key).min();
@@ -220,6 +221,7 @@ impl<A> Queue<A> {
 
     /// Queues `action` at `time`, which must not be before the last time popped; among actions
     /// of one time, the first queued comes out first.
+    #[inline(always)]
     pub(crate) fn push(&mut self, time: u64, action: A, lane: Lane) {
         self.seq += 1;
         let entry = Entry {
