@@ -572,7 +572,7 @@ impl Fabric {
 
     /// The ack's step on the id that counts the event and on the host's count: all of an ack
     /// for an event `take_cm_event` handed out without a token, the rest of `ack_cm_event`'s.
-    #[inline]
+    #[inline(always)]
     fn ack_counted(&mut self, host: u16, counted: SlotRef) -> R<()> {
         let slot = self.slot(counted);
         slot.m = slot.m.on_ack()?;
