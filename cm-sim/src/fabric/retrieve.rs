@@ -120,10 +120,21 @@ impl Fabric {
     }
 
     /// Stores a new machine for `id`, flushing the QP if it just went to ERR.
+    // Inlined, with what a change of QP state does out of line: most calls (every retrieved
+    // event) leave the QP's state as it was, and paid a call and a frame for the two tests.
+    #[inline(always)]
     pub(super) fn set_machine(&mut self, id: SlotRef, next: IdMachine) {
         let slot = self.slot(id);
         let before = slot.m.qp();
         slot.m = next;
+        if before != next.qp() {
+            self.qp_state_changed(id, before, next);
+        }
+    }
+
+    #[inline(never)]
+    fn qp_state_changed(&mut self, id: SlotRef, before: Option<QpState>, next: IdMachine) {
+        let slot = self.slot(id);
         if before != Some(QpState::Err) && next.qp() == Some(QpState::Err) {
             if let Some(qp) = slot.qp.as_mut() {
                 qp.flush();
