@@ -70,6 +70,7 @@ pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
 }
 
 impl Fabric {
+    #[inline]
     pub(super) fn latency(&mut self) -> u64 {
         let lo = nanos(*self.cfg.latency.start());
         let hi = nanos(*self.cfg.latency.end());
@@ -83,6 +84,7 @@ impl Fabric {
         self.sched.push(time.as_nanos(), action, Lane::Heap);
     }
 
+    #[inline(always)]
     pub(super) fn timer(&mut self, id: SlotRef, at: SimTime, kind: TimerKind) {
         let s = self.slot(id);
         let epoch = s.timers.arm();
