@@ -194,10 +194,15 @@ impl Fabric {
 
     /// Whether a message from host `a` to host `b` is lost now (draws only when a loss fault
     /// is on, so runs without faults draw exactly what they always did).
+    // The fault-free test inline, the rest out of line (as for `extra_delay`): every message
+    // asks, and until a fault touches a link the answer is no.
+    #[inline(always)]
     pub(super) fn lost(&mut self, a: u16, b: u16) -> bool {
-        if !self.links_faulted {
-            return false;
-        }
+        self.links_faulted && self.lost_on_faulted_link(a, b)
+    }
+
+    #[inline(never)]
+    fn lost_on_faulted_link(&mut self, a: u16, b: u16) -> bool {
         let n = self.hosts.len();
         let (Some(ha), Some(hb)) = (self.hosts.get(a as usize), self.hosts.get(b as usize)) else {
             return false;
@@ -211,10 +216,16 @@ impl Fabric {
     }
 
     /// Extra latency a delay fault adds between hosts `a` and `b`.
+    #[inline(always)]
     pub(super) fn extra_delay(&mut self, a: u16, b: u16) -> u64 {
         if !self.links_faulted {
             return 0;
         }
+        self.extra_delay_on_faulted_link(a, b)
+    }
+
+    #[inline(never)]
+    fn extra_delay_on_faulted_link(&mut self, a: u16, b: u16) -> u64 {
         let n = self.hosts.len();
         let Some(link) = self.links.get(a as usize * n + b as usize) else {
             return 0;
