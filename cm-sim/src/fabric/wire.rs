@@ -164,6 +164,7 @@ impl Fabric {
         self.payloads.take(payload)
     }
 
+    #[inline]
     pub(super) fn trace_send(
         &mut self,
         from_host: u16,
