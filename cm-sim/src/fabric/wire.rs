@@ -86,6 +86,7 @@ pub(super) const NO_WIRE_PARAM: WireParam = WireParam {
 };
 
 impl Fabric {
+    #[inline]
     pub(super) fn trace_event(&mut self, id: SlotRef, event: CmEventType, status: i32) {
         let host = self.ids.get(id).map_or(u16::MAX, |s| s.host);
         self.record_event(host, id, event, status);
