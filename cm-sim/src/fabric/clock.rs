@@ -104,6 +104,7 @@ impl Fabric {
     }
 
     /// Cancels the id's pending timers.
+    #[inline]
     pub(super) fn cancel_timers(&mut self, id: SlotRef) {
         let s = self.slot(id);
         let cancelled = s.timers.cancel_all();

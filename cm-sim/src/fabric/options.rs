@@ -143,6 +143,7 @@ impl Fabric {
 
     /// The extra time each IB CM response timeout of `r` waits: twice the path's packet
     /// lifetime, when `ACK_TIMEOUT` set one (the default path's is part of `cm_timeout`).
+    #[inline]
     fn path_extra(&self, r: SlotRef) -> Duration {
         if self.id_options.is_empty() {
             return Duration::ZERO;
@@ -167,6 +168,7 @@ impl Fabric {
     }
 
     /// How long the IB CM retries an unanswered REQ, REP or DREQ of `r` before giving up.
+    #[inline]
     pub(super) fn cm_timeout_of(&self, r: SlotRef) -> Duration {
         let extra = self.path_extra(r);
         if extra.is_zero() {
