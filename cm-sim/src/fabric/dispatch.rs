@@ -230,6 +230,7 @@ impl Fabric {
         );
     }
 
+    #[inline(always)]
     pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
         // One arm per kind, each with the kind a constant: the inlined exchange then matches on
         // the wire state alone and most effects fold (issue 14).
