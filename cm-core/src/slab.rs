@@ -86,7 +86,7 @@ impl<T> Slab<T> {
     /// # Panics
     ///
     /// With 2^32 slots in use.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, value: T) -> SlotRef {
         self.len += 1;
         if let Some(index) = self.free.pop() {
