@@ -223,9 +223,14 @@ impl Fabric {
 
     /// Refuses every call of a crashed host, saying so (its handles are gone with it).
     pub(super) fn host_up(&self, host: u16, call: Call) -> R<()> {
+        self.up_host_tag(host, call).map(|_| ())
+    }
+
+    /// [`host_up`](Self::host_up), and the host's tag when it is.
+    pub(super) fn up_host_tag(&self, host: u16, call: Call) -> R<u32> {
         let h = &self.hosts[host as usize];
         if h.up {
-            return Ok(());
+            return Ok(h.tag);
         }
         Err(CmError::HostCrashed {
             call,
@@ -234,13 +239,14 @@ impl Fabric {
     }
 
     pub(super) fn id_ref(&self, host: u16, id: IdHandle, call: Call) -> R<SlotRef> {
-        self.host_up(host, call)?;
+        // The host is indexed once for both its state and its tag.
+        let tag = self.up_host_tag(host, call)?;
         let r = SlotRef {
             index: id.index(),
             generation: id.generation(),
         };
         match self.ids.get(r) {
-            Some(slot) if id.owner() == self.tag(host) && slot.host == host && slot.visible => Ok(r),
+            Some(slot) if id.owner() == tag && slot.host == host && slot.visible => Ok(r),
             _ => Err(CmError::UnknownHandle {
                 call,
                 kind: HandleKind::Id,
@@ -249,13 +255,13 @@ impl Fabric {
     }
 
     pub(super) fn channel_ref(&self, host: u16, ch: ChannelHandle, call: Call) -> R<SlotRef> {
-        self.host_up(host, call)?;
+        let tag = self.up_host_tag(host, call)?;
         let r = SlotRef {
             index: ch.index(),
             generation: ch.generation(),
         };
         match self.channels.get(r) {
-            Some(c) if ch.owner() == self.tag(host) && c.host == host => Ok(r),
+            Some(c) if ch.owner() == tag && c.host == host => Ok(r),
             _ => Err(CmError::UnknownHandle {
                 call,
                 kind: HandleKind::Channel,
