@@ -208,6 +208,10 @@ pub(crate) struct Queue<A> {
     seq: u64,
     heap: RadixHeap<A>,
     fifos: [VecDeque<Entry<A>>; FIFO_LANES],
+    /// The earliest key at the front of a FIFO lane, and the lane: kept as the fronts change
+    /// (a push to an empty lane, a pop, a removal) so that finding the earliest entry, before
+    /// every pop, does not look at each lane.
+    fifo_first: Option<((u64, u64), usize)>,
 }
 
 impl<A> Queue<A> {
@@ -216,6 +220,7 @@ impl<A> Queue<A> {
             seq: 0,
             heap: RadixHeap::new(),
             fifos: std::array::from_fn(|_| VecDeque::new()),
+            fifo_first: None,
         }
     }
 
@@ -232,6 +237,9 @@ impl<A> Queue<A> {
         match lane {
             // A push out of order would break the lane's sorting: the heap takes it instead.
             Lane::Fifo(n) if self.fifos[n].back().is_none_or(|last| last.time <= time) => {
+                if self.fifos[n].is_empty() && self.fifo_first.is_none_or(|(key, _)| entry.key() < key) {
+                    self.fifo_first = Some((entry.key(), n));
+                }
                 self.fifos[n].push_back(entry)
             }
             _ => self.heap.push(entry),
@@ -239,16 +247,34 @@ impl<A> Queue<A> {
     }
 
     /// The earliest key and where it is: `None` for the heap, `Some(n)` for FIFO lane `n`.
+    #[inline]
     fn earliest(&mut self) -> Option<((u64, u64), Option<usize>)> {
-        let mut best = self.heap.peek().map(|key| (key, None));
+        let heap = self.heap.peek();
+        match (heap, self.fifo_first) {
+            (Some(h), Some((f, n))) if f < h => Some((f, Some(n))),
+            (Some(h), _) => Some((h, None)),
+            (None, Some((f, n))) => Some((f, Some(n))),
+            (None, None) => None,
+        }
+    }
+
+    /// Takes the front of FIFO lane `n` and finds the lanes' earliest front again.
+    fn pop_fifo(&mut self, n: usize) -> Option<Entry<A>> {
+        let entry = self.fifos[n].pop_front();
+        self.find_fifo_first();
+        entry
+    }
+
+    fn find_fifo_first(&mut self) {
+        let mut first = None;
         for (n, fifo) in self.fifos.iter().enumerate() {
             if let Some(e) = fifo.front() {
-                if best.is_none_or(|(key, _)| e.key() < key) {
-                    best = Some((e.key(), Some(n)));
+                if first.is_none_or(|(key, _)| e.key() < key) {
+                    first = Some((e.key(), n));
                 }
             }
         }
-        best
+        self.fifo_first = first;
     }
 
     /// Takes the earliest entry out if it is due by `deadline`.
@@ -260,7 +286,7 @@ impl<A> Queue<A> {
                 self.heap.pop_buckets(time)
             }
             (_, None) => self.heap.pop(),
-            (_, Some(n)) => self.fifos[n].pop_front(),
+            (_, Some(n)) => self.pop_fifo(n),
         }?;
         Some((entry.time, entry.action))
     }
@@ -277,7 +303,7 @@ impl<A> Queue<A> {
             // The search `peek_earliest` made need not be made again.
             None if self.heap.late.is_empty() && self.heap.zero.is_empty() => self.heap.pop_buckets(at.time),
             None => self.heap.pop(),
-            Some(n) => self.fifos[n].pop_front(),
+            Some(n) => self.pop_fifo(n),
         }?;
         Some((entry.time, entry.action))
     }
@@ -292,10 +318,7 @@ impl<A> Queue<A> {
         self.heap.last >= deadline
             && self.heap.late.is_empty()
             && self.heap.zero.is_empty()
-            && self
-                .fifos
-                .iter()
-                .all(|f| f.front().is_none_or(|e| e.time > deadline))
+            && self.fifo_first.is_none_or(|((time, _), _)| time > deadline)
     }
 
     /// The time of the earliest entry, if any.
@@ -313,6 +336,7 @@ impl<A> Queue<A> {
         for fifo in &mut self.fifos {
             fifo.retain(|e| keep(e.time, &e.action));
         }
+        self.find_fifo_first();
     }
 }
 
