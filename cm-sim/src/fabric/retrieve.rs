@@ -20,7 +20,7 @@ impl Fabric {
             let host = self.slot(q.id).host;
             self.slot(q.id).queued -= 1;
             self.hosts[host as usize].counts.queued -= 1;
-            match self.retrieve(q, keep) {
+            match self.retrieve(q, host, keep) {
                 Some(ev) => {
                     self.hosts[host as usize].counts.unacked += 1;
                     return Some(ev);
@@ -33,10 +33,11 @@ impl Fabric {
     }
 
     /// librdmacm's processing of one event in `rdma_get_cm_event`; `None` when it swallows it
-    /// (its payload is then still in the pool, for the caller to drop). `keep`: see
-    /// [`pop_event`](Self::pop_event).
+    /// (its payload is then still in the pool, for the caller to drop). `host` is the event's
+    /// id's host (and its listener's: a child is made on its listener's host), which the caller
+    /// looked up; `keep`: see [`pop_event`](Self::pop_event).
     #[inline(always)]
-    pub(super) fn retrieve(&mut self, q: Queued, keep: bool) -> Option<Taken> {
+    pub(super) fn retrieve(&mut self, q: Queued, host: u16, keep: bool) -> Option<Taken> {
         let mut event = q.event;
         let mut status = q.status;
         let mut listen_id = None;
@@ -84,12 +85,13 @@ impl Fabric {
             )
         });
         self.set_machine(counted, next);
-        let id = self.id_handle(q.id);
+        // The id is alive (`pop_event` checked): its handle needs no second lookup for its host.
+        let id = cm_core::backend::id_handle(self.tag(host), q.id.index, q.id.generation);
         let multicast = matches!(event, CmEventType::MulticastJoin | CmEventType::MulticastError);
         // A multicast event's token names its join until it is acked, whoever acks it.
         let kept = keep || multicast;
         let token = if kept {
-            let host = self.slot(counted).host;
+            debug_assert_eq!(self.slot(counted).host, host, "an event counts on its own host");
             let key = self.hosts[host as usize].token_key;
             token_of(
                 self.outstanding.insert(Outstanding {
