@@ -72,8 +72,7 @@ pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
 impl Fabric {
     #[inline]
     pub(super) fn latency(&mut self) -> u64 {
-        let lo = nanos(*self.cfg.latency.start());
-        let hi = nanos(*self.cfg.latency.end());
+        let (lo, hi) = self.latency_nanos;
         if hi <= lo {
             return lo;
         }

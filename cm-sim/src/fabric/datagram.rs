@@ -188,8 +188,7 @@ impl Fabric {
     /// A datagram's one-way latency: the fabric's range plus a `Delay` fault's, drawn for each
     /// datagram alone.
     fn datagram_latency(&mut self, from: u16, to: u16) -> u64 {
-        let lo = nanos(*self.cfg.latency.start());
-        let hi = nanos(*self.cfg.latency.end());
+        let (lo, hi) = self.latency_nanos;
         let n = self.hosts.len();
         let (dlo, dhi) = self.links[from as usize * n + to as usize].delay;
         let rng = &mut self.datagrams().rng;

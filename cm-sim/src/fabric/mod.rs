@@ -69,6 +69,9 @@ const NO_PAYLOAD: u32 = u32::MAX;
 pub(crate) struct Fabric {
     seed: Seed,
     cfg: SimConfig,
+    /// `cfg.latency` in nanoseconds, converted once: every message draws from it, and the
+    /// conversion from `Duration` (through `u128`) cost more than the draw.
+    latency_nanos: (u64, u64),
     now: SimTime,
     rng: ChaCha8Rng,
     hosts: Vec<Host>,
@@ -118,6 +121,7 @@ impl Fabric {
         let trace = Trace::new(cfg.trace);
         Fabric {
             seed,
+            latency_nanos: (nanos(*cfg.latency.start()), nanos(*cfg.latency.end())),
             now: SimTime::ZERO,
             rng: ChaCha8Rng::seed_from_u64(seed.value),
             links: vec![Link::default(); hosts.len() * hosts.len()],
