@@ -63,7 +63,7 @@ impl Fabric {
                     slot.cm.on_connect_response(outcome, status, connected);
                 (event, status) = (seen, seen_status);
                 self.apply(q.id, next, effects, SlotRef::NONE, NO_PAYLOAD);
-                self.trace_event(q.id, event, status);
+                self.record_event(host, q.id, event, status);
                 q.id
             }
             CmEventType::Rejected | CmEventType::Disconnected if self.slot(q.id).cm.swallows(event) => {

@@ -94,7 +94,7 @@ impl Fabric {
 
     /// Records `event` of `id` on `host` at the current time (the caller knows the host).
     #[inline]
-    fn record_event(&mut self, host: u16, id: SlotRef, event: CmEventType, status: i32) {
+    pub(super) fn record_event(&mut self, host: u16, id: SlotRef, event: CmEventType, status: i32) {
         self.trace.record(TraceRecord {
             time: self.now,
             host,
