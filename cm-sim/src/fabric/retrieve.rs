@@ -11,14 +11,19 @@ impl Fabric {
     pub(super) fn pop_event(&mut self, ch: SlotRef, keep: bool) -> Option<Taken> {
         loop {
             let q = self.channels.get_mut(ch)?.queue.pop_front()?;
-            let alive = self.ids.contains(q.id) && (q.listen.is_none() || self.ids.contains(q.listen));
-            if !alive {
-                // Its id was destroyed: the kernel discarded the event then.
-                self.drop_payload(q.payload);
-                continue;
-            }
-            let host = self.slot(q.id).host;
-            self.slot(q.id).queued -= 1;
+            let listener_alive = q.listen.is_none() || self.ids.contains(q.listen);
+            // One lookup of the id for whether it lives, its host and its count.
+            let host = match self.ids.get_mut(q.id) {
+                Some(slot) if listener_alive => {
+                    slot.queued -= 1;
+                    slot.host
+                }
+                _ => {
+                    // Its id was destroyed: the kernel discarded the event then.
+                    self.drop_payload(q.payload);
+                    continue;
+                }
+            };
             self.hosts[host as usize].counts.queued -= 1;
             match self.retrieve(q, host, keep) {
                 Some(ev) => {
