@@ -262,6 +262,29 @@ impl Fabric {
     ) {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
         let lat = self.latency();
+        if !self.links_faulted {
+            // What follows with no fault on any link (nothing lost, no extra delay), the
+            // receiver looked up once for its host and its last arrival.
+            let Some(dest) = self.ids.get_mut(to) else {
+                self.drop_payload(payload);
+                return;
+            };
+            let to_host = dest.host;
+            let arrival = self.now.after_nanos(lat).max(dest.last_arrival);
+            dest.last_arrival = arrival;
+            self.trace_send(from_host, from, kind, to_host, status);
+            self.schedule(
+                arrival,
+                Action::Msg {
+                    kind,
+                    to,
+                    from,
+                    status,
+                    payload,
+                },
+            );
+            return;
+        }
         let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
             self.drop_payload(payload);
             return;
