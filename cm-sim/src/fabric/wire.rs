@@ -86,12 +86,6 @@ pub(super) const NO_WIRE_PARAM: WireParam = WireParam {
 };
 
 impl Fabric {
-    #[inline]
-    pub(super) fn trace_event(&mut self, id: SlotRef, event: CmEventType, status: i32) {
-        let host = self.ids.get(id).map_or(u16::MAX, |s| s.host);
-        self.record_event(host, id, event, status);
-    }
-
     /// Records `event` of `id` on `host` at the current time (the caller knows the host).
     #[inline]
     pub(super) fn record_event(&mut self, host: u16, id: SlotRef, event: CmEventType, status: i32) {
@@ -117,8 +111,7 @@ impl Fabric {
         slot.queued += 1;
         let (host, channel) = (slot.host, slot.channel);
         // The kernel's CONNECT_RESPONSE is traced when librdmacm turns it into what the
-        // application sees (on retrieval). Recorded with the host at hand rather than through
-        // `trace_event`, which would look the id up again for it.
+        // application sees (on retrieval). Recorded with the host at hand, not looked up again.
         if event != CmEventType::ConnectResponse {
             self.record_event(host, id, event, status);
         }
