@@ -199,6 +199,9 @@ pub(crate) struct Queue<A> {
     fifos: [VecDeque<Entry<A>>; FIFO_LANES],
     /// The lane the last pop took from, for [`take_lookahead`](Queue::take_lookahead).
     fifo_popped: Option<usize>,
+    /// Entries queued: counted, since the fabric asks after every cancelled timer, and summing
+    /// the heap's 64 buckets each time was a tenth of a 100 000-connection run.
+    len: usize,
 }
 
 impl<A> Queue<A> {
@@ -208,6 +211,7 @@ impl<A> Queue<A> {
             heap: RadixHeap::new(),
             fifos: std::array::from_fn(|_| VecDeque::new()),
             fifo_popped: None,
+            len: 0,
         }
     }
 
@@ -215,6 +219,7 @@ impl<A> Queue<A> {
     /// of one time, the first queued comes out first.
     pub(crate) fn push(&mut self, time: u64, action: A, lane: Lane) {
         self.seq += 1;
+        self.len += 1;
         let entry = Entry {
             time,
             seq: self.seq,
@@ -252,6 +257,7 @@ impl<A> Queue<A> {
                 self.fifos[n].pop_front()
             }
         }?;
+        self.len -= 1;
         Some((entry.time, entry.action))
     }
 
@@ -267,8 +273,12 @@ impl<A> Queue<A> {
             // The search `peek_earliest` made need not be made again.
             None if self.heap.late.is_empty() && self.heap.zero.is_empty() => self.heap.pop_buckets(at.time),
             None => self.heap.pop(),
-            Some(n) => self.fifos[n].pop_front(),
+            Some(n) => {
+                self.fifo_popped = Some(n);
+                self.fifos[n].pop_front()
+            }
         }?;
+        self.len -= 1;
         Some((entry.time, entry.action))
     }
 
@@ -308,6 +318,11 @@ impl<A> Queue<A> {
     }
 
     pub(crate) fn len(&self) -> usize {
+        debug_assert_eq!(self.len, self.count());
+        self.len
+    }
+
+    fn count(&self) -> usize {
         self.heap.len() + self.fifos.iter().map(VecDeque::len).sum::<usize>()
     }
 
@@ -317,6 +332,7 @@ impl<A> Queue<A> {
         for fifo in &mut self.fifos {
             fifo.retain(|e| keep(e.time, &e.action));
         }
+        self.len = self.count();
     }
 }
 
