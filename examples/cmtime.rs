@@ -87,7 +87,11 @@ impl Times {
     }
     /// A connection that started `step` at `started` finished it now.
     fn finish(&mut self, started: u64, step: usize) {
-        let d = self.now().saturating_sub(started) as f64 / 1e3;
+        self.finish_at(started, self.now(), step);
+    }
+    /// A connection that started `step` at `started` finished it at `at`.
+    fn finish_at(&mut self, started: u64, at: u64, step: usize) {
+        let d = at.saturating_sub(started) as f64 / 1e3;
         let e = self.extremes[step].get_or_insert((d, d));
         *e = (e.0.max(d), e.1.min(d));
     }
@@ -236,15 +240,20 @@ type Local<'a, B> = Option<(&'a mut B, Server)>;
 
 /// The client's ids in creation order, and per id (a table indexed by the handle's slot index)
 /// which connection it is and when its current step started. Backends number their slots
-/// densely from 0, so the table is 24 bytes per slot. An event is handled with one read of it:
-/// at a million connections the events of a step come in an order unrelated to the slots, so each
-/// separate table read per event (as the connection's number, its id and its start time in three
-/// tables were) missed the caches once more.
+/// densely from 0, so the table is 24 bytes per slot.
+///
+/// A step that ends with an event only logs, per event, the id and the time (appended in
+/// order); the log is settled against the table once the step is over. At a million
+/// connections the events of a step come in an order unrelated to the slots, so reading the
+/// table per event missed the caches each time, one miss after another; settling reads it
+/// with the entries a few places on read ahead, so that the misses overlap.
 #[derive(Default)]
 struct Conns {
     ids: Vec<IdHandle>,
     /// `by_slot[id.index()]`; `conn == u32::MAX` for a slot that is none of cmtime's ids.
     by_slot: Vec<Conn>,
+    /// Connections that finished the step in progress: their id and when (as `Times::now`).
+    finished: Vec<(IdHandle, u64)>,
 }
 
 #[derive(Clone, Copy)]
@@ -255,11 +264,15 @@ struct Conn {
     started: u64,
 }
 
+/// How many log entries on [`Conns::settle`] reads the table ahead.
+const SETTLE_AHEAD: usize = 16;
+
 impl Conns {
     fn with_capacity(n: usize) -> Self {
         Conns {
             ids: Vec::with_capacity(n),
             by_slot: Vec::with_capacity(n),
+            finished: Vec::new(),
         }
     }
 
@@ -290,17 +303,38 @@ impl Conns {
     }
 
     /// `id`'s connection; panics for an id cmtime did not create.
-    fn of(&mut self, id: IdHandle) -> &mut Conn {
-        match self.by_slot.get_mut(id.index() as usize) {
+    fn of(&self, id: IdHandle) -> &Conn {
+        match self.by_slot.get(id.index() as usize) {
             Some(c) if c.conn != u32::MAX && c.id == id => c,
             _ => panic!("cmtime: an event for {id:?}, which is none of its connections"),
         }
     }
 
-    /// `id`'s connection finished `step`.
+    /// `id`'s connection finished `step` (one run in a loop over the connections).
     fn stop(&mut self, id: IdHandle, step: usize, t: &mut Times) {
         let started = self.of(id).started;
         t.finish(started, step);
+    }
+
+    /// `id`'s connection finished the step in progress (an event said so): logged for
+    /// [`settle`](Conns::settle).
+    fn stop_later(&mut self, id: IdHandle, t: &Times) {
+        self.finished.push((id, t.now()));
+    }
+
+    /// Files what [`stop_later`](Conns::stop_later) logged during `step`.
+    fn settle(&mut self, step: usize, t: &mut Times) {
+        let log = std::mem::take(&mut self.finished);
+        for (i, &(id, at)) in log.iter().enumerate() {
+            if let Some(&(ahead, _)) = log.get(i + SETTLE_AHEAD) {
+                if let Some(c) = self.by_slot.get(ahead.index() as usize) {
+                    std::hint::black_box(c.started);
+                }
+            }
+            t.finish_at(self.of(id).started, at, step);
+        }
+        self.finished = log;
+        self.finished.clear();
     }
 }
 
@@ -409,7 +443,7 @@ fn cmtime<B: CmBackend>(
         let timeout = o.timeout;
         run_step(&mut local, client_b, cch, n, |b, ty, id, status| {
             if ty == ok {
-                conns.stop(id, step, &mut t);
+                conns.stop_later(id, &t);
                 return Ok(true);
             }
             let c = conns.of(id).conn as usize;
@@ -429,6 +463,7 @@ fn cmtime<B: CmBackend>(
             })
         })?;
         t.end(step);
+        conns.settle(step, &mut t);
     }
 
     t.begin(4);
@@ -446,7 +481,7 @@ fn cmtime<B: CmBackend>(
     }
     run_step(&mut local, client_b, cch, n, |_, ty, id, status| {
         if ty == CmEventType::Established {
-            conns.stop(id, 5, &mut t);
+            conns.stop_later(id, &t);
             return Ok(true);
         }
         eprintln!("client: {ty} (status {status}) on {id} while connecting");
@@ -456,6 +491,7 @@ fn cmtime<B: CmBackend>(
         })
     })?;
     t.end(5);
+    conns.settle(5, &mut t);
 
     t.begin(6);
     for c in 0..n {
@@ -465,7 +501,7 @@ fn cmtime<B: CmBackend>(
     run_step(&mut local, client_b, cch, n, |b, ty, id, status| match ty {
         CmEventType::Disconnected => {
             b.destroy_qp(id)?;
-            conns.stop(id, 6, &mut t);
+            conns.stop_later(id, &t);
             Ok(true)
         }
         CmEventType::TimewaitExit => Ok(false),
@@ -475,6 +511,7 @@ fn cmtime<B: CmBackend>(
         }
     })?;
     t.end(6);
+    conns.settle(6, &mut t);
 
     t.begin(7);
     for c in 0..n {
