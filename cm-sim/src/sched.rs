@@ -252,10 +252,7 @@ impl<A> Queue<A> {
         let entry = match self.earliest()? {
             ((time, _), _) if time > deadline => return None,
             (_, None) => self.heap.pop(),
-            (_, Some(n)) => {
-                self.fifo_popped = Some(n);
-                self.fifos[n].pop_front()
-            }
+            (_, Some(n)) => self.pop_fifo(n),
         }?;
         self.len -= 1;
         Some((entry.time, entry.action))
@@ -273,10 +270,7 @@ impl<A> Queue<A> {
             // The search `peek_earliest` made need not be made again.
             None if self.heap.late.is_empty() && self.heap.zero.is_empty() => self.heap.pop_buckets(at.time),
             None => self.heap.pop(),
-            Some(n) => {
-                self.fifo_popped = Some(n);
-                self.fifos[n].pop_front()
-            }
+            Some(n) => self.pop_fifo(n),
         }?;
         self.len -= 1;
         Some((entry.time, entry.action))
@@ -301,6 +295,22 @@ impl<A> Queue<A> {
     /// The time of the earliest entry, if any.
     pub(crate) fn next_time(&mut self) -> Option<u64> {
         self.earliest().map(|((time, _), _)| time)
+    }
+
+    #[inline(always)]
+    fn pop_fifo(&mut self, n: usize) -> Option<Entry<A>> {
+        let e = self.fifos[n].pop_front();
+        if self.fifos[n].len() > FIFO_AHEAD {
+            self.fifo_popped = Some(n);
+        }
+        e
+    }
+
+    /// Whether [`take_lookahead`](Queue::take_lookahead) has anything to give: asked after every
+    /// pop, so that the usual answer, no, costs a test.
+    #[inline(always)]
+    pub(crate) fn has_lookahead(&self) -> bool {
+        self.heap.refilled || self.fifo_popped.is_some()
     }
 
     /// What the pops after the last one will take, for the caller to read the memory they touch

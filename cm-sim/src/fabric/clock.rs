@@ -174,8 +174,15 @@ impl Fabric {
     /// action's first read of its id would otherwise wait for memory on its own. The reads
     /// overlap, and the actions then find the lines in the caches. Nothing read is used: what
     /// runs, and in which order, is unchanged.
-    #[inline]
+    #[inline(always)]
     fn read_ahead(&mut self) {
+        if self.sched.has_lookahead() {
+            self.read_ahead_now();
+        }
+    }
+
+    #[inline(never)]
+    fn read_ahead_now(&mut self) {
         let (ids, payloads) = (&self.ids, &self.payloads);
         for a in self.sched.take_lookahead() {
             let (r, peer, payload) = match *a {
