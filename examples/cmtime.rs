@@ -59,23 +59,20 @@ const IDLE_WAIT: Duration = Duration::from_micros(5);
 const REMOTE_WAIT: Duration = Duration::from_millis(100);
 
 /// Start and end of each step for the whole run, and the slowest and fastest connection of
-/// each step. Per connection only the start of the step in progress is kept (nanoseconds after
-/// `base`), so a million connections cost 8 bytes each here rather than the 256 that two
-/// `Instant`s per step took, which was a third of cmtime's memory at that scale.
+/// each step. The start of the step a connection is in is kept with the connection (see
+/// [`Conns`]), in nanoseconds after `base`.
 struct Times {
     step: [(Option<Instant>, Option<Instant>); 8],
     base: Instant,
-    started: Vec<u64>,
     /// Per step: (slowest, fastest) connection in microseconds, once one finished.
     extremes: [Option<(f64, f64)>; 8],
 }
 
 impl Times {
-    fn new(n: usize) -> Self {
+    fn new() -> Self {
         Times {
             step: [(None, None); 8],
             base: Instant::now(),
-            started: vec![0; n],
             extremes: [None; 8],
         }
     }
@@ -85,12 +82,16 @@ impl Times {
     fn end(&mut self, step: usize) {
         self.step[step].1 = Some(Instant::now());
     }
-    /// Connection `c` starts a step; steps run one after another, so one start per connection.
-    fn start(&mut self, c: usize, _step: usize) {
-        self.started[c] = self.base.elapsed().as_nanos() as u64;
+    fn now(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64
     }
-    fn stop(&mut self, c: usize, step: usize) {
-        let d = (self.base.elapsed().as_nanos() as u64).saturating_sub(self.started[c]) as f64 / 1e3;
+    /// A connection that started `step` at `started` finished it now.
+    fn finish(&mut self, started: u64, step: usize) {
+        self.finish_at(started, self.now(), step);
+    }
+    /// A connection that started `step` at `started` finished it at `at`.
+    fn finish_at(&mut self, started: u64, at: u64, step: usize) {
+        let d = at.saturating_sub(started) as f64 / 1e3;
         let e = self.extremes[step].get_or_insert((d, d));
         *e = (e.0.max(d), e.1.min(d));
     }
@@ -237,41 +238,103 @@ fn qp_caps() -> QpCaps {
 /// The server when it shares the client's thread: its backend and its state.
 type Local<'a, B> = Option<(&'a mut B, Server)>;
 
-/// The client's ids in creation order, and which connection an id is: a table indexed by the
-/// handle's slot index. Backends number their slots densely from 0 and cmtime creates its ids
-/// in one burst, so the table is 4 bytes per connection, read in about the order it was
-/// written, where a hash map cost some 50 bytes per connection and a cache miss per event at a
-/// million connections.
+/// The client's ids in creation order, and per id (a table indexed by the handle's slot index)
+/// which connection it is and when its current step started. Backends number their slots
+/// densely from 0, so the table is 24 bytes per slot.
+///
+/// A step that ends with an event only logs, per event, the id and the time (appended in
+/// order); the log is settled against the table once the step is over. At a million
+/// connections the events of a step come in an order unrelated to the slots, so reading the
+/// table per event missed the caches each time, one miss after another; settling reads it
+/// with the entries a few places on read ahead, so that the misses overlap.
 #[derive(Default)]
 struct Conns {
     ids: Vec<IdHandle>,
-    /// `by_slot[id.index()]`: the connection, `u32::MAX` for none.
-    by_slot: Vec<u32>,
+    /// `by_slot[id.index()]`; `conn == u32::MAX` for a slot that is none of cmtime's ids.
+    by_slot: Vec<Conn>,
+    /// Connections that finished the step in progress: their id and when (as `Times::now`).
+    finished: Vec<(IdHandle, u64)>,
 }
+
+#[derive(Clone, Copy)]
+struct Conn {
+    id: IdHandle,
+    conn: u32,
+    /// When the step the connection is in started, nanoseconds after `Times::base`.
+    started: u64,
+}
+
+/// How many log entries on [`Conns::settle`] reads the table ahead.
+const SETTLE_AHEAD: usize = 16;
 
 impl Conns {
     fn with_capacity(n: usize) -> Self {
         Conns {
             ids: Vec::with_capacity(n),
             by_slot: Vec::with_capacity(n),
+            finished: Vec::new(),
         }
     }
 
-    fn push(&mut self, id: IdHandle) {
+    fn push(&mut self, id: IdHandle, started: u64) {
         let slot = id.index() as usize;
         if self.by_slot.len() <= slot {
-            self.by_slot.resize(slot + 1, u32::MAX);
+            let none = Conn {
+                id,
+                conn: u32::MAX,
+                started: 0,
+            };
+            self.by_slot.resize(slot + 1, none);
         }
-        self.by_slot[slot] = u32::try_from(self.ids.len()).expect("fewer than 2^32 connections");
+        let conn = u32::try_from(self.ids.len()).expect("fewer than 2^32 connections");
+        self.by_slot[slot] = Conn { id, conn, started };
         self.ids.push(id);
     }
 
-    /// The connection `id` is; panics for an id cmtime did not create.
-    fn of(&self, id: IdHandle) -> usize {
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Connection `c`'s id, and that it starts a step now.
+    fn start(&mut self, c: usize, t: &Times) -> IdHandle {
+        let id = self.ids[c];
+        self.by_slot[id.index() as usize].started = t.now();
+        id
+    }
+
+    /// `id`'s connection; panics for an id cmtime did not create.
+    fn of(&self, id: IdHandle) -> &Conn {
         match self.by_slot.get(id.index() as usize) {
-            Some(&c) if self.ids.get(c as usize) == Some(&id) => c as usize,
+            Some(c) if c.conn != u32::MAX && c.id == id => c,
             _ => panic!("cmtime: an event for {id:?}, which is none of its connections"),
         }
+    }
+
+    /// `id`'s connection finished `step` (one run in a loop over the connections).
+    fn stop(&mut self, id: IdHandle, step: usize, t: &mut Times) {
+        let started = self.of(id).started;
+        t.finish(started, step);
+    }
+
+    /// `id`'s connection finished the step in progress (an event said so): logged for
+    /// [`settle`](Conns::settle).
+    fn stop_later(&mut self, id: IdHandle, t: &Times) {
+        self.finished.push((id, t.now()));
+    }
+
+    /// Files what [`stop_later`](Conns::stop_later) logged during `step`.
+    fn settle(&mut self, step: usize, t: &mut Times) {
+        let log = std::mem::take(&mut self.finished);
+        for (i, &(id, at)) in log.iter().enumerate() {
+            if let Some(&(ahead, _)) = log.get(i + SETTLE_AHEAD) {
+                if let Some(c) = self.by_slot.get(ahead.index() as usize) {
+                    std::hint::black_box(c.started);
+                }
+            }
+            t.finish_at(self.of(id).started, at, step);
+        }
+        self.finished = log;
+        self.finished.clear();
     }
 }
 
@@ -337,26 +400,25 @@ fn cmtime<B: CmBackend>(
         None => None,
     };
     let cch = client_b.create_event_channel()?;
-    let mut t = Times::new(n);
+    let mut t = Times::new();
     let mut conns = Conns::with_capacity(n);
 
     t.begin(0);
-    for c in 0..n {
-        t.start(c, 0);
+    for _ in 0..n {
+        let started = t.now();
         let id = client_b.create_id(cch, PortSpace::Tcp)?;
-        t.stop(c, 0);
-        conns.push(id);
+        conns.push(id, started);
+        conns.stop(id, 0, &mut t);
     }
     t.end(0);
-    let (ids, index) = (&conns.ids, &conns);
 
     let src = |c: usize| cli::source(sources, c);
     if let Some(bind) = o.bind {
         t.begin(BIND);
-        for (c, &id) in ids.iter().enumerate() {
-            t.start(c, BIND);
+        for c in 0..conns.len() {
+            let id = conns.start(c, &t);
             client_b.bind_addr(id, src(c).unwrap_or(SocketAddr::new(bind, 0)))?;
-            t.stop(c, BIND);
+            conns.stop(id, BIND, &mut t);
         }
         t.end(BIND);
     }
@@ -365,8 +427,8 @@ fn cmtime<B: CmBackend>(
     for (step, route) in [(2, false), (3, true)] {
         t.begin(step);
         let mut retries = vec![o.retries; n];
-        for (c, &id) in ids.iter().enumerate() {
-            t.start(c, step);
+        for c in 0..n {
+            let id = conns.start(c, &t);
             if route {
                 client_b.resolve_route(id, o.timeout)?;
             } else {
@@ -380,11 +442,11 @@ fn cmtime<B: CmBackend>(
         };
         let timeout = o.timeout;
         run_step(&mut local, client_b, cch, n, |b, ty, id, status| {
-            let c = index.of(id);
             if ty == ok {
-                t.stop(c, step);
+                conns.stop_later(id, &t);
                 return Ok(true);
             }
+            let c = conns.of(id).conn as usize;
             if ty == err && retries[c] > 0 {
                 retries[c] -= 1;
                 if route {
@@ -401,24 +463,25 @@ fn cmtime<B: CmBackend>(
             })
         })?;
         t.end(step);
+        conns.settle(step, &mut t);
     }
 
     t.begin(4);
-    for (c, &id) in ids.iter().enumerate() {
-        t.start(c, 4);
+    for c in 0..n {
+        let id = conns.start(c, &t);
         client_b.create_qp(id, qp_caps())?;
-        t.stop(c, 4);
+        conns.stop(id, 4, &mut t);
     }
     t.end(4);
 
     t.begin(5);
-    for (c, &id) in ids.iter().enumerate() {
-        t.start(c, 5);
+    for c in 0..n {
+        let id = conns.start(c, &t);
         client_b.connect(id, &ConnParam::new())?;
     }
     run_step(&mut local, client_b, cch, n, |_, ty, id, status| {
         if ty == CmEventType::Established {
-            t.stop(index.of(id), 5);
+            conns.stop_later(id, &t);
             return Ok(true);
         }
         eprintln!("client: {ty} (status {status}) on {id} while connecting");
@@ -428,16 +491,17 @@ fn cmtime<B: CmBackend>(
         })
     })?;
     t.end(5);
+    conns.settle(5, &mut t);
 
     t.begin(6);
-    for (c, &id) in ids.iter().enumerate() {
-        t.start(c, 6);
+    for c in 0..n {
+        let id = conns.start(c, &t);
         client_b.disconnect(id)?;
     }
     run_step(&mut local, client_b, cch, n, |b, ty, id, status| match ty {
         CmEventType::Disconnected => {
             b.destroy_qp(id)?;
-            t.stop(index.of(id), 6);
+            conns.stop_later(id, &t);
             Ok(true)
         }
         CmEventType::TimewaitExit => Ok(false),
@@ -447,12 +511,13 @@ fn cmtime<B: CmBackend>(
         }
     })?;
     t.end(6);
+    conns.settle(6, &mut t);
 
     t.begin(7);
-    for (c, &id) in ids.iter().enumerate() {
-        t.start(c, 7);
+    for c in 0..n {
+        let id = conns.start(c, &t);
         client_b.destroy_id(id)?;
-        t.stop(c, 7);
+        conns.stop(id, 7, &mut t);
     }
     t.end(7);
 

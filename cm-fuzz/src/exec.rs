@@ -345,7 +345,7 @@ fn op_call(op: &Op) -> Option<Call> {
         Op::Disconnect { .. } => Call::Disconnect,
         Op::InitQpAttr { .. } => Call::InitQpAttr,
         Op::Establish { .. } => Call::Establish,
-        Op::GetCmEvent { .. } | Op::TryGetCmEvent { .. } => Call::GetCmEvent,
+        Op::GetCmEvent { .. } | Op::TryGetCmEvent { .. } | Op::TakeCmEvent { .. } => Call::GetCmEvent,
         Op::SetOption { .. } => Call::SetOption,
         Op::MigrateId { .. } => Call::MigrateId,
         Op::AckHeld { .. } | Op::AckForged { .. } => Call::AckCmEvent,
@@ -592,20 +592,21 @@ impl<'a> World<'a> {
         Ok(())
     }
 
-    /// Checks a retrieved event and files it (acked at once or held).
-    fn got_event(&mut self, i: usize, op: &Op, h: HostSel, ev: CmEvent, ack: bool) -> Checked {
-        let ty = ev.event();
+    /// The checks of a retrieved event, however it was retrieved; counts it and learns the id
+    /// a `CONNECT_REQUEST` brings.
+    fn check_event(&mut self, i: usize, op: &Op, h: HostSel, ev: &Seen) -> Checked {
+        let ty = ev.ty;
         self.stats.event(ty);
-        (ty.raw(), ev.status(), ev.private_data().len()).hash(&mut self.digest);
-        if !status_fits(ty, ev.status()) {
+        (ty.raw(), ev.status, ev.private_len).hash(&mut self.digest);
+        if !status_fits(ty, ev.status) {
             return fail(
                 Check::EventStatus,
                 format!("{ty} status"),
-                format!("{op} gave {ev} with status {}", ev.status()),
+                format!("{op} gave {ev} with status {}", ev.status),
                 Some(i),
             );
         }
-        if self.dead_ids.contains(&ev.id()) || ev.listen_id().is_some_and(|l| self.dead_ids.contains(&l)) {
+        if self.dead_ids.contains(&ev.id) || ev.listen.is_some_and(|l| self.dead_ids.contains(&l)) {
             return fail(
                 Check::EventId,
                 format!("{ty} for a destroyed id"),
@@ -616,7 +617,7 @@ impl<'a> World<'a> {
         let (f, hh) = (h.fabric as usize, h.host as usize);
         let own = &self.ids[f][hh];
         if ty == CmEventType::ConnectRequest {
-            match ev.listen_id() {
+            match ev.listen {
                 Some(l) if own.contains(&l) => {}
                 _ => {
                     return fail(
@@ -627,10 +628,10 @@ impl<'a> World<'a> {
                     )
                 }
             }
-            self.learn_tag(h, ev.id().owner());
-            self.ids[f][hh].push(ev.id());
-            self.all_ids.push(ev.id());
-        } else if !own.contains(&ev.id()) {
+            self.learn_tag(h, ev.id.owner());
+            self.ids[f][hh].push(ev.id);
+            self.all_ids.push(ev.id);
+        } else if !own.contains(&ev.id) {
             return fail(
                 Check::EventId,
                 format!("{ty} for an id not of the host"),
@@ -638,6 +639,13 @@ impl<'a> World<'a> {
                 Some(i),
             );
         }
+        Ok(())
+    }
+
+    /// Checks a retrieved event and files it (acked at once or held).
+    fn got_event(&mut self, i: usize, op: &Op, h: HostSel, ev: CmEvent, ack: bool) -> Checked {
+        let ty = ev.event();
+        self.check_event(i, op, h, &Seen::of(&ev))?;
         if ack {
             let text = format!("{ev}");
             match self.host(h).ack_cm_event(ev) {
@@ -652,7 +660,7 @@ impl<'a> World<'a> {
                 }
             }
         } else {
-            let incarnation = self.fabrics[f].host_incarnation(hh);
+            let incarnation = self.fabrics[h.fabric as usize].host_incarnation(h.host as usize);
             self.held.push(Held {
                 from: h,
                 incarnation,
@@ -804,6 +812,16 @@ impl<'a> World<'a> {
                 let ch = self.chan(h, ch);
                 let r = self.host(h).try_get_cm_event(ch);
                 self.event_answer(i, op, h, r, ack)
+            }
+            Op::TakeCmEvent { h, ch } => {
+                let ch = self.chan(h, ch);
+                // Whether `read` ran: an error after it is the ack's.
+                let read = std::cell::Cell::new(false);
+                let r = self.host(h).take_cm_event(ch, |ev| {
+                    read.set(true);
+                    Seen::of(ev)
+                });
+                self.taken_answer(i, op, h, r, read.get())
             }
             Op::SetOption { h, id, option } => {
                 let id = self.id(h, id);
@@ -993,6 +1011,37 @@ impl<'a> World<'a> {
                 1u8.hash(&mut self.digest);
                 Ok(())
             }
+            Err(e) => self.check_err(i, op, &e),
+        }
+    }
+
+    /// The answer of `take_cm_event`: the event was acked inside the call, so only the checks
+    /// of a retrieved event apply, and an error after `read` ran is the ack of a genuine event
+    /// refused.
+    fn taken_answer(
+        &mut self,
+        i: usize,
+        op: &Op,
+        h: HostSel,
+        r: cm_core::Result<Option<Seen>>,
+        read: bool,
+    ) -> Checked {
+        self.note(i, op, || match &r {
+            Ok(Some(ev)) => format!("Ok({ev})"),
+            other => format!("{other:?}"),
+        });
+        match r {
+            Ok(Some(ev)) => self.check_event(i, op, h, &ev),
+            Ok(None) => {
+                1u8.hash(&mut self.digest);
+                Ok(())
+            }
+            Err(e) if read => fail(
+                Check::GenuineAckRefused,
+                "ack inside take_cm_event",
+                format!("{op}: the ack of the event it had just read failed: {e:?}"),
+                Some(i),
+            ),
             Err(e) => self.check_err(i, op, &e),
         }
     }
@@ -1191,4 +1240,41 @@ pub const DEFAULT_WALL_LIMIT: Duration = Duration::from_secs(60);
 fn group_addr(n: usize) -> std::net::SocketAddr {
     let ip: std::net::IpAddr = crate::gen::GROUPS[n].parse().expect("a valid address");
     std::net::SocketAddr::new(ip, 0)
+}
+
+/// What the checks read of a retrieved event, taken while it is at hand: `take_cm_event` lends
+/// the event only to its `read`.
+#[derive(Debug)]
+struct Seen {
+    ty: CmEventType,
+    status: i32,
+    private_len: usize,
+    id: IdHandle,
+    listen: Option<IdHandle>,
+}
+
+impl Seen {
+    fn of(ev: &CmEvent) -> Self {
+        Seen {
+            ty: ev.event(),
+            status: ev.status(),
+            private_len: ev.private_data().len(),
+            id: ev.id(),
+            listen: ev.listen_id(),
+        }
+    }
+}
+
+impl fmt::Display for Seen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} on {} (status {}, {} bytes of private data",
+            self.ty, self.id, self.status, self.private_len
+        )?;
+        match self.listen {
+            Some(l) => write!(f, ", listener {l})"),
+            None => write!(f, ")"),
+        }
+    }
 }

@@ -317,6 +317,11 @@ pub enum Op {
         ch: HandleRef,
         ack: bool,
     },
+    /// `take_cm_event`: retrieve, read, ack in one call.
+    TakeCmEvent {
+        h: HostSel,
+        ch: HandleRef,
+    },
     SetOption {
         h: HostSel,
         id: HandleRef,
@@ -452,6 +457,7 @@ impl fmt::Display for Op {
                 write!(f, "{h} get_cm_event({ch}, {timeout:?}){}", ack_note(*ack))
             }
             Op::TryGetCmEvent { h, ch, ack } => write!(f, "{h} try_get_cm_event({ch}){}", ack_note(*ack)),
+            Op::TakeCmEvent { h, ch } => write!(f, "{h} take_cm_event({ch})"),
             Op::SetOption { h, id, option } => write!(f, "{h} set_option({id}, {option})"),
             Op::MigrateId { h, id, ch } => write!(f, "{h} migrate_id({id}, {ch})"),
             Op::AckHeld { on: Some(h), n } => write!(f, "{h} ack_cm_event(held[-{n}]) (maybe not its host)"),
@@ -1001,10 +1007,14 @@ impl Gen {
                 id,
                 ch: self.handle(hosts),
             },
-            705..=739 => Op::TryGetCmEvent {
+            705..=724 => Op::TryGetCmEvent {
                 h,
                 ch: self.handle(hosts),
                 ack: self.chance(850),
+            },
+            725..=739 => Op::TakeCmEvent {
+                h,
+                ch: self.handle(hosts),
             },
             740..=769 => {
                 let on =

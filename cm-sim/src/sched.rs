@@ -24,6 +24,12 @@ pub(crate) enum Lane {
     Fifo(usize),
 }
 
+/// Entries within `2^NEAR_BITS` ns of the last time popped are "near": see `take_batch`.
+const NEAR_BITS: usize = 4;
+
+/// How far ahead in a FIFO lane [`Queue::take_lookahead`] looks.
+const FIFO_AHEAD: usize = 16;
+
 /// FIFO lanes there are.
 pub(crate) const FIFO_LANES: usize = 2;
 
@@ -56,6 +62,8 @@ struct RadixHeap<A> {
     /// Peeking must not move `last` on: the clock may stop short of the earliest entry, and
     /// later pushes may then come before it.
     min: Option<(u64, u64)>,
+    /// `zero` was refilled with more than one entry by the last pop.
+    refilled: bool,
 }
 
 impl<A> RadixHeap<A> {
@@ -67,6 +75,7 @@ impl<A> RadixHeap<A> {
             buckets: std::array::from_fn(|_| Vec::new()),
             filled: 0,
             min: None,
+            refilled: false,
         }
     }
 
@@ -157,6 +166,7 @@ impl<A> RadixHeap<A> {
         // The bucket keeps its allocation: it fills up again soon.
         self.buckets[b] = moving;
         self.zero.make_contiguous().sort_unstable_by_key(|e| e.seq);
+        self.refilled = b >= NEAR_BITS;
         self.zero.pop_front()
     }
 
@@ -212,6 +222,11 @@ pub(crate) struct Queue<A> {
     /// (a push to an empty lane, a pop, a removal) so that finding the earliest entry, before
     /// every pop, does not look at each lane.
     fifo_first: Option<((u64, u64), usize)>,
+    /// The lane the last pop took from, for [`take_lookahead`](Queue::take_lookahead).
+    fifo_popped: Option<usize>,
+    /// Entries queued: counted, since the fabric asks after every cancelled timer, and summing
+    /// the heap's 64 buckets each time was a tenth of a 100 000-connection run.
+    len: usize,
 }
 
 impl<A> Queue<A> {
@@ -221,6 +236,8 @@ impl<A> Queue<A> {
             heap: RadixHeap::new(),
             fifos: std::array::from_fn(|_| VecDeque::new()),
             fifo_first: None,
+            fifo_popped: None,
+            len: 0,
         }
     }
 
@@ -229,6 +246,7 @@ impl<A> Queue<A> {
     #[inline(always)]
     pub(crate) fn push(&mut self, time: u64, action: A, lane: Lane) {
         self.seq += 1;
+        self.len += 1;
         let entry = Entry {
             time,
             seq: self.seq,
@@ -258,10 +276,15 @@ impl<A> Queue<A> {
         }
     }
 
-    /// Takes the front of FIFO lane `n` and finds the lanes' earliest front again.
+    /// Takes the front of FIFO lane `n` and finds the lanes' earliest front again; notes the
+    /// lane for [`take_lookahead`](Queue::take_lookahead) when it holds an entry that far on.
+    #[inline(always)]
     fn pop_fifo(&mut self, n: usize) -> Option<Entry<A>> {
         let entry = self.fifos[n].pop_front();
         self.find_fifo_first();
+        if self.fifos[n].len() > FIFO_AHEAD {
+            self.fifo_popped = Some(n);
+        }
         entry
     }
 
@@ -288,6 +311,7 @@ impl<A> Queue<A> {
             (_, None) => self.heap.pop(),
             (_, Some(n)) => self.pop_fifo(n),
         }?;
+        self.len -= 1;
         Some((entry.time, entry.action))
     }
 
@@ -305,6 +329,7 @@ impl<A> Queue<A> {
             None => self.heap.pop(),
             Some(n) => self.pop_fifo(n),
         }?;
+        self.len -= 1;
         Some((entry.time, entry.action))
     }
 
@@ -326,7 +351,33 @@ impl<A> Queue<A> {
         self.earliest().map(|((time, _), _)| time)
     }
 
+    /// Whether [`take_lookahead`](Queue::take_lookahead) has anything to give: asked after every
+    /// pop, so that the usual answer, no, costs a test.
+    #[inline(always)]
+    pub(crate) fn has_lookahead(&self) -> bool {
+        self.heap.refilled || self.fifo_popped.is_some()
+    }
+
+    /// What the pops after the last one will take, for the caller to read the memory they touch
+    /// ahead of time, many reads at once rather than one cache miss after another: when the last
+    /// pop moved entries to within `2^NEAR_BITS` ns of the clock, all of them (each such entry
+    /// is given once), and when it took from a FIFO lane, that lane's entry `FIFO_AHEAD` places
+    /// on. Empty after the first ask.
+    pub(crate) fn take_lookahead(&mut self) -> impl Iterator<Item = &A> {
+        let near = std::mem::take(&mut self.heap.refilled);
+        let lane = self.fifo_popped.take();
+        let h = &self.heap;
+        let near = near.then(|| h.zero.iter().chain(h.buckets[..NEAR_BITS].iter().flatten()));
+        let ahead = lane.and_then(|n| self.fifos[n].get(FIFO_AHEAD));
+        near.into_iter().flatten().chain(ahead).map(|e| &e.action)
+    }
+
     pub(crate) fn len(&self) -> usize {
+        debug_assert_eq!(self.len, self.count());
+        self.len
+    }
+
+    fn count(&self) -> usize {
         self.heap.len() + self.fifos.iter().map(VecDeque::len).sum::<usize>()
     }
 
@@ -337,6 +388,7 @@ impl<A> Queue<A> {
             fifo.retain(|e| keep(e.time, &e.action));
         }
         self.find_fifo_first();
+        self.len = self.count();
     }
 }
 

@@ -26,7 +26,8 @@ usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
   --fault AT:SPEC        strike a fault AT ms after start (repeatable), SPEC one of
                          partition A B | heal A B | loss A B PER_MILLE | delay A B MIN_MS MAX_MS |
                          crash H | restart H | remove-device H | restore-device H | addr-change H
-                         (hosts are numbered from 0 in --host order)
+                         (hosts are numbered from 0 in --host order; B may be * for every
+                         other host)
   --faults FILE          the same, one AT:SPEC per line (# comments)
   --processes N          exit once N processes have attached and all have gone
   --max-seconds S        give up (exit 3) after S seconds of wall time (default 600)
@@ -62,18 +63,37 @@ fn parse_fault(line: &str) -> Result<(Duration, Fault), String> {
             .and_then(|w| w.parse().ok())
             .ok_or_else(|| format!("fault `{line}`: argument {i} missing or not a number"))
     };
-    let h = |i: usize| num(i).map(|v| v as u16);
+    let h = |i: usize| {
+        num(i).and_then(|v| {
+            u16::try_from(v)
+                .ok()
+                .filter(|&h| h != Fault::ALL_HOSTS)
+                .ok_or_else(|| format!("fault `{line}`: host {v} out of range"))
+        })
+    };
+    // A link's far end may be `*`: every other host.
+    let peer = |i: usize| match words.get(i) {
+        Some(&"*") => Ok(Fault::ALL_HOSTS),
+        _ => h(i),
+    };
     let fault = match words.first().copied() {
-        Some("partition") => Fault::Partition { a: h(1)?, b: h(2)? },
-        Some("heal") => Fault::Heal { a: h(1)?, b: h(2)? },
+        Some("partition") => Fault::Partition {
+            a: h(1)?,
+            b: peer(2)?,
+        },
+        Some("heal") => Fault::Heal {
+            a: h(1)?,
+            b: peer(2)?,
+        },
         Some("loss") => Fault::Loss {
             a: h(1)?,
-            b: h(2)?,
-            per_mille: num(3)? as u16,
+            b: peer(2)?,
+            per_mille: u16::try_from(num(3)?)
+                .map_err(|_| format!("fault `{line}`: per mille out of range"))?,
         },
         Some("delay") => Fault::Delay {
             a: h(1)?,
-            b: h(2)?,
+            b: peer(2)?,
             min: Duration::from_millis(num(3)?),
             max: Duration::from_millis(num(4)?),
         },
@@ -1422,6 +1442,46 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_fault_to_star_names_every_other_host() {
+        assert_eq!(
+            parse_fault("5:partition 2 *"),
+            Ok((
+                Duration::from_millis(5),
+                Fault::Partition {
+                    a: 2,
+                    b: Fault::ALL_HOSTS
+                }
+            ))
+        );
+        assert_eq!(
+            parse_fault("0:loss 0 * 300"),
+            Ok((
+                Duration::ZERO,
+                Fault::Loss {
+                    a: 0,
+                    b: Fault::ALL_HOSTS,
+                    per_mille: 300
+                }
+            ))
+        );
+        assert!(parse_fault("0:crash *").is_err(), "a host fault names one host");
+        assert!(
+            parse_fault("0:partition * 1").is_err(),
+            "the first end is one host"
+        );
+    }
+
+    #[test]
+    fn out_of_range_numbers_are_refused_not_wrapped() {
+        assert!(parse_fault("0:crash 65536").is_err());
+        assert!(
+            parse_fault("0:crash 65535").is_err(),
+            "65535 is the all-hosts marker"
+        );
+        assert!(parse_fault("0:loss 0 1 70000").is_err());
+    }
 
     #[test]
     fn fault_lines_parse_into_their_faults_and_times() {

@@ -130,6 +130,7 @@ impl SimFabric {
             Some(e) if e.time <= deadline.as_nanos() => {
                 if let Some((time, action)) = fab.sched.pop_earliest(e) {
                     fab.now = fab.now.max(SimTime::from_nanos(time));
+                    fab.read_ahead();
                     fab.dispatch(action);
                 }
                 if deadline != SimTime::NEVER && fab.sched.surely_none_due_by(deadline.as_nanos()) {
