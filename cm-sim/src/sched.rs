@@ -227,6 +227,9 @@ pub(crate) struct Queue<A> {
     /// Entries queued: counted, since the fabric asks after every cancelled timer, and summing
     /// the heap's 64 buckets each time was a tenth of a 100 000-connection run.
     len: usize,
+    /// Whether [`take_lookahead`](Queue::take_lookahead) is asked for: only worth its cost
+    /// when what the actions touch is larger than the caches.
+    look_ahead: bool,
 }
 
 impl<A> Queue<A> {
@@ -238,6 +241,7 @@ impl<A> Queue<A> {
             fifo_first: None,
             fifo_popped: None,
             len: 0,
+            look_ahead: false,
         }
     }
 
@@ -355,7 +359,13 @@ impl<A> Queue<A> {
     /// pop, so that the usual answer, no, costs a test.
     #[inline(always)]
     pub(crate) fn has_lookahead(&self) -> bool {
-        self.heap.refilled || self.fifo_popped.is_some()
+        self.look_ahead && (self.heap.refilled || self.fifo_popped.is_some())
+    }
+
+    /// Turns [`has_lookahead`](Queue::has_lookahead) on or off.
+    #[inline]
+    pub(crate) fn set_look_ahead(&mut self, on: bool) {
+        self.look_ahead = on;
     }
 
     /// What the pops after the last one will take, for the caller to read the memory they touch

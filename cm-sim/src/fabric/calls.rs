@@ -54,6 +54,7 @@ impl Fabric {
             qp: None,
             listener: None,
         });
+        self.ids_changed();
         self.channels.get_mut(channel).expect("checked").ids += 1;
         self.hosts[host as usize].counts.ids += 1;
         Ok(cm_core::backend::id_handle(self.tag(host), r.index, r.generation))

@@ -69,6 +69,10 @@ pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
     }
 }
 
+/// Live ids from which the fabric reads ahead: their slots (176 bytes) then fill about 3 MB,
+/// more than a core's L2 cache here holds.
+const READ_AHEAD_IDS: usize = 16_384;
+
 impl Fabric {
     #[inline]
     pub(super) fn latency(&mut self) -> u64 {
@@ -186,6 +190,13 @@ impl Fabric {
     /// action's first read of its id would otherwise wait for memory on its own. The reads
     /// overlap, and the actions then find the lines in the caches. Nothing read is used: what
     /// runs, and in which order, is unchanged.
+    /// Turns reading ahead on once the ids take more memory than a core's caches hold (and off
+    /// below that): with all of it in the caches, reading ahead is only more work.
+    #[inline]
+    pub(super) fn ids_changed(&mut self) {
+        self.sched.set_look_ahead(self.ids.len() >= READ_AHEAD_IDS);
+    }
+
     #[inline(always)]
     pub(super) fn read_ahead(&mut self) {
         if self.sched.has_lookahead() {

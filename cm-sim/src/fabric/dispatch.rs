@@ -185,6 +185,7 @@ impl Fabric {
             qp: None,
             listener: None,
         });
+        self.ids_changed();
         self.hosts[host as usize].counts.ids += 1;
         self.channels.get_mut(channel).expect("listener's channel").ids += 1;
         self.slot(listener)

@@ -68,6 +68,7 @@ impl Fabric {
             (s.host, s.m.port_space(), s.channel, s.queued, s.timers.pending());
         let bound = s.local.get().filter(|_| s.port_bound);
         self.ids.discard(r);
+        self.ids_changed();
         if !self.external.is_empty() {
             self.external.remove(&r);
         }
