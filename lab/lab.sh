@@ -71,6 +71,9 @@ PROJECT_BINS=(
   "hw-test-ipv6|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture --skip multicast::|CM_HW_ADDR=@ADDR6 CM_HW_UNREACHABLE_ADDR=fd00::fe"
   "hw-bench|criterion|300|bench --profile release --features hw --bench cm --no-run|bench:cm|--bench --warm-up-time 1 --measurement-time 2 --sample-size 10 hw"
   "hw-readiness|libtest|120|test --release -p cm-hw --test readiness --no-run|test:readiness|--test-threads=1 --nocapture"
+  # cm-hw's tracing records (the `tracing` feature): a call's span and a retrieved event's id,
+  # type and status on the real librdmacm; one resolve, well under a second on rxe.
+  "hw-tracing|libtest|120|test --release -p cm-hw --features tracing --test tracing --no-run|test:tracing|--test-threads=1 --nocapture"
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
   "echo|echo|180|build --release --features hw,tokio --example echo|example:echo|--backend hw --server @ADDR --clients 100 --messages 100"
