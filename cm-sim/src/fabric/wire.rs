@@ -256,26 +256,9 @@ impl Fabric {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
         let lat = self.latency();
         if !self.links_faulted {
-            // What follows with no fault on any link (nothing lost, no extra delay), the
-            // receiver looked up once for its host and its last arrival.
-            let Some(dest) = self.ids.get_mut(to) else {
-                self.drop_payload(payload);
-                return;
-            };
-            let to_host = dest.host;
-            let arrival = self.now.after_nanos(lat).max(dest.last_arrival);
-            dest.last_arrival = arrival;
-            self.trace_send(from_host, from, kind, to_host, status);
-            self.schedule(
-                arrival,
-                Action::Msg {
-                    kind,
-                    to,
-                    from,
-                    status,
-                    payload,
-                },
-            );
+            // No fault on any link: nothing is lost or delayed more, and the receiver is looked
+            // up once, for its host and its last arrival.
+            self.post_msg(from_host, from, to, kind, status, payload, lat);
             return;
         }
         let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
@@ -304,12 +287,38 @@ impl Fabric {
             return;
         }
         let extra = self.extra_delay(from_host, to_host);
-        let dest = self.ids.get_mut(to).expect("checked");
-        let arrival = self
-            .now
-            .after_nanos(lat)
-            .after_nanos(extra)
-            .max(dest.last_arrival);
+        self.post_msg(
+            from_host,
+            from,
+            to,
+            kind,
+            status,
+            payload,
+            lat.saturating_add(extra),
+        );
+    }
+
+    /// Puts a message from `from` on the wire to `to`, arriving `delay` from now but not before
+    /// the last message to `to` (messages to one id arrive in order); when `to` is gone the
+    /// message is lost with its payload.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn post_msg(
+        &mut self,
+        from_host: u16,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+        delay: u64,
+    ) {
+        let Some(dest) = self.ids.get_mut(to) else {
+            self.drop_payload(payload);
+            return;
+        };
+        let to_host = dest.host;
+        let arrival = self.now.after_nanos(delay).max(dest.last_arrival);
         dest.last_arrival = arrival;
         self.trace_send(from_host, from, kind, to_host, status);
         self.schedule(
