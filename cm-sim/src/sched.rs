@@ -461,4 +461,61 @@ mod tests {
         assert_eq!(q.pop_due(u64::MAX), None);
         assert!(popped > 1_000, "the run popped as it went");
     }
+
+    #[test]
+    fn look_ahead_gives_the_entries_brought_near_once() {
+        let mut q = Queue::new();
+        q.set_look_ahead(true);
+        for (time, action) in [(1000, 1), (1001, 2), (1002, 3), (1030, 4), (5000, 5)] {
+            q.push(time, action, Lane::Heap);
+        }
+        assert!(!q.has_lookahead(), "nothing was popped yet");
+        // The first pop spreads the bucket holding 1000..1030 out below the new clock: 1001
+        // and 1002 land within 16 ns of it, 1030 does not; 5000 stays far.
+        assert_eq!(q.pop_due(u64::MAX), Some((1000, 1)));
+        assert!(q.has_lookahead());
+        assert_eq!(q.take_lookahead().copied().collect::<Vec<_>>(), vec![2, 3]);
+        assert!(!q.has_lookahead(), "each entry is given once");
+        assert_eq!(q.take_lookahead().count(), 0);
+        assert_eq!(q.pop_due(u64::MAX), Some((1001, 2)));
+        assert!(
+            !q.has_lookahead(),
+            "a pop within the near window brings nothing new near"
+        );
+        assert_eq!(q.pop_due(u64::MAX), Some((1002, 3)));
+        assert_eq!(q.pop_due(u64::MAX), Some((1030, 4)));
+        assert_eq!(q.pop_due(u64::MAX), Some((5000, 5)));
+    }
+
+    #[test]
+    fn look_ahead_gives_a_fifo_lanes_entry_sixteen_places_on() {
+        let mut q = Queue::new();
+        q.set_look_ahead(true);
+        for i in 0..20u64 {
+            q.push(10 + i, i, Lane::Fifo(0));
+        }
+        assert_eq!(q.pop_due(u64::MAX), Some((10, 0)));
+        assert_eq!(q.take_lookahead().copied().collect::<Vec<_>>(), vec![17]);
+        for i in 1..3 {
+            assert_eq!(q.pop_due(u64::MAX), Some((10 + i, i)));
+            assert_eq!(q.take_lookahead().copied().collect::<Vec<_>>(), vec![i + 17]);
+        }
+        assert_eq!(q.pop_due(u64::MAX), Some((13, 3)));
+        assert!(!q.has_lookahead(), "with 16 left there is nothing that far on");
+    }
+
+    #[test]
+    fn look_ahead_is_off_until_turned_on() {
+        let mut q = Queue::new();
+        for (time, action) in [(1000, 1), (1001, 2), (5000, 3)] {
+            q.push(time, action, Lane::Heap);
+        }
+        assert_eq!(q.pop_due(u64::MAX), Some((1000, 1)));
+        assert!(!q.has_lookahead());
+        q.set_look_ahead(true);
+        assert!(
+            q.has_lookahead(),
+            "what the pop brought near is still there to read"
+        );
+    }
 }
