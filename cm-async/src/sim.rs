@@ -27,7 +27,8 @@ use crate::error::Result;
 use crate::runtime::{joinable, JoinHandle, Runtime};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
-type HostFn<T> = Rc<dyn Fn(HostCtx) -> BoxFuture<T>>;
+/// A host's closure: given its context and where its output lands, the task to run.
+type HostFn<T> = Rc<dyn Fn(HostCtx, Output<T>) -> BoxFuture<()>>;
 /// Where a host closure's output lands.
 type Output<T> = Rc<RefCell<Option<T>>>;
 
@@ -312,19 +313,24 @@ impl Timers {
     }
 }
 
-/// A host closure's future and where its output lands. A struct rather than an `async`
-/// block around the boxed future: one state machine less to go through at every poll.
-struct MainTask<T> {
-    fut: BoxFuture<T>,
-    out: Output<T>,
+pin_project_lite::pin_project! {
+    /// A host closure's future and where its output lands, in the task's one box. A struct
+    /// rather than an `async` block: one state machine less to go through at every poll; and
+    /// the future held inline rather than boxed on its own: each poll of a host's task went
+    /// through two boxes and two calls through a vtable.
+    struct MainTask<F: Future> {
+        #[pin]
+        fut: F,
+        out: Output<F::Output>,
+    }
 }
 
-impl<T> Future for MainTask<T> {
+impl<F: Future> Future for MainTask<F> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.get_mut();
-        match this.fut.as_mut().poll(cx) {
+        let this = self.project();
+        match this.fut.poll(cx) {
             Poll::Ready(v) => {
                 *this.out.borrow_mut() = Some(v);
                 Poll::Ready(())
@@ -623,7 +629,7 @@ impl<T: 'static> Sim<T> {
         if self.hosts.len() <= index {
             self.hosts.resize_with(index + 1, || None);
         }
-        let run: HostFn<T> = Rc::new(move |ctx| Box::pin(f(ctx)));
+        let run: HostFn<T> = Rc::new(move |ctx, out| Box::pin(MainTask { fut: f(ctx), out }));
         self.hosts[index] = Some(HostDef { kind, run });
     }
 
@@ -714,9 +720,8 @@ impl<T: 'static> Executor<T> {
                 },
                 host: fabric.host(i),
             };
-            let fut = (def.run)(ctx);
-            self.core
-                .spawn(i, TaskName::Main, Box::pin(MainTask { fut, out }));
+            let task = (def.run)(ctx, out);
+            self.core.spawn(i, TaskName::Main, task);
         }
     }
 
