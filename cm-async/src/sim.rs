@@ -265,6 +265,14 @@ impl Timers {
         let (_, at, waker) = slot.take()?;
         self.free.push(key.slot);
         self.live -= 1;
+        if self.queue.front().is_some_and(|&(_, seq, _)| seq == key.seq) {
+            // The earliest bound, cancelled (nearly every cancel: a connection's bound is the
+            // only timer armed): its entry leaves now, and when none is left the earliest time
+            // is known without a search.
+            self.queue.pop_front();
+            self.earliest = if self.queue.is_empty() { Some(None) } else { None };
+            return Some(waker);
+        }
         if self.earliest == Some(Some(at)) {
             self.earliest = None;
         }
@@ -1147,6 +1155,27 @@ mod tests {
         );
         assert_eq!(t.earliest(), Some(u64::MAX));
         assert!(t.cancel(keep).is_some());
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn cancelling_the_earliest_timer_leaves_no_entry_behind_and_the_next_one_earliest() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Timers::default();
+        let only = t.arm(10, tagged(1, &log));
+        assert!(t.cancel(only).is_some());
+        assert!(t.queue.is_empty(), "the cancelled front entry leaves at once");
+        assert_eq!(t.earliest(), None);
+        let first = t.arm(10, tagged(2, &log));
+        t.arm(20, tagged(3, &log));
+        t.arm(20, tagged(4, &log));
+        assert_eq!(t.earliest(), Some(10));
+        assert!(t.cancel(first).is_some());
+        assert_eq!(t.earliest(), Some(20));
+        while let Some(w) = t.pop_due(20) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![3, 4]);
         assert_eq!(t.earliest(), None);
     }
 
