@@ -180,13 +180,23 @@ impl Wake for TaskWaker {
         if self.id < 64 {
             self.ready.low.fetch_or(1 << self.id, Ordering::Release);
         } else {
-            self.ready
-                .high
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(self.id);
-            self.ready.any_high.store(true, Ordering::Release);
+            self.wake_high();
         }
+    }
+}
+
+impl TaskWaker {
+    /// The locked list's part of a wake, out of line: with the lock inlined, every wake saved
+    /// and restored the registers it needs.
+    #[cold]
+    #[inline(never)]
+    fn wake_high(&self) {
+        self.ready
+            .high
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.id);
+        self.ready.any_high.store(true, Ordering::Release);
     }
 }
 
