@@ -680,6 +680,9 @@ struct Executor<T> {
     batch: Vec<(u64, usize)>,
     /// A copy of [`Core::wakers`], lent to polls without borrowing the core's.
     wakers: Vec<Waker>,
+    /// A copy of [`Core::task_wakers`], kept as long as `wakers`, read without borrowing the
+    /// core's.
+    task_wakers: Vec<Arc<TaskWaker>>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -712,6 +715,7 @@ impl<T: 'static> Executor<T> {
             ready: Vec::new(),
             batch: Vec::new(),
             wakers: Vec::new(),
+            task_wakers: Vec::new(),
         }
     }
 
@@ -837,19 +841,36 @@ impl<T: 'static> Executor<T> {
     #[inline(never)]
     fn take_woken_now(&mut self) {
         let w = &self.core.ready;
-        let tws = self.core.task_wakers.borrow();
-        let mut bits = w.low.swap(0, Ordering::AcqRel);
+        let bits = w.low.swap(0, Ordering::AcqRel);
         let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
         // A slot's number is cleared before the slot is taken, so that a wake racing with
         // this one (another thread's) is either seen here or marks the slot again.
         if !high && bits & bits.wrapping_sub(1) == 0 {
-            // One task woken (nearly always): nothing to order.
+            // One task woken (nearly always): nothing to order. Its waker is in the
+            // executor's copy (it was polled or spawned, and spawning wakes it) unless it was
+            // spawned since the copy was last extended.
             let id = bits.trailing_zeros() as usize;
-            if bits != 0 && tws[id].woke.swap(0, Ordering::AcqRel) != 0 && !self.ready.contains(&id) {
+            if bits == 0 {
+                return;
+            }
+            let n = match self.task_wakers.get(id) {
+                Some(tw) => tw.woke.swap(0, Ordering::AcqRel),
+                None => self.core.task_wakers.borrow()[id].woke.swap(0, Ordering::AcqRel),
+            };
+            if n != 0 && !self.ready.contains(&id) {
                 self.ready.push(id);
             }
             return;
         }
+        self.take_woken_batch(bits, high);
+    }
+
+    /// [`take_woken_now`](Self::take_woken_now) when more than one task was woken: ordered by
+    /// their wakes' numbers.
+    #[inline(never)]
+    fn take_woken_batch(&mut self, mut bits: u64, high: bool) {
+        let w = &self.core.ready;
+        let tws = self.core.task_wakers.borrow();
         let batch = &mut self.batch;
         let mut take = |id: usize| {
             let n = tws[id].woke.swap(0, Ordering::AcqRel);
@@ -930,6 +951,8 @@ impl<T: 'static> Executor<T> {
         if id >= self.wakers.len() {
             let all = self.core.wakers.borrow();
             self.wakers.extend_from_slice(&all[self.wakers.len()..]);
+            let all = self.core.task_wakers.borrow();
+            self.task_wakers.extend_from_slice(&all[self.task_wakers.len()..]);
         }
     }
 
