@@ -268,6 +268,15 @@ impl Boxes {
     }
 }
 
+/// What a pass of [`Shared::pump_where`] did and left.
+pub(crate) struct Pumped {
+    /// Whether anything was handed out.
+    pub(crate) moved: bool,
+    /// Whether work besides events is left: a release deferred, or a CQ some task waits on.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) more: bool,
+}
+
 /// The backend and everything the driver tracks. Always borrowed briefly, never across an
 /// `.await`.
 pub(crate) struct State<B: CmBackend> {
@@ -361,20 +370,21 @@ impl<B: CmBackend> Shared<B> {
     /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
     /// anything was handed out.
     pub(crate) fn pump(&self, events: bool) -> bool {
-        self.pump_where(events, |_, _| true, |_, _| true)
+        self.pump_where(events, |_, _| true, |_, _| true).moved
     }
 
     /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
     /// and polling only the watched CQs for which `cq_ready` says a poll may find something
     /// (the simulator's executor knows; a call that finds nothing is most of what a step
     /// costs). With `events`, the caller has found that `event_ready` holds: the first
-    /// retrieval does not ask again.
+    /// retrieval does not ask again. Tells, besides, whether work besides events is left
+    /// ([`has_other_work`](Self::has_other_work), found under the borrow the pump holds).
     pub(crate) fn pump_where(
         &self,
         events: bool,
         event_ready: impl Fn(&B, ChannelHandle) -> bool,
         cq_ready: impl Fn(&B, IdHandle) -> bool,
-    ) -> bool {
+    ) -> Pumped {
         let mut st = self.st.borrow_mut();
         if !self.deferred.borrow().is_empty() {
             let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
@@ -402,7 +412,10 @@ impl<B: CmBackend> Shared<B> {
                     (None, Ok(_)) => break,
                     (None, Err(e)) => {
                         st.fail(e);
-                        return true;
+                        return Pumped {
+                            moved: true,
+                            more: self.other_work_in(&st),
+                        };
                     }
                 };
                 if let Some(child) = orphan {
@@ -430,7 +443,16 @@ impl<B: CmBackend> Shared<B> {
                 }
             }
         }
-        moved
+        Pumped {
+            moved,
+            more: self.other_work_in(&st),
+        }
+    }
+
+    /// [`has_other_work`](Self::has_other_work) with the state borrowed already.
+    #[inline]
+    fn other_work_in(&self, st: &State<B>) -> bool {
+        !st.cq_watch.is_empty() || !self.deferred.borrow().is_empty()
     }
 
     /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ

@@ -996,12 +996,12 @@ impl<T: 'static> Executor<T> {
             };
             i += 1;
             if events || pump.has_other_work() {
-                pump.pump_where(
+                let pumped = pump.pump_where(
                     events,
                     |b: &SimHost, ch| event_ready(b.index(), ch),
                     |b, id| fabric.may_have_completion(b.index(), id),
                 );
-                if pump.has_other_work() {
+                if pumped.more {
                     self.core.poke.set(true);
                 }
             }
