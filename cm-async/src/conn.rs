@@ -194,6 +194,16 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// The next connection request, to accept or reject. Dropping the future halfway leaves
     /// nothing behind; dropping the [`Request`] rejects it.
     pub async fn request(&self) -> Result<Request<B, R>> {
+        let conn = self.next_request().await?;
+        Ok(Request {
+            conn: Some(conn),
+            with: self.accept.clone(),
+        })
+    }
+
+    /// The next request's connection, not answered yet (dropping it releases the id, as a
+    /// dropped [`Request`] does after its reject).
+    async fn next_request(&self) -> Result<Connection<B, R>> {
         // The events a listener has no use for are skipped inside the wait, which takes one
         // poll function rather than a loop around a future of its own for each event.
         let ev = poll_fn(|cx| {
@@ -211,10 +221,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
         }
         let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.accept.opts);
         conn.peer_data = ev.private_data;
-        Ok(Request {
-            conn: Some(conn),
-            with: self.accept.clone(),
-        })
+        Ok(conn)
     }
 
     /// The next connection: waits for a `CONNECT_REQUEST`, gives the new id a QP with its
@@ -223,10 +230,13 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// goes on; the passive side's `ESTABLISHED` is taken by the connection's first operation.
     /// Dropping the future halfway leaves nothing behind.
     pub async fn accept(&self) -> Result<(Connection<B, R>, Vec<u8>)> {
+        // Without a `Request` in between: at 136 bytes, moving one into its `accept` was a
+        // call to `memcpy`, and dropping it a check for nothing. A set-up that fails drops the
+        // connection, which releases the id, as a failed `Request::accept` does.
         loop {
-            let req = self.request().await?;
-            let data = req.private_data().to_vec();
-            if let Ok(conn) = req.accept() {
+            let mut conn = self.next_request().await?;
+            let data = conn.peer_data.clone();
+            if conn.accept_with(&self.accept).is_ok() {
                 return Ok((conn, data));
             }
         }
@@ -259,8 +269,7 @@ impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
     /// listener's private data). On failure the id is released.
     pub fn accept(mut self) -> Result<Connection<B, R>> {
         let mut conn = self.conn.take().expect("a request holds its id until answered");
-        conn.set_up_qp(&self.with.opts)?;
-        conn.sh.st.borrow_mut().b.accept(conn.id, &self.with.param)?;
+        conn.accept_with(&self.with)?;
         Ok(conn)
     }
 
@@ -350,6 +359,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         for _ in 0..opts.recv_depth {
             self.post_recv()?;
         }
+        Ok(())
+    }
+
+    /// Gives a requested connection its QP with its receives posted, and accepts it.
+    fn accept_with(&mut self, with: &AcceptWith) -> Result<()> {
+        self.set_up_qp(&with.opts)?;
+        self.sh.st.borrow_mut().b.accept(self.id, &with.param)?;
         Ok(())
     }
 
