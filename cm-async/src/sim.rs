@@ -683,18 +683,22 @@ struct Executor<T> {
     /// A copy of [`Core::task_wakers`], kept as long as `wakers`, read without borrowing the
     /// core's.
     task_wakers: Vec<Arc<TaskWaker>>,
+    /// [`Core::ready`], held here too: it is looked at before and after every poll, and
+    /// through the core it was one load more each time.
+    woken: Arc<Woken>,
 }
 
 impl<T: 'static> Executor<T> {
     fn new(sim: Sim<T>) -> Self {
         let seed = sim.fabric.seed();
         let n = sim.hosts.len();
+        let woken = Arc::new(Woken::default());
         Executor {
             core: Rc::new(Core {
                 fabric: sim.fabric,
                 tasks: RefCell::new(Vec::new()),
                 free: RefCell::new(Vec::new()),
-                ready: Arc::new(Woken::default()),
+                ready: woken.clone(),
                 wakers: RefCell::new(Vec::new()),
                 task_wakers: RefCell::new(Vec::new()),
                 timers: RefCell::new(Timers::default()),
@@ -716,6 +720,7 @@ impl<T: 'static> Executor<T> {
             batch: Vec::new(),
             wakers: Vec::new(),
             task_wakers: Vec::new(),
+            woken,
         }
     }
 
@@ -832,7 +837,7 @@ impl<T: 'static> Executor<T> {
     /// they were first woken.
     #[inline]
     fn take_woken(&mut self) {
-        let w = &self.core.ready;
+        let w = &self.woken;
         if w.low.load(Ordering::Acquire) != 0 || w.any_high.load(Ordering::Acquire) {
             self.take_woken_now();
         }
@@ -840,7 +845,7 @@ impl<T: 'static> Executor<T> {
 
     #[inline(never)]
     fn take_woken_now(&mut self) {
-        let w = &self.core.ready;
+        let w = &self.woken;
         let bits = w.low.swap(0, Ordering::AcqRel);
         let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
         // A slot's number is cleared before the slot is taken, so that a wake racing with
