@@ -125,11 +125,10 @@ enum TaskName {
     Spawned(u64),
 }
 
+/// A task as the core knows it; its future is the executor's ([`Executor::futs`]).
 struct Task {
     host: usize,
     name: TaskName,
-    /// `None` only while the task is being polled.
-    fut: Option<BoxFuture<()>>,
 }
 
 struct TaskWaker {
@@ -383,6 +382,10 @@ struct Core {
     /// Set by a driver that got work besides events (shared by all of them).
     poke: Rc<Cell<bool>>,
     spawned: Cell<u64>,
+    /// The futures of the tasks spawned since the executor last adopted them, by slot.
+    new_futs: RefCell<Vec<(usize, BoxFuture<()>)>>,
+    /// Whether `new_futs` has any (a flag: it is asked before every poll).
+    any_new: Cell<bool>,
 }
 
 impl Core {
@@ -406,11 +409,9 @@ impl Core {
             }
             wakers[id].wake_by_ref();
         }
-        let task = Task {
-            host,
-            name,
-            fut: Some(fut),
-        };
+        self.new_futs.borrow_mut().push((id, fut));
+        self.any_new.set(true);
+        let task = Task { host, name };
         if id == tasks.len() {
             tasks.push(Some(task));
         } else {
@@ -686,6 +687,11 @@ struct Executor<T> {
     /// [`Core::ready`], held here too: it is looked at before and after every poll, and
     /// through the core it was one load more each time.
     woken: Arc<Woken>,
+    /// `futs[i]`: the future of the task in slot `i` of [`Core::tasks`]. Held by the executor
+    /// rather than in the core's tasks, so that a poll reaches it without a borrow and without
+    /// taking it out and putting it back (the tasks were borrowed twice per poll for that);
+    /// what a task spawns waits in [`Core::new_futs`] until adopted.
+    futs: Vec<Option<BoxFuture<()>>>,
 }
 
 impl<T: 'static> Executor<T> {
@@ -705,6 +711,8 @@ impl<T: 'static> Executor<T> {
                 pumps: RefCell::new(Vec::new()),
                 poke: Rc::new(Cell::new(false)),
                 spawned: Cell::new(0),
+                new_futs: RefCell::new(Vec::new()),
+                any_new: Cell::new(false),
             }),
             defs: sim.hosts,
             deadline: sim.deadline.as_nanos().try_into().unwrap_or(u64::MAX),
@@ -721,6 +729,7 @@ impl<T: 'static> Executor<T> {
             wakers: Vec::new(),
             task_wakers: Vec::new(),
             woken,
+            futs: Vec::new(),
         }
     }
 
@@ -768,13 +777,15 @@ impl<T: 'static> Executor<T> {
     }
 
     /// Drops the tasks `which` selects, outside every borrow: their objects release on drop.
-    fn kill(&self, which: impl Fn(usize) -> bool) {
+    fn kill(&mut self, which: impl Fn(usize) -> bool) {
+        self.adopt_spawned();
         let mut doomed = Vec::new();
         {
             let mut tasks = self.core.tasks.borrow_mut();
             for (id, slot) in tasks.iter_mut().enumerate() {
                 if slot.as_ref().is_some_and(|t| which(t.host)) {
-                    doomed.push(slot.take());
+                    let fut = self.futs.get_mut(id).and_then(Option::take);
+                    doomed.push((fut, slot.take()));
                     self.core.free.borrow_mut().push(id);
                 }
             }
@@ -819,7 +830,7 @@ impl<T: 'static> Executor<T> {
             .collect()
     }
 
-    fn fail(&self, kind: FailureKind) -> SimFailure {
+    fn fail(&mut self, kind: FailureKind) -> SimFailure {
         self.kill(|_| true);
         let seed = self.core.fabric.seed();
         SimFailure {
@@ -902,31 +913,38 @@ impl<T: 'static> Executor<T> {
         batch.clear();
     }
 
+    /// Moves the futures of the tasks spawned since the last call into [`Executor::futs`].
+    #[inline]
+    fn adopt_spawned(&mut self) {
+        if self.core.any_new.replace(false) {
+            self.adopt_spawned_now();
+        }
+    }
+
+    #[inline(never)]
+    fn adopt_spawned_now(&mut self) {
+        for (id, fut) in self.core.new_futs.borrow_mut().drain(..) {
+            if id >= self.futs.len() {
+                self.futs.resize_with(id + 1, || None);
+            }
+            self.futs[id] = Some(fut);
+        }
+    }
+
     /// Polls one ready task; `Err` with the failure when it panicked.
-    fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        // The future leaves its slot while it runs (`None` stands in: nothing to drop when it
-        // comes back, where a placeholder future had to be dropped through its vtable), so that
-        // the tasks are not borrowed during the poll: what it spawns takes other slots. The
-        // slot's waker is lent from the executor's copy of the wakers.
-        let fut = self
-            .core
-            .tasks
-            .borrow_mut()
-            .get_mut(id)
-            .and_then(Option::as_mut)
-            .and_then(|t| t.fut.take());
-        let Some(mut fut) = fut else {
+    fn poll_one(&mut self, id: usize) -> std::result::Result<(), SimFailure> {
+        // The future stays in its place while it runs: what it spawns waits in the core's
+        // list, and its slot is taken until it ends. The slot's waker is lent from the
+        // executor's copy of the wakers.
+        self.adopt_spawned();
+        let Some(fut) = self.futs.get_mut(id).and_then(Option::as_mut) else {
             return Ok(());
         };
         let mut cx = Context::from_waker(&self.wakers[id]);
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
-            Ok(Poll::Pending) => {
-                if let Some(t) = self.core.tasks.borrow_mut()[id].as_mut() {
-                    t.fut = Some(fut);
-                }
-                Ok(())
-            }
+            Ok(Poll::Pending) => Ok(()),
             Ok(Poll::Ready(())) => {
+                let fut = self.futs[id].take();
                 let task = self.core.tasks.borrow_mut()[id].take();
                 self.core.free.borrow_mut().push(id);
                 self.ended.set(true);
@@ -940,6 +958,7 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
+                let fut = self.futs[id].take();
                 let task = self.core.tasks.borrow_mut()[id].take();
                 let name = task.as_ref().map_or_else(String::new, |t| self.core.name(t));
                 self.core.free.borrow_mut().push(id);
