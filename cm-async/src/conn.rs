@@ -12,7 +12,7 @@ use std::time::Duration;
 use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
 use cm_core::{WcOpcode, WcStatus, WorkCompletion};
 
-use crate::driver::{EventInfo, Shared};
+use crate::driver::Shared;
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 
@@ -163,8 +163,7 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             let param = param.as_ref().expect("just made");
             self.sh.st.borrow_mut().b.connect(id, param)?;
         }
-        let ev = conn.expect(CmEventType::Established, bound.as_mut()).await?;
-        conn.peer_data = ev.private_data;
+        conn.peer_data = conn.expect(CmEventType::Established, bound.as_mut()).await?;
         Ok(conn)
     }
 }
@@ -486,18 +485,20 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         Ok(closed)
     }
 
-    /// The next event of the connection that is `want`, skipping the ignorable ones; another
-    /// is the error it stands for. (One poll function rather than a loop around a wait for
-    /// each event: it is awaited at every step of `connect`.)
+    /// The private data of the next event of the connection that is `want`, skipping the
+    /// ignorable ones; another is the error it stands for. (One poll function rather than a
+    /// loop around a wait for each event: it is awaited at every step of `connect`. Only the
+    /// private data comes out, not the whole event: it is what the caller uses, and the result
+    /// is moved at each level of the poll.)
     fn expect<'a, S: Future<Output = ()>>(
         &'a self,
         want: CmEventType,
         mut bound: Pin<&'a mut S>,
-    ) -> impl Future<Output = Result<EventInfo>> + 'a {
+    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
         poll_fn(move |cx| {
             let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
                 if ev.ty == want {
-                    Some(Ok(ev))
+                    Some(Ok(ev.private_data))
                 } else if !ignorable(ev.ty) {
                     Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
                 } else {
