@@ -923,11 +923,17 @@ impl<T: 'static> Executor<T> {
 
     #[inline(never)]
     fn adopt_spawned_now(&mut self) {
-        for (id, fut) in self.core.new_futs.borrow_mut().drain(..) {
-            if id >= self.futs.len() {
-                self.futs.resize_with(id + 1, || None);
+        // Each slot is in the list once (a task is adopted before it can be polled, so before
+        // its slot can be freed and taken again): the order they are taken in does not matter.
+        let mut new = self.core.new_futs.borrow_mut();
+        while let Some((id, fut)) = new.pop() {
+            match self.futs.get_mut(id) {
+                Some(place) => *place = Some(fut),
+                None => {
+                    self.futs.resize_with(id, || None);
+                    self.futs.push(Some(fut));
+                }
             }
-            self.futs[id] = Some(fut);
         }
     }
 
