@@ -951,11 +951,11 @@ impl<T: 'static> Executor<T> {
             Ok(Poll::Pending) => Ok(()),
             Ok(Poll::Ready(())) => {
                 let fut = self.futs[id].take();
-                let task = self.core.tasks.borrow_mut()[id].take();
+                self.core.tasks.borrow_mut()[id] = None;
                 self.core.free.borrow_mut().push(id);
                 self.ended.set(true);
+                // Outside the borrows: dropping the future may run arbitrary code.
                 drop(fut);
-                drop(task);
                 Ok(())
             }
             Err(payload) => {
@@ -969,7 +969,6 @@ impl<T: 'static> Executor<T> {
                 let name = task.as_ref().map_or_else(String::new, |t| self.core.name(t));
                 self.core.free.borrow_mut().push(id);
                 drop(fut);
-                drop(task);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
         }
