@@ -12,7 +12,7 @@ use std::time::Duration;
 use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
 use cm_core::{WcOpcode, WcStatus, WorkCompletion};
 
-use crate::driver::{EventInfo, Shared};
+use crate::driver::Shared;
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 
@@ -163,8 +163,7 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             let param = param.as_ref().expect("just made");
             self.sh.st.borrow_mut().b.connect(id, param)?;
         }
-        let ev = conn.expect(CmEventType::Established, bound.as_mut()).await?;
-        conn.peer_data = ev.private_data;
+        conn.peer_data = conn.expect(CmEventType::Established, bound.as_mut()).await?;
         Ok(conn)
     }
 }
@@ -194,6 +193,16 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// The next connection request, to accept or reject. Dropping the future halfway leaves
     /// nothing behind; dropping the [`Request`] rejects it.
     pub async fn request(&self) -> Result<Request<B, R>> {
+        let conn = self.next_request().await?;
+        Ok(Request {
+            conn: Some(conn),
+            with: self.accept.clone(),
+        })
+    }
+
+    /// The next request's connection, not answered yet (dropping it releases the id, as a
+    /// dropped [`Request`] does after its reject).
+    async fn next_request(&self) -> Result<Connection<B, R>> {
         // The events a listener has no use for are skipped inside the wait, which takes one
         // poll function rather than a loop around a future of its own for each event.
         let ev = poll_fn(|cx| {
@@ -211,10 +220,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
         }
         let mut conn = Connection::new(self.sh.clone(), self.rt.clone(), ev.id, &self.accept.opts);
         conn.peer_data = ev.private_data;
-        Ok(Request {
-            conn: Some(conn),
-            with: self.accept.clone(),
-        })
+        Ok(conn)
     }
 
     /// The next connection: waits for a `CONNECT_REQUEST`, gives the new id a QP with its
@@ -223,10 +229,13 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// goes on; the passive side's `ESTABLISHED` is taken by the connection's first operation.
     /// Dropping the future halfway leaves nothing behind.
     pub async fn accept(&self) -> Result<(Connection<B, R>, Vec<u8>)> {
+        // Without a `Request` in between: at 136 bytes, moving one into its `accept` was a
+        // call to `memcpy`, and dropping it a check for nothing. A set-up that fails drops the
+        // connection, which releases the id, as a failed `Request::accept` does.
         loop {
-            let req = self.request().await?;
-            let data = req.private_data().to_vec();
-            if let Ok(conn) = req.accept() {
+            let mut conn = self.next_request().await?;
+            let data = conn.peer_data.clone();
+            if conn.accept_with(&self.accept).is_ok() {
                 return Ok((conn, data));
             }
         }
@@ -259,8 +268,7 @@ impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
     /// listener's private data). On failure the id is released.
     pub fn accept(mut self) -> Result<Connection<B, R>> {
         let mut conn = self.conn.take().expect("a request holds its id until answered");
-        conn.set_up_qp(&self.with.opts)?;
-        conn.sh.st.borrow_mut().b.accept(conn.id, &self.with.param)?;
+        conn.accept_with(&self.with)?;
         Ok(conn)
     }
 
@@ -350,6 +358,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         for _ in 0..opts.recv_depth {
             self.post_recv()?;
         }
+        Ok(())
+    }
+
+    /// Gives a requested connection its QP with its receives posted, and accepts it.
+    fn accept_with(&mut self, with: &AcceptWith) -> Result<()> {
+        self.set_up_qp(&with.opts)?;
+        self.sh.st.borrow_mut().b.accept(self.id, &with.param)?;
         Ok(())
     }
 
@@ -470,18 +485,20 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         Ok(closed)
     }
 
-    /// The next event of the connection that is `want`, skipping the ignorable ones; another
-    /// is the error it stands for. (One poll function rather than a loop around a wait for
-    /// each event: it is awaited at every step of `connect`.)
+    /// The private data of the next event of the connection that is `want`, skipping the
+    /// ignorable ones; another is the error it stands for. (One poll function rather than a
+    /// loop around a wait for each event: it is awaited at every step of `connect`. Only the
+    /// private data comes out, not the whole event: it is what the caller uses, and the result
+    /// is moved at each level of the poll.)
     fn expect<'a, S: Future<Output = ()>>(
         &'a self,
         want: CmEventType,
         mut bound: Pin<&'a mut S>,
-    ) -> impl Future<Output = Result<EventInfo>> + 'a {
+    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
         poll_fn(move |cx| {
             let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
                 if ev.ty == want {
-                    Some(Ok(ev))
+                    Some(Ok(ev.private_data))
                 } else if !ignorable(ev.ty) {
                     Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
                 } else {

@@ -102,6 +102,14 @@ impl Mailbox {
         self.rare.as_mut()?.later.pop_front()
     }
 
+    /// Whether an event is waiting.
+    #[inline]
+    fn has_events(&self) -> bool {
+        self.first.is_some()
+            || self.second.is_some()
+            || self.rare.as_ref().is_some_and(|r| !r.later.is_empty())
+    }
+
     /// The completions taken from the CQ and not yet picked; `None` when there never were any.
     #[inline]
     pub(crate) fn cq(&mut self) -> Option<&mut VecDeque<WorkCompletion>> {
@@ -238,12 +246,35 @@ impl Boxes {
         Some(bx)
     }
 
+    /// Removes `id`'s mailbox, found at `p` by [`position`](Self::position), where it lies:
+    /// returned by value (as [`remove`](Self::remove) does) it was copied out and again into
+    /// its caller before it was dropped.
+    #[inline]
+    fn discard_at(&mut self, id: IdHandle, p: usize) {
+        self.at[id.index() as usize] = 0;
+        let last = self.dense.len() - 1;
+        if p != last {
+            self.dense.swap(p, last);
+            self.at[self.dense[p].0.index() as usize] = p as u32 + 1;
+        }
+        self.dense.truncate(last);
+    }
+
     fn keys(&self) -> impl Iterator<Item = IdHandle> + '_ {
         self.dense
             .iter()
             .map(|(id, _)| *id)
             .chain(self.far.keys().copied())
     }
+}
+
+/// What a pass of [`Shared::pump_where`] did and left.
+pub(crate) struct Pumped {
+    /// Whether anything was handed out.
+    pub(crate) moved: bool,
+    /// Whether work besides events is left: a release deferred, or a CQ some task waits on.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) more: bool,
 }
 
 /// The backend and everything the driver tracks. Always borrowed briefly, never across an
@@ -339,20 +370,21 @@ impl<B: CmBackend> Shared<B> {
     /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
     /// anything was handed out.
     pub(crate) fn pump(&self, events: bool) -> bool {
-        self.pump_where(events, |_, _| true, |_, _| true)
+        self.pump_where(events, |_, _| true, |_, _| true).moved
     }
 
     /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
     /// and polling only the watched CQs for which `cq_ready` says a poll may find something
     /// (the simulator's executor knows; a call that finds nothing is most of what a step
     /// costs). With `events`, the caller has found that `event_ready` holds: the first
-    /// retrieval does not ask again.
+    /// retrieval does not ask again. Tells, besides, whether work besides events is left
+    /// ([`has_other_work`](Self::has_other_work), found under the borrow the pump holds).
     pub(crate) fn pump_where(
         &self,
         events: bool,
         event_ready: impl Fn(&B, ChannelHandle) -> bool,
         cq_ready: impl Fn(&B, IdHandle) -> bool,
-    ) -> bool {
+    ) -> Pumped {
         let mut st = self.st.borrow_mut();
         if !self.deferred.borrow().is_empty() {
             let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
@@ -380,7 +412,10 @@ impl<B: CmBackend> Shared<B> {
                     (None, Ok(_)) => break,
                     (None, Err(e)) => {
                         st.fail(e);
-                        return true;
+                        return Pumped {
+                            moved: true,
+                            more: self.other_work_in(&st),
+                        };
                     }
                 };
                 if let Some(child) = orphan {
@@ -408,7 +443,16 @@ impl<B: CmBackend> Shared<B> {
                 }
             }
         }
-        moved
+        Pumped {
+            moved,
+            more: self.other_work_in(&st),
+        }
+    }
+
+    /// [`has_other_work`](Self::has_other_work) with the state borrowed already.
+    #[inline]
+    fn other_work_in(&self, st: &State<B>) -> bool {
+        !st.cq_watch.is_empty() || !self.deferred.borrow().is_empty()
     }
 
     /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ
@@ -564,6 +608,16 @@ impl<B: CmBackend> State<B> {
             r.forget(id);
         }
         let _ = self.b.destroy_qp(id);
+        if let Some(p) = self.boxes.position(id) {
+            let bx = &mut self.boxes.dense[p].1;
+            if !bx.has_events() {
+                // Nothing left to refuse: it goes where it lies.
+                bx.wake();
+                self.boxes.discard_at(id, p);
+                let _ = self.b.destroy_id(id);
+                return;
+            }
+        }
         if let Some(mut bx) = self.boxes.remove(&id) {
             while let Some(ev) = bx.pop_event() {
                 if listener && ev.ty == CmEventType::ConnectRequest {
@@ -680,6 +734,27 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(left, want);
+    }
+
+    #[test]
+    fn a_mailbox_discarded_where_it_lies_leaves_the_others_found_by_their_ids() {
+        use cm_core::backend::id_handle;
+        let mut boxes = Boxes::default();
+        let ids: Vec<IdHandle> = (0..5).map(|i| id_handle(1, i, 1)).collect();
+        for (n, &id) in ids.iter().enumerate() {
+            boxes.get_or_default(id).push_event(info(n as i32));
+        }
+        // The middle one (the last moves into its place), then the last.
+        for gone in [ids[1], ids[4]] {
+            let p = boxes.position(gone).expect("has a mailbox");
+            boxes.discard_at(gone, p);
+            assert!(boxes.get_mut(&gone).is_none());
+        }
+        for n in [0, 2, 3] {
+            let ev = boxes.get_mut(&ids[n]).and_then(Mailbox::pop_event);
+            assert_eq!(ev.map(|e| e.status), Some(n as i32));
+        }
+        assert_eq!(boxes.dense.len(), 3);
     }
 
     #[test]

@@ -27,7 +27,8 @@ use crate::error::Result;
 use crate::runtime::{joinable, JoinHandle, Runtime};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
-type HostFn<T> = Rc<dyn Fn(HostCtx) -> BoxFuture<T>>;
+/// A host's closure: given its context and where its output lands, the task to run.
+type HostFn<T> = Rc<dyn Fn(HostCtx, Output<T>) -> BoxFuture<()>>;
 /// Where a host closure's output lands.
 type Output<T> = Rc<RefCell<Option<T>>>;
 
@@ -124,11 +125,10 @@ enum TaskName {
     Spawned(u64),
 }
 
+/// A task as the core knows it; its future is the executor's ([`Executor::futs`]).
 struct Task {
     host: usize,
     name: TaskName,
-    /// `None` only while the task is being polled.
-    fut: Option<BoxFuture<()>>,
 }
 
 struct TaskWaker {
@@ -179,13 +179,23 @@ impl Wake for TaskWaker {
         if self.id < 64 {
             self.ready.low.fetch_or(1 << self.id, Ordering::Release);
         } else {
-            self.ready
-                .high
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(self.id);
-            self.ready.any_high.store(true, Ordering::Release);
+            self.wake_high();
         }
+    }
+}
+
+impl TaskWaker {
+    /// The locked list's part of a wake, out of line: with the lock inlined, every wake saved
+    /// and restored the registers it needs.
+    #[cold]
+    #[inline(never)]
+    fn wake_high(&self) {
+        self.ready
+            .high
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.id);
+        self.ready.any_high.store(true, Ordering::Release);
     }
 }
 
@@ -264,6 +274,14 @@ impl Timers {
         let (_, at, waker) = slot.take()?;
         self.free.push(key.slot);
         self.live -= 1;
+        if self.queue.front().is_some_and(|&(_, seq, _)| seq == key.seq) {
+            // The earliest bound, cancelled (nearly every cancel: a connection's bound is the
+            // only timer armed): its entry leaves now, and when none is left the earliest time
+            // is known without a search.
+            self.queue.pop_front();
+            self.earliest = if self.queue.is_empty() { Some(None) } else { None };
+            return Some(waker);
+        }
         if self.earliest == Some(Some(at)) {
             self.earliest = None;
         }
@@ -312,19 +330,24 @@ impl Timers {
     }
 }
 
-/// A host closure's future and where its output lands. A struct rather than an `async`
-/// block around the boxed future: one state machine less to go through at every poll.
-struct MainTask<T> {
-    fut: BoxFuture<T>,
-    out: Output<T>,
+pin_project_lite::pin_project! {
+    /// A host closure's future and where its output lands, in the task's one box. A struct
+    /// rather than an `async` block: one state machine less to go through at every poll; and
+    /// the future held inline rather than boxed on its own: each poll of a host's task went
+    /// through two boxes and two calls through a vtable.
+    struct MainTask<F: Future> {
+        #[pin]
+        fut: F,
+        out: Output<F::Output>,
+    }
 }
 
-impl<T> Future for MainTask<T> {
+impl<F: Future> Future for MainTask<F> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.get_mut();
-        match this.fut.as_mut().poll(cx) {
+        let this = self.project();
+        match this.fut.poll(cx) {
             Poll::Ready(v) => {
                 *this.out.borrow_mut() = Some(v);
                 Poll::Ready(())
@@ -359,6 +382,10 @@ struct Core {
     /// Set by a driver that got work besides events (shared by all of them).
     poke: Rc<Cell<bool>>,
     spawned: Cell<u64>,
+    /// The futures of the tasks spawned since the executor last adopted them, by slot.
+    new_futs: RefCell<Vec<(usize, BoxFuture<()>)>>,
+    /// Whether `new_futs` has any (a flag: it is asked before every poll).
+    any_new: Cell<bool>,
 }
 
 impl Core {
@@ -382,11 +409,9 @@ impl Core {
             }
             wakers[id].wake_by_ref();
         }
-        let task = Task {
-            host,
-            name,
-            fut: Some(fut),
-        };
+        self.new_futs.borrow_mut().push((id, fut));
+        self.any_new.set(true);
+        let task = Task { host, name };
         if id == tasks.len() {
             tasks.push(Some(task));
         } else {
@@ -623,7 +648,7 @@ impl<T: 'static> Sim<T> {
         if self.hosts.len() <= index {
             self.hosts.resize_with(index + 1, || None);
         }
-        let run: HostFn<T> = Rc::new(move |ctx| Box::pin(f(ctx)));
+        let run: HostFn<T> = Rc::new(move |ctx, out| Box::pin(MainTask { fut: f(ctx), out }));
         self.hosts[index] = Some(HostDef { kind, run });
     }
 
@@ -656,24 +681,38 @@ struct Executor<T> {
     batch: Vec<(u64, usize)>,
     /// A copy of [`Core::wakers`], lent to polls without borrowing the core's.
     wakers: Vec<Waker>,
+    /// A copy of [`Core::task_wakers`], kept as long as `wakers`, read without borrowing the
+    /// core's.
+    task_wakers: Vec<Arc<TaskWaker>>,
+    /// [`Core::ready`], held here too: it is looked at before and after every poll, and
+    /// through the core it was one load more each time.
+    woken: Arc<Woken>,
+    /// `futs[i]`: the future of the task in slot `i` of [`Core::tasks`]. Held by the executor
+    /// rather than in the core's tasks, so that a poll reaches it without a borrow and without
+    /// taking it out and putting it back (the tasks were borrowed twice per poll for that);
+    /// what a task spawns waits in [`Core::new_futs`] until adopted.
+    futs: Vec<Option<BoxFuture<()>>>,
 }
 
 impl<T: 'static> Executor<T> {
     fn new(sim: Sim<T>) -> Self {
         let seed = sim.fabric.seed();
         let n = sim.hosts.len();
+        let woken = Arc::new(Woken::default());
         Executor {
             core: Rc::new(Core {
                 fabric: sim.fabric,
                 tasks: RefCell::new(Vec::new()),
                 free: RefCell::new(Vec::new()),
-                ready: Arc::new(Woken::default()),
+                ready: woken.clone(),
                 wakers: RefCell::new(Vec::new()),
                 task_wakers: RefCell::new(Vec::new()),
                 timers: RefCell::new(Timers::default()),
                 pumps: RefCell::new(Vec::new()),
                 poke: Rc::new(Cell::new(false)),
                 spawned: Cell::new(0),
+                new_futs: RefCell::new(Vec::new()),
+                any_new: Cell::new(false),
             }),
             defs: sim.hosts,
             deadline: sim.deadline.as_nanos().try_into().unwrap_or(u64::MAX),
@@ -688,6 +727,9 @@ impl<T: 'static> Executor<T> {
             ready: Vec::new(),
             batch: Vec::new(),
             wakers: Vec::new(),
+            task_wakers: Vec::new(),
+            woken,
+            futs: Vec::new(),
         }
     }
 
@@ -714,9 +756,8 @@ impl<T: 'static> Executor<T> {
                 },
                 host: fabric.host(i),
             };
-            let fut = (def.run)(ctx);
-            self.core
-                .spawn(i, TaskName::Main, Box::pin(MainTask { fut, out }));
+            let task = (def.run)(ctx, out);
+            self.core.spawn(i, TaskName::Main, task);
         }
     }
 
@@ -736,13 +777,15 @@ impl<T: 'static> Executor<T> {
     }
 
     /// Drops the tasks `which` selects, outside every borrow: their objects release on drop.
-    fn kill(&self, which: impl Fn(usize) -> bool) {
+    fn kill(&mut self, which: impl Fn(usize) -> bool) {
+        self.adopt_spawned();
         let mut doomed = Vec::new();
         {
             let mut tasks = self.core.tasks.borrow_mut();
             for (id, slot) in tasks.iter_mut().enumerate() {
                 if slot.as_ref().is_some_and(|t| which(t.host)) {
-                    doomed.push(slot.take());
+                    let fut = self.futs.get_mut(id).and_then(Option::take);
+                    doomed.push((fut, slot.take()));
                     self.core.free.borrow_mut().push(id);
                 }
             }
@@ -787,7 +830,7 @@ impl<T: 'static> Executor<T> {
             .collect()
     }
 
-    fn fail(&self, kind: FailureKind) -> SimFailure {
+    fn fail(&mut self, kind: FailureKind) -> SimFailure {
         self.kill(|_| true);
         let seed = self.core.fabric.seed();
         SimFailure {
@@ -805,7 +848,7 @@ impl<T: 'static> Executor<T> {
     /// they were first woken.
     #[inline]
     fn take_woken(&mut self) {
-        let w = &self.core.ready;
+        let w = &self.woken;
         if w.low.load(Ordering::Acquire) != 0 || w.any_high.load(Ordering::Acquire) {
             self.take_woken_now();
         }
@@ -813,20 +856,37 @@ impl<T: 'static> Executor<T> {
 
     #[inline(never)]
     fn take_woken_now(&mut self) {
-        let w = &self.core.ready;
-        let tws = self.core.task_wakers.borrow();
-        let mut bits = w.low.swap(0, Ordering::AcqRel);
+        let w = &self.woken;
+        let bits = w.low.swap(0, Ordering::AcqRel);
         let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
         // A slot's number is cleared before the slot is taken, so that a wake racing with
         // this one (another thread's) is either seen here or marks the slot again.
         if !high && bits & bits.wrapping_sub(1) == 0 {
-            // One task woken (nearly always): nothing to order.
+            // One task woken (nearly always): nothing to order. Its waker is in the
+            // executor's copy (it was polled or spawned, and spawning wakes it) unless it was
+            // spawned since the copy was last extended.
             let id = bits.trailing_zeros() as usize;
-            if bits != 0 && tws[id].woke.swap(0, Ordering::AcqRel) != 0 && !self.ready.contains(&id) {
+            if bits == 0 {
+                return;
+            }
+            let n = match self.task_wakers.get(id) {
+                Some(tw) => tw.woke.swap(0, Ordering::AcqRel),
+                None => self.core.task_wakers.borrow()[id].woke.swap(0, Ordering::AcqRel),
+            };
+            if n != 0 && !self.ready.contains(&id) {
                 self.ready.push(id);
             }
             return;
         }
+        self.take_woken_batch(bits, high);
+    }
+
+    /// [`take_woken_now`](Self::take_woken_now) when more than one task was woken: ordered by
+    /// their wakes' numbers.
+    #[inline(never)]
+    fn take_woken_batch(&mut self, mut bits: u64, high: bool) {
+        let w = &self.core.ready;
+        let tws = self.core.task_wakers.borrow();
         let batch = &mut self.batch;
         let mut take = |id: usize| {
             let n = tws[id].woke.swap(0, Ordering::AcqRel);
@@ -853,36 +913,49 @@ impl<T: 'static> Executor<T> {
         batch.clear();
     }
 
+    /// Moves the futures of the tasks spawned since the last call into [`Executor::futs`].
+    #[inline]
+    fn adopt_spawned(&mut self) {
+        if self.core.any_new.replace(false) {
+            self.adopt_spawned_now();
+        }
+    }
+
+    #[inline(never)]
+    fn adopt_spawned_now(&mut self) {
+        // Each slot is in the list once (a task is adopted before it can be polled, so before
+        // its slot can be freed and taken again): the order they are taken in does not matter.
+        let mut new = self.core.new_futs.borrow_mut();
+        while let Some((id, fut)) = new.pop() {
+            match self.futs.get_mut(id) {
+                Some(place) => *place = Some(fut),
+                None => {
+                    self.futs.resize_with(id, || None);
+                    self.futs.push(Some(fut));
+                }
+            }
+        }
+    }
+
     /// Polls one ready task; `Err` with the failure when it panicked.
-    fn poll_one(&self, id: usize) -> std::result::Result<(), SimFailure> {
-        // The future leaves its slot while it runs (`None` stands in: nothing to drop when it
-        // comes back, where a placeholder future had to be dropped through its vtable), so that
-        // the tasks are not borrowed during the poll: what it spawns takes other slots. The
-        // slot's waker is lent from the executor's copy of the wakers.
-        let fut = self
-            .core
-            .tasks
-            .borrow_mut()
-            .get_mut(id)
-            .and_then(Option::as_mut)
-            .and_then(|t| t.fut.take());
-        let Some(mut fut) = fut else {
+    fn poll_one(&mut self, id: usize) -> std::result::Result<(), SimFailure> {
+        // The future stays in its place while it runs: what it spawns waits in the core's
+        // list, and its slot is taken until it ends. The slot's waker is lent from the
+        // executor's copy of the wakers.
+        self.adopt_spawned();
+        let Some(fut) = self.futs.get_mut(id).and_then(Option::as_mut) else {
             return Ok(());
         };
         let mut cx = Context::from_waker(&self.wakers[id]);
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
-            Ok(Poll::Pending) => {
-                if let Some(t) = self.core.tasks.borrow_mut()[id].as_mut() {
-                    t.fut = Some(fut);
-                }
-                Ok(())
-            }
+            Ok(Poll::Pending) => Ok(()),
             Ok(Poll::Ready(())) => {
-                let task = self.core.tasks.borrow_mut()[id].take();
+                let fut = self.futs[id].take();
+                self.core.tasks.borrow_mut()[id] = None;
                 self.core.free.borrow_mut().push(id);
                 self.ended.set(true);
+                // Outside the borrows: dropping the future may run arbitrary code.
                 drop(fut);
-                drop(task);
                 Ok(())
             }
             Err(payload) => {
@@ -891,11 +964,11 @@ impl<T: 'static> Executor<T> {
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(not a string)".into());
+                let fut = self.futs[id].take();
                 let task = self.core.tasks.borrow_mut()[id].take();
                 let name = task.as_ref().map_or_else(String::new, |t| self.core.name(t));
                 self.core.free.borrow_mut().push(id);
                 drop(fut);
-                drop(task);
                 Err(self.fail(FailureKind::Panic { task: name, message }))
             }
         }
@@ -907,6 +980,8 @@ impl<T: 'static> Executor<T> {
         if id >= self.wakers.len() {
             let all = self.core.wakers.borrow();
             self.wakers.extend_from_slice(&all[self.wakers.len()..]);
+            let all = self.core.task_wakers.borrow();
+            self.task_wakers.extend_from_slice(&all[self.task_wakers.len()..]);
         }
     }
 
@@ -950,12 +1025,12 @@ impl<T: 'static> Executor<T> {
             };
             i += 1;
             if events || pump.has_other_work() {
-                pump.pump_where(
+                let pumped = pump.pump_where(
                     events,
                     |b: &SimHost, ch| event_ready(b.index(), ch),
                     |b, id| fabric.may_have_completion(b.index(), id),
                 );
-                if pump.has_other_work() {
+                if pumped.more {
                     self.core.poke.set(true);
                 }
             }
@@ -1142,6 +1217,27 @@ mod tests {
         );
         assert_eq!(t.earliest(), Some(u64::MAX));
         assert!(t.cancel(keep).is_some());
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn cancelling_the_earliest_timer_leaves_no_entry_behind_and_the_next_one_earliest() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Timers::default();
+        let only = t.arm(10, tagged(1, &log));
+        assert!(t.cancel(only).is_some());
+        assert!(t.queue.is_empty(), "the cancelled front entry leaves at once");
+        assert_eq!(t.earliest(), None);
+        let first = t.arm(10, tagged(2, &log));
+        t.arm(20, tagged(3, &log));
+        t.arm(20, tagged(4, &log));
+        assert_eq!(t.earliest(), Some(10));
+        assert!(t.cancel(first).is_some());
+        assert_eq!(t.earliest(), Some(20));
+        while let Some(w) = t.pop_due(20) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![3, 4]);
         assert_eq!(t.earliest(), None);
     }
 
