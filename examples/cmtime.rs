@@ -33,8 +33,11 @@ use cm::sim::SimFabric;
 
 #[path = "cmtime/cli.rs"]
 mod cli;
+#[path = "cmtime/times.rs"]
+mod times;
 
 use cli::{Backend, Options, Outputs};
+use times::{us, Conns, Times};
 
 const STEPS: [&str; 8] = [
     "create id",
@@ -57,49 +60,6 @@ const IDLE_WAIT: Duration = Duration::from_micros(5);
 /// How long the client waits on its channel when its server runs elsewhere (another thread or
 /// process): a wait that ends as soon as an event arrives, so only a bound.
 const REMOTE_WAIT: Duration = Duration::from_millis(100);
-
-/// Start and end of each step for the whole run, and the slowest and fastest connection of
-/// each step. The start of the step a connection is in is kept with the connection (see
-/// [`Conns`]), in nanoseconds after `base`.
-struct Times {
-    step: [(Option<Instant>, Option<Instant>); 8],
-    base: Instant,
-    /// Per step: (slowest, fastest) connection in microseconds, once one finished.
-    extremes: [Option<(f64, f64)>; 8],
-}
-
-impl Times {
-    fn new() -> Self {
-        Times {
-            step: [(None, None); 8],
-            base: Instant::now(),
-            extremes: [None; 8],
-        }
-    }
-    fn begin(&mut self, step: usize) {
-        self.step[step].0 = Some(Instant::now());
-    }
-    fn end(&mut self, step: usize) {
-        self.step[step].1 = Some(Instant::now());
-    }
-    fn now(&self) -> u64 {
-        self.base.elapsed().as_nanos() as u64
-    }
-    /// A connection that started `step` at `started` finished it now.
-    fn finish(&mut self, started: u64, step: usize) {
-        self.finish_at(started, self.now(), step);
-    }
-    /// A connection that started `step` at `started` finished it at `at`.
-    fn finish_at(&mut self, started: u64, at: u64, step: usize) {
-        let d = at.saturating_sub(started) as f64 / 1e3;
-        let e = self.extremes[step].get_or_insert((d, d));
-        *e = (e.0.max(d), e.1.min(d));
-    }
-}
-
-fn us(a: Instant, b: Instant) -> f64 {
-    b.duration_since(a).as_secs_f64() * 1e6
-}
 
 /// Prints cmtime v44's table.
 fn show_perf(t: &Times, n: usize, bound: bool) {
@@ -238,106 +198,6 @@ fn qp_caps() -> QpCaps {
 /// The server when it shares the client's thread: its backend and its state.
 type Local<'a, B> = Option<(&'a mut B, Server)>;
 
-/// The client's ids in creation order, and per id (a table indexed by the handle's slot index)
-/// which connection it is and when its current step started. Backends number their slots
-/// densely from 0, so the table is 24 bytes per slot.
-///
-/// A step that ends with an event only logs, per event, the id and the time (appended in
-/// order); the log is settled against the table once the step is over. At a million
-/// connections the events of a step come in an order unrelated to the slots, so reading the
-/// table per event missed the caches each time, one miss after another; settling reads it
-/// with the entries a few places on read ahead, so that the misses overlap.
-#[derive(Default)]
-struct Conns {
-    ids: Vec<IdHandle>,
-    /// `by_slot[id.index()]`; `conn == u32::MAX` for a slot that is none of cmtime's ids.
-    by_slot: Vec<Conn>,
-    /// Connections that finished the step in progress: their id and when (as `Times::now`).
-    finished: Vec<(IdHandle, u64)>,
-}
-
-#[derive(Clone, Copy)]
-struct Conn {
-    id: IdHandle,
-    conn: u32,
-    /// When the step the connection is in started, nanoseconds after `Times::base`.
-    started: u64,
-}
-
-/// How many log entries on [`Conns::settle`] reads the table ahead.
-const SETTLE_AHEAD: usize = 16;
-
-impl Conns {
-    fn with_capacity(n: usize) -> Self {
-        Conns {
-            ids: Vec::with_capacity(n),
-            by_slot: Vec::with_capacity(n),
-            finished: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, id: IdHandle, started: u64) {
-        let slot = id.index() as usize;
-        if self.by_slot.len() <= slot {
-            let none = Conn {
-                id,
-                conn: u32::MAX,
-                started: 0,
-            };
-            self.by_slot.resize(slot + 1, none);
-        }
-        let conn = u32::try_from(self.ids.len()).expect("fewer than 2^32 connections");
-        self.by_slot[slot] = Conn { id, conn, started };
-        self.ids.push(id);
-    }
-
-    fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Connection `c`'s id, and that it starts a step now.
-    fn start(&mut self, c: usize, t: &Times) -> IdHandle {
-        let id = self.ids[c];
-        self.by_slot[id.index() as usize].started = t.now();
-        id
-    }
-
-    /// `id`'s connection; panics for an id cmtime did not create.
-    fn of(&self, id: IdHandle) -> &Conn {
-        match self.by_slot.get(id.index() as usize) {
-            Some(c) if c.conn != u32::MAX && c.id == id => c,
-            _ => panic!("cmtime: an event for {id:?}, which is none of its connections"),
-        }
-    }
-
-    /// `id`'s connection finished `step` (one run in a loop over the connections).
-    fn stop(&mut self, id: IdHandle, step: usize, t: &mut Times) {
-        let started = self.of(id).started;
-        t.finish(started, step);
-    }
-
-    /// `id`'s connection finished the step in progress (an event said so): logged for
-    /// [`settle`](Conns::settle).
-    fn stop_later(&mut self, id: IdHandle, t: &Times) {
-        self.finished.push((id, t.now()));
-    }
-
-    /// Files what [`stop_later`](Conns::stop_later) logged during `step`.
-    fn settle(&mut self, step: usize, t: &mut Times) {
-        let log = std::mem::take(&mut self.finished);
-        for (i, &(id, at)) in log.iter().enumerate() {
-            if let Some(&(ahead, _)) = log.get(i + SETTLE_AHEAD) {
-                if let Some(c) = self.by_slot.get(ahead.index() as usize) {
-                    std::hint::black_box(c.started);
-                }
-            }
-            t.finish_at(self.of(id).started, at, step);
-        }
-        self.finished = log;
-        self.finished.clear();
-    }
-}
-
 /// Drives the client (and the server, when it shares this thread) until `remaining` connections
 /// completed the step. The client's `handle` gets each client event and returns whether it
 /// completed one connection's step.
@@ -416,7 +276,7 @@ fn cmtime<B: CmBackend>(
     if let Some(bind) = o.bind {
         t.begin(BIND);
         for c in 0..conns.len() {
-            let id = conns.start(c, &t);
+            let id = conns.start(c, t.now());
             client_b.bind_addr(id, src(c).unwrap_or(SocketAddr::new(bind, 0)))?;
             conns.stop(id, BIND, &mut t);
         }
@@ -428,7 +288,7 @@ fn cmtime<B: CmBackend>(
         t.begin(step);
         let mut retries = vec![o.retries; n];
         for c in 0..n {
-            let id = conns.start(c, &t);
+            let id = conns.start(c, t.now());
             if route {
                 client_b.resolve_route(id, o.timeout)?;
             } else {
@@ -443,7 +303,7 @@ fn cmtime<B: CmBackend>(
         let timeout = o.timeout;
         run_step(&mut local, client_b, cch, n, |b, ty, id, status| {
             if ty == ok {
-                conns.stop_later(id, &t);
+                conns.stop_later(id, t.now());
                 return Ok(true);
             }
             let c = conns.of(id).conn as usize;
@@ -468,7 +328,7 @@ fn cmtime<B: CmBackend>(
 
     t.begin(4);
     for c in 0..n {
-        let id = conns.start(c, &t);
+        let id = conns.start(c, t.now());
         client_b.create_qp(id, qp_caps())?;
         conns.stop(id, 4, &mut t);
     }
@@ -476,12 +336,12 @@ fn cmtime<B: CmBackend>(
 
     t.begin(5);
     for c in 0..n {
-        let id = conns.start(c, &t);
+        let id = conns.start(c, t.now());
         client_b.connect(id, &ConnParam::new())?;
     }
     run_step(&mut local, client_b, cch, n, |_, ty, id, status| {
         if ty == CmEventType::Established {
-            conns.stop_later(id, &t);
+            conns.stop_later(id, t.now());
             return Ok(true);
         }
         eprintln!("client: {ty} (status {status}) on {id} while connecting");
@@ -495,13 +355,13 @@ fn cmtime<B: CmBackend>(
 
     t.begin(6);
     for c in 0..n {
-        let id = conns.start(c, &t);
+        let id = conns.start(c, t.now());
         client_b.disconnect(id)?;
     }
     run_step(&mut local, client_b, cch, n, |b, ty, id, status| match ty {
         CmEventType::Disconnected => {
             b.destroy_qp(id)?;
-            conns.stop_later(id, &t);
+            conns.stop_later(id, t.now());
             Ok(true)
         }
         CmEventType::TimewaitExit => Ok(false),
@@ -515,7 +375,7 @@ fn cmtime<B: CmBackend>(
 
     t.begin(7);
     for c in 0..n {
-        let id = conns.start(c, &t);
+        let id = conns.start(c, t.now());
         client_b.destroy_id(id)?;
         conns.stop(id, 7, &mut t);
     }
