@@ -24,7 +24,8 @@ pub(crate) enum Lane {
     Fifo(usize),
 }
 
-/// Entries within `2^NEAR_BITS` ns of the last time popped are "near": see `take_batch`.
+/// Entries within `2^NEAR_BITS` ns of the last time popped are "near": see
+/// [`Queue::take_lookahead`].
 const NEAR_BITS: usize = 4;
 
 /// How far ahead in a FIFO lane [`Queue::take_lookahead`] looks.
@@ -62,7 +63,8 @@ struct RadixHeap<A> {
     /// Peeking must not move `last` on: the clock may stop short of the earliest entry, and
     /// later pushes may then come before it.
     min: Option<(u64, u64)>,
-    /// `zero` was refilled with more than one entry by the last pop.
+    /// The last pop spread a bucket of `NEAR_BITS` or above out below the clock: the entries
+    /// now near (in `zero` and the buckets below `NEAR_BITS`) are new there.
     refilled: bool,
 }
 
@@ -172,8 +174,8 @@ impl<A> RadixHeap<A> {
 
     /// The buckets `filled` marks, lowest first: the others are empty, and walking all 64
     /// cost the stale-timer check (which asks for the length) more than the rest of it.
-    fn filled_buckets(&self) -> impl Iterator<Item = usize> {
-        let mut bits = self.filled;
+    fn filled_buckets(filled: u64) -> impl Iterator<Item = usize> {
+        let mut bits = filled;
         std::iter::from_fn(move || {
             let b = (bits != 0).then(|| bits.trailing_zeros() as usize)?;
             bits &= bits - 1;
@@ -184,8 +186,7 @@ impl<A> RadixHeap<A> {
     fn len(&self) -> usize {
         self.late.len()
             + self.zero.len()
-            + self
-                .filled_buckets()
+            + Self::filled_buckets(self.filled)
                 .map(|b| self.buckets[b].len())
                 .sum::<usize>()
     }
@@ -193,10 +194,7 @@ impl<A> RadixHeap<A> {
     fn retain(&mut self, mut keep: impl FnMut(&Entry<A>) -> bool) {
         self.late.retain(&mut keep);
         self.zero.retain(&mut keep);
-        let mut bits = self.filled;
-        while bits != 0 {
-            let n = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
+        for n in Self::filled_buckets(self.filled) {
             let b = &mut self.buckets[n];
             b.retain(&mut keep);
             if b.is_empty() {
@@ -305,27 +303,24 @@ impl<A> Queue<A> {
     }
 
     /// Takes the earliest entry out if it is due by `deadline`.
+    #[inline]
     pub(crate) fn pop_due(&mut self, deadline: u64) -> Option<(u64, A)> {
-        let entry = match self.earliest()? {
-            ((time, _), _) if time > deadline => return None,
-            // The search `earliest` made need not be made again (as in `pop_earliest`).
-            ((time, _), None) if self.heap.late.is_empty() && self.heap.zero.is_empty() => {
-                self.heap.pop_buckets(time)
-            }
-            (_, None) => self.heap.pop(),
-            (_, Some(n)) => self.pop_fifo(n),
-        }?;
-        self.len -= 1;
-        Some((entry.time, entry.action))
+        let at = self.peek_earliest()?;
+        if at.time > deadline {
+            return None;
+        }
+        self.pop_earliest(at)
     }
 
     /// The earliest entry's time and where it is, for [`pop_earliest`](Queue::pop_earliest):
     /// an executor's step needs the time first, then, usually, the entry.
+    #[inline]
     pub(crate) fn peek_earliest(&mut self) -> Option<Earliest> {
         self.earliest().map(|((time, _), lane)| Earliest { time, lane })
     }
 
     /// Takes out the entry `peek_earliest` found; nothing may have been pushed or popped since.
+    #[inline(always)]
     pub(crate) fn pop_earliest(&mut self, at: Earliest) -> Option<(u64, A)> {
         let entry = match at.lane {
             // The search `peek_earliest` made need not be made again.

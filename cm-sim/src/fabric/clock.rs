@@ -152,17 +152,9 @@ impl Fabric {
                 return true;
             }
             match self.sched.pop_due(deadline.as_nanos()) {
-                Some((time, action)) => {
-                    self.now = self.now.max(SimTime::from_nanos(time));
-                    self.read_ahead();
-                    self.dispatch(action);
-                }
+                Some((time, action)) => self.run_action(time, action),
                 None => {
-                    self.now = self.now.max(if deadline == SimTime::NEVER {
-                        self.removed_until
-                    } else {
-                        deadline
-                    });
+                    self.reach(deadline);
                     return false;
                 }
             }
@@ -173,15 +165,34 @@ impl Fabric {
     /// predicate after each action.
     pub(super) fn run_to(&mut self, deadline: SimTime) {
         while let Some((time, action)) = self.sched.pop_due(deadline.as_nanos()) {
-            self.now = self.now.max(SimTime::from_nanos(time));
-            self.read_ahead();
-            self.dispatch(action);
+            self.run_action(time, action);
         }
+        self.reach(deadline);
+    }
+
+    /// Runs one action popped for `time`.
+    #[inline(always)]
+    pub(super) fn run_action(&mut self, time: u64, action: Action) {
+        self.now = self.now.max(SimTime::from_nanos(time));
+        self.read_ahead();
+        self.dispatch(action);
+    }
+
+    /// Moves the clock to `deadline` once nothing before it is left to run; to the last stale
+    /// timer removed unseen when running until idle, where such timers used to move it.
+    fn reach(&mut self, deadline: SimTime) {
         self.now = self.now.max(if deadline == SimTime::NEVER {
             self.removed_until
         } else {
             deadline
         });
+    }
+
+    /// Turns reading ahead on once the ids take more memory than a core's caches hold (and off
+    /// below that): with all of it in the caches, reading ahead is only more work.
+    #[inline]
+    pub(super) fn ids_changed(&mut self) {
+        self.sched.set_look_ahead(self.ids.len() >= READ_AHEAD_IDS);
     }
 
     /// Reads the memory the next actions will touch (their ids, their payloads) now, all at
@@ -190,15 +201,8 @@ impl Fabric {
     /// action's first read of its id would otherwise wait for memory on its own. The reads
     /// overlap, and the actions then find the lines in the caches. Nothing read is used: what
     /// runs, and in which order, is unchanged.
-    /// Turns reading ahead on once the ids take more memory than a core's caches hold (and off
-    /// below that): with all of it in the caches, reading ahead is only more work.
-    #[inline]
-    pub(super) fn ids_changed(&mut self) {
-        self.sched.set_look_ahead(self.ids.len() >= READ_AHEAD_IDS);
-    }
-
     #[inline(always)]
-    pub(super) fn read_ahead(&mut self) {
+    fn read_ahead(&mut self) {
         if self.sched.has_lookahead() {
             self.read_ahead_now();
         }

@@ -102,14 +102,14 @@ impl SimFabric {
     pub fn advance(&self, duration: Duration) {
         let mut fab = self.inner.borrow_mut();
         let deadline = fab.deadline(duration);
-        fab.run_until(deadline, |_| false);
+        fab.run_to(deadline);
     }
 
     /// Runs until nothing is scheduled (pending timers included: timewaits, DREQ timeouts);
     /// returns the time reached.
     pub fn run_until_idle(&self) -> SimTime {
         let mut fab = self.inner.borrow_mut();
-        fab.run_until(SimTime::NEVER, |_| false);
+        fab.run_to(SimTime::NEVER);
         fab.now
     }
 

@@ -66,7 +66,7 @@ impl SimFabric {
     pub fn advance_to(&self, t: SimTime) {
         let mut fab = self.inner().borrow_mut();
         let deadline = t.max(fab.now);
-        fab.run_until(deadline, |_| false);
+        fab.run_to(deadline);
     }
 
     /// Moves the fabric to its next instant and reports where it got, in one call: the step an
@@ -129,9 +129,7 @@ impl SimFabric {
         match first {
             Some(e) if e.time <= deadline.as_nanos() => {
                 if let Some((time, action)) = fab.sched.pop_earliest(e) {
-                    fab.now = fab.now.max(SimTime::from_nanos(time));
-                    fab.read_ahead();
-                    fab.dispatch(action);
+                    fab.run_action(time, action);
                 }
                 if deadline != SimTime::NEVER && fab.sched.surely_none_due_by(deadline.as_nanos()) {
                     fab.now = fab.now.max(deadline);
