@@ -87,36 +87,54 @@ where
         finished: false,
         waker: None,
     }));
-    let task = Joined {
-        fut,
-        finish: Finish(slot.clone()),
-    };
+    let task = Delivering::new(fut, Finish(slot.clone()));
     (task, JoinHandle { slot })
 }
 
+/// Where a finished future's output is put: a spawned task's join slot, or a host task's
+/// output cell.
+pub(crate) trait Sink<T> {
+    fn put(&mut self, value: T);
+}
+
 pin_project_lite::pin_project! {
-    /// A spawned future and where its output goes. A struct rather than an `async` block: the
-    /// block kept the future twice (captured, then awaited), and each was a copy of the whole
-    /// future per spawn.
-    pub(crate) struct Joined<F: Future> {
+    /// A future and where its output goes, polled as one task. A struct rather than an `async`
+    /// block: the block kept the future twice (captured, then awaited), each a copy of the whole
+    /// future per spawn, and was one state machine more to go through at every poll.
+    pub(crate) struct Delivering<F, S> {
         #[pin]
         fut: F,
-        finish: Finish<F::Output>,
+        sink: S,
     }
 }
 
-impl<F: Future> Future for Joined<F> {
+impl<F, S> Delivering<F, S> {
+    pub(crate) fn new(fut: F, sink: S) -> Self {
+        Delivering { fut, sink }
+    }
+}
+
+impl<F: Future, S: Sink<F::Output>> Future for Delivering<F, S> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.project();
         match this.fut.poll(cx) {
             Poll::Ready(v) => {
-                this.finish.0.borrow_mut().value = Some(v);
+                this.sink.put(v);
                 Poll::Ready(())
             }
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// A spawned future whose output lands in its [`JoinHandle`].
+pub(crate) type Joined<F> = Delivering<F, Finish<<F as Future>::Output>>;
+
+impl<T> Sink<T> for Finish<T> {
+    fn put(&mut self, value: T) {
+        self.0.borrow_mut().value = Some(value);
     }
 }
 

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::conn::Cm;
 use crate::driver::Shared;
 use crate::error::Result;
-use crate::runtime::{joinable, JoinHandle, Runtime};
+use crate::runtime::{joinable, Delivering, JoinHandle, Runtime, Sink};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
 /// A host's closure: given its context and where its output lands, the task to run.
@@ -330,30 +330,9 @@ impl Timers {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A host closure's future and where its output lands, in the task's one box. A struct
-    /// rather than an `async` block: one state machine less to go through at every poll; and
-    /// the future held inline rather than boxed on its own: each poll of a host's task went
-    /// through two boxes and two calls through a vtable.
-    struct MainTask<F: Future> {
-        #[pin]
-        fut: F,
-        out: Output<F::Output>,
-    }
-}
-
-impl<F: Future> Future for MainTask<F> {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.project();
-        match this.fut.poll(cx) {
-            Poll::Ready(v) => {
-                *this.out.borrow_mut() = Some(v);
-                Poll::Ready(())
-            }
-            Poll::Pending => Poll::Pending,
-        }
+impl<T> Sink<T> for Output<T> {
+    fn put(&mut self, value: T) {
+        *self.borrow_mut() = Some(value);
     }
 }
 
@@ -648,7 +627,9 @@ impl<T: 'static> Sim<T> {
         if self.hosts.len() <= index {
             self.hosts.resize_with(index + 1, || None);
         }
-        let run: HostFn<T> = Rc::new(move |ctx, out| Box::pin(MainTask { fut: f(ctx), out }));
+        // The closure's future inline in the task's one box: boxed on its own, each poll of a
+        // host's task went through two boxes and two calls through a vtable.
+        let run: HostFn<T> = Rc::new(move |ctx, out| Box::pin(Delivering::new(f(ctx), out)));
         self.hosts[index] = Some(HostDef { kind, run });
     }
 
