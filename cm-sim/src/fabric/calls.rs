@@ -522,7 +522,7 @@ impl Fabric {
                 t.listen_id,
                 t.event,
                 t.status,
-                NO_PARAM,
+                no_param(),
                 t.token,
             )));
         };

@@ -61,8 +61,22 @@ use self::storage::*;
 pub use self::time_control::Step;
 use self::wire::*;
 
-/// Parameters of events that carry none.
-const NO_PARAM: ConnParam = ConnParam::ZERO;
+/// Parameters of events that carry none: `ConnParam::ZERO`, built field by field. Written as
+/// the constant, the whole 280 bytes were cleared by a `memset` for every such event (a
+/// constant's bytes are zeros or undefined), where the fields are a few stores.
+#[inline(always)]
+fn no_param() -> ConnParam {
+    ConnParam {
+        private_data: PrivateData::default(),
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: 0,
+        retry_count: 0,
+        rnr_retry_count: 0,
+        srq: false,
+        qp_num: 0,
+    }
+}
 
 const NO_PAYLOAD: u32 = u32::MAX;
 
