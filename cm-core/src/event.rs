@@ -208,6 +208,8 @@ pub struct PrivateData(Stored);
 /// 256-byte buffer for each of them was a `memset` per event. `Zeros` writes only the length.
 /// The data variant's length is non-zero (empty data is `Zeros`), so the enum keeps the size of
 /// the buffer and a length: the zero length is the niche that marks `Zeros`.
+// The size is the buffer's whichever variant is stored; boxing it would allocate per event.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy)]
 enum Stored {
     /// `len` zero bytes.

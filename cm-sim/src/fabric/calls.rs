@@ -79,13 +79,7 @@ impl Fabric {
     /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
     /// and (lazily) its queued events.
     pub(super) fn release(&mut self, r: SlotRef) {
-        let slot = self.slot(r);
-        let connected = slot.m.port_space().is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Destroy, connected)
-            .expect("destroy is never refused");
-        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Destroy, SlotRef::NONE, NO_PAYLOAD);
         self.vanish(r);
     }
 
@@ -449,13 +443,7 @@ impl Fabric {
         let r = self.id_ref(host, id, Call::Disconnect)?;
         let next = self.slot(r).m.disconnect()?;
         self.set_machine(r, next);
-        let slot = self.slot(r);
-        let connected = slot.m.port_space().is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Disconnect, connected)
-            .expect("disconnect is never refused");
-        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Disconnect, SlotRef::NONE, NO_PAYLOAD);
         Ok(())
     }
 
