@@ -351,17 +351,12 @@ impl Fabric {
         slot.m = next;
         slot.remote = SlotRef::NONE;
         slot.retry_count = wire.retry_count;
-        let connected = ps.is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Connect, connected)
-            .expect("connect is never refused");
         let payload = self.new_payload(Payload {
             wire,
             private_data,
             dst: dst.into(),
         });
-        self.apply(r, next, effects, SlotRef::NONE, payload);
+        self.transition(r, Input::Connect, SlotRef::NONE, payload);
         Ok(())
     }
 
@@ -377,7 +372,8 @@ impl Fabric {
         };
         let (rr, depth) = self.check_resources(call, param)?;
         let connected = self.slot(r).m.port_space().is_connected();
-        let Some((accepted, effects)) = self.slot(r).cm.on(Input::Accept, connected) else {
+        // Only whether the exchange takes it: the transition is carried out below.
+        if self.slot(r).cm.on(Input::Accept, connected).is_none() {
             // The request is gone (the active side gave up or was destroyed): the kernel
             // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
             let failed = self.slot(r).m.qp_error();
@@ -386,7 +382,7 @@ impl Fabric {
                 call,
                 errno: errno::EINVAL,
             });
-        };
+        }
         let slot = self.slot(r);
         let ps = slot.m.port_space();
         let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
@@ -412,7 +408,7 @@ impl Fabric {
             private_data,
             dst: Addr::None,
         });
-        self.apply(r, accepted, effects, SlotRef::NONE, payload);
+        self.transition(r, Input::Accept, SlotRef::NONE, payload);
         Ok(())
     }
 
