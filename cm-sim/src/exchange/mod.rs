@@ -434,24 +434,40 @@ impl Exchange {
     /// machine says becomes `outcome` (`ESTABLISHED` or `CONNECT_ERROR`): returns the event
     /// handed out, its status, and the transition. `ESTABLISHED` on a connected port space
     /// sends the RTU; a REJ that arrived meanwhile makes the RTU fail (`CONNECT_ERROR`).
+    // The fabric hands the effect over with `on_connect_response_with`; the list is for the
+    // table tests.
+    #[cfg(test)]
     pub(crate) fn on_connect_response(
         self,
         outcome: CmEventType,
         status: i32,
         connected: bool,
     ) -> (CmEventType, i32, Exchange, Effects) {
+        let mut effects = Effects::NONE;
+        let (event, status, next) = self.on_connect_response_with(outcome, status, connected, &mut effects);
+        (event, status, next, effects)
+    }
+
+    /// [`on_connect_response`](Self::on_connect_response) with its effect handed to `fx`, as
+    /// [`on_with`](Self::on_with) does.
+    #[inline(always)]
+    pub(crate) fn on_connect_response_with(
+        self,
+        outcome: CmEventType,
+        status: i32,
+        connected: bool,
+        fx: &mut impl Effector,
+    ) -> (CmEventType, i32, Exchange) {
         let event = if outcome == CmEventType::Established && self.wire == Wire::Closed && connected {
             CmEventType::ConnectError
         } else {
             outcome
         };
         match event {
-            CmEventType::Established if connected => (
-                event,
-                status,
-                self.to(Wire::Established),
-                Effects::NONE.with(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing)),
-            ),
+            CmEventType::Established if connected => {
+                fx.effect(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing));
+                (event, status, self.to(Wire::Established))
+            }
             CmEventType::ConnectError => (
                 event,
                 -1,
@@ -459,9 +475,8 @@ impl Exchange {
                     connect_error: true,
                     ..self
                 },
-                Effects::NONE,
             ),
-            _ => (event, status, self, Effects::NONE),
+            _ => (event, status, self),
         }
     }
 }

@@ -284,12 +284,7 @@ impl Fabric {
     ) -> Exchange {
         let slot = self.slot(id);
         let (before, connected) = (slot.cm, slot.m.port_space().is_connected());
-        let mut fx = CarryOut {
-            fabric: self,
-            id,
-            sender,
-            payload,
-        };
+        let mut fx = CarryOut::new(self, id, sender, payload);
         let next = before
             .on_with(input, connected, &mut fx)
             .expect("the exchange takes this input in every state");
@@ -370,11 +365,25 @@ impl Fabric {
 }
 
 /// The fabric as the exchange's effector: each effect carried out on `id` as it is named.
-struct CarryOut<'a> {
+pub(super) struct CarryOut<'a> {
     fabric: &'a mut Fabric,
     id: SlotRef,
     sender: SlotRef,
     payload: u32,
+}
+
+impl<'a> CarryOut<'a> {
+    /// Effects on `id`, for a message from `sender` (if any) with `payload` (if any), which an
+    /// effect that carries it takes. What is left of `payload` is the caller's to drop.
+    #[inline(always)]
+    pub(super) fn new(fabric: &'a mut Fabric, id: SlotRef, sender: SlotRef, payload: u32) -> Self {
+        CarryOut {
+            fabric,
+            id,
+            sender,
+            payload,
+        }
+    }
 }
 
 impl Effector for CarryOut<'_> {
