@@ -260,10 +260,12 @@ impl Fabric {
         sender: SlotRef,
         payload: u32,
     ) {
-        self.slot(id).cm = next;
+        let slot = self.slot(id);
+        slot.cm = next;
+        let host = slot.host;
         let mut payload = payload;
         for &effect in effects.as_slice() {
-            self.carry_out(id, effect, sender, &mut payload);
+            self.carry_out(id, host, effect, sender, &mut payload);
         }
         self.drop_payload(payload);
     }
@@ -283,8 +285,8 @@ impl Fabric {
         payload: u32,
     ) -> Exchange {
         let slot = self.slot(id);
-        let (before, connected) = (slot.cm, slot.m.port_space().is_connected());
-        let mut fx = CarryOut::new(self, id, sender, payload);
+        let (before, connected, host) = (slot.cm, slot.m.port_space().is_connected(), slot.host);
+        let mut fx = CarryOut::new(self, id, host, sender, payload);
         let next = before
             .on_with(input, connected, &mut fx)
             .expect("the exchange takes this input in every state");
@@ -298,7 +300,7 @@ impl Fabric {
     /// One effect of `id`'s transition; `payload` is what is left of the message's or call's
     /// payload (taken by the effect that carries it).
     #[inline(always)]
-    fn carry_out(&mut self, id: SlotRef, effect: Effect, sender: SlotRef, payload: &mut u32) {
+    fn carry_out(&mut self, id: SlotRef, host: u16, effect: Effect, sender: SlotRef, payload: &mut u32) {
         match effect {
             Effect::CancelTimers => self.cancel_timers(id),
             Effect::Arm(timer) => {
@@ -358,7 +360,7 @@ impl Fabric {
                     Carry::EmptyPrivateData => self.rej_payload(&[]),
                     Carry::CallPayload => std::mem::replace(payload, NO_PAYLOAD),
                 };
-                self.send(id, dest, msg, status, carried);
+                self.send(host, id, dest, msg, status, carried);
             }
         }
     }
@@ -368,18 +370,21 @@ impl Fabric {
 pub(super) struct CarryOut<'a> {
     fabric: &'a mut Fabric,
     id: SlotRef,
+    host: u16,
     sender: SlotRef,
     payload: u32,
 }
 
 impl<'a> CarryOut<'a> {
-    /// Effects on `id`, for a message from `sender` (if any) with `payload` (if any), which an
-    /// effect that carries it takes. What is left of `payload` is the caller's to drop.
+    /// Effects on `id`, a live id on `host`, for a message from `sender` (if any) with
+    /// `payload` (if any), which an effect that carries it takes. What is left of `payload` is
+    /// the caller's to drop.
     #[inline(always)]
-    pub(super) fn new(fabric: &'a mut Fabric, id: SlotRef, sender: SlotRef, payload: u32) -> Self {
+    pub(super) fn new(fabric: &'a mut Fabric, id: SlotRef, host: u16, sender: SlotRef, payload: u32) -> Self {
         CarryOut {
             fabric,
             id,
+            host,
             sender,
             payload,
         }
@@ -390,6 +395,6 @@ impl Effector for CarryOut<'_> {
     #[inline(always)]
     fn effect(&mut self, effect: Effect) {
         self.fabric
-            .carry_out(self.id, effect, self.sender, &mut self.payload);
+            .carry_out(self.id, self.host, effect, self.sender, &mut self.payload);
     }
 }

@@ -239,9 +239,18 @@ impl Fabric {
         matches!(kind, MsgKind::Req | MsgKind::Rep | MsgKind::Dreq)
     }
 
-    /// Sends an IB CM message from `from` to the id `to` (which may be gone: then it is lost).
-    pub(super) fn send(&mut self, from: SlotRef, to: SlotRef, kind: MsgKind, status: i32, payload: u32) {
-        self.send_attempt(from, to, kind, status, payload, 0);
+    /// Sends an IB CM message from `from`, a live id on `from_host`, to the id `to` (which may
+    /// be gone: then it is lost).
+    pub(super) fn send(
+        &mut self,
+        from_host: u16,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+    ) {
+        self.send_attempt_from(from_host, from, to, kind, status, payload, 0);
     }
 
     pub(super) fn send_attempt(
@@ -254,6 +263,23 @@ impl Fabric {
         attempt: u8,
     ) {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+        self.send_attempt_from(from_host, from, to, kind, status, payload, attempt);
+    }
+
+    /// [`send_attempt`](Self::send_attempt) with the sender's host (`u16::MAX` for a sender that
+    /// is gone) known: a transition's sends come from the id it looked up already.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn send_attempt_from(
+        &mut self,
+        from_host: u16,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    ) {
         let lat = self.latency();
         if !self.links_faulted {
             // No fault on any link: nothing is lost or delayed more, and the receiver is looked
