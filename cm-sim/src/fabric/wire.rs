@@ -99,6 +99,9 @@ impl Fabric {
     }
 
     /// Queues an event for `id` on its channel. `CONNECT_REQUEST`s carry the listener too.
+    // Inlined: every caller names the event (and most the status) as a constant, so the test
+    // for `CONNECT_RESPONSE` and the trace hash's event and status bytes fold.
+    #[inline(always)]
     pub(super) fn queue_event(
         &mut self,
         id: SlotRef,
