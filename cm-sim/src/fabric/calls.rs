@@ -522,6 +522,18 @@ impl Fabric {
                 return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
             }
         }
+        if p.private_data.bytes.is_empty() {
+            // The usual all-zero data: its one representation is built where the event is,
+            // where the choice inside `conn_param` went through a temporary copied whole.
+            return Ok(Some(cm_core::backend::cm_event(
+                t.id,
+                t.listen_id,
+                t.event,
+                t.status,
+                p.conn_param_with(PrivateData::default().padded(usize::from(p.private_data.len))),
+                t.token,
+            )));
+        }
         Ok(Some(cm_core::backend::cm_event(
             t.id,
             t.listen_id,

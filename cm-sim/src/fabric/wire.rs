@@ -60,9 +60,15 @@ impl WirePrivateData {
 impl Payload {
     #[inline]
     pub(super) fn conn_param(&self) -> ConnParam {
+        self.conn_param_with(self.private_data.to_private_data())
+    }
+
+    /// The parameters with `private_data`, which the caller built from this payload's.
+    #[inline(always)]
+    pub(super) fn conn_param_with(&self, private_data: PrivateData) -> ConnParam {
         let w = self.wire;
         ConnParam {
-            private_data: self.private_data.to_private_data(),
+            private_data,
             responder_resources: w.responder_resources,
             initiator_depth: w.initiator_depth,
             flow_control: w.flow_control,
