@@ -5,8 +5,9 @@
 //! the device's removal, or the retrieval of the kernel's `CONNECT_RESPONSE`. The effects say
 //! what the fabric does about it: send a message, queue an event, arm or cancel a timer, take
 //! the message's sender as the peer. The machine does no I/O, holds no references and knows no
-//! time: the fabric routes the effects (latency, loss, payloads, the trace) and the tests below
-//! drive it directly.
+//! time: it hands the effects, in order, to an [`Effector`] (the fabric, which carries each out
+//! where it is named: latency, loss, payloads, the trace; or a list, [`Effects`]), and the
+//! tests below drive it directly.
 //!
 //! This is the IB CM's view of a connection, which moves when messages arrive and timers fire;
 //! what the application has observed is `cm_core::IdMachine`, which moves when calls succeed

@@ -5,7 +5,8 @@
 //!   when events are *retrieved*) and is what calls are checked against;
 //! * the [`Exchange`] is the IB CM's view (it moves when messages arrive and timers fire) and
 //!   decides which messages are sent and which events are generated. It is a pure machine
-//!   (`crate::exchange`); the fabric routes its effects (`Fabric::apply`).
+//!   (`crate::exchange`); the fabric carries its effects out as the exchange names them
+//!   (`Fabric::transition`), or from the list a transition made (`Fabric::apply`).
 //!
 //! Events are queued on the channel when generated, in virtual-time order, and transformed on
 //! retrieval where librdmacm transforms them (the kernel's `CONNECT_RESPONSE` becomes
