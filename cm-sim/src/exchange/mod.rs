@@ -431,10 +431,7 @@ impl Exchange {
         })
     }
 
-    /// librdmacm's handling of the retrieved `CONNECT_RESPONSE`, which the application's
-    /// machine says becomes `outcome` (`ESTABLISHED` or `CONNECT_ERROR`): returns the event
-    /// handed out, its status, and the transition. `ESTABLISHED` on a connected port space
-    /// sends the RTU; a REJ that arrived meanwhile makes the RTU fail (`CONNECT_ERROR`).
+    /// [`on_connect_response_with`](Self::on_connect_response_with) with the effect in a list.
     // The fabric hands the effect over with `on_connect_response_with`; the list is for the
     // table tests.
     #[cfg(test)]
@@ -449,8 +446,11 @@ impl Exchange {
         (event, status, next, effects)
     }
 
-    /// [`on_connect_response`](Self::on_connect_response) with its effect handed to `fx`, as
-    /// [`on_with`](Self::on_with) does.
+    /// librdmacm's handling of the retrieved `CONNECT_RESPONSE`, which the application's
+    /// machine says becomes `outcome` (`ESTABLISHED` or `CONNECT_ERROR`): returns the event
+    /// handed out, its status, and the next state, and hands the effect to `fx` as
+    /// [`on_with`](Self::on_with) does. `ESTABLISHED` on a connected port space sends the RTU;
+    /// a REJ that arrived meanwhile makes the RTU fail (`CONNECT_ERROR`).
     #[inline(always)]
     pub(crate) fn on_connect_response_with(
         self,
