@@ -35,7 +35,7 @@ impl Fabric {
 
     pub(crate) fn create_id(&mut self, host: u16, ch: ChannelHandle, ps: PortSpace) -> R<IdHandle> {
         let channel = self.channel_ref(host, ch, Call::CreateId)?;
-        let r = self.ids.insert(IdSlot {
+        let r = self.ids.insert_with(|| IdSlot {
             host,
             channel,
             m: IdMachine::new(ps),
