@@ -455,8 +455,9 @@ impl Fabric {
             if let Some(t) = self.pop_event(r, true) {
                 return self.event_of(t);
             }
+            // `pop_event` found the queue empty (it drops the events of destroyed ids).
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
-            if !self.run_until(deadline, has_event) {
+            if !self.run_until_next(deadline, has_event) {
                 return Ok(None);
             }
         }
@@ -487,8 +488,9 @@ impl Fabric {
                 }
                 return Ok(Some(out));
             }
+            // `pop_event` found the queue empty (it drops the events of destroyed ids).
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
-            if !self.run_until(deadline, has_event) {
+            if !self.run_until_next(deadline, has_event) {
                 return Ok(None);
             }
         }
