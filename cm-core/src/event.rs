@@ -1,6 +1,7 @@
 //! Connection-manager events (`struct rdma_cm_event`) and connection parameters.
 
 use std::fmt;
+use std::num::NonZeroUsize;
 
 use crate::datagram::UdParam;
 use crate::handle::IdHandle;
@@ -188,44 +189,76 @@ pub const MAX_PRIVATE_DATA: usize = 256;
 /// slice longer than [`MAX_PRIVATE_DATA`] keeps its true length so the backend can refuse it with
 /// [`CmError::PrivateDataTooLong`](crate::CmError::PrivateDataTooLong) at the call, the way
 /// librdmacm refuses an oversized length with `EINVAL`.
+///
+/// All-zero data of any length (what most connections carry) holds no buffer of its own; it
+/// reads the same as written zeros:
+///
+/// ```
+/// use cm_core::PrivateData;
+///
+/// let padded = PrivateData::EMPTY.padded(56);
+/// assert_eq!(padded.len(), 56);
+/// assert_eq!(padded.as_slice(), &[0u8; 56][..]);
+/// assert_eq!(padded, PrivateData::new(&[0u8; 56]));
+/// ```
 #[derive(Clone, Copy)]
-pub struct PrivateData {
-    len: usize,
-    bytes: [u8; MAX_PRIVATE_DATA],
+pub struct PrivateData(Stored);
+
+/// Every event carries a `PrivateData`, and most carry zeros: writing (or copying) a zeroed
+/// 256-byte buffer for each of them was a `memset` per event. `Zeros` writes only the length.
+/// The data variant's length is non-zero (empty data is `Zeros`), so the enum keeps the size of
+/// the buffer and a length: the zero length is the niche that marks `Zeros`.
+// The size is the buffer's whichever variant is stored; boxing it would allocate per event.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy)]
+enum Stored {
+    /// `len` zero bytes.
+    Zeros(usize),
+    /// The given length and the first [`MAX_PRIVATE_DATA`] bytes, zero past the length.
+    Bytes(NonZeroUsize, [u8; MAX_PRIVATE_DATA]),
 }
+
+/// What [`PrivateData::as_slice`] shows for all-zero data.
+static ZEROS: [u8; MAX_PRIVATE_DATA] = [0; MAX_PRIVATE_DATA];
 
 impl PrivateData {
     /// No private data.
-    pub const EMPTY: PrivateData = PrivateData {
-        len: 0,
-        bytes: [0; MAX_PRIVATE_DATA],
-    };
+    pub const EMPTY: PrivateData = PrivateData(Stored::Zeros(0));
 
     /// Copies `data` (or its first [`MAX_PRIVATE_DATA`] bytes, remembering the full length).
     // Inlined, a caller building an event writes the bytes in place instead of copying the
     // 256-byte buffer again.
     #[inline]
     pub fn new(data: &[u8]) -> Self {
-        let mut pd = Self::EMPTY;
+        let Some(len) = NonZeroUsize::new(data.len()) else {
+            return Self::EMPTY;
+        };
+        let mut bytes = [0; MAX_PRIVATE_DATA];
         let kept = data.len().min(MAX_PRIVATE_DATA);
-        pd.bytes[..kept].copy_from_slice(&data[..kept]);
-        pd.len = data.len();
-        pd
+        bytes[..kept].copy_from_slice(&data[..kept]);
+        PrivateData(Stored::Bytes(len, bytes))
     }
 
     /// The length the data was given with (may exceed what is stored; see the type docs).
     pub const fn len(&self) -> usize {
-        self.len
+        match self.0 {
+            Stored::Zeros(len) => len,
+            Stored::Bytes(len, _) => len.get(),
+        }
     }
 
     /// Whether there is no private data.
     pub const fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// The stored bytes.
     pub fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.len.min(MAX_PRIVATE_DATA)]
+        let stored = self.len().min(MAX_PRIVATE_DATA);
+        match &self.0 {
+            Stored::Zeros(_) => &ZEROS[..stored],
+            Stored::Bytes(_, bytes) => &bytes[..stored],
+        }
     }
 
     /// The same data zero-padded to `size` bytes, as the IB CM puts it on the wire.
@@ -233,30 +266,36 @@ impl PrivateData {
     /// # Panics
     /// If `size` exceeds [`MAX_PRIVATE_DATA`] or the data is longer than `size`; backends check
     /// the length against the port space's limit first.
-    // Inlined, padding the empty data is a fill, not a copy of a 256-byte constant.
+    // Inlined, padding all-zero data writes a length and nothing else.
     #[inline]
     pub fn padded(&self, size: usize) -> Self {
         assert!(
-            size <= MAX_PRIVATE_DATA && self.len <= size,
+            size <= MAX_PRIVATE_DATA && self.len() <= size,
             "private data longer than its slot"
         );
-        // Bytes past `len` are zero already: `new` starts from a zeroed buffer.
-        Self {
-            len: size,
-            bytes: self.bytes,
+        match self.0 {
+            Stored::Zeros(_) => PrivateData(Stored::Zeros(size)),
+            // Bytes past the length are zero already: `new` starts from a zeroed buffer. The
+            // sum is `size`, non-zero as it is at least the length.
+            Stored::Bytes(len, bytes) => {
+                PrivateData(Stored::Bytes(len.saturating_add(size - len.get()), bytes))
+            }
         }
     }
 }
 
 impl Default for PrivateData {
+    // Built, not copied from `EMPTY`: a constant is written whole (a 264-byte `memset`), the
+    // variant is one store.
+    #[inline]
     fn default() -> Self {
-        Self::EMPTY
+        PrivateData(Stored::Zeros(0))
     }
 }
 
 impl PartialEq for PrivateData {
     fn eq(&self, other: &Self) -> bool {
-        self.len == other.len && self.as_slice() == other.as_slice()
+        self.len() == other.len() && self.as_slice() == other.as_slice()
     }
 }
 
@@ -267,7 +306,7 @@ impl fmt::Debug for PrivateData {
         let data = self.as_slice();
         // Trailing zero padding is noise in logs: show the meaningful prefix and the length.
         let used = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-        write!(f, "PrivateData(len={}, {:02x?})", self.len, &data[..used])
+        write!(f, "PrivateData(len={}, {:02x?})", self.len(), &data[..used])
     }
 }
 
@@ -627,6 +666,72 @@ mod tests {
         let long = PrivateData::new(&[1u8; 300]);
         assert_eq!(long.len(), 300);
         assert_eq!(long.as_slice().len(), MAX_PRIVATE_DATA);
+    }
+
+    #[test]
+    fn empty_private_data_reads_as_no_bytes_whichever_way_it_is_built() {
+        for pd in [
+            PrivateData::EMPTY,
+            PrivateData::default(),
+            PrivateData::new(&[]),
+            PrivateData::EMPTY.padded(0),
+        ] {
+            assert_eq!(pd.len(), 0);
+            assert!(pd.is_empty());
+            assert_eq!(pd.as_slice(), &[] as &[u8]);
+            assert_eq!(pd, PrivateData::EMPTY);
+            assert_eq!(format!("{pd:?}"), "PrivateData(len=0, [])");
+        }
+    }
+
+    #[test]
+    fn all_zero_private_data_reads_like_written_zeros_at_every_length() {
+        for size in 0..=MAX_PRIVATE_DATA {
+            let padded = PrivateData::EMPTY.padded(size);
+            let written = PrivateData::new(&vec![0u8; size]);
+            assert_eq!(padded.len(), size);
+            assert_eq!(padded.is_empty(), size == 0);
+            assert_eq!(padded.as_slice(), &vec![0u8; size][..]);
+            assert_eq!(padded, written);
+            assert_eq!(written, padded);
+            assert_eq!(format!("{padded:?}"), format!("{written:?}"));
+            assert_eq!(padded.padded(MAX_PRIVATE_DATA), written.padded(MAX_PRIVATE_DATA));
+        }
+    }
+
+    #[test]
+    fn written_private_data_reads_back_its_bytes_and_pads_with_zeros_at_every_length() {
+        for len in 1..=MAX_PRIVATE_DATA {
+            let data: Vec<u8> = (1..=len).map(|i| i as u8 | 1).collect();
+            let pd = PrivateData::new(&data);
+            assert_eq!(pd.len(), len);
+            assert!(!pd.is_empty());
+            assert_eq!(pd.as_slice(), &data[..]);
+            let padded = pd.padded(MAX_PRIVATE_DATA);
+            assert_eq!(padded.len(), MAX_PRIVATE_DATA);
+            assert_eq!(&padded.as_slice()[..len], &data[..]);
+            assert!(padded.as_slice()[len..].iter().all(|&b| b == 0));
+            assert_ne!(
+                pd,
+                PrivateData::EMPTY.padded(len),
+                "non-zero bytes differ from zeros"
+            );
+        }
+    }
+
+    #[test]
+    fn private_data_is_no_bigger_than_its_buffer_and_a_length() {
+        // Events and connection parameters carry one each: a tag of its own would grow them.
+        assert_eq!(
+            std::mem::size_of::<PrivateData>(),
+            MAX_PRIVATE_DATA + std::mem::size_of::<usize>()
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "private data longer than its slot")]
+    fn padding_private_data_to_less_than_its_length_panics() {
+        let _ = PrivateData::new(b"hello").padded(4);
     }
 
     #[test]

@@ -106,6 +106,41 @@ impl<T> Slab<T> {
         }
     }
 
+    /// [`insert`](Self::insert) of the value `make` builds, built where it is stored.
+    ///
+    /// ```
+    /// use cm_core::backend::Slab;
+    ///
+    /// let mut slab = Slab::new();
+    /// let r = slab.insert_with(|| [7u8; 200]);
+    /// assert_eq!(slab.get(r).map(|v| v[199]), Some(7));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// With 2^32 slots in use.
+    // A large value passed to `insert` is built on the stack and copied into its slot (a
+    // `memcpy` call); `make` runs where the slot is known.
+    #[inline(always)]
+    pub fn insert_with(&mut self, make: impl FnOnce() -> T) -> SlotRef {
+        self.len += 1;
+        if let Some(index) = self.free.pop() {
+            let e = &mut self.entries[index as usize];
+            e.value = Some(make());
+            SlotRef {
+                index,
+                generation: e.generation,
+            }
+        } else {
+            let index = u32::try_from(self.entries.len()).expect("slab index overflow");
+            self.entries.push(Entry {
+                generation: 0,
+                value: Some(make()),
+            });
+            SlotRef { index, generation: 0 }
+        }
+    }
+
     /// The value `r` names, if it is still stored.
     // The simulator looks ids up several times per event and sees these only through
     // cm-core's boundary: without the hint, small as they are, some stayed calls.
@@ -262,6 +297,8 @@ mod tests {
     enum Step {
         /// Insert this value; expect this (index, generation).
         Insert(&'static str, (u32, u32)),
+        /// Insert through `insert_with`; expect this (index, generation).
+        InsertWith(&'static str, (u32, u32)),
         /// Remove through the reference of insert number `n`; expect this value.
         Remove(usize, Option<&'static str>),
         /// Discard through the reference of insert number `n`.
@@ -285,6 +322,11 @@ mod tests {
             match *step {
                 Insert(v, want) => {
                     let r = s.insert(v);
+                    assert_eq!((r.index, r.generation), want, "{at}");
+                    refs.push(r);
+                }
+                InsertWith(v, want) => {
+                    let r = s.insert_with(|| v);
                     assert_eq!((r.index, r.generation), want, "{at}");
                     refs.push(r);
                 }
@@ -349,6 +391,26 @@ mod tests {
                 Insert("e", (0, 1)),
                 Insert("f", (3, 0)),
                 Live(4, &[0, 1, 2, 3]),
+            ],
+        );
+    }
+
+    #[test]
+    fn insert_with_takes_slots_as_insert_does_new_and_freed() {
+        run(
+            Slab::new(),
+            &[
+                InsertWith("a", (0, 0)),
+                Insert("b", (1, 0)),
+                InsertWith("c", (2, 0)),
+                Remove(0, Some("a")),
+                Discard(2),
+                InsertWith("d", (2, 1)),
+                InsertWith("e", (0, 1)),
+                Get(3, Some("d")),
+                Get(4, Some("e")),
+                Get(0, None),
+                Live(3, &[0, 1, 2]),
             ],
         );
     }

@@ -5,8 +5,9 @@
 //! the device's removal, or the retrieval of the kernel's `CONNECT_RESPONSE`. The effects say
 //! what the fabric does about it: send a message, queue an event, arm or cancel a timer, take
 //! the message's sender as the peer. The machine does no I/O, holds no references and knows no
-//! time: the fabric routes the effects (latency, loss, payloads, the trace) and the tests below
-//! drive it directly.
+//! time: it hands the effects, in order, to an [`Effector`] (the fabric, which carries each out
+//! where it is named: latency, loss, payloads, the trace; or a list, [`Effects`]), and the
+//! tests below drive it directly.
 //!
 //! This is the IB CM's view of a connection, which moves when messages arrive and timers fire;
 //! what the application has observed is `cm_core::IdMachine`, which moves when calls succeed
@@ -139,17 +140,24 @@ impl Effects {
         self
     }
 
-    const fn with_if(self, cond: bool, effect: Effect) -> Effects {
-        if cond {
-            self.with(effect)
-        } else {
-            self
-        }
-    }
-
     /// The effects in the order the fabric carries them out.
     pub(crate) fn as_slice(&self) -> &[Effect] {
         &self.list[..usize::from(self.len)]
+    }
+}
+
+/// Where a transition's effects go, one at a time, in the order the fabric carries them out:
+/// a list ([`Effects`]) for the table tests and for callers that look at a transition before
+/// carrying it out, the fabric itself where it carries them out at once.
+pub(crate) trait Effector {
+    /// The transition's next effect.
+    fn effect(&mut self, effect: Effect);
+}
+
+impl Effector for Effects {
+    #[inline(always)]
+    fn effect(&mut self, effect: Effect) {
+        *self = self.with(effect);
     }
 }
 
@@ -239,17 +247,18 @@ impl Exchange {
     }
 
     /// Timewait after a completed disconnect, with `DISCONNECTED` if not said already.
-    fn timewait(self, status: i32) -> (Self, Effects) {
-        let next = Exchange {
+    #[inline(always)]
+    fn timewait(self, status: i32, fx: &mut impl Effector) -> Self {
+        fx.effect(Effect::CancelTimers);
+        fx.effect(Effect::Arm(CmTimer::Timewait));
+        if !self.disconnected {
+            fx.effect(queue(CmEventType::Disconnected, status));
+        }
+        Exchange {
             wire: Wire::TimeWait,
             disconnected: true,
             ..self
-        };
-        let effects = Effects::NONE
-            .with(Effect::CancelTimers)
-            .with(Effect::Arm(CmTimer::Timewait))
-            .with_if(!self.disconnected, queue(CmEventType::Disconnected, status));
-        (next, effects)
+        }
     }
 
     /// The transition for `input` on a connected (`connected`: RC/TCP-like) or datagram port
@@ -262,35 +271,38 @@ impl Exchange {
     // 1 000 a lifecycle (issue 14).
     #[inline(always)]
     pub(crate) fn on(self, input: Input, connected: bool) -> Option<(Exchange, Effects)> {
+        let mut effects = Effects::NONE;
+        let next = self.on_with(input, connected, &mut effects)?;
+        Some((next, effects))
+    }
+
+    /// [`on`](Self::on) with each effect handed to `fx` as the transition names it, in order,
+    /// instead of collected in a list; nothing is handed when the input is refused.
+    // The fabric's effector carries each effect out where it is named: the effect is a
+    // constant there and its match folds, where a list built at run time (the wire state of a
+    // received message, a destroy or a timer is known only then) was walked and matched.
+    #[inline(always)]
+    pub(crate) fn on_with(self, input: Input, connected: bool, fx: &mut impl Effector) -> Option<Exchange> {
         use Wire::*;
-        let none = (self, Effects::NONE);
         let rej_reason = if connected {
             reason::CONSUMER_DEFINED
         } else {
             reason::SIDR_REJECT
         };
         Some(match (input, self.wire) {
-            (Input::Connect, _) => (
-                self.to(ReqSent),
-                Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with(Effect::Arm(CmTimer::Req))
-                    .with(send(MsgKind::Req, 0, To::Peer, Carry::CallPayload)),
-            ),
+            (Input::Connect, _) => {
+                fx.effect(Effect::CancelTimers);
+                fx.effect(Effect::Arm(CmTimer::Req));
+                fx.effect(send(MsgKind::Req, 0, To::Peer, Carry::CallPayload));
+                self.to(ReqSent)
+            }
             (Input::Accept, ReqRcvd) => {
-                let rep = send(MsgKind::Rep, 0, To::Peer, Carry::CallPayload);
+                fx.effect(Effect::CancelTimers);
                 if connected {
-                    let arm = Effect::Arm(CmTimer::Rep);
-                    (
-                        self.to(RepSent),
-                        Effects::NONE.with(Effect::CancelTimers).with(arm).with(rep),
-                    )
-                } else {
-                    (
-                        self.to(Closed),
-                        Effects::NONE.with(Effect::CancelTimers).with(rep),
-                    )
+                    fx.effect(Effect::Arm(CmTimer::Rep));
                 }
+                fx.effect(send(MsgKind::Rep, 0, To::Peer, Carry::CallPayload));
+                self.to(if connected { RepSent } else { Closed })
             }
             (Input::Reject, ReqRcvd) => {
                 let carry = if connected {
@@ -298,157 +310,165 @@ impl Exchange {
                 } else {
                     Carry::Nothing
                 };
-                (
-                    self.to(Closed),
-                    Effects::NONE.with(send(MsgKind::Rej, rej_reason, To::Peer, carry)),
-                )
+                fx.effect(send(MsgKind::Rej, rej_reason, To::Peer, carry));
+                self.to(Closed)
             }
-            (Input::Establish, RepRcvd) => (
-                self.to(Established),
-                Effects::NONE.with(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing)),
-            ),
+            (Input::Establish, RepRcvd) => {
+                fx.effect(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing));
+                self.to(Established)
+            }
             (Input::Accept | Input::Reject | Input::Establish, _) => return None,
-            (Input::Disconnect, Established) => (
-                self.to(DreqSent),
-                Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with(Effect::Arm(CmTimer::Dreq))
-                    .with(send(MsgKind::Dreq, 0, To::Peer, Carry::Nothing)),
-            ),
-            (Input::Disconnect, DreqRcvd) => (
-                self.to(TimeWait),
-                Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with(Effect::Arm(CmTimer::Timewait))
-                    .with(send(MsgKind::Drep, 0, To::Peer, Carry::Nothing)),
-            ),
+            (Input::Disconnect, Established) => {
+                fx.effect(Effect::CancelTimers);
+                fx.effect(Effect::Arm(CmTimer::Dreq));
+                fx.effect(send(MsgKind::Dreq, 0, To::Peer, Carry::Nothing));
+                self.to(DreqSent)
+            }
+            (Input::Disconnect, DreqRcvd) => {
+                fx.effect(Effect::CancelTimers);
+                fx.effect(Effect::Arm(CmTimer::Timewait));
+                fx.effect(send(MsgKind::Drep, 0, To::Peer, Carry::Nothing));
+                self.to(TimeWait)
+            }
             // Not established on the wire: the IB CM has neither a DREQ nor a DREP to send, and
             // the kernel still returns 0.
-            (Input::Disconnect, _) => none,
+            (Input::Disconnect, _) => self,
             (Input::Destroy, wire) => {
-                let say = match wire {
-                    ReqSent => Some(send(
+                match wire {
+                    ReqSent => fx.effect(send(
                         MsgKind::Rej,
                         reason::TIMEOUT,
                         To::Peer,
                         Carry::EmptyPrivateData,
                     )),
                     ReqRcvd | RepRcvd | RepSent => {
-                        Some(send(MsgKind::Rej, rej_reason, To::Peer, Carry::EmptyPrivateData))
+                        fx.effect(send(MsgKind::Rej, rej_reason, To::Peer, Carry::EmptyPrivateData))
                     }
-                    Established => Some(send(MsgKind::Dreq, 0, To::Peer, Carry::Nothing)),
-                    DreqRcvd => Some(send(MsgKind::Drep, 0, To::Peer, Carry::Nothing)),
-                    Idle | DreqSent | TimeWait | Closed => None,
-                };
-                let effects = match say {
-                    Some(e) => Effects::NONE.with(e),
-                    None => Effects::NONE,
-                };
-                (self.to(Closed), effects)
+                    Established => fx.effect(send(MsgKind::Dreq, 0, To::Peer, Carry::Nothing)),
+                    DreqRcvd => fx.effect(send(MsgKind::Drep, 0, To::Peer, Carry::Nothing)),
+                    Idle | DreqSent | TimeWait | Closed => {}
+                }
+                self.to(Closed)
             }
-            (Input::DeviceRemoved, _) => (self.to(Closed), Effects::NONE.with(Effect::CancelTimers)),
-            (Input::Msg(MsgKind::Rep, _), ReqSent) => (
+            (Input::DeviceRemoved, _) => {
+                fx.effect(Effect::CancelTimers);
+                self.to(Closed)
+            }
+            (Input::Msg(MsgKind::Rep, _), ReqSent) => {
+                fx.effect(Effect::CancelTimers);
+                fx.effect(Effect::PeerIsSender);
+                fx.effect(Effect::Queue {
+                    event: CmEventType::ConnectResponse,
+                    status: 0,
+                    with_message: true,
+                });
                 // A datagram exchange ends with the SIDR REP.
-                self.to(if connected { RepRcvd } else { Closed }),
-                Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with(Effect::PeerIsSender)
-                    .with(Effect::Queue {
-                        event: CmEventType::ConnectResponse,
-                        status: 0,
-                        with_message: true,
-                    }),
-            ),
-            (Input::Msg(MsgKind::Rtu, _), RepSent) => (
-                self.to(Established),
-                Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with(queue(CmEventType::Established, 0)),
-            ),
+                self.to(if connected { RepRcvd } else { Closed })
+            }
+            (Input::Msg(MsgKind::Rtu, _), RepSent) => {
+                fx.effect(Effect::CancelTimers);
+                fx.effect(queue(CmEventType::Established, 0));
+                self.to(Established)
+            }
             (Input::Msg(MsgKind::Rej, status), ReqSent | RepRcvd | RepSent | ReqRcvd) => {
+                fx.effect(Effect::CancelTimers);
                 // A child that was not accepted gets no events (the kernel drops them).
-                let event = if connected {
-                    CmEventType::Rejected
-                } else {
-                    CmEventType::Unreachable
-                };
-                let tell = Effect::Queue {
-                    event,
-                    status,
-                    with_message: connected,
-                };
-                let effects = Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with_if(self.wire != ReqRcvd, tell);
-                (self.to(Closed), effects)
+                if self.wire != ReqRcvd {
+                    let event = if connected {
+                        CmEventType::Rejected
+                    } else {
+                        CmEventType::Unreachable
+                    };
+                    fx.effect(Effect::Queue {
+                        event,
+                        status,
+                        with_message: connected,
+                    });
+                }
+                self.to(Closed)
             }
             (Input::Msg(MsgKind::Dreq, _), Established | RepSent) => {
-                let next = Exchange {
+                fx.effect(Effect::CancelTimers);
+                if !self.disconnected {
+                    fx.effect(queue(CmEventType::Disconnected, 0));
+                }
+                Exchange {
                     wire: DreqRcvd,
                     disconnected: true,
                     ..self
-                };
-                let effects = Effects::NONE
-                    .with(Effect::CancelTimers)
-                    .with_if(!self.disconnected, queue(CmEventType::Disconnected, 0));
-                (next, effects)
+                }
             }
             (Input::Msg(MsgKind::Dreq, _), DreqSent) => {
                 // Both sides disconnected at once: each answers the other's DREQ.
-                let (next, effects) = self.timewait(0);
-                (
-                    next,
-                    effects.with(send(MsgKind::Drep, 0, To::Sender, Carry::Nothing)),
-                )
+                let next = self.timewait(0, fx);
+                fx.effect(send(MsgKind::Drep, 0, To::Sender, Carry::Nothing));
+                next
             }
-            (Input::Msg(MsgKind::Drep, _), DreqSent) => self.timewait(0),
-            (Input::Msg(..), _) => none,
-            (Input::Timer(CmTimer::Req), ReqSent) => (
-                self.to(Closed),
-                Effects::NONE
-                    .with(send(
-                        MsgKind::Rej,
-                        reason::TIMEOUT,
-                        To::Peer,
-                        Carry::EmptyPrivateData,
-                    ))
-                    .with(queue(CmEventType::Unreachable, -errno::ETIMEDOUT)),
-            ),
-            (Input::Timer(CmTimer::Rep), RepSent) => (
-                self.to(Closed),
-                Effects::NONE.with(queue(CmEventType::Unreachable, -errno::ETIMEDOUT)),
-            ),
-            (Input::Timer(CmTimer::Dreq), DreqSent) => self.timewait(-errno::ETIMEDOUT),
-            (Input::Timer(CmTimer::Timewait), TimeWait) => (
-                self.to(Closed),
-                Effects::NONE.with_if(self.disconnected, queue(CmEventType::TimewaitExit, 0)),
-            ),
-            (Input::Timer(_), _) => none,
+            (Input::Msg(MsgKind::Drep, _), DreqSent) => self.timewait(0, fx),
+            (Input::Msg(..), _) => self,
+            (Input::Timer(CmTimer::Req), ReqSent) => {
+                fx.effect(send(
+                    MsgKind::Rej,
+                    reason::TIMEOUT,
+                    To::Peer,
+                    Carry::EmptyPrivateData,
+                ));
+                fx.effect(queue(CmEventType::Unreachable, -errno::ETIMEDOUT));
+                self.to(Closed)
+            }
+            (Input::Timer(CmTimer::Rep), RepSent) => {
+                fx.effect(queue(CmEventType::Unreachable, -errno::ETIMEDOUT));
+                self.to(Closed)
+            }
+            (Input::Timer(CmTimer::Dreq), DreqSent) => self.timewait(-errno::ETIMEDOUT, fx),
+            (Input::Timer(CmTimer::Timewait), TimeWait) => {
+                if self.disconnected {
+                    fx.effect(queue(CmEventType::TimewaitExit, 0));
+                }
+                self.to(Closed)
+            }
+            (Input::Timer(_), _) => self,
         })
     }
 
-    /// librdmacm's handling of the retrieved `CONNECT_RESPONSE`, which the application's
-    /// machine says becomes `outcome` (`ESTABLISHED` or `CONNECT_ERROR`): returns the event
-    /// handed out, its status, and the transition. `ESTABLISHED` on a connected port space
-    /// sends the RTU; a REJ that arrived meanwhile makes the RTU fail (`CONNECT_ERROR`).
+    /// [`on_connect_response_with`](Self::on_connect_response_with) with the effect in a list.
+    // The fabric hands the effect over with `on_connect_response_with`; the list is for the
+    // table tests.
+    #[cfg(test)]
     pub(crate) fn on_connect_response(
         self,
         outcome: CmEventType,
         status: i32,
         connected: bool,
     ) -> (CmEventType, i32, Exchange, Effects) {
+        let mut effects = Effects::NONE;
+        let (event, status, next) = self.on_connect_response_with(outcome, status, connected, &mut effects);
+        (event, status, next, effects)
+    }
+
+    /// librdmacm's handling of the retrieved `CONNECT_RESPONSE`, which the application's
+    /// machine says becomes `outcome` (`ESTABLISHED` or `CONNECT_ERROR`): returns the event
+    /// handed out, its status, and the next state, and hands the effect to `fx` as
+    /// [`on_with`](Self::on_with) does. `ESTABLISHED` on a connected port space sends the RTU;
+    /// a REJ that arrived meanwhile makes the RTU fail (`CONNECT_ERROR`).
+    #[inline(always)]
+    pub(crate) fn on_connect_response_with(
+        self,
+        outcome: CmEventType,
+        status: i32,
+        connected: bool,
+        fx: &mut impl Effector,
+    ) -> (CmEventType, i32, Exchange) {
         let event = if outcome == CmEventType::Established && self.wire == Wire::Closed && connected {
             CmEventType::ConnectError
         } else {
             outcome
         };
         match event {
-            CmEventType::Established if connected => (
-                event,
-                status,
-                self.to(Wire::Established),
-                Effects::NONE.with(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing)),
-            ),
+            CmEventType::Established if connected => {
+                fx.effect(send(MsgKind::Rtu, 0, To::Peer, Carry::Nothing));
+                (event, status, self.to(Wire::Established))
+            }
             CmEventType::ConnectError => (
                 event,
                 -1,
@@ -456,9 +476,8 @@ impl Exchange {
                     connect_error: true,
                     ..self
                 },
-                Effects::NONE,
             ),
-            _ => (event, status, self, Effects::NONE),
+            _ => (event, status, self),
         }
     }
 }

@@ -558,3 +558,39 @@ fn a_connect_response_kept_for_an_external_qp_sends_no_rtu() {
     );
     assert_eq!(fx, Effects::NONE);
 }
+
+/// An effector that keeps what it is handed, as the fabric would receive it.
+#[derive(Default)]
+struct Handed(Vec<Effect>);
+
+impl Effector for Handed {
+    fn effect(&mut self, effect: Effect) {
+        self.0.push(effect);
+    }
+}
+
+#[test]
+fn a_refused_input_hands_the_effector_nothing() {
+    // The fabric carries effects out as they are handed: a refusal after one would have
+    // changed the fabric for a call that fails.
+    let mut refused = 0;
+    for wire in ALL_WIRES {
+        for connected in [RC, UD] {
+            for input in every_input() {
+                let mut handed = Handed::default();
+                if at(wire).on_with(input, connected, &mut handed).is_none() {
+                    refused += 1;
+                    assert!(
+                        handed.0.is_empty(),
+                        "{input:?} refused in {wire:?}: {:?}",
+                        handed.0
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        refused > 0,
+        "some inputs are refused (accept without a request...)"
+    );
+}

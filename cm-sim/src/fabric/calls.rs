@@ -35,7 +35,7 @@ impl Fabric {
 
     pub(crate) fn create_id(&mut self, host: u16, ch: ChannelHandle, ps: PortSpace) -> R<IdHandle> {
         let channel = self.channel_ref(host, ch, Call::CreateId)?;
-        let r = self.ids.insert(IdSlot {
+        let r = self.ids.insert_with(|| IdSlot {
             host,
             channel,
             m: IdMachine::new(ps),
@@ -79,13 +79,7 @@ impl Fabric {
     /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
     /// and (lazily) its queued events.
     pub(super) fn release(&mut self, r: SlotRef) {
-        let slot = self.slot(r);
-        let connected = slot.m.port_space().is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Destroy, connected)
-            .expect("destroy is never refused");
-        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Destroy, SlotRef::NONE, NO_PAYLOAD);
         self.vanish(r);
     }
 
@@ -357,17 +351,12 @@ impl Fabric {
         slot.m = next;
         slot.remote = SlotRef::NONE;
         slot.retry_count = wire.retry_count;
-        let connected = ps.is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Connect, connected)
-            .expect("connect is never refused");
         let payload = self.new_payload(Payload {
             wire,
             private_data,
             dst: dst.into(),
         });
-        self.apply(r, next, effects, SlotRef::NONE, payload);
+        self.transition(r, Input::Connect, SlotRef::NONE, payload);
         Ok(())
     }
 
@@ -383,7 +372,8 @@ impl Fabric {
         };
         let (rr, depth) = self.check_resources(call, param)?;
         let connected = self.slot(r).m.port_space().is_connected();
-        let Some((accepted, effects)) = self.slot(r).cm.on(Input::Accept, connected) else {
+        // Only whether the exchange takes it: the transition is carried out below.
+        if self.slot(r).cm.on(Input::Accept, connected).is_none() {
             // The request is gone (the active side gave up or was destroyed): the kernel
             // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
             let failed = self.slot(r).m.qp_error();
@@ -392,7 +382,7 @@ impl Fabric {
                 call,
                 errno: errno::EINVAL,
             });
-        };
+        }
         let slot = self.slot(r);
         let ps = slot.m.port_space();
         let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
@@ -418,7 +408,7 @@ impl Fabric {
             private_data,
             dst: Addr::None,
         });
-        self.apply(r, accepted, effects, SlotRef::NONE, payload);
+        self.transition(r, Input::Accept, SlotRef::NONE, payload);
         Ok(())
     }
 
@@ -449,13 +439,7 @@ impl Fabric {
         let r = self.id_ref(host, id, Call::Disconnect)?;
         let next = self.slot(r).m.disconnect()?;
         self.set_machine(r, next);
-        let slot = self.slot(r);
-        let connected = slot.m.port_space().is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Disconnect, connected)
-            .expect("disconnect is never refused");
-        self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Disconnect, SlotRef::NONE, NO_PAYLOAD);
         Ok(())
     }
 
@@ -471,8 +455,9 @@ impl Fabric {
             if let Some(t) = self.pop_event(r, true) {
                 return self.event_of(t);
             }
+            // `pop_event` found the queue empty (it drops the events of destroyed ids).
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
-            if !self.run_until(deadline, has_event) {
+            if !self.run_until_next(deadline, has_event) {
                 return Ok(None);
             }
         }
@@ -503,8 +488,9 @@ impl Fabric {
                 }
                 return Ok(Some(out));
             }
+            // `pop_event` found the queue empty (it drops the events of destroyed ids).
             let has_event = |f: &Fabric| f.channels.get(r).is_some_and(|c| !c.queue.is_empty());
-            if !self.run_until(deadline, has_event) {
+            if !self.run_until_next(deadline, has_event) {
                 return Ok(None);
             }
         }
@@ -522,7 +508,7 @@ impl Fabric {
                 t.listen_id,
                 t.event,
                 t.status,
-                NO_PARAM,
+                no_param(),
                 t.token,
             )));
         };
@@ -537,6 +523,18 @@ impl Fabric {
                     cm_core::backend::cm_event(t.id, t.listen_id, t.event, t.status, p.conn_param(), t.token);
                 return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
             }
+        }
+        if p.private_data.bytes.is_empty() {
+            // The usual all-zero data: its one representation is built where the event is,
+            // where the choice inside `conn_param` went through a temporary copied whole.
+            return Ok(Some(cm_core::backend::cm_event(
+                t.id,
+                t.listen_id,
+                t.event,
+                t.status,
+                p.conn_param_with(PrivateData::default().padded(usize::from(p.private_data.len))),
+                t.token,
+            )));
         }
         Ok(Some(cm_core::backend::cm_event(
             t.id,

@@ -161,6 +161,24 @@ impl Fabric {
         }
     }
 
+    /// [`run_until`](Fabric::run_until) for a caller that has just seen `done` not hold (and
+    /// changed nothing since): the first action runs before `done` is asked, where `run_until`
+    /// would ask it again first.
+    pub(super) fn run_until_next(&mut self, deadline: SimTime, done: impl Fn(&Fabric) -> bool) -> bool {
+        loop {
+            match self.sched.pop_due(deadline.as_nanos()) {
+                Some((time, action)) => self.run_action(time, action),
+                None => {
+                    self.reach(deadline);
+                    return false;
+                }
+            }
+            if done(self) {
+                return true;
+            }
+        }
+    }
+
     /// [`run_until`](Fabric::run_until) with nothing to stop it early, without asking a
     /// predicate after each action.
     pub(super) fn run_to(&mut self, deadline: SimTime) {

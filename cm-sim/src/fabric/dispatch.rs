@@ -105,10 +105,7 @@ impl Fabric {
             }
             TimerKind::Cm(timer) => {
                 let before = self.slot(id).cm;
-                let connected = self.slot(id).m.port_space().is_connected();
-                let (next, effects) = before
-                    .on(Input::Timer(timer), connected)
-                    .expect("the exchange takes every timer");
+                let next = self.transition(id, Input::Timer(timer), SlotRef::NONE, NO_PAYLOAD);
                 if next.wire() != before.wire() {
                     match timer {
                         CmTimer::Req => self.stats.req_timeouts += 1,
@@ -117,7 +114,6 @@ impl Fabric {
                         CmTimer::Timewait => {}
                     }
                 }
-                self.apply(id, next, effects, SlotRef::NONE, NO_PAYLOAD);
             }
         }
     }
@@ -247,13 +243,7 @@ impl Fabric {
 
     #[inline(always)]
     fn on_msg_of(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
-        let slot = self.slot(to);
-        let connected = slot.m.port_space().is_connected();
-        let (next, effects) = slot
-            .cm
-            .on(Input::Msg(kind, status), connected)
-            .expect("the exchange takes every message");
-        self.apply(to, next, effects, from, payload);
+        self.transition(to, Input::Msg(kind, status), from, payload);
     }
 
     /// Moves `id`'s exchange to `next` and carries out the transition's `effects` in order.
@@ -270,72 +260,141 @@ impl Fabric {
         sender: SlotRef,
         payload: u32,
     ) {
-        self.slot(id).cm = next;
+        let slot = self.slot(id);
+        slot.cm = next;
+        let host = slot.host;
         let mut payload = payload;
         for &effect in effects.as_slice() {
-            match effect {
-                Effect::CancelTimers => self.cancel_timers(id),
-                Effect::Arm(timer) => {
-                    let after = match timer {
-                        CmTimer::Timewait => self.cfg.timewait,
-                        CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cm_timeout_of(id),
-                    };
-                    self.timer(id, self.now + after, TimerKind::Cm(timer));
-                }
-                Effect::PeerIsSender => self.slot(id).remote = sender,
-                Effect::Queue {
-                    event,
-                    status,
-                    with_message,
-                } => {
-                    let carried = if with_message {
-                        std::mem::replace(&mut payload, NO_PAYLOAD)
-                    } else {
-                        NO_PAYLOAD
-                    };
-                    self.queue_event(id, SlotRef::NONE, event, status, carried);
-                }
-                Effect::Send {
-                    msg: MsgKind::Req,
-                    carry,
-                    ..
-                } => {
-                    debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
-                    let req = std::mem::replace(&mut payload, NO_PAYLOAD);
-                    let dst = self.slot(id).peer.get().expect("a resolved id has a destination");
-                    match self.host_of_ip(dst.ip()) {
-                        Some(to_host) => self.send_req(id, to_host, req, 0),
-                        None => {
-                            // The REQ leaves for an address no host has: it is lost without a
-                            // trace, after the same draw a sent one makes.
-                            self.latency();
-                            self.drop_payload(req);
-                        }
-                    }
-                }
-                Effect::Send {
-                    msg,
-                    status,
-                    to,
-                    carry,
-                } => {
-                    let dest = match to {
-                        To::Peer => self.slot(id).remote,
-                        To::Sender => sender,
-                    };
-                    if dest.is_none() {
-                        // No REP or MRA named a peer yet: there is nobody to tell.
-                        continue;
-                    }
-                    let carried = match carry {
-                        Carry::Nothing => NO_PAYLOAD,
-                        Carry::EmptyPrivateData => self.rej_payload(&[]),
-                        Carry::CallPayload => std::mem::replace(&mut payload, NO_PAYLOAD),
-                    };
-                    self.send(id, dest, msg, status, carried);
-                }
-            }
+            self.carry_out(id, host, effect, sender, &mut payload);
         }
         self.drop_payload(payload);
+    }
+
+    /// `id`'s exchange takes `input` and the fabric carries out the transition's effects as the
+    /// exchange names them (see [`apply`](Self::apply) for `sender` and `payload`). For inputs
+    /// that are never refused: the callers that can be refused look at the transition first.
+    // What `apply` does, without the list: where the wire state is known only at run time (a
+    // received message, a timer, a disconnect or a destroy), the list was built and walked at
+    // run time; here each effect is a constant where the exchange names it.
+    #[inline(always)]
+    pub(super) fn transition(
+        &mut self,
+        id: SlotRef,
+        input: Input,
+        sender: SlotRef,
+        payload: u32,
+    ) -> Exchange {
+        let slot = self.slot(id);
+        let (before, connected, host) = (slot.cm, slot.m.port_space().is_connected(), slot.host);
+        let mut fx = CarryOut::new(self, id, host, sender, payload);
+        let next = before
+            .on_with(input, connected, &mut fx)
+            .expect("the exchange takes this input in every state");
+        let payload = fx.payload;
+        // Set after the effects, where `apply` sets it before: no effect reads the exchange.
+        self.slot(id).cm = next;
+        self.drop_payload(payload);
+        next
+    }
+
+    /// One effect of `id`'s transition; `payload` is what is left of the message's or call's
+    /// payload (taken by the effect that carries it).
+    #[inline(always)]
+    fn carry_out(&mut self, id: SlotRef, host: u16, effect: Effect, sender: SlotRef, payload: &mut u32) {
+        match effect {
+            Effect::CancelTimers => self.cancel_timers(id),
+            Effect::Arm(timer) => {
+                let after = match timer {
+                    CmTimer::Timewait => self.cfg.timewait,
+                    CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cm_timeout_of(id),
+                };
+                self.timer(id, self.now + after, TimerKind::Cm(timer));
+            }
+            Effect::PeerIsSender => self.slot(id).remote = sender,
+            Effect::Queue {
+                event,
+                status,
+                with_message,
+            } => {
+                let carried = if with_message {
+                    std::mem::replace(payload, NO_PAYLOAD)
+                } else {
+                    NO_PAYLOAD
+                };
+                self.queue_event(id, SlotRef::NONE, event, status, carried);
+            }
+            Effect::Send {
+                msg: MsgKind::Req,
+                carry,
+                ..
+            } => {
+                debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
+                let req = std::mem::replace(payload, NO_PAYLOAD);
+                let dst = self.slot(id).peer.get().expect("a resolved id has a destination");
+                match self.host_of_ip(dst.ip()) {
+                    Some(to_host) => self.send_req(id, to_host, req, 0),
+                    None => {
+                        // The REQ leaves for an address no host has: it is lost without a
+                        // trace, after the same draw a sent one makes.
+                        self.latency();
+                        self.drop_payload(req);
+                    }
+                }
+            }
+            Effect::Send {
+                msg,
+                status,
+                to,
+                carry,
+            } => {
+                let dest = match to {
+                    To::Peer => self.slot(id).remote,
+                    To::Sender => sender,
+                };
+                if dest.is_none() {
+                    // No REP or MRA named a peer yet: there is nobody to tell.
+                    return;
+                }
+                let carried = match carry {
+                    Carry::Nothing => NO_PAYLOAD,
+                    Carry::EmptyPrivateData => self.rej_payload(&[]),
+                    Carry::CallPayload => std::mem::replace(payload, NO_PAYLOAD),
+                };
+                self.send(host, id, dest, msg, status, carried);
+            }
+        }
+    }
+}
+
+/// The fabric as the exchange's effector: each effect carried out on `id` as it is named.
+pub(super) struct CarryOut<'a> {
+    fabric: &'a mut Fabric,
+    id: SlotRef,
+    host: u16,
+    sender: SlotRef,
+    payload: u32,
+}
+
+impl<'a> CarryOut<'a> {
+    /// Effects on `id`, a live id on `host`, for a message from `sender` (if any) with
+    /// `payload` (if any), which an effect that carries it takes. What is left of `payload` is
+    /// the caller's to drop.
+    #[inline(always)]
+    pub(super) fn new(fabric: &'a mut Fabric, id: SlotRef, host: u16, sender: SlotRef, payload: u32) -> Self {
+        CarryOut {
+            fabric,
+            id,
+            host,
+            sender,
+            payload,
+        }
+    }
+}
+
+impl Effector for CarryOut<'_> {
+    #[inline(always)]
+    fn effect(&mut self, effect: Effect) {
+        self.fabric
+            .carry_out(self.id, self.host, effect, self.sender, &mut self.payload);
     }
 }

@@ -5,7 +5,8 @@
 //!   when events are *retrieved*) and is what calls are checked against;
 //! * the [`Exchange`] is the IB CM's view (it moves when messages arrive and timers fire) and
 //!   decides which messages are sent and which events are generated. It is a pure machine
-//!   (`crate::exchange`); the fabric routes its effects (`Fabric::apply`).
+//!   (`crate::exchange`); the fabric carries its effects out as the exchange names them
+//!   (`Fabric::transition`), or from the list a transition made (`Fabric::apply`).
 //!
 //! Events are queued on the channel when generated, in virtual-time order, and transformed on
 //! retrieval where librdmacm transforms them (the kernel's `CONNECT_RESPONSE` becomes
@@ -29,7 +30,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
-use crate::exchange::{reason, Carry, CmTimer, Effect, Effects, Exchange, Input, To};
+use crate::exchange::{reason, Carry, CmTimer, Effect, Effector, Effects, Exchange, Input, To};
 use crate::faults::{Fault, FaultSchedule, FaultStats};
 use crate::host::SimHost;
 use crate::ports::{BindError, Ports};
@@ -61,8 +62,22 @@ use self::storage::*;
 pub use self::time_control::Step;
 use self::wire::*;
 
-/// Parameters of events that carry none.
-const NO_PARAM: ConnParam = ConnParam::ZERO;
+/// Parameters of events that carry none: `ConnParam::ZERO`, built field by field. Written as
+/// the constant, the whole 280 bytes were cleared by a `memset` for every such event (a
+/// constant's bytes are zeros or undefined), where the fields are a few stores.
+#[inline(always)]
+fn no_param() -> ConnParam {
+    ConnParam {
+        private_data: PrivateData::default(),
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: 0,
+        retry_count: 0,
+        rnr_retry_count: 0,
+        srq: false,
+        qp_num: 0,
+    }
+}
 
 const NO_PAYLOAD: u32 = u32::MAX;
 

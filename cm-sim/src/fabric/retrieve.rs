@@ -1,5 +1,6 @@
 //! Event retrieval: librdmacm's processing of each event in `rdma_get_cm_event`.
 
+use super::dispatch::CarryOut;
 use super::*;
 
 impl Fabric {
@@ -64,10 +65,13 @@ impl Fabric {
                 let slot = self.slot(q.id);
                 let connected = slot.m.port_space().is_connected();
                 let outcome = slot.m.connect_response_outcome();
-                let (seen, seen_status, next, effects) =
-                    slot.cm.on_connect_response(outcome, status, connected);
+                let before = slot.cm;
+                let mut fx = CarryOut::new(self, q.id, host, SlotRef::NONE, NO_PAYLOAD);
+                let (seen, seen_status, next) =
+                    before.on_connect_response_with(outcome, status, connected, &mut fx);
+                // Set after its effect (the RTU), which does not read it, as `transition` does.
+                self.slot(q.id).cm = next;
                 (event, status) = (seen, seen_status);
-                self.apply(q.id, next, effects, SlotRef::NONE, NO_PAYLOAD);
                 self.record_event(host, q.id, event, status);
                 q.id
             }

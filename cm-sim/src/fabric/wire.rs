@@ -60,9 +60,15 @@ impl WirePrivateData {
 impl Payload {
     #[inline]
     pub(super) fn conn_param(&self) -> ConnParam {
+        self.conn_param_with(self.private_data.to_private_data())
+    }
+
+    /// The parameters with `private_data`, which the caller built from this payload's.
+    #[inline(always)]
+    pub(super) fn conn_param_with(&self, private_data: PrivateData) -> ConnParam {
         let w = self.wire;
         ConnParam {
-            private_data: self.private_data.to_private_data(),
+            private_data,
             responder_resources: w.responder_resources,
             initiator_depth: w.initiator_depth,
             flow_control: w.flow_control,
@@ -99,6 +105,9 @@ impl Fabric {
     }
 
     /// Queues an event for `id` on its channel. `CONNECT_REQUEST`s carry the listener too.
+    // Inlined: every caller names the event (and most the status) as a constant, so the test
+    // for `CONNECT_RESPONSE` and the trace hash's event and status bytes fold.
+    #[inline(always)]
     pub(super) fn queue_event(
         &mut self,
         id: SlotRef,
@@ -239,9 +248,18 @@ impl Fabric {
         matches!(kind, MsgKind::Req | MsgKind::Rep | MsgKind::Dreq)
     }
 
-    /// Sends an IB CM message from `from` to the id `to` (which may be gone: then it is lost).
-    pub(super) fn send(&mut self, from: SlotRef, to: SlotRef, kind: MsgKind, status: i32, payload: u32) {
-        self.send_attempt(from, to, kind, status, payload, 0);
+    /// Sends an IB CM message from `from`, a live id on `from_host`, to the id `to` (which may
+    /// be gone: then it is lost).
+    pub(super) fn send(
+        &mut self,
+        from_host: u16,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+    ) {
+        self.send_attempt_from(from_host, from, to, kind, status, payload, 0);
     }
 
     pub(super) fn send_attempt(
@@ -254,6 +272,23 @@ impl Fabric {
         attempt: u8,
     ) {
         let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+        self.send_attempt_from(from_host, from, to, kind, status, payload, attempt);
+    }
+
+    /// [`send_attempt`](Self::send_attempt) with the sender's host (`u16::MAX` for a sender that
+    /// is gone) known: a transition's sends come from the id it looked up already.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn send_attempt_from(
+        &mut self,
+        from_host: u16,
+        from: SlotRef,
+        to: SlotRef,
+        kind: MsgKind,
+        status: i32,
+        payload: u32,
+        attempt: u8,
+    ) {
         let lat = self.latency();
         if !self.links_faulted {
             // No fault on any link: nothing is lost or delayed more, and the receiver is looked
