@@ -31,8 +31,10 @@ use std::time::{Duration, Instant};
 use cm::api::{ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps};
 use cm::sim::SimFabric;
 
+// pub(crate): the recorded-hash test (tests/recorded_hashes.rs) includes this file and builds
+// its options with the same parser.
 #[path = "cmtime/cli.rs"]
-mod cli;
+pub(crate) mod cli;
 #[path = "cmtime/times.rs"]
 mod times;
 
@@ -450,19 +452,24 @@ struct ScaleRun {
     hash: u64,
 }
 
+/// One simulated cmtime run of `o` on a fresh fabric, without its table: the step times and
+/// the trace hash.
+pub(crate) fn sim_run(o: &Options) -> Result<(Times, u64), String> {
+    let (fabric, sources) = cli::sim_fabric(o).map_err(|e| e.to_string())?;
+    // One host serves both ends when the client binds the server's address.
+    let (mut server, mut client) = (fabric.host(0), fabric.host(fabric.host_count() - 1));
+    let t = cmtime(Some(&mut server), &mut client, o, &sources)
+        .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
+    Ok((t, fabric.trace_hash()))
+}
+
 /// One simulated cmtime run of `n` connections (repeated for its CPU rate), without its table.
 fn scale_run(o: &Options, n: usize) -> Result<ScaleRun, String> {
     let o = Options {
         connections: n,
         ..o.clone()
     };
-    let run = || -> Result<(Times, u64), String> {
-        let (fabric, sources) = cli::sim_fabric(&o).map_err(|e| e.to_string())?;
-        let (mut server, mut client) = (fabric.host(0), fabric.host(fabric.host_count() - 1));
-        let t = cmtime(Some(&mut server), &mut client, &o, &sources)
-            .map_err(|e| format!("{e}\n{}", fabric.repro_line()))?;
-        Ok((t, fabric.trace_hash()))
-    };
+    let run = || sim_run(&o);
     let cpu_start = thread_cpu_ns()?;
     let (t, hash) = run()?;
     let mut runs = 1;
