@@ -603,7 +603,11 @@ impl<B: CmBackend> State<B> {
     /// Releases everything `id` holds, in the order librdmacm needs: QP, events, id. Errors are
     /// ignored: on a crashed host or a removed device the handles are already gone.
     pub(crate) fn release(&mut self, id: IdHandle, listener: bool) {
-        self.cq_watch.remove(&id);
+        // The watch is nearly always empty (a connection watches its CQ only while it waits
+        // for a completion): looked at first, it spares a call into the set's search.
+        if !self.cq_watch.is_empty() {
+            self.cq_watch.remove(&id);
+        }
         if let Some(r) = &mut self.regs {
             r.forget(id);
         }
