@@ -312,6 +312,22 @@ impl Timers {
     /// Drops the front entry, and the cancelled ones that come to the front after it.
     #[inline]
     fn pop_front(&mut self) -> Option<Waker> {
+        if self.head + 1 == self.queue.len() {
+            // The only entry (nearly always: one bound at a time): the queue empties.
+            let (_, _, waker) = self.queue.pop()?;
+            if self.head != 0 {
+                self.queue.clear();
+                self.head = 0;
+            }
+            self.earliest = None;
+            return waker;
+        }
+        self.pop_front_of_many()
+    }
+
+    /// [`pop_front`](Self::pop_front) when other entries stay.
+    #[inline(never)]
+    fn pop_front_of_many(&mut self) -> Option<Waker> {
         let waker = self.queue.get_mut(self.head)?.2.take();
         self.head += 1;
         while self.dead > 0 && self.queue.get(self.head).is_some_and(|(_, _, w)| w.is_none()) {
