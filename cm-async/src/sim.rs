@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -139,18 +139,21 @@ struct TaskWaker {
 }
 
 /// Which tasks were woken since the executor last took them, and in what order (each slot's
-/// [`TaskWaker::woke`]). A `Waker` must be `Send` and `Sync`; the first 64 slots are marked in
-/// a bit mask, which takes no lock, the others in a locked list. The executor takes them
+/// [`TaskWaker::woke`]). A `Waker` must be `Send` and `Sync`; the first 63 slots are marked in
+/// a bit mask, which takes no lock, the others in a locked list, which the mask's last bit
+/// says is not empty: whether any task was woken is one load. The executor takes them
 /// together, ordered by their wakes' numbers: the order in which they were woken.
 struct Woken {
     /// The number the next wake gets (from 1).
     next: AtomicU64,
-    /// Bit `i`: slot `i` (< 64) was woken.
+    /// Bit `i` < 63: slot `i` was woken; bit 63 ([`HIGH`]): `high` has some.
     low: AtomicU64,
-    /// Slots from 64 up that were woken (possibly twice: the executor skips the repeats).
+    /// Slots from 63 up that were woken (possibly twice: the executor skips the repeats).
     high: Mutex<Vec<usize>>,
-    any_high: AtomicBool,
 }
+
+/// The bit of [`Woken::low`] that stands for the locked list, and the first slot put there.
+const HIGH: u32 = 63;
 
 impl Default for Woken {
     fn default() -> Self {
@@ -158,7 +161,6 @@ impl Default for Woken {
             next: AtomicU64::new(1),
             low: AtomicU64::new(0),
             high: Mutex::new(Vec::new()),
-            any_high: AtomicBool::new(false),
         }
     }
 }
@@ -175,7 +177,7 @@ impl Wake for TaskWaker {
         }
         let n = self.ready.next.fetch_add(1, Ordering::Relaxed);
         self.woke.store(n, Ordering::Release);
-        if self.id < 64 {
+        if self.id < HIGH as usize {
             self.ready.low.fetch_or(1 << self.id, Ordering::Release);
         } else {
             self.wake_high();
@@ -194,7 +196,7 @@ impl TaskWaker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(self.id);
-        self.ready.any_high.store(true, Ordering::Release);
+        self.ready.low.fetch_or(1 << HIGH, Ordering::Release);
     }
 }
 
@@ -863,7 +865,7 @@ impl<T: 'static> Executor<T> {
     #[inline]
     fn take_woken(&mut self) {
         let w = &self.woken;
-        if w.low.load(Ordering::Acquire) != 0 || w.any_high.load(Ordering::Acquire) {
+        if w.low.load(Ordering::Acquire) != 0 {
             self.take_woken_now();
         }
     }
@@ -872,13 +874,12 @@ impl<T: 'static> Executor<T> {
     fn take_woken_now(&mut self) {
         let w = &self.woken;
         let bits = w.low.swap(0, Ordering::AcqRel);
-        let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
         // A slot's number is cleared before the slot is taken, so that a wake racing with
         // this one (another thread's) is either seen here or marks the slot again.
-        if !high && bits & bits.wrapping_sub(1) == 0 {
-            // One task woken (nearly always): nothing to order. Its waker is in the
-            // executor's copy (it was polled or spawned, and spawning wakes it) unless it was
-            // spawned since the copy was last extended.
+        if bits & bits.wrapping_sub(1) == 0 && bits >> HIGH == 0 {
+            // One task woken (nearly always), not in the list: nothing to order. Its waker is
+            // in the executor's copy (it was polled or spawned, and spawning wakes it) unless
+            // it was spawned since the copy was last extended.
             let id = bits.trailing_zeros() as usize;
             if bits == 0 {
                 return;
@@ -892,7 +893,7 @@ impl<T: 'static> Executor<T> {
             }
             return;
         }
-        self.take_woken_batch(bits, high);
+        self.take_woken_batch(bits & !(1 << HIGH), bits >> HIGH != 0);
     }
 
     /// [`take_woken_now`](Self::take_woken_now) when more than one task was woken: ordered by
@@ -1187,6 +1188,22 @@ mod tests {
             vec![66, 3, 65, 0, 64, 5],
             "a task already ready keeps its place"
         );
+        // Slot 63 is the list's first (the mask's last bit says the list has some), alone
+        // and among others.
+        ex.ready.clear();
+        wakers[63].wake_by_ref();
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![63]);
+        ex.ready.clear();
+        for id in [62, 63, 1] {
+            wakers[id].wake_by_ref();
+        }
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![62, 63, 1]);
+        ex.ready.clear();
+        wakers[62].wake_by_ref();
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![62], "the list's bit was cleared with the take");
     }
 
     #[test]
