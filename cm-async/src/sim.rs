@@ -1054,16 +1054,17 @@ impl<T: 'static> Executor<T> {
 
     fn run(mut self) -> std::result::Result<Vec<HostOutcome<T>>, SimFailure> {
         self.start_hosts();
+        // The woken tasks are taken after whatever may wake one (a poll, a pass over the
+        // drivers, timers fired, hosts reaped or started), and only then: looking again where
+        // nothing ran in between cost a load and a branch at every step.
+        self.take_woken();
         loop {
-            loop {
-                self.take_woken();
-                if self.ready.is_empty() {
-                    break;
-                }
+            while !self.ready.is_empty() {
                 let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
                 let id = self.ready.swap_remove(i);
                 self.mirror_wakers(id);
                 self.poll_one(id)?;
+                self.take_woken();
             }
             // Outputs change only when a task ends: the hosts' slots are looked at only then.
             if self.ended.replace(false) {
@@ -1108,6 +1109,7 @@ impl<T: 'static> Executor<T> {
                 } {
                     waker.wake();
                 }
+                self.take_woken();
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
@@ -1116,6 +1118,7 @@ impl<T: 'static> Executor<T> {
                 self.force_pump = true;
                 self.reap_crashed();
                 self.start_hosts();
+                self.take_woken();
             }
         }
         self.kill(|_| true);
