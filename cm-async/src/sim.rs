@@ -1060,7 +1060,11 @@ impl<T: 'static> Executor<T> {
         self.take_woken();
         loop {
             while !self.ready.is_empty() {
-                let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
+                // Drawn even with one task ready, so that the stream stays the same; the
+                // division (tens of cycles) only when there is a choice.
+                let r = self.rng.next_u64();
+                let n = self.ready.len();
+                let i = if n == 1 { 0 } else { (r % n as u64) as usize };
                 let id = self.ready.swap_remove(i);
                 self.mirror_wakers(id);
                 self.poll_one(id)?;
