@@ -423,66 +423,72 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
     /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
-    pub async fn disconnect(self) -> Result<Closed> {
-        // As in `connect`, each wait polls the bound itself. It is made by the first wait that
-        // finds nothing (in this first poll, so at the same instant): a passive side that saw
-        // `DISCONNECTED` already and has nothing posted never waits, and made it for nothing.
-        let mut bound = pin!(None);
-        let timeout = || self.rt.sleep(self.disconnect_timeout);
-        let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
-            Ok(()) => true,
-            // Never connected, or the attempt failed: there is nobody to say goodbye to.
-            Err(CmError::WrongState { .. }) => false,
-            Err(e) => return Err(e.into()),
-        };
-        let mut status = match self.ended.get() {
-            Some((_, s)) => s,
-            None => 0,
-        };
-        let (sh, id) = (&self.sh, self.id);
-        if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
-            status = poll_fn(|cx| {
-                let got = sh.st.borrow_mut().next_for(id, cx.waker(), |ev| {
-                    matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval)
-                        .then_some(ev.status)
-                });
-                match got {
-                    Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
-                    Poll::Pending => passed_made(bound.as_mut(), timeout, cx, "disconnect"),
-                }
-            })
-            .await?;
-        }
-        let mut closed = Closed {
-            status,
-            ..Closed::default()
-        };
-        poll_fn(|cx| {
-            if self.posted.get() == 0 {
-                // Every completion was taken: there is nothing left to flush.
-                return Poll::Ready(Ok(()));
+    #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
+    pub fn disconnect(self) -> impl Future<Output = Result<Closed>> {
+        // An `async` block that uses the connection where it was captured, not an `async fn`:
+        // that moved its argument (128 bytes) into the future's locals at the first poll.
+        // The connection is dropped (released) when the block completes, as it was.
+        async move {
+            // As in `connect`, each wait polls the bound itself. It is made by the first wait that
+            // finds nothing (in this first poll, so at the same instant): a passive side that saw
+            // `DISCONNECTED` already and has nothing posted never waits, and made it for nothing.
+            let mut bound = pin!(None);
+            let timeout = || self.rt.sleep(self.disconnect_timeout);
+            let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
+                Ok(()) => true,
+                // Never connected, or the attempt failed: there is nobody to say goodbye to.
+                Err(CmError::WrongState { .. }) => false,
+                Err(e) => return Err(e.into()),
+            };
+            let mut status = match self.ended.get() {
+                Some((_, s)) => s,
+                None => 0,
+            };
+            let (sh, id) = (&self.sh, self.id);
+            if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
+                status = poll_fn(|cx| {
+                    let got = sh.st.borrow_mut().next_for(id, cx.waker(), |ev| {
+                        matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval)
+                            .then_some(ev.status)
+                    });
+                    match got {
+                        Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
+                        Poll::Pending => passed_made(bound.as_mut(), timeout, cx, "disconnect"),
+                    }
+                })
+                .await?;
             }
-            let mut st = sh.st.borrow_mut();
-            st.poll_cq_into_box(id);
-            if let Some(cq) = st.mailbox(id).and_then(|bx| bx.cq()) {
-                for wc in cq.drain(..) {
-                    self.posted.set(self.posted.get().saturating_sub(1));
-                    match (wc.opcode, wc.status) {
-                        (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
-                        (WcOpcode::Recv, _) => {}
-                        (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+            let mut closed = Closed {
+                status,
+                ..Closed::default()
+            };
+            poll_fn(|cx| {
+                if self.posted.get() == 0 {
+                    // Every completion was taken: there is nothing left to flush.
+                    return Poll::Ready(Ok(()));
+                }
+                let mut st = sh.st.borrow_mut();
+                st.poll_cq_into_box(id);
+                if let Some(cq) = st.mailbox(id).and_then(|bx| bx.cq()) {
+                    for wc in cq.drain(..) {
+                        self.posted.set(self.posted.get().saturating_sub(1));
+                        match (wc.opcode, wc.status) {
+                            (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
+                            (WcOpcode::Recv, _) => {}
+                            (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+                        }
                     }
                 }
-            }
-            if self.posted.get() == 0 || st.failed.is_some() {
-                return Poll::Ready(Ok(()));
-            }
-            st.wait(id, cx.waker(), true);
-            drop(st);
-            passed_made(bound.as_mut(), timeout, cx, "disconnect")
-        })
-        .await?;
-        Ok(closed)
+                if self.posted.get() == 0 || st.failed.is_some() {
+                    return Poll::Ready(Ok(()));
+                }
+                st.wait(id, cx.waker(), true);
+                drop(st);
+                passed_made(bound.as_mut(), timeout, cx, "disconnect")
+            })
+            .await?;
+            Ok(closed)
+        }
     }
 
     /// The private data of the next event of the connection that is `want`, skipping the
