@@ -323,6 +323,9 @@ pub(crate) struct Shared<B: CmBackend> {
     pub(crate) st: RefCell<State<B>>,
     /// Ids whose owner was dropped while the state was borrowed; torn down at the next pump.
     pub(crate) deferred: RefCell<Vec<(IdHandle, bool)>>,
+    /// Whether `deferred` may have some: looked at by every pump, and a flag is one load
+    /// where the list took a borrow of its `RefCell` each time.
+    any_deferred: Cell<bool>,
     /// Set whenever a pump gets work besides events (a release deferred, a CQ watched), so
     /// that an executor driving many channels can skip them all while it is clear. An
     /// executor may share one flag among its channels ([`Shared::set_poke`]).
@@ -350,6 +353,7 @@ impl<B: CmBackend> Shared<B> {
                 spare: Vec::new(),
             }),
             deferred: RefCell::new(Vec::new()),
+            any_deferred: Cell::new(false),
             poke: RefCell::new(poke),
             connect_param: RefCell::new(None),
         })
@@ -386,7 +390,8 @@ impl<B: CmBackend> Shared<B> {
         cq_ready: impl Fn(&B, IdHandle) -> bool,
     ) -> Pumped {
         let mut st = self.st.borrow_mut();
-        if !self.deferred.borrow().is_empty() {
+        if self.any_deferred.replace(false) {
+            // Cleared first: a release deferred while these run sets it again.
             let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
             for (id, listener) in deferred {
                 st.release(id, listener);
@@ -452,7 +457,7 @@ impl<B: CmBackend> Shared<B> {
     /// [`has_other_work`](Self::has_other_work) with the state borrowed already.
     #[inline]
     fn other_work_in(&self, st: &State<B>) -> bool {
-        !st.cq_watch.is_empty() || !self.deferred.borrow().is_empty()
+        !st.cq_watch.is_empty() || self.any_deferred.get()
     }
 
     /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ
@@ -460,7 +465,7 @@ impl<B: CmBackend> Shared<B> {
     #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     #[inline]
     pub(crate) fn has_other_work(&self) -> bool {
-        !self.deferred.borrow().is_empty() || !self.st.borrow().cq_watch.is_empty()
+        self.any_deferred.get() || !self.st.borrow().cq_watch.is_empty()
     }
 
     /// Tears `id` down now, or at the next pump when the state is in use.
@@ -479,6 +484,7 @@ impl<B: CmBackend> Shared<B> {
             }
             Err(_) => {
                 self.deferred.borrow_mut().push((id, listener));
+                self.any_deferred.set(true);
                 self.poke.borrow().set(true);
             }
         }
