@@ -374,7 +374,7 @@ impl<B: CmBackend> Shared<B> {
     /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
     /// anything was handed out.
     pub(crate) fn pump(&self, events: bool) -> bool {
-        self.pump_where(events, |_, _| true, |_, _| true).moved
+        self.pump_where(events, 0, |_, _| true, |_, _| true).moved
     }
 
     /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
@@ -383,14 +383,24 @@ impl<B: CmBackend> Shared<B> {
     /// costs). With `events`, the caller has found that `event_ready` holds: the first
     /// retrieval does not ask again. Tells, besides, whether work besides events is left
     /// ([`has_other_work`](Self::has_other_work), found under the borrow the pump holds).
+    ///
+    /// `known`, when not 0, is how many events the caller knows are queued on the channel
+    /// (the simulator's executor: its host's count, when it is the host's only channel):
+    /// that many are retrieved without asking `event_ready` in between, and after them it is
+    /// not asked either unless the pump called the backend for something else (a deferred
+    /// release, a refusal), which might have queued more.
     pub(crate) fn pump_where(
         &self,
         events: bool,
+        known: usize,
         event_ready: impl Fn(&B, ChannelHandle) -> bool,
         cq_ready: impl Fn(&B, IdHandle) -> bool,
     ) -> Pumped {
         let mut st = self.st.borrow_mut();
+        // Whether the backend may have queued events since the caller counted them.
+        let mut touched = false;
         if self.any_deferred.replace(false) {
+            touched = true;
             // Cleared first: a release deferred while these run sets it again.
             let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
             for (id, listener) in deferred {
@@ -400,11 +410,21 @@ impl<B: CmBackend> Shared<B> {
         let mut moved = false;
         if events && st.failed.is_none() {
             let mut first = true;
+            let mut left = known;
             loop {
                 let ch = st.ch;
-                if !std::mem::take(&mut first) && !event_ready(&st.b, ch) {
-                    break;
+                if !std::mem::take(&mut first) {
+                    if known == 0 || touched {
+                        if !event_ready(&st.b, ch) {
+                            break;
+                        }
+                    } else if left == 0 {
+                        // Every event counted is taken, and nothing else was asked of the
+                        // backend: the channel is empty.
+                        break;
+                    }
                 }
+                left = left.saturating_sub(1);
                 // Read and acked in one call: the event is needed only until its mailbox has
                 // what the task wants of it. `delivered` tells an ack that failed after the
                 // delivery (ignored, as the ack of a delivered event always was) from a
@@ -424,6 +444,7 @@ impl<B: CmBackend> Shared<B> {
                     }
                 };
                 if let Some(child) = orphan {
+                    touched = true;
                     st.refuse(child);
                 }
                 moved = true;

@@ -1029,7 +1029,13 @@ impl<T: 'static> Executor<T> {
         let mut pumps = self.core.pumps.borrow_mut();
         let mut i = 0;
         while let Some(p) = pumps.get(i) {
-            let events = events_new && event_ready(p.host, p.ch);
+            // How many events the host has, read once: when this is its only channel, they
+            // are all this channel's, and the driver takes that many without asking again.
+            let (events, known) = match events_new.then(|| fabric.queued_events_on(p.host)) {
+                None | Some(0) => (false, 0),
+                Some(n) if fabric.channels_on(p.host) == 1 => (true, n),
+                Some(_) => (fabric.may_have_event(p.host, p.ch), 0),
+            };
             if !events && !other {
                 i += 1;
                 continue;
@@ -1042,6 +1048,7 @@ impl<T: 'static> Executor<T> {
             if events || pump.has_other_work() {
                 let pumped = pump.pump_where(
                     events,
+                    known,
                     |b: &SimHost, ch| event_ready(b.index(), ch),
                     |b, id| fabric.may_have_completion(b.index(), id),
                 );
