@@ -510,22 +510,32 @@ struct Sleep {
 impl Future for Sleep {
     type Output = ();
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(k) = self.key {
-            // Armed: its timer is still there until it is due (the executor takes every due
-            // timer as soon as it moves time on, before any task runs), so the clock need not
-            // be read.
-            let mut timers = self.core.timers.borrow_mut();
-            if let Some(w) = timers.waker_mut(k) {
-                if !w.will_wake(cx.waker()) {
-                    *w = cx.waker().clone();
-                }
-                return Poll::Pending;
+        let Some(k) = self.key else {
+            return self.arm(cx);
+        };
+        // Armed: its timer is still there until it is due (the executor takes every due timer
+        // as soon as it moves time on, before any task runs), so the clock need not be read.
+        // This, the usual poll (a bound looked at by each wait after the first), is small
+        // enough to go inline into the waits; the arming is a call.
+        let mut timers = self.core.timers.borrow_mut();
+        if let Some(w) = timers.waker_mut(k) {
+            if !w.will_wake(cx.waker()) {
+                *w = cx.waker().clone();
             }
-            drop(timers);
-            self.key = None;
-            return Poll::Ready(());
+            return Poll::Pending;
         }
+        drop(timers);
+        self.key = None;
+        Poll::Ready(())
+    }
+}
+
+impl Sleep {
+    /// The first poll: ready when the time has come, else the timer is armed.
+    #[inline(never)]
+    fn arm(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.core.now() >= self.at {
             return Poll::Ready(());
         }
