@@ -462,11 +462,12 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 status,
                 ..Closed::default()
             };
+            if self.posted.get() == 0 {
+                // Every completion was taken: there is nothing left to flush, and no wait
+                // for it to make and poll.
+                return Ok(closed);
+            }
             poll_fn(|cx| {
-                if self.posted.get() == 0 {
-                    // Every completion was taken: there is nothing left to flush.
-                    return Poll::Ready(Ok(()));
-                }
                 let mut st = sh.st.borrow_mut();
                 st.poll_cq_into_box(id);
                 if let Some(cq) = st.mailbox(id).and_then(|bx| bx.cq()) {
