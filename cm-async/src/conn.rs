@@ -520,13 +520,15 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         })
     }
 
-    /// Waits until `pick` finds its completion in the mailbox, or the connection ends.
-    async fn wait_cq(
-        &self,
-        mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion>,
-    ) -> Result<WorkCompletion> {
+    /// Waits until `pick` finds its completion in the mailbox, or the connection ends. The
+    /// poll function itself, not an `async fn` around it: `recv` and `send` await it at each
+    /// of their polls, and the extra state machine was one more layer to go through.
+    fn wait_cq<'a>(
+        &'a self,
+        mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion> + 'a,
+    ) -> impl Future<Output = Result<WorkCompletion>> + 'a {
         let (sh, id) = (&self.sh, self.id);
-        poll_fn(|cx| {
+        poll_fn(move |cx| {
             let mut st = sh.st.borrow_mut();
             // With nothing posted the CQ has nothing for this connection: it is neither polled
             // nor watched (a connection without receive buffers waits for its end alone).
@@ -567,7 +569,6 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             st.wait(id, cx.waker(), cq);
             Poll::Pending
         })
-        .await
     }
 }
 
