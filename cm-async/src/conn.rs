@@ -415,19 +415,25 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 
     /// The next message. Messages that arrived before the connection ended come first; then the
     /// end ([`Error::Disconnected`], ...).
-    pub async fn recv(&self) -> Result<Vec<u8>> {
-        let wc = self
-            .wait_cq(|cq| {
-                let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
-                cq.remove(i)
-            })
-            .await?;
-        if wc.status != WcStatus::Success {
-            return Err(Error::Completion { status: wc.status });
-        }
-        // Keeps the ring full; fails only when the QP left RTS, and then the end shows next.
-        let _ = self.post_recv();
-        Ok(wc.data)
+    pub fn recv(&self) -> impl Future<Output = Result<Vec<u8>>> + '_ {
+        // A poll function around the wait's, not an `async fn`: a task waiting for a message
+        // polls it at every wake, and the state machine was one more layer to go through.
+        let mut wait = self.wait_cq(|cq| {
+            let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
+            cq.remove(i)
+        });
+        poll_fn(move |cx| {
+            let wc = match Pin::new(&mut wait).poll(cx) {
+                Poll::Ready(r) => r?,
+                Poll::Pending => return Poll::Pending,
+            };
+            if wc.status != WcStatus::Success {
+                return Poll::Ready(Err(Error::Completion { status: wc.status }));
+            }
+            // Keeps the ring full; fails only when the QP left RTS, and then the end shows next.
+            let _ = self.post_recv();
+            Poll::Ready(Ok(wc.data))
+        })
     }
 
     /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
