@@ -143,28 +143,53 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             .borrow_mut()
             .b
             .resolve_addr(id, None, dst, opts.resolve_timeout)?;
-        conn.expect(CmEventType::AddrResolved, bound.as_mut()).await?;
-        self.sh
-            .st
-            .borrow_mut()
-            .b
-            .resolve_route(id, opts.resolve_timeout)?;
-        conn.expect(CmEventType::RouteResolved, bound.as_mut()).await?;
-        conn.set_up_qp(opts)?;
-        {
-            let mut param = self.sh.connect_param.borrow_mut();
-            let data = &opts.private_data[..];
-            let same = param.as_ref().is_some_and(|p| {
-                p.private_data.len() == data.len() && data.starts_with(p.private_data.as_slice())
-            });
-            if !same {
-                *param = Some(ConnParam::new().with_private_data(data));
+        // One wait for the three events, each step's call made as soon as its event is taken
+        // (as three waits in a row made them): a single poll function that knows which event
+        // is next, where three waits were three states to save and restore at every poll.
+        let mut want = CmEventType::AddrResolved;
+        poll_fn(|cx| loop {
+            let data = match conn.expect_now(want, cx) {
+                Poll::Ready(Ok(data)) => data,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return passed(bound.as_mut(), cx, "connect"),
+            };
+            match want {
+                CmEventType::AddrResolved => {
+                    if let Err(e) = self.sh.st.borrow_mut().b.resolve_route(id, opts.resolve_timeout) {
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    want = CmEventType::RouteResolved;
+                }
+                CmEventType::RouteResolved => {
+                    if let Err(e) = self.connect_now(&mut conn, opts) {
+                        return Poll::Ready(Err(e));
+                    }
+                    want = CmEventType::Established;
+                }
+                _ => {
+                    conn.peer_data = data;
+                    return Poll::Ready(Ok(()));
+                }
             }
-            let param = param.as_ref().expect("just made");
-            self.sh.st.borrow_mut().b.connect(id, param)?;
-        }
-        conn.peer_data = conn.expect(CmEventType::Established, bound.as_mut()).await?;
+        })
+        .await?;
         Ok(conn)
+    }
+
+    /// `connect`'s step once the route is resolved: the QP, then `rdma_connect`.
+    fn connect_now(&self, conn: &mut Connection<B, R>, opts: &ConnOptions) -> Result<()> {
+        conn.set_up_qp(opts)?;
+        let mut param = self.sh.connect_param.borrow_mut();
+        let data = &opts.private_data[..];
+        let same = param.as_ref().is_some_and(|p| {
+            p.private_data.len() == data.len() && data.starts_with(p.private_data.as_slice())
+        });
+        if !same {
+            *param = Some(ConnParam::new().with_private_data(data));
+        }
+        let param = param.as_ref().expect("just made");
+        self.sh.st.borrow_mut().b.connect(conn.id, param)?;
+        Ok(())
     }
 }
 
@@ -508,32 +533,25 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         }
     }
 
-    /// The private data of the next event of the connection that is `want`, skipping the
-    /// ignorable ones; another is the error it stands for. (One poll function rather than a
-    /// loop around a wait for each event: it is awaited at every step of `connect`. Only the
-    /// private data comes out, not the whole event: it is what the caller uses, and the result
-    /// is moved at each level of the poll.)
-    fn expect<'a, S: Future<Output = ()>>(
-        &'a self,
-        want: CmEventType,
-        mut bound: Pin<&'a mut S>,
-    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
-        poll_fn(move |cx| {
-            let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
-                if ev.ty == want {
-                    Some(Ok(ev.private_data))
-                } else if !ignorable(ev.ty) {
-                    Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
-                } else {
-                    None
-                }
-            });
-            match got {
-                Poll::Ready(Ok(r)) => Poll::Ready(r),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(Error::ChannelFailed(e))),
-                Poll::Pending => passed(bound.as_mut(), cx, "connect"),
+    /// The private data of the next event of the connection if it is `want`, skipping the
+    /// ignorable ones; another is the error it stands for; `Pending` (with the task's waker
+    /// registered) when none is there. Only the private data comes out, not the whole event:
+    /// it is what the caller uses, and the result is moved at each level of the poll.
+    fn expect_now(&self, want: CmEventType, cx: &mut std::task::Context<'_>) -> Poll<Result<Vec<u8>>> {
+        let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
+            if ev.ty == want {
+                Some(Ok(ev.private_data))
+            } else if !ignorable(ev.ty) {
+                Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
+            } else {
+                None
             }
-        })
+        });
+        match got {
+            Poll::Ready(Ok(r)) => Poll::Ready(r),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(Error::ChannelFailed(e))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     /// Waits until `pick` finds its completion in the mailbox, or the connection ends. The
