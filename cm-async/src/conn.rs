@@ -537,6 +537,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// ignorable ones; another is the error it stands for; `Pending` (with the task's waker
     /// registered) when none is there. Only the private data comes out, not the whole event:
     /// it is what the caller uses, and the result is moved at each level of the poll.
+    #[inline]
     fn expect_now(&self, want: CmEventType, cx: &mut std::task::Context<'_>) -> Poll<Result<Vec<u8>>> {
         let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
             if ev.ty == want {
