@@ -12,7 +12,7 @@ use std::time::Duration;
 use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
 use cm_core::{WcOpcode, WcStatus, WorkCompletion};
 
-use crate::driver::Shared;
+use crate::driver::{EventInfo, Shared};
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 
@@ -143,28 +143,53 @@ impl<B: CmBackend + 'static, R: Runtime> Cm<B, R> {
             .borrow_mut()
             .b
             .resolve_addr(id, None, dst, opts.resolve_timeout)?;
-        conn.expect(CmEventType::AddrResolved, bound.as_mut()).await?;
-        self.sh
-            .st
-            .borrow_mut()
-            .b
-            .resolve_route(id, opts.resolve_timeout)?;
-        conn.expect(CmEventType::RouteResolved, bound.as_mut()).await?;
-        conn.set_up_qp(opts)?;
-        {
-            let mut param = self.sh.connect_param.borrow_mut();
-            let data = &opts.private_data[..];
-            let same = param.as_ref().is_some_and(|p| {
-                p.private_data.len() == data.len() && data.starts_with(p.private_data.as_slice())
-            });
-            if !same {
-                *param = Some(ConnParam::new().with_private_data(data));
+        // One wait for the three events, each step's call made as soon as its event is taken
+        // (as three waits in a row made them): a single poll function that knows which event
+        // is next, where three waits were three states to save and restore at every poll.
+        let mut want = CmEventType::AddrResolved;
+        poll_fn(|cx| loop {
+            let data = match conn.expect_now(want, cx) {
+                Poll::Ready(Ok(data)) => data,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return passed(bound.as_mut(), cx, "connect"),
+            };
+            match want {
+                CmEventType::AddrResolved => {
+                    if let Err(e) = self.sh.st.borrow_mut().b.resolve_route(id, opts.resolve_timeout) {
+                        return Poll::Ready(Err(e.into()));
+                    }
+                    want = CmEventType::RouteResolved;
+                }
+                CmEventType::RouteResolved => {
+                    if let Err(e) = self.connect_now(&mut conn, opts) {
+                        return Poll::Ready(Err(e));
+                    }
+                    want = CmEventType::Established;
+                }
+                _ => {
+                    conn.peer_data = data;
+                    return Poll::Ready(Ok(()));
+                }
             }
-            let param = param.as_ref().expect("just made");
-            self.sh.st.borrow_mut().b.connect(id, param)?;
-        }
-        conn.peer_data = conn.expect(CmEventType::Established, bound.as_mut()).await?;
+        })
+        .await?;
         Ok(conn)
+    }
+
+    /// `connect`'s step once the route is resolved: the QP, then `rdma_connect`.
+    fn connect_now(&self, conn: &mut Connection<B, R>, opts: &ConnOptions) -> Result<()> {
+        conn.set_up_qp(opts)?;
+        let mut param = self.sh.connect_param.borrow_mut();
+        let data = &opts.private_data[..];
+        let same = param.as_ref().is_some_and(|p| {
+            p.private_data.len() == data.len() && data.starts_with(p.private_data.as_slice())
+        });
+        if !same {
+            *param = Some(ConnParam::new().with_private_data(data));
+        }
+        let param = param.as_ref().expect("just made");
+        self.sh.st.borrow_mut().b.connect(conn.id, param)?;
+        Ok(())
     }
 }
 
@@ -203,9 +228,16 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// The next request's connection, not answered yet (dropping it releases the id, as a
     /// dropped [`Request`] does after its reject).
     async fn next_request(&self) -> Result<Connection<B, R>> {
-        // The events a listener has no use for are skipped inside the wait, which takes one
-        // poll function rather than a loop around a future of its own for each event.
-        let ev = poll_fn(|cx| {
+        let ev = self.next_request_event().await?;
+        self.request_connection(ev)
+    }
+
+    /// The next `CONNECT_REQUEST` (or `DEVICE_REMOVAL`). The events a listener has no use for
+    /// are skipped inside the wait, which takes one poll function rather than a loop around a
+    /// future of its own for each event; and it is that poll function, not an `async fn`
+    /// around it, so that `accept` goes through one state machine less at each poll.
+    fn next_request_event(&self) -> impl Future<Output = Result<EventInfo>> + '_ {
+        poll_fn(move |cx| {
             self.sh
                 .st
                 .borrow_mut()
@@ -214,7 +246,10 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
                 })
                 .map_err(Error::ChannelFailed)
         })
-        .await?;
+    }
+
+    /// The connection of the request `ev` (or the device's removal it stands for).
+    fn request_connection(&self, ev: EventInfo) -> Result<Connection<B, R>> {
         if ev.ty == CmEventType::DeviceRemoval {
             return Err(Error::DeviceRemoved);
         }
@@ -233,7 +268,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
         // call to `memcpy`, and dropping it a check for nothing. A set-up that fails drops the
         // connection, which releases the id, as a failed `Request::accept` does.
         loop {
-            let mut conn = self.next_request().await?;
+            let mut conn = self.request_connection(self.next_request_event().await?)?;
             let data = conn.peer_data.clone();
             if conn.accept_with(&self.accept).is_ok() {
                 return Ok((conn, data));
@@ -405,121 +440,130 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 
     /// The next message. Messages that arrived before the connection ended come first; then the
     /// end ([`Error::Disconnected`], ...).
-    pub async fn recv(&self) -> Result<Vec<u8>> {
-        let wc = self
-            .wait_cq(|cq| {
-                let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
-                cq.remove(i)
-            })
-            .await?;
-        if wc.status != WcStatus::Success {
-            return Err(Error::Completion { status: wc.status });
-        }
-        // Keeps the ring full; fails only when the QP left RTS, and then the end shows next.
-        let _ = self.post_recv();
-        Ok(wc.data)
+    pub fn recv(&self) -> impl Future<Output = Result<Vec<u8>>> + '_ {
+        // A poll function around the wait's, not an `async fn`: a task waiting for a message
+        // polls it at every wake, and the state machine was one more layer to go through.
+        let mut wait = self.wait_cq(|cq| {
+            let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
+            cq.remove(i)
+        });
+        poll_fn(move |cx| {
+            let wc = match Pin::new(&mut wait).poll(cx) {
+                Poll::Ready(r) => r?,
+                Poll::Pending => return Poll::Pending,
+            };
+            if wc.status != WcStatus::Success {
+                return Poll::Ready(Err(Error::Completion { status: wc.status }));
+            }
+            // Keeps the ring full; fails only when the QP left RTS, and then the end shows next.
+            let _ = self.post_recv();
+            Poll::Ready(Ok(wc.data))
+        })
     }
 
     /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
     /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
-    pub async fn disconnect(self) -> Result<Closed> {
-        // As in `connect`, each wait polls the bound itself. It is made by the first wait that
-        // finds nothing (in this first poll, so at the same instant): a passive side that saw
-        // `DISCONNECTED` already and has nothing posted never waits, and made it for nothing.
-        let mut bound = pin!(None);
-        let timeout = || self.rt.sleep(self.disconnect_timeout);
-        let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
-            Ok(()) => true,
-            // Never connected, or the attempt failed: there is nobody to say goodbye to.
-            Err(CmError::WrongState { .. }) => false,
-            Err(e) => return Err(e.into()),
-        };
-        let mut status = match self.ended.get() {
-            Some((_, s)) => s,
-            None => 0,
-        };
-        let (sh, id) = (&self.sh, self.id);
-        if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
-            status = poll_fn(|cx| {
-                let got = sh.st.borrow_mut().next_for(id, cx.waker(), |ev| {
-                    matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval)
-                        .then_some(ev.status)
-                });
-                match got {
-                    Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
-                    Poll::Pending => passed_made(bound.as_mut(), timeout, cx, "disconnect"),
-                }
-            })
-            .await?;
-        }
-        let mut closed = Closed {
-            status,
-            ..Closed::default()
-        };
-        poll_fn(|cx| {
-            if self.posted.get() == 0 {
-                // Every completion was taken: there is nothing left to flush.
-                return Poll::Ready(Ok(()));
+    #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
+    pub fn disconnect(self) -> impl Future<Output = Result<Closed>> {
+        // An `async` block that uses the connection where it was captured, not an `async fn`:
+        // that moved its argument (128 bytes) into the future's locals at the first poll.
+        // The connection is dropped (released) when the block completes, as it was.
+        async move {
+            // As in `connect`, each wait polls the bound itself. It is made by the first wait that
+            // finds nothing (in this first poll, so at the same instant): a passive side that saw
+            // `DISCONNECTED` already and has nothing posted never waits, and made it for nothing.
+            let mut bound = pin!(None);
+            let timeout = || self.rt.sleep(self.disconnect_timeout);
+            let sent_dreq = match self.sh.st.borrow_mut().b.disconnect(self.id) {
+                Ok(()) => true,
+                // Never connected, or the attempt failed: there is nobody to say goodbye to.
+                Err(CmError::WrongState { .. }) => false,
+                Err(e) => return Err(e.into()),
+            };
+            let mut status = match self.ended.get() {
+                Some((_, s)) => s,
+                None => 0,
+            };
+            let (sh, id) = (&self.sh, self.id);
+            if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
+                status = poll_fn(|cx| {
+                    let got = sh.st.borrow_mut().next_for(id, cx.waker(), |ev| {
+                        matches!(ev.ty, CmEventType::Disconnected | CmEventType::DeviceRemoval)
+                            .then_some(ev.status)
+                    });
+                    match got {
+                        Poll::Ready(r) => Poll::Ready(r.map_err(Error::ChannelFailed)),
+                        Poll::Pending => passed_made(bound.as_mut(), timeout, cx, "disconnect"),
+                    }
+                })
+                .await?;
             }
-            let mut st = sh.st.borrow_mut();
-            st.poll_cq_into_box(id);
-            if let Some(cq) = st.mailbox(id).and_then(|bx| bx.cq()) {
-                for wc in cq.drain(..) {
-                    self.posted.set(self.posted.get().saturating_sub(1));
-                    match (wc.opcode, wc.status) {
-                        (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
-                        (WcOpcode::Recv, _) => {}
-                        (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+            let mut closed = Closed {
+                status,
+                ..Closed::default()
+            };
+            if self.posted.get() == 0 {
+                // Every completion was taken: there is nothing left to flush, and no wait
+                // for it to make and poll.
+                return Ok(closed);
+            }
+            poll_fn(|cx| {
+                let mut st = sh.st.borrow_mut();
+                st.poll_cq_into_box(id);
+                if let Some(cq) = st.mailbox(id).and_then(|bx| bx.cq()) {
+                    for wc in cq.drain(..) {
+                        self.posted.set(self.posted.get().saturating_sub(1));
+                        match (wc.opcode, wc.status) {
+                            (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
+                            (WcOpcode::Recv, _) => {}
+                            (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+                        }
                     }
                 }
-            }
-            if self.posted.get() == 0 || st.failed.is_some() {
-                return Poll::Ready(Ok(()));
-            }
-            st.wait(id, cx.waker(), true);
-            drop(st);
-            passed_made(bound.as_mut(), timeout, cx, "disconnect")
-        })
-        .await?;
-        Ok(closed)
-    }
-
-    /// The private data of the next event of the connection that is `want`, skipping the
-    /// ignorable ones; another is the error it stands for. (One poll function rather than a
-    /// loop around a wait for each event: it is awaited at every step of `connect`. Only the
-    /// private data comes out, not the whole event: it is what the caller uses, and the result
-    /// is moved at each level of the poll.)
-    fn expect<'a, S: Future<Output = ()>>(
-        &'a self,
-        want: CmEventType,
-        mut bound: Pin<&'a mut S>,
-    ) -> impl Future<Output = Result<Vec<u8>>> + 'a {
-        poll_fn(move |cx| {
-            let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
-                if ev.ty == want {
-                    Some(Ok(ev.private_data))
-                } else if !ignorable(ev.ty) {
-                    Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
-                } else {
-                    None
+                if self.posted.get() == 0 || st.failed.is_some() {
+                    return Poll::Ready(Ok(()));
                 }
-            });
-            match got {
-                Poll::Ready(Ok(r)) => Poll::Ready(r),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(Error::ChannelFailed(e))),
-                Poll::Pending => passed(bound.as_mut(), cx, "connect"),
-            }
-        })
+                st.wait(id, cx.waker(), true);
+                drop(st);
+                passed_made(bound.as_mut(), timeout, cx, "disconnect")
+            })
+            .await?;
+            Ok(closed)
+        }
     }
 
-    /// Waits until `pick` finds its completion in the mailbox, or the connection ends.
-    async fn wait_cq(
-        &self,
-        mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion>,
-    ) -> Result<WorkCompletion> {
+    /// The private data of the next event of the connection if it is `want`, skipping the
+    /// ignorable ones; another is the error it stands for; `Pending` (with the task's waker
+    /// registered) when none is there. Only the private data comes out, not the whole event:
+    /// it is what the caller uses, and the result is moved at each level of the poll.
+    #[inline]
+    fn expect_now(&self, want: CmEventType, cx: &mut std::task::Context<'_>) -> Poll<Result<Vec<u8>>> {
+        let got = self.sh.st.borrow_mut().next_for(self.id, cx.waker(), |ev| {
+            if ev.ty == want {
+                Some(Ok(ev.private_data))
+            } else if !ignorable(ev.ty) {
+                Some(Err(end_error(ev.ty, ev.status, ev.private_data)))
+            } else {
+                None
+            }
+        });
+        match got {
+            Poll::Ready(Ok(r)) => Poll::Ready(r),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(Error::ChannelFailed(e))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Waits until `pick` finds its completion in the mailbox, or the connection ends. The
+    /// poll function itself, not an `async fn` around it: `recv` and `send` await it at each
+    /// of their polls, and the extra state machine was one more layer to go through.
+    fn wait_cq<'a>(
+        &'a self,
+        mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion> + 'a,
+    ) -> impl Future<Output = Result<WorkCompletion>> + 'a {
         let (sh, id) = (&self.sh, self.id);
-        poll_fn(|cx| {
+        poll_fn(move |cx| {
             let mut st = sh.st.borrow_mut();
             // With nothing posted the CQ has nothing for this connection: it is neither polled
             // nor watched (a connection without receive buffers waits for its end alone).
@@ -560,7 +604,6 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             st.wait(id, cx.waker(), cq);
             Poll::Pending
         })
-        .await
     }
 }
 

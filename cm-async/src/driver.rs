@@ -323,6 +323,9 @@ pub(crate) struct Shared<B: CmBackend> {
     pub(crate) st: RefCell<State<B>>,
     /// Ids whose owner was dropped while the state was borrowed; torn down at the next pump.
     pub(crate) deferred: RefCell<Vec<(IdHandle, bool)>>,
+    /// Whether `deferred` may have some: looked at by every pump, and a flag is one load
+    /// where the list took a borrow of its `RefCell` each time.
+    any_deferred: Cell<bool>,
     /// Set whenever a pump gets work besides events (a release deferred, a CQ watched), so
     /// that an executor driving many channels can skip them all while it is clear. An
     /// executor may share one flag among its channels ([`Shared::set_poke`]).
@@ -350,6 +353,7 @@ impl<B: CmBackend> Shared<B> {
                 spare: Vec::new(),
             }),
             deferred: RefCell::new(Vec::new()),
+            any_deferred: Cell::new(false),
             poke: RefCell::new(poke),
             connect_param: RefCell::new(None),
         })
@@ -370,7 +374,7 @@ impl<B: CmBackend> Shared<B> {
     /// queued) and the completions tasks wait for, and wakes those tasks. Returns whether
     /// anything was handed out.
     pub(crate) fn pump(&self, events: bool) -> bool {
-        self.pump_where(events, |_, _| true, |_, _| true).moved
+        self.pump_where(events, 0, |_, _| true, |_, _| true).moved
     }
 
     /// [`pump`](Self::pump), retrieving events only while `event_ready` says one may be queued,
@@ -379,14 +383,25 @@ impl<B: CmBackend> Shared<B> {
     /// costs). With `events`, the caller has found that `event_ready` holds: the first
     /// retrieval does not ask again. Tells, besides, whether work besides events is left
     /// ([`has_other_work`](Self::has_other_work), found under the borrow the pump holds).
+    ///
+    /// `known`, when not 0, is how many events the caller knows are queued on the channel
+    /// (the simulator's executor: its host's count, when it is the host's only channel):
+    /// that many are retrieved without asking `event_ready` in between, and after them it is
+    /// not asked either unless the pump called the backend for something else (a deferred
+    /// release, a refusal), which might have queued more.
     pub(crate) fn pump_where(
         &self,
         events: bool,
+        known: usize,
         event_ready: impl Fn(&B, ChannelHandle) -> bool,
         cq_ready: impl Fn(&B, IdHandle) -> bool,
     ) -> Pumped {
         let mut st = self.st.borrow_mut();
-        if !self.deferred.borrow().is_empty() {
+        // Whether the backend may have queued events since the caller counted them.
+        let mut touched = false;
+        if self.any_deferred.replace(false) {
+            touched = true;
+            // Cleared first: a release deferred while these run sets it again.
             let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
             for (id, listener) in deferred {
                 st.release(id, listener);
@@ -395,11 +410,21 @@ impl<B: CmBackend> Shared<B> {
         let mut moved = false;
         if events && st.failed.is_none() {
             let mut first = true;
+            let mut left = known;
             loop {
                 let ch = st.ch;
-                if !std::mem::take(&mut first) && !event_ready(&st.b, ch) {
-                    break;
+                if !std::mem::take(&mut first) {
+                    if known == 0 || touched {
+                        if !event_ready(&st.b, ch) {
+                            break;
+                        }
+                    } else if left == 0 {
+                        // Every event counted is taken, and nothing else was asked of the
+                        // backend: the channel is empty.
+                        break;
+                    }
                 }
+                left = left.saturating_sub(1);
                 // Read and acked in one call: the event is needed only until its mailbox has
                 // what the task wants of it. `delivered` tells an ack that failed after the
                 // delivery (ignored, as the ack of a delivered event always was) from a
@@ -419,6 +444,7 @@ impl<B: CmBackend> Shared<B> {
                     }
                 };
                 if let Some(child) = orphan {
+                    touched = true;
                     st.refuse(child);
                 }
                 moved = true;
@@ -452,7 +478,7 @@ impl<B: CmBackend> Shared<B> {
     /// [`has_other_work`](Self::has_other_work) with the state borrowed already.
     #[inline]
     fn other_work_in(&self, st: &State<B>) -> bool {
-        !st.cq_watch.is_empty() || !self.deferred.borrow().is_empty()
+        !st.cq_watch.is_empty() || self.any_deferred.get()
     }
 
     /// Whether a pump may have work besides retrieving events: a release deferred, or a CQ
@@ -460,7 +486,7 @@ impl<B: CmBackend> Shared<B> {
     #[cfg_attr(not(feature = "sim"), allow(dead_code))]
     #[inline]
     pub(crate) fn has_other_work(&self) -> bool {
-        !self.deferred.borrow().is_empty() || !self.st.borrow().cq_watch.is_empty()
+        self.any_deferred.get() || !self.st.borrow().cq_watch.is_empty()
     }
 
     /// Tears `id` down now, or at the next pump when the state is in use.
@@ -479,6 +505,7 @@ impl<B: CmBackend> Shared<B> {
             }
             Err(_) => {
                 self.deferred.borrow_mut().push((id, listener));
+                self.any_deferred.set(true);
                 self.poke.borrow().set(true);
             }
         }
@@ -603,7 +630,11 @@ impl<B: CmBackend> State<B> {
     /// Releases everything `id` holds, in the order librdmacm needs: QP, events, id. Errors are
     /// ignored: on a crashed host or a removed device the handles are already gone.
     pub(crate) fn release(&mut self, id: IdHandle, listener: bool) {
-        self.cq_watch.remove(&id);
+        // The watch is nearly always empty (a connection watches its CQ only while it waits
+        // for a completion): looked at first, it spares a call into the set's search.
+        if !self.cq_watch.is_empty() {
+            self.cq_watch.remove(&id);
+        }
         if let Some(r) = &mut self.regs {
             r.forget(id);
         }

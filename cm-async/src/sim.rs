@@ -3,7 +3,6 @@
 //! task waits.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::net::IpAddr;
@@ -11,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -140,18 +139,21 @@ struct TaskWaker {
 }
 
 /// Which tasks were woken since the executor last took them, and in what order (each slot's
-/// [`TaskWaker::woke`]). A `Waker` must be `Send` and `Sync`; the first 64 slots are marked in
-/// a bit mask, which takes no lock, the others in a locked list. The executor takes them
+/// [`TaskWaker::woke`]). A `Waker` must be `Send` and `Sync`; the first 63 slots are marked in
+/// a bit mask, which takes no lock, the others in a locked list, which the mask's last bit
+/// says is not empty: whether any task was woken is one load. The executor takes them
 /// together, ordered by their wakes' numbers: the order in which they were woken.
 struct Woken {
     /// The number the next wake gets (from 1).
     next: AtomicU64,
-    /// Bit `i`: slot `i` (< 64) was woken.
+    /// Bit `i` < 63: slot `i` was woken; bit 63 ([`HIGH`]): `high` has some.
     low: AtomicU64,
-    /// Slots from 64 up that were woken (possibly twice: the executor skips the repeats).
+    /// Slots from 63 up that were woken (possibly twice: the executor skips the repeats).
     high: Mutex<Vec<usize>>,
-    any_high: AtomicBool,
 }
+
+/// The bit of [`Woken::low`] that stands for the locked list, and the first slot put there.
+const HIGH: u32 = 63;
 
 impl Default for Woken {
     fn default() -> Self {
@@ -159,7 +161,6 @@ impl Default for Woken {
             next: AtomicU64::new(1),
             low: AtomicU64::new(0),
             high: Mutex::new(Vec::new()),
-            any_high: AtomicBool::new(false),
         }
     }
 }
@@ -176,7 +177,7 @@ impl Wake for TaskWaker {
         }
         let n = self.ready.next.fetch_add(1, Ordering::Relaxed);
         self.woke.store(n, Ordering::Release);
-        if self.id < 64 {
+        if self.id < HIGH as usize {
             self.ready.low.fetch_or(1 << self.id, Ordering::Release);
         } else {
             self.wake_high();
@@ -195,38 +196,42 @@ impl TaskWaker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(self.id);
-        self.ready.any_high.store(true, Ordering::Release);
+        self.ready.low.fetch_or(1 << HIGH, Ordering::Release);
     }
 }
 
 /// The sleeps armed, earliest first by (time, arming order).
 ///
 /// Nearly every timer is a bound that is cancelled long before it fires (`connect` and
-/// `disconnect` arm one each): a cancellation only empties its slot, and the queue entry,
-/// stale from then on, is dropped when it comes to the front or when stale entries outnumber
-/// the live ones. (A `BTreeMap` keyed by time allocated and freed a node for most of these.)
+/// `disconnect` arm one each), and a bound is armed at now plus the same duration as the one
+/// before it: it goes at the back of the queue, and it is the front when it is cancelled,
+/// where it leaves in one step. A timer cancelled elsewhere in the queue leaves its entry
+/// behind without its waker, dropped when it comes to the front or when such entries
+/// outnumber the live ones. The front entry is never a cancelled one.
 ///
-/// The queue is kept sorted rather than a heap: a bound is armed at now plus the same duration
-/// as the one before it, so nearly every timer goes at the back, and the front's stale entries
-/// go in a step each, where a heap sifted down through its entries for each.
+/// The queue is a vector read from `head` on, emptied whenever its last entry leaves: with
+/// one bound armed at a time, arming is a push and cancelling a clear. (Before, the wakers
+/// were in slots apart from a `VecDeque` of entries, with a free list of slots: each arm and
+/// each cancel wrote both, and every pop from the deque wrapped its index.)
 #[derive(Default)]
 struct Timers {
-    /// `(time, sequence number, slot)` of each timer armed and not yet dropped from here, in
-    /// firing order.
-    queue: VecDeque<(u64, u64, usize)>,
-    /// `slots[i]`: the sequence number, time and waker of the armed timer in slot `i`.
-    slots: Vec<Option<(u64, u64, Waker)>>,
-    free: Vec<usize>,
+    /// From `head` on: `(time, sequence number, waker)` of each timer armed and not yet
+    /// dropped from here, in firing order; the waker is `None` once cancelled. Before
+    /// `head`: entries gone, without their wakers.
+    queue: Vec<(u64, u64, Option<Waker>)>,
+    head: usize,
     seq: u64,
-    live: usize,
-    /// The earliest armed time, when known (asked at every step, changed by few of them).
-    earliest: Option<Option<u64>>,
+    /// How many entries from `head` on are cancelled ones.
+    dead: usize,
+    /// The front entry's time: asked at every step, and kept here it is one load.
+    earliest: Option<u64>,
 }
 
-/// An armed timer: its slot and sequence number (a slot is reused, the number is not).
+/// An armed timer: its time and sequence number (which no other timer gets), its place in
+/// the queue's order.
 #[derive(Clone, Copy)]
 struct TimerKey {
-    slot: usize,
+    at: u64,
     seq: u64,
 }
 
@@ -234,99 +239,129 @@ impl Timers {
     fn arm(&mut self, at: u64, waker: Waker) -> TimerKey {
         let seq = self.seq;
         self.seq += 1;
-        let slot = match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some((seq, at, waker));
-                i
-            }
-            None => {
-                self.slots.push(Some((seq, at, waker)));
-                self.slots.len() - 1
-            }
-        };
-        self.live += 1;
-        match self.queue.back() {
+        match self.queue.last() {
             Some(&(last, _, _)) if last > at => {
                 // Among equal times the earlier armed fires first: after them.
-                let i = self.queue.partition_point(|&(t, _, _)| t <= at);
-                self.queue.insert(i, (at, seq, slot));
+                let i = self.head + self.queue[self.head..].partition_point(|&(t, _, _)| t <= at);
+                self.queue.insert(i, (at, seq, Some(waker)));
             }
-            _ => self.queue.push_back((at, seq, slot)),
+            _ => self.queue.push((at, seq, Some(waker))),
         }
-        if let Some(e) = &mut self.earliest {
-            *e = Some(e.map_or(at, |t| t.min(at)));
+        if self.earliest.is_none_or(|e| at < e) {
+            self.earliest = Some(at);
         }
-        TimerKey { slot, seq }
+        TimerKey { at, seq }
     }
 
-    fn waker_mut(&mut self, key: TimerKey) -> Option<&mut Waker> {
-        match self.slots.get_mut(key.slot) {
-            Some(Some((seq, _, w))) if *seq == key.seq => Some(w),
+    /// How many entries are queued (cancelled ones not dropped yet included).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queue.len() - self.head
+    }
+
+    /// Whether `key`'s timer is the front one (nearly always, when asked).
+    #[inline(always)]
+    fn is_front(&self, key: TimerKey) -> bool {
+        self.queue
+            .get(self.head)
+            .is_some_and(|&(_, seq, _)| seq == key.seq)
+    }
+
+    /// Where `key`'s entry is past the front, if it is still there: out of line, as a timer
+    /// cancelled or polled while others fire before it is rare.
+    #[cold]
+    #[inline(never)]
+    fn find_behind(&self, key: TimerKey) -> Option<usize> {
+        let i = self.head + self.queue[self.head..].partition_point(|&(t, s, _)| (t, s) < (key.at, key.seq));
+        match self.queue.get(i) {
+            Some(&(_, seq, _)) if seq == key.seq => Some(i),
             _ => None,
         }
     }
 
+    fn waker_mut(&mut self, key: TimerKey) -> Option<&mut Waker> {
+        let i = if self.is_front(key) {
+            self.head
+        } else {
+            self.find_behind(key)?
+        };
+        self.queue[i].2.as_mut()
+    }
+
     fn cancel(&mut self, key: TimerKey) -> Option<Waker> {
-        let slot = self.slots.get_mut(key.slot)?;
-        if !matches!(slot, Some((seq, _, _)) if *seq == key.seq) {
-            return None;
+        if self.is_front(key) {
+            // The earliest, cancelled (nearly every cancel: a connection's bound is the only
+            // timer armed): its entry leaves now.
+            return self.pop_front();
         }
-        let (_, at, waker) = slot.take()?;
-        self.free.push(key.slot);
-        self.live -= 1;
-        if self.queue.front().is_some_and(|&(_, seq, _)| seq == key.seq) {
-            // The earliest bound, cancelled (nearly every cancel: a connection's bound is the
-            // only timer armed): its entry leaves now, and when none is left the earliest time
-            // is known without a search.
-            self.queue.pop_front();
-            self.earliest = if self.queue.is_empty() { Some(None) } else { None };
-            return Some(waker);
-        }
-        if self.earliest == Some(Some(at)) {
-            self.earliest = None;
-        }
-        if self.queue.len() > 64 && self.queue.len() > 4 * self.live {
-            let slots = &self.slots;
-            self.queue
-                .retain(|(_, seq, i)| matches!(&slots[*i], Some((s, _, _)) if s == seq));
+        let i = self.find_behind(key)?;
+        let waker = self.queue[i].2.take()?;
+        self.dead += 1;
+        if self.dead > 64 && self.dead > 4 * (self.len_live()) {
+            self.queue.drain(..self.head);
+            self.head = 0;
+            self.queue.retain(|(_, _, w)| w.is_some());
+            self.dead = 0;
         }
         Some(waker)
     }
 
-    /// The time of the earliest armed timer, dropping stale entries on the way.
-    #[inline]
-    fn earliest(&mut self) -> Option<u64> {
-        match self.earliest {
-            Some(e) => e,
-            None => self.find_earliest(),
-        }
+    /// How many armed timers are queued.
+    fn len_live(&self) -> usize {
+        self.queue.len() - self.head - self.dead
     }
 
-    /// [`earliest`](Self::earliest) when it is not known: only after the earliest timer went.
-    #[inline(never)]
-    fn find_earliest(&mut self) -> Option<u64> {
-        let e = loop {
-            let Some(&(at, seq, slot)) = self.queue.front() else {
-                break None;
-            };
-            if matches!(&self.slots[slot], Some((s, _, _)) if *s == seq) {
-                break Some(at);
+    /// Drops the front entry, and the cancelled ones that come to the front after it.
+    #[inline]
+    fn pop_front(&mut self) -> Option<Waker> {
+        if self.head + 1 == self.queue.len() {
+            // The only entry (nearly always: one bound at a time): the queue empties.
+            let (_, _, waker) = self.queue.pop()?;
+            if self.head != 0 {
+                self.queue.clear();
+                self.head = 0;
             }
-            self.queue.pop_front();
-        };
-        self.earliest = Some(e);
-        e
+            self.earliest = None;
+            return waker;
+        }
+        self.pop_front_of_many()
+    }
+
+    /// [`pop_front`](Self::pop_front) when other entries stay.
+    #[inline(never)]
+    fn pop_front_of_many(&mut self) -> Option<Waker> {
+        let waker = self.queue.get_mut(self.head)?.2.take();
+        self.head += 1;
+        while self.dead > 0 && self.queue.get(self.head).is_some_and(|(_, _, w)| w.is_none()) {
+            self.head += 1;
+            self.dead -= 1;
+        }
+        if self.head == self.queue.len() {
+            self.queue.clear();
+            self.head = 0;
+            self.earliest = None;
+        } else {
+            if self.head > 64 && self.head * 2 > self.queue.len() {
+                self.queue.drain(..self.head);
+                self.head = 0;
+            }
+            self.earliest = Some(self.queue[self.head].0);
+        }
+        waker
+    }
+
+    /// The time of the earliest armed timer.
+    #[inline]
+    fn earliest(&self) -> Option<u64> {
+        self.earliest
     }
 
     /// Disarms and returns the earliest timer due at `now` or before.
     fn pop_due(&mut self, now: u64) -> Option<Waker> {
-        let at = self.earliest()?;
-        if at > now {
+        if self.earliest()? > now {
             return None;
         }
-        // `earliest` left the entry of `at` in front.
-        let (_, seq, slot) = self.queue.pop_front()?;
-        self.cancel(TimerKey { slot, seq })
+        self.pop_front()
     }
 }
 
@@ -475,22 +510,32 @@ struct Sleep {
 impl Future for Sleep {
     type Output = ();
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(k) = self.key {
-            // Armed: its timer is still there until it is due (the executor takes every due
-            // timer as soon as it moves time on, before any task runs), so the clock need not
-            // be read.
-            let mut timers = self.core.timers.borrow_mut();
-            if let Some(w) = timers.waker_mut(k) {
-                if !w.will_wake(cx.waker()) {
-                    *w = cx.waker().clone();
-                }
-                return Poll::Pending;
+        let Some(k) = self.key else {
+            return self.arm(cx);
+        };
+        // Armed: its timer is still there until it is due (the executor takes every due timer
+        // as soon as it moves time on, before any task runs), so the clock need not be read.
+        // This, the usual poll (a bound looked at by each wait after the first), is small
+        // enough to go inline into the waits; the arming is a call.
+        let mut timers = self.core.timers.borrow_mut();
+        if let Some(w) = timers.waker_mut(k) {
+            if !w.will_wake(cx.waker()) {
+                *w = cx.waker().clone();
             }
-            drop(timers);
-            self.key = None;
-            return Poll::Ready(());
+            return Poll::Pending;
         }
+        drop(timers);
+        self.key = None;
+        Poll::Ready(())
+    }
+}
+
+impl Sleep {
+    /// The first poll: ready when the time has come, else the timer is armed.
+    #[inline(never)]
+    fn arm(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.core.now() >= self.at {
             return Poll::Ready(());
         }
@@ -830,7 +875,7 @@ impl<T: 'static> Executor<T> {
     #[inline]
     fn take_woken(&mut self) {
         let w = &self.woken;
-        if w.low.load(Ordering::Acquire) != 0 || w.any_high.load(Ordering::Acquire) {
+        if w.low.load(Ordering::Acquire) != 0 {
             self.take_woken_now();
         }
     }
@@ -839,13 +884,12 @@ impl<T: 'static> Executor<T> {
     fn take_woken_now(&mut self) {
         let w = &self.woken;
         let bits = w.low.swap(0, Ordering::AcqRel);
-        let high = w.any_high.load(Ordering::Acquire) && w.any_high.swap(false, Ordering::AcqRel);
         // A slot's number is cleared before the slot is taken, so that a wake racing with
         // this one (another thread's) is either seen here or marks the slot again.
-        if !high && bits & bits.wrapping_sub(1) == 0 {
-            // One task woken (nearly always): nothing to order. Its waker is in the
-            // executor's copy (it was polled or spawned, and spawning wakes it) unless it was
-            // spawned since the copy was last extended.
+        if bits & bits.wrapping_sub(1) == 0 && bits >> HIGH == 0 {
+            // One task woken (nearly always), not in the list: nothing to order. Its waker is
+            // in the executor's copy (it was polled or spawned, and spawning wakes it) unless
+            // it was spawned since the copy was last extended.
             let id = bits.trailing_zeros() as usize;
             if bits == 0 {
                 return;
@@ -859,7 +903,7 @@ impl<T: 'static> Executor<T> {
             }
             return;
         }
-        self.take_woken_batch(bits, high);
+        self.take_woken_batch(bits & !(1 << HIGH), bits >> HIGH != 0);
     }
 
     /// [`take_woken_now`](Self::take_woken_now) when more than one task was woken: ordered by
@@ -995,7 +1039,13 @@ impl<T: 'static> Executor<T> {
         let mut pumps = self.core.pumps.borrow_mut();
         let mut i = 0;
         while let Some(p) = pumps.get(i) {
-            let events = events_new && event_ready(p.host, p.ch);
+            // How many events the host has, read once: when this is its only channel, they
+            // are all this channel's, and the driver takes that many without asking again.
+            let (events, known) = match events_new.then(|| fabric.queued_events_on(p.host)) {
+                None | Some(0) => (false, 0),
+                Some(n) if fabric.channels_on(p.host) == 1 => (true, n),
+                Some(_) => (fabric.may_have_event(p.host, p.ch), 0),
+            };
             if !events && !other {
                 i += 1;
                 continue;
@@ -1008,6 +1058,7 @@ impl<T: 'static> Executor<T> {
             if events || pump.has_other_work() {
                 let pumped = pump.pump_where(
                     events,
+                    known,
                     |b: &SimHost, ch| event_ready(b.index(), ch),
                     |b, id| fabric.may_have_completion(b.index(), id),
                 );
@@ -1020,16 +1071,21 @@ impl<T: 'static> Executor<T> {
 
     fn run(mut self) -> std::result::Result<Vec<HostOutcome<T>>, SimFailure> {
         self.start_hosts();
+        // The woken tasks are taken after whatever may wake one (a poll, a pass over the
+        // drivers, timers fired, hosts reaped or started), and only then: looking again where
+        // nothing ran in between cost a load and a branch at every step.
+        self.take_woken();
         loop {
-            loop {
-                self.take_woken();
-                if self.ready.is_empty() {
-                    break;
-                }
-                let i = (self.rng.next_u64() % self.ready.len() as u64) as usize;
+            while !self.ready.is_empty() {
+                // Drawn even with one task ready, so that the stream stays the same; the
+                // division (tens of cycles) only when there is a choice.
+                let r = self.rng.next_u64();
+                let n = self.ready.len();
+                let i = if n == 1 { 0 } else { (r % n as u64) as usize };
                 let id = self.ready.swap_remove(i);
                 self.mirror_wakers(id);
                 self.poll_one(id)?;
+                self.take_woken();
             }
             // Outputs change only when a task ends: the hosts' slots are looked at only then.
             if self.ended.replace(false) {
@@ -1043,7 +1099,7 @@ impl<T: 'static> Executor<T> {
             if !self.ready.is_empty() {
                 continue;
             }
-            let timer = self.core.timers.borrow_mut().earliest();
+            let timer = self.core.timers.borrow().earliest();
             // One call moves the fabric to the earlier of its next instant and the next timer,
             // and tells what the executor asks after every step.
             let limit = SimTime::from_nanos(self.deadline);
@@ -1074,6 +1130,7 @@ impl<T: 'static> Executor<T> {
                 } {
                     waker.wake();
                 }
+                self.take_woken();
             }
             // Hosts go down or come back only by a crash or a restart: without one since the
             // last step, every host is as it was and there is nothing to reap or start.
@@ -1082,6 +1139,7 @@ impl<T: 'static> Executor<T> {
                 self.force_pump = true;
                 self.reap_crashed();
                 self.start_hosts();
+                self.take_woken();
             }
         }
         self.kill(|_| true);
@@ -1154,6 +1212,22 @@ mod tests {
             vec![66, 3, 65, 0, 64, 5],
             "a task already ready keeps its place"
         );
+        // Slot 63 is the list's first (the mask's last bit says the list has some), alone
+        // and among others.
+        ex.ready.clear();
+        wakers[63].wake_by_ref();
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![63]);
+        ex.ready.clear();
+        for id in [62, 63, 1] {
+            wakers[id].wake_by_ref();
+        }
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![62, 63, 1]);
+        ex.ready.clear();
+        wakers[62].wake_by_ref();
+        ex.take_woken();
+        assert_eq!(ex.ready, vec![62], "the list's bit was cleared with the take");
     }
 
     #[test]
@@ -1186,19 +1260,24 @@ mod tests {
     #[test]
     fn cancelled_timers_do_not_pile_up_in_the_queue() {
         let mut t = Timers::default();
+        // An earlier timer in front, so that the cancelled ones are never the front.
+        let first = t.arm(1, Waker::noop().clone());
         let keep = t.arm(u64::MAX, Waker::noop().clone());
         for i in 0..10_000 {
             let k = t.arm(1_000_000 + i, Waker::noop().clone());
             t.cancel(k);
         }
-        assert!(
-            t.queue.len() <= 65,
-            "{} entries for one live timer",
-            t.queue.len()
+        assert!(t.len() <= 2 + 65, "{} entries for two live timers", t.len());
+        assert_eq!(t.earliest(), Some(1));
+        assert!(t.cancel(first).is_some());
+        assert_eq!(
+            t.earliest(),
+            Some(u64::MAX),
+            "the cancelled ones behind it left too"
         );
-        assert_eq!(t.earliest(), Some(u64::MAX));
         assert!(t.cancel(keep).is_some());
         assert_eq!(t.earliest(), None);
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
@@ -1207,7 +1286,7 @@ mod tests {
         let mut t = Timers::default();
         let only = t.arm(10, tagged(1, &log));
         assert!(t.cancel(only).is_some());
-        assert!(t.queue.is_empty(), "the cancelled front entry leaves at once");
+        assert_eq!(t.len(), 0, "the cancelled front entry leaves at once");
         assert_eq!(t.earliest(), None);
         let first = t.arm(10, tagged(2, &log));
         t.arm(20, tagged(3, &log));
@@ -1223,14 +1302,35 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_reused_after_a_cancel_does_not_answer_to_the_old_key() {
+    fn a_cancelled_timers_key_does_not_answer_for_a_timer_armed_at_the_same_time() {
         let mut t = Timers::default();
         let old = t.arm(10, Waker::noop().clone());
         t.cancel(old);
-        let new = t.arm(20, Waker::noop().clone());
-        assert_eq!(old.slot, new.slot);
+        let new = t.arm(10, Waker::noop().clone());
         assert!(t.waker_mut(old).is_none());
         assert!(t.cancel(old).is_none());
-        assert_eq!(t.earliest(), Some(20));
+        assert_eq!(t.earliest(), Some(10));
+        assert!(t.waker_mut(new).is_some());
+        assert!(t.cancel(new).is_some());
+        assert_eq!(t.earliest(), None);
+    }
+
+    #[test]
+    fn a_timer_behind_the_front_is_found_by_its_key_and_cancelled_there() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Timers::default();
+        t.arm(10, tagged(1, &log));
+        let mid = t.arm(20, tagged(2, &log));
+        t.arm(20, tagged(3, &log));
+        t.arm(15, tagged(4, &log));
+        assert!(t.waker_mut(mid).is_some());
+        assert!(t.cancel(mid).is_some());
+        assert!(t.waker_mut(mid).is_none(), "a cancelled entry has no waker");
+        assert!(t.cancel(mid).is_none());
+        while let Some(w) = t.pop_due(u64::MAX) {
+            w.wake();
+        }
+        assert_eq!(*log.lock().expect("log"), vec![1, 4, 3]);
+        assert_eq!(t.len(), 0, "the cancelled entry left with the others");
     }
 }
