@@ -210,6 +210,34 @@ impl<T> Slab<T> {
         }
     }
 
+    /// Drops the value `r` names when `read` accepts it, and returns what `read` took from it;
+    /// `None`, with the value left where it is, when `r` is stale or `read` refuses it. A
+    /// check, the read and the removal in one lookup, where [`get`](Self::get) then
+    /// [`discard`](Self::discard) looked the slot up twice.
+    ///
+    /// ```
+    /// use cm_core::backend::Slab;
+    ///
+    /// let mut slab = Slab::new();
+    /// let r = slab.insert((7u16, "seven"));
+    /// assert_eq!(slab.discard_if(r, |&(n, _)| (n == 8).then_some(n)), None, "refused: kept");
+    /// assert_eq!(slab.discard_if(r, |&(n, s)| (n == 7).then_some(s)), Some("seven"));
+    /// assert_eq!(slab.get(r), None, "gone");
+    /// assert_eq!(slab.discard_if(r, |&(n, _)| Some(n)), None, "stale");
+    /// ```
+    // The simulator's ack checks its event's token this way: it runs once per event.
+    #[inline(always)]
+    pub fn discard_if<R>(&mut self, r: SlotRef, read: impl FnOnce(&T) -> Option<R>) -> Option<R> {
+        let e = self.entries.get_mut(r.index as usize)?;
+        if e.generation != r.generation {
+            return None;
+        }
+        let out = read(e.value.as_ref()?)?;
+        e.value = None;
+        self.free_slot(r.index);
+        Some(out)
+    }
+
     /// Removes and returns the value at `index`, whatever its generation.
     pub fn take(&mut self, index: u32) -> Option<T> {
         let value = self.entries.get_mut(index as usize)?.value.take()?;
@@ -264,7 +292,7 @@ impl<T> Slab<T> {
 
     /// Moves a just-emptied slot to the next generation and makes it reusable, or retires it for
     /// good when its generations are used up.
-    #[inline]
+    #[inline(always)]
     fn free_slot(&mut self, index: u32) {
         let e = &mut self.entries[index as usize];
         self.len -= 1;

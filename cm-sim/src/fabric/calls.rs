@@ -554,12 +554,16 @@ impl Fabric {
         }
         self.host_up(host, Call::AckCmEvent)?;
         let r = token_ref(event.token(), self.hosts[host as usize].token_key);
-        let counted = match self.outstanding.get(r) {
-            Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
-            _ => return Err(CmError::EventNotOutstanding),
-        };
+        // Out of the table before the id's count goes down, in one lookup: with an entry
+        // there, the count is at least one and `ack_counted` cannot refuse.
+        let (id, ev) = (event.id(), event.event());
+        let counted = self
+            .outstanding
+            .discard_if(r, |o| {
+                (o.host == host && o.id == id && o.event == ev).then_some(o.counted)
+            })
+            .ok_or(CmError::EventNotOutstanding)?;
         self.ack_counted(host, counted)?;
-        self.outstanding.discard(r);
         if matches!(
             event.event(),
             CmEventType::MulticastJoin | CmEventType::MulticastError
