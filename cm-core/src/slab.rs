@@ -32,8 +32,17 @@ impl SlotRef {
 
 struct Entry<T> {
     generation: u32,
+    /// For a free slot: the slot freed before it ([`NO_FREE`]: none). The free slots form a
+    /// stack through the entries themselves, where a `Vec` of indices cost each insert and
+    /// each removal its length and capacity tests (and the field fits in the padding after
+    /// the generation of most entries).
+    next_free: u32,
     value: Option<T>,
 }
+
+/// The end of the free slots' stack. Also the one index a slot can have that is never reused
+/// once freed, which costs nothing: [`SlotRef::NONE`] names it too.
+const NO_FREE: u32 = u32::MAX;
 
 /// Values addressed by [`SlotRef`]: a reference to a removed value never reaches the value that
 /// reuses its slot.
@@ -51,7 +60,8 @@ struct Entry<T> {
 /// ```
 pub struct Slab<T> {
     entries: Vec<Entry<T>>,
-    free: Vec<u32>,
+    /// The most recently freed slot, the top of the free slots' stack ([`NO_FREE`]: none).
+    free: u32,
     len: usize,
 }
 
@@ -66,7 +76,7 @@ impl<T> Slab<T> {
     pub const fn new() -> Self {
         Slab {
             entries: Vec::new(),
-            free: Vec::new(),
+            free: NO_FREE,
             len: 0,
         }
     }
@@ -89,8 +99,10 @@ impl<T> Slab<T> {
     #[inline(always)]
     pub fn insert(&mut self, value: T) -> SlotRef {
         self.len += 1;
-        if let Some(index) = self.free.pop() {
+        if self.free != NO_FREE {
+            let index = self.free;
             let e = &mut self.entries[index as usize];
+            self.free = e.next_free;
             e.value = Some(value);
             SlotRef {
                 index,
@@ -100,6 +112,7 @@ impl<T> Slab<T> {
             let index = u32::try_from(self.entries.len()).expect("slab index overflow");
             self.entries.push(Entry {
                 generation: 0,
+                next_free: NO_FREE,
                 value: Some(value),
             });
             SlotRef { index, generation: 0 }
@@ -124,8 +137,10 @@ impl<T> Slab<T> {
     #[inline(always)]
     pub fn insert_with(&mut self, make: impl FnOnce() -> T) -> SlotRef {
         self.len += 1;
-        if let Some(index) = self.free.pop() {
+        if self.free != NO_FREE {
+            let index = self.free;
             let e = &mut self.entries[index as usize];
+            self.free = e.next_free;
             e.value = Some(make());
             SlotRef {
                 index,
@@ -135,6 +150,7 @@ impl<T> Slab<T> {
             let index = u32::try_from(self.entries.len()).expect("slab index overflow");
             self.entries.push(Entry {
                 generation: 0,
+                next_free: NO_FREE,
                 value: Some(make()),
             });
             SlotRef { index, generation: 0 }
@@ -298,7 +314,8 @@ impl<T> Slab<T> {
         self.len -= 1;
         if let Some(next) = e.generation.checked_add(1) {
             e.generation = next;
-            self.free.push(index);
+            e.next_free = self.free;
+            self.free = index;
         }
     }
 
@@ -308,9 +325,10 @@ impl<T> Slab<T> {
         Slab {
             entries: vec![Entry {
                 generation,
+                next_free: NO_FREE,
                 value: None,
             }],
-            free: vec![0],
+            free: 0,
             len: 0,
         }
     }
