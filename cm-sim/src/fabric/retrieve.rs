@@ -153,8 +153,11 @@ impl Fabric {
         }
         if before != Some(QpState::Rts) && next.qp() == Some(QpState::Rts) {
             // Sends that waited for this QP (or were posted on it before it was ready) can go.
+            // `deliver_sends(id)`'s test on the slot at hand (its machine is `next`, at RTS).
             let remote = slot.remote;
-            self.deliver_sends(id);
+            if slot.qp.as_ref().is_some_and(|q| q.has_pending_send()) {
+                self.deliver_pending_sends(id);
+            }
             self.deliver_sends(remote);
         }
     }
