@@ -8,7 +8,7 @@ impl Fabric {
         self.host_up(host, Call::CreateEventChannel)?;
         let r = self.channels.insert(Channel {
             host,
-            queue: VecDeque::new(),
+            queue: Fifo::new(),
             ids: 0,
         });
         self.hosts[host as usize].counts.channels += 1;

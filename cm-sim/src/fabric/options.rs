@@ -75,7 +75,7 @@ impl Fabric {
                 .expect("an id's channel outlives it")
                 .queue,
         );
-        let (moved, kept): (VecDeque<Queued>, VecDeque<Queued>) =
+        let (moved, kept): (Fifo<Queued>, Fifo<Queued>) =
             old.into_iter().partition(|q| q.id == r || q.listen == r);
         self.channels.get_mut(from).expect("checked").queue = kept;
         // The children of requests not retrieved yet sit on the listener's channel too.

@@ -77,7 +77,7 @@ impl From<Option<SocketAddr>> for Addr {
 
 pub(super) struct Channel {
     pub(super) host: u16,
-    pub(super) queue: VecDeque<Queued>,
+    pub(super) queue: Fifo<Queued>,
     pub(super) ids: u32,
 }
 
