@@ -4,8 +4,9 @@
 
 /// A FIFO queue: pushed at the end of `items`, popped at `head`. It empties often (a channel's
 /// events are retrieved as they come), and then starts again at the front; one that never
-/// empties drops its popped values when its buffer would grow, so it holds at most twice what
-/// is queued, as a `VecDeque` grown by doubling may.
+/// empties drops its popped values when its buffer is full and they are a quarter of it, so it
+/// grows only when over three quarters of it are queued, to under 2.7 times what is queued (a
+/// `VecDeque`, grown by doubling, holds up to twice).
 #[derive(Clone, Debug)]
 pub(crate) struct Fifo<T> {
     items: Vec<T>,
@@ -27,7 +28,6 @@ impl<T: Copy> Fifo<T> {
         Self::default()
     }
 
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.items.len() - self.head
     }
@@ -39,17 +39,22 @@ impl<T: Copy> Fifo<T> {
     #[inline]
     pub(crate) fn push_back(&mut self, value: T) {
         if self.head > 0 && self.items.len() == self.items.capacity() {
-            self.drop_popped();
+            self.make_room();
         }
         self.items.push(value);
     }
 
-    /// Drops the popped values from the front instead of growing the buffer.
+    /// Before a push into a full buffer: drops the popped values from the front when they are
+    /// a quarter of it or more, so that each such move of the queued values frees room for at
+    /// least a third as many pushes (a few moved values per push, however the queue runs);
+    /// otherwise the push grows the buffer.
     #[cold]
     #[inline(never)]
-    fn drop_popped(&mut self) {
-        self.items.drain(..self.head);
-        self.head = 0;
+    fn make_room(&mut self) {
+        if self.head >= self.items.len() / 4 {
+            self.items.drain(..self.head);
+            self.head = 0;
+        }
     }
 
     #[inline]
@@ -61,6 +66,28 @@ impl<T: Copy> Fifo<T> {
             self.head = 0;
         }
         Some(value)
+    }
+}
+
+impl<T> Fifo<T> {
+    pub(crate) fn front(&self) -> Option<&T> {
+        self.items.get(self.head)
+    }
+
+    pub(crate) fn back(&self) -> Option<&T> {
+        self.items.last().filter(|_| self.head < self.items.len())
+    }
+
+    /// The value `i` places behind the front.
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        self.items.get(self.head + i)
+    }
+
+    /// Keeps only the values `keep` says yes to, in their order.
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.items.drain(..self.head);
+        self.head = 0;
+        self.items.retain(keep);
     }
 }
 
@@ -113,13 +140,29 @@ mod tests {
             assert_eq!((fifo.len(), fifo.is_empty()), (model.len(), model.is_empty()));
             peak = peak.max(model.len());
             assert!(
-                fifo.items.capacity() <= 2 * peak.max(4),
+                fifo.items.capacity() * 3 <= 8 * peak.max(4),
                 "{} for {peak}",
                 fifo.items.capacity()
             );
         }
         let rest: Vec<u32> = fifo.into_iter().collect();
         assert_eq!(rest, model.into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_fifo_reads_its_front_back_and_places_and_retains_in_order() {
+        let mut fifo = Fifo::new();
+        assert_eq!((fifo.front(), fifo.back(), fifo.get(0)), (None, None, None));
+        fifo.extend([1, 2, 3, 4, 5, 6]);
+        assert_eq!(fifo.pop_front(), Some(1));
+        assert_eq!(
+            (fifo.front(), fifo.back(), fifo.get(1), fifo.get(5)),
+            (Some(&2), Some(&6), Some(&3), None)
+        );
+        fifo.retain(|v| v % 2 == 0);
+        assert_eq!((fifo.len(), fifo.front(), fifo.back()), (3, Some(&2), Some(&6)));
+        while fifo.pop_front().is_some() {}
+        assert_eq!((fifo.front(), fifo.back(), fifo.len()), (None, None, 0));
     }
 
     #[test]
