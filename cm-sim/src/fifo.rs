@@ -83,6 +83,18 @@ impl<T> Fifo<T> {
         self.items.get(self.head + i)
     }
 
+    /// The values, front first.
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.items[self.head..].iter()
+    }
+
+    pub(crate) fn contains(&self, value: &T) -> bool
+    where
+        T: PartialEq,
+    {
+        self.items[self.head..].contains(value)
+    }
+
     /// Keeps only the values `keep` says yes to, in their order.
     pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
         self.items.drain(..self.head);
@@ -159,6 +171,8 @@ mod tests {
             (fifo.front(), fifo.back(), fifo.get(1), fifo.get(5)),
             (Some(&2), Some(&6), Some(&3), None)
         );
+        assert_eq!(fifo.iter().copied().collect::<Vec<_>>(), [2, 3, 4, 5, 6]);
+        assert!(fifo.contains(&2) && !fifo.contains(&1), "1 was popped");
         fifo.retain(|v| v % 2 == 0);
         assert_eq!((fifo.len(), fifo.front(), fifo.back()), (3, Some(&2), Some(&6)));
         while fifo.pop_front().is_some() {}

@@ -288,7 +288,7 @@ impl Fabric {
         let slot = self.slot(r);
         slot.listener = Some(Box::new(Listener {
             backlog,
-            pending: VecDeque::new(),
+            pending: Fifo::new(),
         }));
         slot.m = next;
         self.ports.set_listening(host, ps, port, r, true);

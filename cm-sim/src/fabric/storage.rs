@@ -6,7 +6,7 @@ use super::*;
 pub(super) struct Listener {
     pub(super) backlog: u32,
     /// Children whose `CONNECT_REQUEST` is queued and not retrieved, in queue order.
-    pub(super) pending: VecDeque<SlotRef>,
+    pub(super) pending: Fifo<SlotRef>,
 }
 
 pub(super) struct IdSlot {
