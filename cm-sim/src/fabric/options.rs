@@ -168,7 +168,9 @@ impl Fabric {
     }
 
     /// How long the IB CM retries an unanswered REQ, REP or DREQ of `r` before giving up.
-    #[inline]
+    // Always inlined: `#[inline]` left a call for each REQ, REP and DREQ timer armed, for a
+    // test and a load.
+    #[inline(always)]
     pub(super) fn cm_timeout_of(&self, r: SlotRef) -> Duration {
         let extra = self.path_extra(r);
         if extra.is_zero() {
