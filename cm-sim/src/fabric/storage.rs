@@ -60,7 +60,10 @@ impl Addr {
     }
 }
 
+// The conversions are inlined (and the optional one a `match`, not `map_or`): each new id
+// and each bind converted through a call.
 impl From<SocketAddr> for Addr {
+    #[inline]
     fn from(a: SocketAddr) -> Self {
         match a {
             SocketAddr::V4(a) => Addr::V4(a),
@@ -70,8 +73,12 @@ impl From<SocketAddr> for Addr {
 }
 
 impl From<Option<SocketAddr>> for Addr {
+    #[inline]
     fn from(a: Option<SocketAddr>) -> Self {
-        a.map_or(Addr::None, Addr::from)
+        match a {
+            Some(a) => Addr::from(a),
+            None => Addr::None,
+        }
     }
 }
 
