@@ -58,7 +58,12 @@ impl Fabric {
                     .as_mut()
                     .and_then(|l| l.pending.pop_front());
                 debug_assert_eq!(popped, Some(q.id), "requests are retrieved in queue order");
-                listen_id = Some(self.id_handle(listener));
+                // Alive (`pop_event` checked) and on the child's host: no lookup for its host.
+                listen_id = Some(cm_core::backend::id_handle(
+                    self.tag(host),
+                    listener.index,
+                    listener.generation,
+                ));
                 listener
             }
             CmEventType::ConnectResponse => {
