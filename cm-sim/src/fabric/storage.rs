@@ -276,11 +276,6 @@ impl Fabric {
         }
     }
 
-    pub(super) fn id_handle(&self, r: SlotRef) -> IdHandle {
-        let host = self.ids.get(r).map_or(0, |s| s.host);
-        cm_core::backend::id_handle(self.tag(host), r.index, r.generation)
-    }
-
     pub(super) fn slot(&mut self, r: SlotRef) -> &mut IdSlot {
         self.ids.get_mut(r).expect("cm-sim: live id expected")
     }
