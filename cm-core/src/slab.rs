@@ -40,8 +40,7 @@ struct Entry<T> {
     value: Option<T>,
 }
 
-/// The end of the free slots' stack. Also the one index a slot can have that is never reused
-/// once freed, which costs nothing: [`SlotRef::NONE`] names it too.
+/// The end of the free slots' stack: an index no slot has (it is [`SlotRef::NONE`]'s).
 const NO_FREE: u32 = u32::MAX;
 
 /// Values addressed by [`SlotRef`]: a reference to a removed value never reaches the value that
@@ -95,7 +94,7 @@ impl<T> Slab<T> {
     ///
     /// # Panics
     ///
-    /// With 2^32 slots in use.
+    /// With 2^32 − 1 slots in use (the last index is [`SlotRef::NONE`]'s).
     #[inline(always)]
     pub fn insert(&mut self, value: T) -> SlotRef {
         self.len += 1;
@@ -109,7 +108,10 @@ impl<T> Slab<T> {
                 generation: e.generation,
             }
         } else {
-            let index = u32::try_from(self.entries.len()).expect("slab index overflow");
+            let index = u32::try_from(self.entries.len())
+                .ok()
+                .filter(|&i| i != NO_FREE)
+                .expect("slab index overflow");
             self.entries.push(Entry {
                 generation: 0,
                 next_free: NO_FREE,
@@ -131,7 +133,7 @@ impl<T> Slab<T> {
     ///
     /// # Panics
     ///
-    /// With 2^32 slots in use.
+    /// With 2^32 − 1 slots in use (the last index is [`SlotRef::NONE`]'s).
     // A large value passed to `insert` is built on the stack and copied into its slot (a
     // `memcpy` call); `make` runs where the slot is known.
     #[inline(always)]
@@ -147,7 +149,10 @@ impl<T> Slab<T> {
                 generation: e.generation,
             }
         } else {
-            let index = u32::try_from(self.entries.len()).expect("slab index overflow");
+            let index = u32::try_from(self.entries.len())
+                .ok()
+                .filter(|&i| i != NO_FREE)
+                .expect("slab index overflow");
             self.entries.push(Entry {
                 generation: 0,
                 next_free: NO_FREE,
