@@ -32,8 +32,16 @@ impl SlotRef {
 
 struct Entry<T> {
     generation: u32,
+    /// For a free slot: the slot freed before it ([`NO_FREE`]: none). The free slots form a
+    /// stack through the entries themselves, where a `Vec` of indices cost each insert and
+    /// each removal its length and capacity tests (and the field fits in the padding after
+    /// the generation of most entries).
+    next_free: u32,
     value: Option<T>,
 }
+
+/// The end of the free slots' stack: an index no slot has (it is [`SlotRef::NONE`]'s).
+const NO_FREE: u32 = u32::MAX;
 
 /// Values addressed by [`SlotRef`]: a reference to a removed value never reaches the value that
 /// reuses its slot.
@@ -51,7 +59,8 @@ struct Entry<T> {
 /// ```
 pub struct Slab<T> {
     entries: Vec<Entry<T>>,
-    free: Vec<u32>,
+    /// The most recently freed slot, the top of the free slots' stack ([`NO_FREE`]: none).
+    free: u32,
     len: usize,
 }
 
@@ -66,7 +75,7 @@ impl<T> Slab<T> {
     pub const fn new() -> Self {
         Slab {
             entries: Vec::new(),
-            free: Vec::new(),
+            free: NO_FREE,
             len: 0,
         }
     }
@@ -85,21 +94,27 @@ impl<T> Slab<T> {
     ///
     /// # Panics
     ///
-    /// With 2^32 slots in use.
+    /// With 2^32 − 1 slots in use (the last index is [`SlotRef::NONE`]'s).
     #[inline(always)]
     pub fn insert(&mut self, value: T) -> SlotRef {
         self.len += 1;
-        if let Some(index) = self.free.pop() {
+        if self.free != NO_FREE {
+            let index = self.free;
             let e = &mut self.entries[index as usize];
+            self.free = e.next_free;
             e.value = Some(value);
             SlotRef {
                 index,
                 generation: e.generation,
             }
         } else {
-            let index = u32::try_from(self.entries.len()).expect("slab index overflow");
+            let index = u32::try_from(self.entries.len())
+                .ok()
+                .filter(|&i| i != NO_FREE)
+                .expect("slab index overflow");
             self.entries.push(Entry {
                 generation: 0,
+                next_free: NO_FREE,
                 value: Some(value),
             });
             SlotRef { index, generation: 0 }
@@ -118,23 +133,29 @@ impl<T> Slab<T> {
     ///
     /// # Panics
     ///
-    /// With 2^32 slots in use.
+    /// With 2^32 − 1 slots in use (the last index is [`SlotRef::NONE`]'s).
     // A large value passed to `insert` is built on the stack and copied into its slot (a
     // `memcpy` call); `make` runs where the slot is known.
     #[inline(always)]
     pub fn insert_with(&mut self, make: impl FnOnce() -> T) -> SlotRef {
         self.len += 1;
-        if let Some(index) = self.free.pop() {
+        if self.free != NO_FREE {
+            let index = self.free;
             let e = &mut self.entries[index as usize];
+            self.free = e.next_free;
             e.value = Some(make());
             SlotRef {
                 index,
                 generation: e.generation,
             }
         } else {
-            let index = u32::try_from(self.entries.len()).expect("slab index overflow");
+            let index = u32::try_from(self.entries.len())
+                .ok()
+                .filter(|&i| i != NO_FREE)
+                .expect("slab index overflow");
             self.entries.push(Entry {
                 generation: 0,
+                next_free: NO_FREE,
                 value: Some(make()),
             });
             SlotRef { index, generation: 0 }
@@ -210,6 +231,34 @@ impl<T> Slab<T> {
         }
     }
 
+    /// Drops the value `r` names when `read` accepts it, and returns what `read` took from it;
+    /// `None`, with the value left where it is, when `r` is stale or `read` refuses it. A
+    /// check, the read and the removal in one lookup, where [`get`](Self::get) then
+    /// [`discard`](Self::discard) looked the slot up twice.
+    ///
+    /// ```
+    /// use cm_core::backend::Slab;
+    ///
+    /// let mut slab = Slab::new();
+    /// let r = slab.insert((7u16, "seven"));
+    /// assert_eq!(slab.discard_if(r, |&(n, _)| (n == 8).then_some(n)), None, "refused: kept");
+    /// assert_eq!(slab.discard_if(r, |&(n, s)| (n == 7).then_some(s)), Some("seven"));
+    /// assert_eq!(slab.get(r), None, "gone");
+    /// assert_eq!(slab.discard_if(r, |&(n, _)| Some(n)), None, "stale");
+    /// ```
+    // The simulator's ack checks its event's token this way: it runs once per event.
+    #[inline(always)]
+    pub fn discard_if<R>(&mut self, r: SlotRef, read: impl FnOnce(&T) -> Option<R>) -> Option<R> {
+        let e = self.entries.get_mut(r.index as usize)?;
+        if e.generation != r.generation {
+            return None;
+        }
+        let out = read(e.value.as_ref()?)?;
+        e.value = None;
+        self.free_slot(r.index);
+        Some(out)
+    }
+
     /// Removes and returns the value at `index`, whatever its generation.
     pub fn take(&mut self, index: u32) -> Option<T> {
         let value = self.entries.get_mut(index as usize)?.value.take()?;
@@ -264,13 +313,14 @@ impl<T> Slab<T> {
 
     /// Moves a just-emptied slot to the next generation and makes it reusable, or retires it for
     /// good when its generations are used up.
-    #[inline]
+    #[inline(always)]
     fn free_slot(&mut self, index: u32) {
         let e = &mut self.entries[index as usize];
         self.len -= 1;
         if let Some(next) = e.generation.checked_add(1) {
             e.generation = next;
-            self.free.push(index);
+            e.next_free = self.free;
+            self.free = index;
         }
     }
 
@@ -280,9 +330,10 @@ impl<T> Slab<T> {
         Slab {
             entries: vec![Entry {
                 generation,
+                next_free: NO_FREE,
                 value: None,
             }],
-            free: vec![0],
+            free: 0,
             len: 0,
         }
     }

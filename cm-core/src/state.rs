@@ -592,6 +592,8 @@ impl IdMachine {
     }
 
     /// `rdma_accept` with `private_data_len` bytes of private data; moves the QP to RTS.
+    // The one step the simulator's lifecycle called across the crate boundary (issue 14).
+    #[inline]
     pub fn accept(&self, private_data_len: usize) -> Step {
         self.pending_request(Call::Accept)?;
         let Some(qp) = self.qp else {

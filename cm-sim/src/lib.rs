@@ -79,6 +79,7 @@ mod builder;
 mod exchange;
 mod fabric;
 mod faults;
+mod fifo;
 mod host;
 mod mermaid;
 mod ports;

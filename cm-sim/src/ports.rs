@@ -7,6 +7,7 @@
 //! come from a per-host cursor walking the configured range, so a free port is usually found at
 //! the first try and the choice is deterministic.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
@@ -278,11 +279,12 @@ impl Ports {
     }
 
     pub(crate) fn unbind(&mut self, host: u16, ps: PortSpace, port: u16, id: SlotRef) {
-        let key = PortKey { host, ps, port };
-        if let Some(bindings) = self.map.get_mut(&key) {
-            bindings.remove(id);
-            if bindings.is_empty() {
-                self.map.remove(&key);
+        // One hash and one probe for the lookup and the removal, where `get_mut` and then
+        // `remove` made two of each (a bound id's destroy, one a connection).
+        if let Entry::Occupied(mut bindings) = self.map.entry(PortKey { host, ps, port }) {
+            bindings.get_mut().remove(id);
+            if bindings.get().is_empty() {
+                bindings.remove();
             }
         }
     }

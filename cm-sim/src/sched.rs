@@ -15,6 +15,8 @@
 
 use std::collections::VecDeque;
 
+use crate::fifo::Fifo;
+
 /// Where an action is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lane {
@@ -34,6 +36,7 @@ const FIFO_AHEAD: usize = 16;
 /// FIFO lanes there are.
 pub(crate) const FIFO_LANES: usize = 2;
 
+#[derive(Clone, Copy)]
 struct Entry<A> {
     time: u64,
     seq: u64,
@@ -215,7 +218,7 @@ pub(crate) struct Earliest {
 pub(crate) struct Queue<A> {
     seq: u64,
     heap: RadixHeap<A>,
-    fifos: [VecDeque<Entry<A>>; FIFO_LANES],
+    fifos: [Fifo<Entry<A>>; FIFO_LANES],
     /// The earliest key at the front of a FIFO lane, and the lane: kept as the fronts change
     /// (a push to an empty lane, a pop, a removal) so that finding the earliest entry, before
     /// every pop, does not look at each lane.
@@ -230,12 +233,12 @@ pub(crate) struct Queue<A> {
     look_ahead: bool,
 }
 
-impl<A> Queue<A> {
+impl<A: Copy> Queue<A> {
     pub(crate) fn new() -> Self {
         Queue {
             seq: 0,
             heap: RadixHeap::new(),
-            fifos: std::array::from_fn(|_| VecDeque::new()),
+            fifos: std::array::from_fn(|_| Fifo::new()),
             fifo_first: None,
             fifo_popped: None,
             len: 0,
@@ -383,7 +386,7 @@ impl<A> Queue<A> {
     }
 
     fn count(&self) -> usize {
-        self.heap.len() + self.fifos.iter().map(VecDeque::len).sum::<usize>()
+        self.heap.len() + self.fifos.iter().map(Fifo::len).sum::<usize>()
     }
 
     /// Keeps only the entries `keep` says yes to; the order of the rest is unchanged.

@@ -8,7 +8,7 @@ impl Fabric {
         self.host_up(host, Call::CreateEventChannel)?;
         let r = self.channels.insert(Channel {
             host,
-            queue: VecDeque::new(),
+            queue: Fifo::new(),
             ids: 0,
         });
         self.hosts[host as usize].counts.channels += 1;
@@ -288,7 +288,7 @@ impl Fabric {
         let slot = self.slot(r);
         slot.listener = Some(Box::new(Listener {
             backlog,
-            pending: VecDeque::new(),
+            pending: Fifo::new(),
         }));
         slot.m = next;
         self.ports.set_listening(host, ps, port, r, true);
@@ -554,12 +554,16 @@ impl Fabric {
         }
         self.host_up(host, Call::AckCmEvent)?;
         let r = token_ref(event.token(), self.hosts[host as usize].token_key);
-        let counted = match self.outstanding.get(r) {
-            Some(o) if o.host == host && o.id == event.id() && o.event == event.event() => o.counted,
-            _ => return Err(CmError::EventNotOutstanding),
-        };
+        // Out of the table before the id's count goes down, in one lookup: with an entry
+        // there, the count is at least one and `ack_counted` cannot refuse.
+        let (id, ev) = (event.id(), event.event());
+        let counted = self
+            .outstanding
+            .discard_if(r, |o| {
+                (o.host == host && o.id == id && o.event == ev).then_some(o.counted)
+            })
+            .ok_or(CmError::EventNotOutstanding)?;
         self.ack_counted(host, counted)?;
-        self.outstanding.discard(r);
         if matches!(
             event.event(),
             CmEventType::MulticastJoin | CmEventType::MulticastError

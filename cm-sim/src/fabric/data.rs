@@ -19,7 +19,7 @@ impl Fabric {
     }
 
     #[inline(never)]
-    fn deliver_pending_sends(&mut self, sender: SlotRef) {
+    pub(super) fn deliver_pending_sends(&mut self, sender: SlotRef) {
         loop {
             let Some(s) = self.ids.get(sender) else { return };
             let remote = s.remote;

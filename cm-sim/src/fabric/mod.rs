@@ -15,7 +15,7 @@
 //! scans a queue.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::rc::Rc;
@@ -32,6 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
 use crate::exchange::{reason, Carry, CmTimer, Effect, Effector, Effects, Exchange, Input, To};
 use crate::faults::{Fault, FaultSchedule, FaultStats};
+use crate::fifo::Fifo;
 use crate::host::SimHost;
 use crate::ports::{BindError, Ports};
 use crate::qp::{Landing, Qp};

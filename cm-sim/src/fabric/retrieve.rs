@@ -58,7 +58,12 @@ impl Fabric {
                     .as_mut()
                     .and_then(|l| l.pending.pop_front());
                 debug_assert_eq!(popped, Some(q.id), "requests are retrieved in queue order");
-                listen_id = Some(self.id_handle(listener));
+                // Alive (`pop_event` checked) and on the child's host: no lookup for its host.
+                listen_id = Some(cm_core::backend::id_handle(
+                    self.tag(host),
+                    listener.index,
+                    listener.generation,
+                ));
                 listener
             }
             CmEventType::ConnectResponse => {
@@ -153,8 +158,11 @@ impl Fabric {
         }
         if before != Some(QpState::Rts) && next.qp() == Some(QpState::Rts) {
             // Sends that waited for this QP (or were posted on it before it was ready) can go.
+            // `deliver_sends(id)`'s test on the slot at hand (its machine is `next`, at RTS).
             let remote = slot.remote;
-            self.deliver_sends(id);
+            if slot.qp.as_ref().is_some_and(|q| q.has_pending_send()) {
+                self.deliver_pending_sends(id);
+            }
             self.deliver_sends(remote);
         }
     }

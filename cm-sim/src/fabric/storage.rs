@@ -6,7 +6,7 @@ use super::*;
 pub(super) struct Listener {
     pub(super) backlog: u32,
     /// Children whose `CONNECT_REQUEST` is queued and not retrieved, in queue order.
-    pub(super) pending: VecDeque<SlotRef>,
+    pub(super) pending: Fifo<SlotRef>,
 }
 
 pub(super) struct IdSlot {
@@ -60,7 +60,10 @@ impl Addr {
     }
 }
 
+// The conversions are inlined (and the optional one a `match`, not `map_or`): each new id
+// and each bind converted through a call.
 impl From<SocketAddr> for Addr {
+    #[inline]
     fn from(a: SocketAddr) -> Self {
         match a {
             SocketAddr::V4(a) => Addr::V4(a),
@@ -70,14 +73,18 @@ impl From<SocketAddr> for Addr {
 }
 
 impl From<Option<SocketAddr>> for Addr {
+    #[inline]
     fn from(a: Option<SocketAddr>) -> Self {
-        a.map_or(Addr::None, Addr::from)
+        match a {
+            Some(a) => Addr::from(a),
+            None => Addr::None,
+        }
     }
 }
 
 pub(super) struct Channel {
     pub(super) host: u16,
-    pub(super) queue: VecDeque<Queued>,
+    pub(super) queue: Fifo<Queued>,
     pub(super) ids: u32,
 }
 
@@ -267,11 +274,6 @@ impl Fabric {
                 kind: HandleKind::Channel,
             }),
         }
-    }
-
-    pub(super) fn id_handle(&self, r: SlotRef) -> IdHandle {
-        let host = self.ids.get(r).map_or(0, |s| s.host);
-        cm_core::backend::id_handle(self.tag(host), r.index, r.generation)
     }
 
     pub(super) fn slot(&mut self, r: SlotRef) -> &mut IdSlot {

@@ -204,7 +204,7 @@ impl Fabric {
                 continue;
             };
             let queue = std::mem::take(&mut c.queue);
-            let mut kept = VecDeque::new();
+            let mut kept = Fifo::new();
             for q in queue {
                 let Some(slot) = self.ids.get_mut(q.id) else {
                     // Its id was destroyed, and its events uncounted then.
