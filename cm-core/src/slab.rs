@@ -97,28 +97,7 @@ impl<T> Slab<T> {
     /// With 2^32 − 1 slots in use (the last index is [`SlotRef::NONE`]'s).
     #[inline(always)]
     pub fn insert(&mut self, value: T) -> SlotRef {
-        self.len += 1;
-        if self.free != NO_FREE {
-            let index = self.free;
-            let e = &mut self.entries[index as usize];
-            self.free = e.next_free;
-            e.value = Some(value);
-            SlotRef {
-                index,
-                generation: e.generation,
-            }
-        } else {
-            let index = u32::try_from(self.entries.len())
-                .ok()
-                .filter(|&i| i != NO_FREE)
-                .expect("slab index overflow");
-            self.entries.push(Entry {
-                generation: 0,
-                next_free: NO_FREE,
-                value: Some(value),
-            });
-            SlotRef { index, generation: 0 }
-        }
+        self.insert_with(move || value)
     }
 
     /// [`insert`](Self::insert) of the value `make` builds, built where it is stored.
