@@ -141,14 +141,15 @@ impl Effects {
     }
 
     /// The effects in the order the fabric carries them out.
+    #[cfg(test)]
     pub(crate) fn as_slice(&self) -> &[Effect] {
         &self.list[..usize::from(self.len)]
     }
 }
 
 /// Where a transition's effects go, one at a time, in the order the fabric carries them out:
-/// a list ([`Effects`]) for the table tests and for callers that look at a transition before
-/// carrying it out, the fabric itself where it carries them out at once.
+/// a list ([`Effects`]) for the table tests and for the calls that ask first whether the input
+/// is taken, the fabric itself where it carries them out.
 pub(crate) trait Effector {
     /// The transition's next effect.
     fn effect(&mut self, effect: Effect);

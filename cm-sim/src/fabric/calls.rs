@@ -418,12 +418,13 @@ impl Fabric {
         let next = self.slot(r).m.reject(private_data.len())?;
         let slot = self.slot(r);
         let connected = slot.m.port_space().is_connected();
-        let Some((rejected, effects)) = slot.cm.on(Input::Reject, connected) else {
+        // Only whether the exchange takes it: the transition is carried out below.
+        if slot.cm.on(Input::Reject, connected).is_none() {
             return Err(CmError::Os {
                 call,
                 errno: errno::EINVAL,
             });
-        };
+        }
         slot.m = next;
         // A SIDR REP that rejects carries no private data.
         let payload = if connected {
@@ -431,7 +432,7 @@ impl Fabric {
         } else {
             NO_PAYLOAD
         };
-        self.apply(r, rejected, effects, SlotRef::NONE, payload);
+        self.transition(r, Input::Reject, SlotRef::NONE, payload);
         Ok(())
     }
 

@@ -246,36 +246,14 @@ impl Fabric {
         self.transition(to, Input::Msg(kind, status), from, payload);
     }
 
-    /// Moves `id`'s exchange to `next` and carries out the transition's `effects` in order.
-    /// `sender` sent the message being handled (if any); `payload` is what that message or
-    /// the call brought, handed to the effect that takes it and otherwise dropped.
-    // Inlined into each caller, where the inlined exchange hands it constant effects: the
-    // loop over them and their match fold away (about 650 instructions a lifecycle, issue 14).
-    #[inline(always)]
-    pub(super) fn apply(
-        &mut self,
-        id: SlotRef,
-        next: Exchange,
-        effects: Effects,
-        sender: SlotRef,
-        payload: u32,
-    ) {
-        let slot = self.slot(id);
-        slot.cm = next;
-        let host = slot.host;
-        let mut payload = payload;
-        for &effect in effects.as_slice() {
-            self.carry_out(id, host, effect, sender, &mut payload);
-        }
-        self.drop_payload(payload);
-    }
-
-    /// `id`'s exchange takes `input` and the fabric carries out the transition's effects as the
-    /// exchange names them (see [`apply`](Self::apply) for `sender` and `payload`). For inputs
-    /// that are never refused: the callers that can be refused look at the transition first.
-    // What `apply` does, without the list: where the wire state is known only at run time (a
-    // received message, a timer, a disconnect or a destroy), the list was built and walked at
-    // run time; here each effect is a constant where the exchange names it.
+    /// `id`'s exchange takes `input` and the fabric carries out the transition's effects in
+    /// order, as the exchange names them. `sender` sent the message being handled (if any);
+    /// `payload` is what that message or the call brought, handed to the effect that takes it
+    /// and otherwise dropped. For inputs the exchange takes in the id's state: the calls that
+    /// can be refused (accept, reject, establish) ask first.
+    // Each effect is a constant where the exchange names it, so its match folds; a list of
+    // effects built at run time (the wire state of a received message, a timer or a destroy
+    // is known only then) was walked and matched (issue 14).
     #[inline(always)]
     pub(super) fn transition(
         &mut self,
@@ -291,7 +269,7 @@ impl Fabric {
             .on_with(input, connected, &mut fx)
             .expect("the exchange takes this input in every state");
         let payload = fx.payload;
-        // Set after the effects, where `apply` sets it before: no effect reads the exchange.
+        // Set after the effects: no effect reads the exchange.
         self.slot(id).cm = next;
         self.drop_payload(payload);
         next

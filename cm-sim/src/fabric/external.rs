@@ -190,15 +190,16 @@ impl Fabric {
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.establish()?;
         let slot = self.slot(r);
-        let Some((established, effects)) = slot.cm.on(Input::Establish, true) else {
+        // Only whether the exchange takes it: the transition is carried out below.
+        if slot.cm.on(Input::Establish, true).is_none() {
             // The REJ (or the peer's timeout) came first: the IB CM has no RTU to send.
             return Err(CmError::Os {
                 call,
                 errno: errno::EINVAL,
             });
-        };
+        }
         slot.m = next;
-        self.apply(r, established, effects, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Establish, SlotRef::NONE, NO_PAYLOAD);
         Ok(())
     }
 }

@@ -30,7 +30,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
-use crate::exchange::{reason, Carry, CmTimer, Effect, Effector, Effects, Exchange, Input, To};
+use crate::exchange::{reason, Carry, CmTimer, Effect, Effector, Exchange, Input, To};
 use crate::faults::{Fault, FaultSchedule, FaultStats};
 use crate::fifo::Fifo;
 use crate::host::SimHost;

@@ -260,11 +260,7 @@ impl Fabric {
             ) {
                 continue;
             }
-            let connected = s.m.port_space().is_connected();
-            let (next, effects) =
-                s.cm.on(Input::DeviceRemoved, connected)
-                    .expect("the exchange takes the device's removal");
-            self.apply(r, next, effects, SlotRef::NONE, NO_PAYLOAD);
+            self.transition(r, Input::DeviceRemoved, SlotRef::NONE, NO_PAYLOAD);
             self.lose_peer_of(r);
             let s = self.slot(r);
             if state == cm_core::IdState::AddrQuery && !device {
