@@ -1191,6 +1191,11 @@ impl<'a> World<'a> {
             let ids = self.ids[f][host].clone();
             for &id in ids.iter().rev() {
                 let mut b = b.clone();
+                // A QP still in a group cannot be destroyed (`QpInGroups`): leave every group
+                // the sequence may have joined first (a group not joined is refused, harmlessly).
+                for n in 0..crate::gen::GROUPS.len() {
+                    let _ = b.leave_multicast(id, group_addr(n));
+                }
                 let _ = b.destroy_qp(id);
                 if b.destroy_id(id).is_ok() {
                     self.dead_ids.insert(id);

@@ -37,6 +37,9 @@ pub enum MsgKind {
     Dreq,
     /// Disconnect reply.
     Drep,
+    /// Message receipt acknowledgement: the receiver of a duplicate REQ or REP has the original
+    /// and will answer it later (its service timeout stretches the sender's retries).
+    Mra,
 }
 
 impl MsgKind {
@@ -49,6 +52,7 @@ impl MsgKind {
             MsgKind::Rej => "REJ",
             MsgKind::Dreq => "DREQ",
             MsgKind::Drep => "DREP",
+            MsgKind::Mra => "MRA",
         }
     }
 

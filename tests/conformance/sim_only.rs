@@ -194,11 +194,11 @@ fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
     let d = next_event(&mut bed.client, conn.client.ch, Duration::from_secs(600)).expect("DISCONNECTED");
     assert_eq!((d.event, d.status), (CmEventType::Disconnected, -110));
     let waited = fabric.now().since_start() - start.since_start();
-    let cm_timeout = fabric.config().cm_timeout;
-    assert!(
-        waited >= cm_timeout && waited < cm_timeout + Duration::from_millis(1),
-        "after {waited:?}"
-    );
+    // The DREQ is sent 16 times, 6.144 s apart; the peer, in DREQ_RCVD, counts each copy and
+    // says nothing.
+    let cfg = fabric.config();
+    assert_eq!(waited, cfg.active_response_timeout() * (cfg.cm_retries + 1));
+    assert_eq!(waited, Duration::from_millis(16 * 6_144));
     let t = next_event(&mut bed.client, conn.client.ch, Duration::from_secs(600)).expect("TIMEWAIT_EXIT");
     assert_eq!(t.event, CmEventType::TimewaitExit);
     // The silent peer never reaches timewait.
@@ -213,22 +213,45 @@ fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
     assert_clean(&bed);
 }
 
-/// Needs virtual time: an unaccepted request times out after the IB CM's retries.
+/// Needs virtual time: an unaccepted request times out after the IB CM's retries, which the
+/// passive side's MRA stretched to over a minute each.
 #[test]
-fn a_request_nobody_accepts_becomes_unreachable() {
+fn a_request_nobody_accepts_is_unreachable_after_the_mra_stretched_tries() {
     let fabric = two_hosts(5);
     let mut bed = bed_on(&fabric);
     let server = listen(&mut bed, 0);
     let client = resolved_client(&mut bed, server.addr, true);
+    let start = fabric.now().since_start();
     bed.client.connect(client.id, &ConnParam::new()).unwrap();
     let child = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest).id;
-    let u = next_event(&mut bed.client, client.ch, Duration::from_secs(600)).expect("UNREACHABLE");
+    let u = next_event(&mut bed.client, client.ch, Duration::from_secs(1100)).expect("UNREACHABLE");
     assert_eq!((u.event, u.status), (CmEventType::Unreachable, -110));
-    // The request is gone (once the active side's REJ has arrived): the kernel has no QP
-    // attributes for the child any more.
+    // The first try waits 6.144 s; its retry draws the MRA rdma_cm deferred, and each of the
+    // 15 retries then waits the MRA's service timeout, 65.536 s, plus 2.048 s, counted from the
+    // MRA's arrival (one round trip of messages after the retry, under a millisecond).
+    let cfg = fabric.config();
+    let waited = fabric.now().since_start() - start;
+    let want = cfg.active_response_timeout() + cfg.mra_response_timeout() * cfg.cm_retries;
+    assert_eq!(want, Duration::from_millis(6_144 + 15 * 67_584));
+    assert!(
+        waited >= want && waited - want < Duration::from_millis(1),
+        "{waited:?}"
+    );
+    let stats = fabric.fault_stats();
+    assert_eq!((stats.mras, stats.duplicates), (15, 15), "{stats:?}");
+    // The active side sends no REJ when it gives up: the child still holds the request, and
+    // its accept goes out to an id that no longer answers, so its own tries run out.
     let_time_pass(&mut bed.server);
-    let err = bed.server.create_qp(child, QpCaps::new()).unwrap_err();
-    assert_eq!(err.errno(), cm::api::errno::EINVAL, "{err}");
+    bed.server.create_qp(child, QpCaps::new()).unwrap();
+    bed.server.accept(child, &ConnParam::new()).unwrap();
+    let accepted = fabric.now().since_start();
+    let u = next_event(&mut bed.server, server.ch, Duration::from_secs(100)).expect("UNREACHABLE");
+    assert_eq!((u.event, u.status), (CmEventType::Unreachable, -110));
+    assert_eq!(
+        fabric.now().since_start() - accepted,
+        cfg.passive_response_timeout() * (cfg.cm_retries + 1)
+    );
+    bed.server.destroy_qp(child).unwrap();
     destroy_all(&mut bed.client, &[client.id], client.ch);
     destroy_all(&mut bed.server, &[child, server.listener], server.ch);
     assert_clean(&bed);

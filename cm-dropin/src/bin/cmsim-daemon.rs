@@ -22,7 +22,9 @@ use cm_sim::{Fault, FaultSchedule, SimFabric, SimHost};
 const USAGE: &str = "\
 usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
   --seed N               simulator seed (default: CM_SIM_SEED or drawn)
-  --cm-timeout MS        IB CM response timeout in milliseconds
+  --cm-timeouts R,L      the IB CM's response timeout and packet lifetime, IBA exponents
+                         (4.096 us x 2^t; Linux 6.1's 20,18: 6.1 s a try, 16 tries; 12,8:
+                         18 ms a try)
   --fault AT:SPEC        strike a fault AT ms after start (repeatable), SPEC one of
                          partition A B | heal A B | loss A B PER_MILLE | delay A B MIN_MS MAX_MS |
                          crash H | restart H | remove-device H | restore-device H | addr-change H
@@ -39,7 +41,7 @@ struct Options {
     socket: PathBuf,
     hosts: Vec<String>,
     seed: Option<u64>,
-    cm_timeout: Option<Duration>,
+    cm_timeouts: Option<(u8, u8)>,
     faults: FaultSchedule,
     processes: Option<usize>,
     max_wall: Duration,
@@ -112,7 +114,7 @@ fn parse_args() -> Result<Options, String> {
         socket: PathBuf::new(),
         hosts: Vec::new(),
         seed: None,
-        cm_timeout: None,
+        cm_timeouts: None,
         faults: FaultSchedule::new(),
         processes: None,
         max_wall: Duration::from_secs(600),
@@ -126,10 +128,12 @@ fn parse_args() -> Result<Options, String> {
             "--socket" => o.socket = PathBuf::from(val()?),
             "--host" => o.hosts.push(val()?),
             "--seed" => o.seed = Some(cm_sim::parse_seed(&val()?).ok_or("bad --seed")?),
-            "--cm-timeout" => {
-                o.cm_timeout = Some(Duration::from_millis(
-                    val()?.parse().map_err(|_| "bad --cm-timeout")?,
-                ))
+            "--cm-timeouts" => {
+                let v = val()?;
+                let bad = || format!("bad --cm-timeouts {v:?}: want RESPONSE,LIFETIME, each 0 to 31");
+                let (r, l) = v.split_once(',').ok_or_else(bad)?;
+                let exp = |t: &str| t.trim().parse::<u8>().ok().filter(|&t| t <= 31);
+                o.cm_timeouts = Some((exp(r).ok_or_else(bad)?, exp(l).ok_or_else(bad)?));
             }
             "--fault" => {
                 let (at, f) = parse_fault(&val()?)?;
@@ -1381,8 +1385,8 @@ fn main() {
     if let Some(s) = opts.seed {
         b = b.seed(s);
     }
-    if let Some(t) = opts.cm_timeout {
-        b = b.cm_timeout(t);
+    if let Some((response, lifetime)) = opts.cm_timeouts {
+        b = b.cm_timeouts(response, lifetime);
     }
     if !opts.faults.is_empty() {
         b = b.faults(opts.faults.clone());

@@ -43,6 +43,8 @@ impl Fabric {
             peer: Addr::None,
             port_bound: false,
             cm: Exchange::new(),
+            remote_host: u16::MAX,
+            kept: NO_PAYLOAD,
             remote: SlotRef::NONE,
             timers: IdTimers::default(),
             queued: 0,
@@ -79,7 +81,7 @@ impl Fabric {
     /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
     /// and (lazily) its queued events.
     pub(super) fn release(&mut self, r: SlotRef) {
-        self.transition(r, Input::Destroy, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Destroy, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
         self.vanish(r);
     }
 
@@ -350,13 +352,14 @@ impl Fabric {
         );
         slot.m = next;
         slot.remote = SlotRef::NONE;
+        slot.remote_host = u16::MAX;
         slot.retry_count = wire.retry_count;
         let payload = self.new_payload(Payload {
             wire,
             private_data,
             dst: dst.into(),
         });
-        self.transition(r, Input::Connect, SlotRef::NONE, payload);
+        self.transition(r, Input::Connect, SlotRef::NONE, u16::MAX, payload);
         Ok(())
     }
 
@@ -371,9 +374,9 @@ impl Fabric {
             m.accept(param.private_data.len())?
         };
         let (rr, depth) = self.check_resources(call, param)?;
-        let connected = self.slot(r).m.port_space().is_connected();
+        let params = self.params_of(r);
         // Only whether the exchange takes it: the transition is carried out below.
-        if self.slot(r).cm.on(Input::Accept, connected).is_none() {
+        if self.slot(r).cm.on(Input::Accept, params).is_none() {
             // The request is gone (the active side gave up or was destroyed): the kernel
             // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
             let failed = self.slot(r).m.qp_error();
@@ -408,7 +411,7 @@ impl Fabric {
             private_data,
             dst: Addr::None,
         });
-        self.transition(r, Input::Accept, SlotRef::NONE, payload);
+        self.transition(r, Input::Accept, SlotRef::NONE, u16::MAX, payload);
         Ok(())
     }
 
@@ -416,10 +419,11 @@ impl Fabric {
         let call = Call::Reject;
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.reject(private_data.len())?;
+        let params = self.params_of(r);
+        let connected = params.connected;
         let slot = self.slot(r);
-        let connected = slot.m.port_space().is_connected();
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Reject, connected).is_none() {
+        if slot.cm.on(Input::Reject, params).is_none() {
             return Err(CmError::Os {
                 call,
                 errno: errno::EINVAL,
@@ -432,7 +436,7 @@ impl Fabric {
         } else {
             NO_PAYLOAD
         };
-        self.transition(r, Input::Reject, SlotRef::NONE, payload);
+        self.transition(r, Input::Reject, SlotRef::NONE, u16::MAX, payload);
         Ok(())
     }
 
@@ -440,7 +444,7 @@ impl Fabric {
         let r = self.id_ref(host, id, Call::Disconnect)?;
         let next = self.slot(r).m.disconnect()?;
         self.set_machine(r, next);
-        self.transition(r, Input::Disconnect, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Disconnect, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
         Ok(())
     }
 

@@ -5,44 +5,7 @@ use super::*;
 impl Fabric {
     pub(super) fn dispatch(&mut self, action: Action) {
         match action {
-            Action::Req {
-                host,
-                from,
-                payload,
-                attempt,
-            } => self.on_req(host, from, payload, attempt),
-            Action::ResendReq {
-                host,
-                from,
-                payload,
-                attempt,
-            } => {
-                if self
-                    .ids
-                    .get(from)
-                    .is_some_and(|s| s.cm.awaits_answer_to(MsgKind::Req))
-                {
-                    self.stats.messages_resent += 1;
-                    self.send_req(from, host, payload, attempt);
-                } else {
-                    self.drop_payload(payload);
-                }
-            }
-            Action::Resend {
-                kind,
-                to,
-                from,
-                status,
-                payload,
-                attempt,
-            } => {
-                if self.ids.get(from).is_some_and(|s| s.cm.awaits_answer_to(kind)) {
-                    self.stats.messages_resent += 1;
-                    self.send_attempt(from, to, kind, status, payload, attempt);
-                } else {
-                    self.drop_payload(payload);
-                }
-            }
+            Action::Req { host, from, payload } => self.on_req(host, from, payload),
             Action::Fault(n) => {
                 let fault = self.faults[n as usize].clone();
                 self.strike(&fault);
@@ -52,14 +15,17 @@ impl Fabric {
             Action::Msg {
                 kind,
                 to,
+                to_host,
                 from,
+                from_host,
                 status,
                 payload,
             } => {
                 if self.ids.contains(to) {
-                    self.on_msg(kind, to, from, status, payload);
+                    self.on_msg(kind, to, from, from_host, status, payload);
                 } else {
                     self.drop_payload(payload);
+                    self.on_msg_for_gone_id(kind, to_host, from, from_host);
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
@@ -104,32 +70,45 @@ impl Fabric {
                 self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
             }
             TimerKind::Cm(timer) => {
-                let before = self.slot(id).cm;
-                let next = self.transition(id, Input::Timer(timer), SlotRef::NONE, NO_PAYLOAD);
-                if next.wire() != before.wire() {
-                    match timer {
-                        CmTimer::Req => self.stats.req_timeouts += 1,
-                        CmTimer::Rep => self.stats.rep_timeouts += 1,
-                        CmTimer::Dreq => self.stats.dreq_timeouts += 1,
-                        CmTimer::Timewait => {}
-                    }
+                let before = self.slot(id).cm.wire();
+                let after = self
+                    .transition(id, Input::Timer(timer), SlotRef::NONE, u16::MAX, NO_PAYLOAD)
+                    .wire();
+                use crate::exchange::Wire::*;
+                match (before, after) {
+                    _ if before == after => self.stats.messages_resent += 1,
+                    (ReqSent | MraReqRcvd, _) => self.stats.req_timeouts += 1,
+                    (RepSent | MraRepRcvd, _) => self.stats.rep_timeouts += 1,
+                    (DreqSent, _) => self.stats.dreq_timeouts += 1,
+                    _ => {}
                 }
             }
         }
     }
 
-    pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
+    /// A REQ (first sent or a retry) arrives at `host`: a duplicate of a request the host holds
+    /// goes to its child, a new one to the listener (`cm_req_handler`, `cm_match_req`).
+    pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32) {
         let Some(active) = self.ids.get(from) else {
             self.drop_payload(payload);
             return;
         };
-        // A host that crashed or lost its device while the REQ flew does not answer.
-        if !active.cm.awaits_answer_to(MsgKind::Req) || !self.hosts[host as usize].reachable() {
+        // A host that crashed or lost its device while the REQ flew does not answer; a REQ
+        // whose sender was answered, gave up or was destroyed meanwhile is dropped.
+        if !active.cm.requesting() || !self.hosts[host as usize].reachable() {
             self.drop_payload(payload);
             return;
         }
         let ps = active.m.port_space();
-        let src = active.local.get();
+        let (src, active_host, known) = (active.local.get(), active.host, active.remote);
+        if let Some(child) = self.ids.get(known) {
+            if child.host == host && child.remote == from && child.cm.holds_request(ps.is_connected()) {
+                self.drop_payload(payload);
+                self.stats.duplicates += 1;
+                self.transition(known, Input::Msg(MsgKind::Req, 0), from, active_host, NO_PAYLOAD);
+                return;
+            }
+        }
         let dst = self
             .payloads
             .get(payload)
@@ -145,7 +124,7 @@ impl Fabric {
         };
         let Some(listener) = listener else {
             self.drop_payload(payload);
-            self.reply_without_id(host, from, refuse(true));
+            self.answer_without_id(host, from, active_host, MsgKind::Rej, refuse(true));
             return;
         };
         let l = self.ids.get(listener).expect("listening ids are bound and alive");
@@ -156,10 +135,11 @@ impl Fabric {
             .as_ref()
             .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog.min(cap));
         if full {
-            // The kernel drops a request its listener has no room for, without an answer; the
-            // sender's IB CM sends it again after its response timeout, until it gives up.
+            // The kernel drops a request its listener has no room for, without an answer
+            // (ucma's backlog refuses the event, and the IB CM resets the child without a REJ
+            // "to allow future retries"): the sender's next try may find room.
             self.stats.backlog_drops += 1;
-            self.resend_req_later(from, host, payload, attempt);
+            self.drop_payload(payload);
             return;
         }
         let child = self.ids.insert(IdSlot {
@@ -171,6 +151,8 @@ impl Fabric {
             port_bound: false,
             cm: Exchange::requested(),
             remote: from,
+            remote_host: active_host,
+            kept: NO_PAYLOAD,
             timers: IdTimers::default(),
             queued: 0,
             last_arrival: SimTime::ZERO,
@@ -182,6 +164,7 @@ impl Fabric {
             listener: None,
         });
         self.ids_changed();
+        self.path_of_child(from, child);
         self.hosts[host as usize].counts.ids += 1;
         self.channels.get_mut(channel).expect("listener's channel").ids += 1;
         self.slot(listener)
@@ -191,104 +174,203 @@ impl Fabric {
             .pending
             .push_back(child);
         // The MRA/REP tells the active side who answers; the simulator links them at once.
-        self.slot(from).remote = child;
+        let a = self.slot(from);
+        a.remote = child;
+        a.remote_host = host;
         self.queue_event(child, listener, CmEventType::ConnectRequest, 0, payload);
     }
 
-    /// A REJ (or SIDR REP with an error status) from a host with no id to answer for.
-    pub(super) fn reply_without_id(&mut self, host: u16, to: SlotRef, status: i32) {
-        let lat = self.latency();
-        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
+    /// A message for an id that no longer exists reached `host`: its IB CM answers a DREQ with a
+    /// DREP (`cm_issue_drep`) and drops the rest. A crashed host answers nothing.
+    fn on_msg_for_gone_id(&mut self, kind: MsgKind, host: u16, from: SlotRef, from_host: u16) {
+        if kind != MsgKind::Dreq || !self.hosts.get(host as usize).is_some_and(Host::reachable) {
             return;
-        };
-        if self.lost(host, to_host) {
-            self.trace_lost(host, SlotRef::NONE, MsgKind::Rej, to_host);
+        }
+        self.stats.dreps_without_id += 1;
+        self.answer_without_id(host, from, from_host, MsgKind::Drep, 0);
+    }
+
+    /// An answer from `host`'s IB CM, which has no id to answer for (a REJ or SIDR REP with an
+    /// error status for a REQ nobody listens for; a DREP for a DREQ whose id is gone), to the
+    /// id `to` on `to_host`.
+    pub(super) fn answer_without_id(
+        &mut self,
+        host: u16,
+        to: SlotRef,
+        to_host: u16,
+        kind: MsgKind,
+        status: i32,
+    ) {
+        let lat = self.latency();
+        if self.lost(host, to_host, kind) {
+            self.trace_lost(host, SlotRef::NONE, kind, to_host);
             return;
         }
         let extra = self.extra_delay(host, to_host);
-        let dest = self.ids.get_mut(to).expect("checked");
-        let arrival = self
-            .now
-            .after_nanos(lat)
-            .after_nanos(extra)
-            .max(dest.last_arrival);
-        dest.last_arrival = arrival;
-        self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
-        let pd = self.rej_payload(&[]);
+        let mut arrival = self.now.after_nanos(lat).after_nanos(extra);
+        if let Some(dest) = self.ids.get_mut(to) {
+            arrival = arrival.max(dest.last_arrival);
+            dest.last_arrival = arrival;
+        }
+        self.trace_send(host, SlotRef::NONE, kind, to_host, status);
+        let payload = if kind == MsgKind::Rej {
+            self.rej_payload(&[])
+        } else {
+            NO_PAYLOAD
+        };
         self.schedule(
             arrival,
             Action::Msg {
-                kind: MsgKind::Rej,
+                kind,
                 to,
+                to_host,
                 from: SlotRef::NONE,
+                from_host: host,
                 status,
-                payload: pd,
+                payload,
             },
         );
     }
 
     #[inline(always)]
-    pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+    pub(super) fn on_msg(
+        &mut self,
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        from_host: u16,
+        status: i32,
+        payload: u32,
+    ) {
         // One arm per kind, each with the kind a constant: the inlined exchange then matches on
-        // the wire state alone and most effects fold (issue 14).
+        // the wire state alone and most effects fold.
         match kind {
-            MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, status, payload),
-            MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, status, payload),
-            MsgKind::Rtu => self.on_msg_of(MsgKind::Rtu, to, from, status, payload),
-            MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, status, payload),
-            MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, status, payload),
-            MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, status, payload),
+            MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, from_host, status, payload),
+            MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, from_host, status, payload),
+            MsgKind::Rtu => self.on_msg_of(MsgKind::Rtu, to, from, from_host, status, payload),
+            MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, from_host, status, payload),
+            MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, from_host, status, payload),
+            MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, from_host, status, payload),
+            MsgKind::Mra => self.on_msg_of(MsgKind::Mra, to, from, from_host, status, payload),
         }
     }
 
     #[inline(always)]
-    fn on_msg_of(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
-        self.transition(to, Input::Msg(kind, status), from, payload);
+    fn on_msg_of(
+        &mut self,
+        kind: MsgKind,
+        to: SlotRef,
+        from: SlotRef,
+        from_host: u16,
+        status: i32,
+        payload: u32,
+    ) {
+        self.transition(to, Input::Msg(kind, status), from, from_host, payload);
     }
 
     /// `id`'s exchange takes `input` and the fabric carries out the transition's effects in
-    /// order, as the exchange names them. `sender` sent the message being handled (if any);
-    /// `payload` is what that message or the call brought, handed to the effect that takes it
-    /// and otherwise dropped. For inputs the exchange takes in the id's state: the calls that
-    /// can be refused (accept, reject, establish) ask first.
+    /// order, as the exchange names them. `sender` (on `sender_host`) sent the message being
+    /// handled (if any); `payload` is what that message or the call brought, handed to the
+    /// effect that takes it and otherwise dropped. For inputs the exchange takes in the id's
+    /// state: the calls that can be refused (accept, reject, establish) ask first.
     // Each effect is a constant where the exchange names it, so its match folds; a list of
     // effects built at run time (the wire state of a received message, a timer or a destroy
-    // is known only then) was walked and matched (issue 14).
+    // is known only then) was walked and matched.
     #[inline(always)]
     pub(super) fn transition(
         &mut self,
         id: SlotRef,
         input: Input,
         sender: SlotRef,
+        sender_host: u16,
         payload: u32,
     ) -> Exchange {
         let slot = self.slot(id);
         let (before, connected, host) = (slot.cm, slot.m.port_space().is_connected(), slot.host);
-        let mut fx = CarryOut::new(self, id, host, sender, payload);
+        let params = Params {
+            connected,
+            retries: self.cm_retries,
+        };
+        let mut fx = CarryOut::new(self, id, host, sender, sender_host, payload);
         let next = before
-            .on_with(input, connected, &mut fx)
+            .on_with(input, params, &mut fx)
             .expect("the exchange takes this input in every state");
         let payload = fx.payload;
         // Set after the effects: no effect reads the exchange.
-        self.slot(id).cm = next;
+        let slot = self.slot(id);
+        slot.cm = next;
+        if slot.kept != NO_PAYLOAD && !next.keeps_message() {
+            // Answered, or given up: the message is not sent again.
+            let kept = std::mem::replace(&mut slot.kept, NO_PAYLOAD);
+            self.drop_payload(kept);
+        }
         self.drop_payload(payload);
         next
+    }
+
+    /// What the exchange of `id` depends on besides its state.
+    pub(super) fn params_of(&mut self, id: SlotRef) -> Params {
+        Params {
+            connected: self.slot(id).m.port_space().is_connected(),
+            retries: self.cm_retries,
+        }
+    }
+
+    /// What the IB CM of `id` waits for `timer`, and the queue's lane for that length.
+    #[inline(always)]
+    fn cm_wait(&self, id: SlotRef, timer: CmTimer) -> (u64, usize) {
+        let w = if self.id_options.is_empty() {
+            self.waits
+        } else {
+            self.waits_of(id)
+        };
+        let slot = self.ids.get(id).expect("cm-sim: live id expected");
+        // The active side of an RC exchange adds the path's lifetime to each try; the passive
+        // side waits what the REQ named, and a SIDR REQ the bare response timeout.
+        let active = slot.m.role() != cm_core::Role::Passive && slot.m.port_space().is_connected();
+        match timer {
+            CmTimer::Response if active => (w.active_try, 0),
+            CmTimer::Response => (w.passive_try, 2),
+            CmTimer::Service if active => (w.active_service, 3),
+            CmTimer::Service => (w.passive_service, 3),
+            CmTimer::Timewait => (w.timewait, 1),
+        }
+    }
+
+    /// The call's or message's `payload`, kept by `id` to send again until answered; returns
+    /// the share the first copy carries.
+    fn keep(&mut self, id: SlotRef, payload: &mut u32) -> u32 {
+        let p = std::mem::replace(payload, NO_PAYLOAD);
+        let old = std::mem::replace(&mut self.slot(id).kept, p);
+        self.drop_payload(old);
+        self.kept_share(id)
+    }
+
+    /// A share of the payload `id` keeps, for a copy of its message (`NO_PAYLOAD`: none kept).
+    fn kept_share(&mut self, id: SlotRef) -> u32 {
+        let p = self.slot(id).kept;
+        if p != NO_PAYLOAD {
+            self.payloads.share(p);
+        }
+        p
     }
 
     /// One effect of `id`'s transition; `payload` is what is left of the message's or call's
     /// payload (taken by the effect that carries it).
     #[inline(always)]
-    fn carry_out(&mut self, id: SlotRef, host: u16, effect: Effect, sender: SlotRef, payload: &mut u32) {
+    fn carry_out(&mut self, id: SlotRef, host: u16, effect: Effect, from: (SlotRef, u16), payload: &mut u32) {
+        let (sender, sender_host) = from;
         match effect {
             Effect::CancelTimers => self.cancel_timers(id),
             Effect::Arm(timer) => {
-                let after = match timer {
-                    CmTimer::Timewait => self.cfg.timewait,
-                    CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cm_timeout_of(id),
-                };
-                self.timer(id, self.now + after, TimerKind::Cm(timer));
+                let (after, lane) = self.cm_wait(id, timer);
+                self.cm_timer(id, after, timer, lane);
             }
-            Effect::PeerIsSender => self.slot(id).remote = sender,
+            Effect::PeerIsSender => {
+                let slot = self.slot(id);
+                slot.remote = sender;
+                slot.remote_host = sender_host;
+            }
             Effect::Queue {
                 event,
                 status,
@@ -306,11 +388,16 @@ impl Fabric {
                 carry,
                 ..
             } => {
-                debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
-                let req = std::mem::replace(payload, NO_PAYLOAD);
+                let req = match carry {
+                    Carry::Keep => self.keep(id, payload),
+                    _ => {
+                        debug_assert_eq!(carry, Carry::Kept, "a REQ carries its parameters");
+                        self.kept_share(id)
+                    }
+                };
                 let dst = self.slot(id).peer.get().expect("a resolved id has a destination");
                 match self.host_of_ip(dst.ip()) {
-                    Some(to_host) => self.send_req(id, to_host, req, 0),
+                    Some(to_host) => self.send_req(id, host, to_host, req),
                     None => {
                         // The REQ leaves for an address no host has: it is lost without a
                         // trace, after the same draw a sent one makes.
@@ -325,9 +412,12 @@ impl Fabric {
                 to,
                 carry,
             } => {
-                let dest = match to {
-                    To::Peer => self.slot(id).remote,
-                    To::Sender => sender,
+                let (dest, dest_host) = match to {
+                    To::Peer => {
+                        let slot = self.slot(id);
+                        (slot.remote, slot.remote_host)
+                    }
+                    To::Sender => (sender, sender_host),
                 };
                 if dest.is_none() {
                     // No REP or MRA named a peer yet: there is nobody to tell.
@@ -337,8 +427,13 @@ impl Fabric {
                     Carry::Nothing => NO_PAYLOAD,
                     Carry::EmptyPrivateData => self.rej_payload(&[]),
                     Carry::CallPayload => std::mem::replace(payload, NO_PAYLOAD),
+                    Carry::Keep => self.keep(id, payload),
+                    Carry::Kept => self.kept_share(id),
                 };
-                self.send(host, id, dest, msg, status, carried);
+                if msg == MsgKind::Mra {
+                    self.stats.mras += 1;
+                }
+                self.send(host, id, dest, dest_host, msg, status, carried);
             }
         }
     }
@@ -350,20 +445,29 @@ pub(super) struct CarryOut<'a> {
     id: SlotRef,
     host: u16,
     sender: SlotRef,
+    sender_host: u16,
     payload: u32,
 }
 
 impl<'a> CarryOut<'a> {
-    /// Effects on `id`, a live id on `host`, for a message from `sender` (if any) with
-    /// `payload` (if any), which an effect that carries it takes. What is left of `payload` is
-    /// the caller's to drop.
+    /// Effects on `id`, a live id on `host`, for a message from `sender` on `sender_host` (if
+    /// any) with `payload` (if any), which an effect that carries it takes. What is left of
+    /// `payload` is the caller's to drop.
     #[inline(always)]
-    pub(super) fn new(fabric: &'a mut Fabric, id: SlotRef, host: u16, sender: SlotRef, payload: u32) -> Self {
+    pub(super) fn new(
+        fabric: &'a mut Fabric,
+        id: SlotRef,
+        host: u16,
+        sender: SlotRef,
+        sender_host: u16,
+        payload: u32,
+    ) -> Self {
         CarryOut {
             fabric,
             id,
             host,
             sender,
+            sender_host,
             payload,
         }
     }
@@ -372,7 +476,12 @@ impl<'a> CarryOut<'a> {
 impl Effector for CarryOut<'_> {
     #[inline(always)]
     fn effect(&mut self, effect: Effect) {
-        self.fabric
-            .carry_out(self.id, self.host, effect, self.sender, &mut self.payload);
+        self.fabric.carry_out(
+            self.id,
+            self.host,
+            effect,
+            (self.sender, self.sender_host),
+            &mut self.payload,
+        );
     }
 }

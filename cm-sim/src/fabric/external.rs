@@ -189,9 +189,10 @@ impl Fabric {
         let call = Call::Establish;
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.establish()?;
+        let params = self.params_of(r);
         let slot = self.slot(r);
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Establish, true).is_none() {
+        if slot.cm.on(Input::Establish, params).is_none() {
             // The REJ (or the peer's timeout) came first: the IB CM has no RTU to send.
             return Err(CmError::Os {
                 call,
@@ -199,7 +200,7 @@ impl Fabric {
             });
         }
         slot.m = next;
-        self.transition(r, Input::Establish, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Establish, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
         Ok(())
     }
 }
