@@ -82,6 +82,7 @@ BOOT_GROUPS=(
 # retried by the IB CM, two pairs at once, a cut); ~34 s of guest time, most of it the IB CM's
 # retry intervals (6.1 s, 6.1 s, 3 s waiting on a cut pair), bounded at 120.
 PAIR_SUITES=(
+  "fault-topology|plain|120|fault-topology.sh"
 )
 
 # Project binaries, data driven.  One row per binary:
