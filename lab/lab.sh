@@ -35,7 +35,8 @@ GUEST_ENV=()                    # --env K=V, exported in the guest before the su
 ADDR=10.0.0.1                   # guest address on veth0; client and server both use it
 ADDR6=fd00::1                   # its IPv6 address (added with nodad), for the IPv6 suites
 ADDR6_GID=fd00:0000:0000:0000:0000:0000:0000:0001   # how rxe's GID table shows ADDR6
-PAIRS=4                         # address pairs of the pair topology (10.0.K.1 <-> 10.0.K.2)
+PAIRS=24                        # address pairs of the pair topology (10.0.K.1 <-> 10.0.K.2):
+                                # faultdiff runs pattern K on pair K (21 patterns)
 SHELL_TOPOLOGY=single           # which topology `shell` boots (--topology)
 VM_MEM=1024
 VM_SMP=2
@@ -124,6 +125,11 @@ PROJECT_BINS=(
   # virtual time: well under a second); the binary also serves the mckey-sender/-receiver
   # suites. Debug build: the work is the kernel's, and it spares a release build.
   "mckey|plain|60|build --features hw --example mckey|example:mckey|--backend sim -c 2 -C 20"
+  # The fault-differential suite (issue 23): every pattern of examples/faultdiff/patterns.rs at
+  # once, pattern K on pair K of the pair topology, its losses as nft rules in ip cm_fault,
+  # against the same pattern on the simulator. The longest pattern runs 150 s (the MRA's
+  # stretched retries); the bound leaves TCG room for setup and teardown of 21 connections.
+  "faultdiff|differential|300|build --release --features hw --example faultdiff|example:faultdiff|--hw||pair"
 )
 
 # Suites that run the project's mckey beside rdma-core's on the one rxe (see add_mckey_suites),
@@ -1238,14 +1244,15 @@ cmtime_table() {
   awk 'on && !NF { exit } /^[[:space:]]*step[[:space:]]/ { on = 1 } on' "$1"
 }
 
-# The differential suite's table goes to lab/work/differential-table.txt (with the lines after
-# it: differences, stale list entries, the counts); the summary gets its `differential:` line.
+# A differential suite's table (differential, faultdiff: the suite's name) goes to
+# lab/work/NAME-table.txt (with the lines after it: differences, stale list entries, the
+# counts); the summary gets its `NAME:` line.
 differential_summary() {
   [[ -f $1 ]] || return 0
-  awk '/^--- differential table/ { on = 1 } on' "$1" | tr -d '\r' > "$WORK/differential-table.txt"
-  local line
-  line=$(grep -a '^differential: ' "$1" | tail -n 1 | tr -d '\r')
-  printf '%s (table: %s)' "${line:-no 'differential:' line}" "${WORK#"$REPO"/}/differential-table.txt"
+  local name=$2 line
+  awk -v m="--- $name table" 'index($0, m) == 1 { on = 1 } on' "$1" | tr -d '\r' > "$WORK/$name-table.txt"
+  line=$(grep -a "^$name: " "$1" | tail -n 1 | tr -d '\r')
+  printf '%s (table: %s)' "${line:-no '$name:' line}" "${WORK#"$REPO"/}/$name-table.txt"
 }
 
 summarize() {
@@ -1315,7 +1322,7 @@ summarize() {
       if ((rc == 0)); then res=ok; passed=$((passed + 1)); else res=FAIL; failed=$((failed + 1)); fi
       ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s"
       [[ $kind == libtest ]] && detail+="${detail:+; }no libtest result line"
-      [[ $kind == differential ]] && detail+="${detail:+; }$(differential_summary "$OUT/$name.log")"
+      [[ $kind == differential ]] && detail+="${detail:+; }$(differential_summary "$OUT/$name.log" "$name")"
     fi
     log "$(printf 'suite %-18s %-5s rc=%-4s %7ss  %s' "$name" "$res" "${rc:--}" "$secs" "$detail")"
     if [[ $res != ok && -f $OUT/$name.log ]]; then

@@ -23,7 +23,7 @@ pub enum TraceMode {
 }
 
 /// IB CM wire messages the simulator exchanges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum MsgKind {
     /// Connection request.
     Req,
