@@ -308,7 +308,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         cuts: &[],
         rules: USUAL,
         client_ack_timeout: None,
-        horizon_ms: 138_000,
+        horizon_ms: 150_000,
         expect: &[
             (Client, 0, Unreachable, -110, 98_304),
             (Server, 1, ConnectRequest, 0, 0),

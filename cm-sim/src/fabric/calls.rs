@@ -504,10 +504,11 @@ impl Fabric {
     /// The event `t` stands for, with its parameters, as `get_cm_event` returns it (always
     /// `Ok(Some(_))`). Built in what is returned, one return per kind of parameters: an event is
     /// over 300 bytes and every copy of it showed in profiles (built in a `CmEvent` and then
-    /// wrapped, it was copied once more).
+    /// wrapped, it was copied once more). The payload is read where it lies and then let go:
+    /// its sender may still keep it to send again.
     #[inline(always)]
     fn event_of(&mut self, t: Taken) -> R<Option<CmEvent>> {
-        let Some(p) = self.take_payload(t.payload) else {
+        let Some(p) = self.payloads.get(t.payload) else {
             return Ok(Some(cm_core::backend::cm_event(
                 t.id,
                 t.listen_id,
@@ -518,7 +519,8 @@ impl Fabric {
             )));
         };
         if matches!(t.event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
-            if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, &p) {
+            if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, p) {
+                self.drop_payload(t.payload);
                 return Ok(Some(ev));
             }
         }
@@ -526,29 +528,27 @@ impl Fabric {
             if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
                 let ev =
                     cm_core::backend::cm_event(t.id, t.listen_id, t.event, t.status, p.conn_param(), t.token);
+                self.drop_payload(t.payload);
                 return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
             }
         }
         if p.private_data.bytes.is_empty() {
             // The usual all-zero data: its one representation is built where the event is,
             // where the choice inside `conn_param` went through a temporary copied whole.
-            return Ok(Some(cm_core::backend::cm_event(
+            let ev = cm_core::backend::cm_event(
                 t.id,
                 t.listen_id,
                 t.event,
                 t.status,
                 p.conn_param_with(PrivateData::default().padded(usize::from(p.private_data.len))),
                 t.token,
-            )));
+            );
+            self.drop_payload(t.payload);
+            return Ok(Some(ev));
         }
-        Ok(Some(cm_core::backend::cm_event(
-            t.id,
-            t.listen_id,
-            t.event,
-            t.status,
-            p.conn_param(),
-            t.token,
-        )))
+        let ev = cm_core::backend::cm_event(t.id, t.listen_id, t.event, t.status, p.conn_param(), t.token);
+        self.drop_payload(t.payload);
+        Ok(Some(ev))
     }
 
     pub(crate) fn ack_cm_event(&mut self, host: u16, event: CmEvent) -> R<()> {

@@ -47,6 +47,7 @@ pub(super) enum Action {
 
 /// A value drawn uniformly from `lo..=hi` (`lo <= hi`). The range `0..=u64::MAX` (a range
 /// ending at `Duration::MAX`) has no width that fits a `u64`: every value is in it.
+#[inline]
 pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
     match (hi - lo).checked_add(1) {
         Some(width) => lo + rng.next_u64() % width,

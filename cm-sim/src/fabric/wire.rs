@@ -162,15 +162,6 @@ impl Fabric {
         }
     }
 
-    /// The payload an event takes: moved out, or copied while its sender still keeps it to
-    /// send again.
-    pub(super) fn take_payload(&mut self, payload: u32) -> Option<Payload> {
-        if payload == NO_PAYLOAD {
-            return None;
-        }
-        self.payloads.take_shared(payload)
-    }
-
     #[inline]
     pub(super) fn trace_send(
         &mut self,
