@@ -287,13 +287,15 @@ fn fail(check: Check, signature: impl Into<String>, detail: impl Into<String>, a
 }
 
 /// Every errno librdmacm and verbs answer these calls with (524 is the kernel's `ENOTSUPP`,
-/// which `rdma_join_multicast` passes on for an IPv6 group on RoCEv2).
-const PLAUSIBLE_ERRNOS: [i32; 14] = [
+/// which `rdma_join_multicast` passes on for an IPv6 group on RoCEv2; `ENODATA` is
+/// `ibv_create_ah`'s for a source GID index with no GID).
+const PLAUSIBLE_ERRNOS: [i32; 15] = [
     errno::ENOENT,
     errno::EBADF,
     errno::ENOMEM,
     errno::EBUSY,
     errno::ENODEV,
+    errno::ENODATA,
     errno::EINVAL,
     errno::EOPNOTSUPP,
     errno::EADDRINUSE,

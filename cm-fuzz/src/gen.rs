@@ -856,8 +856,10 @@ impl Gen {
             _ => 32768..=60999,
         };
         c.max_rd_atomic = self.pick(&[0, 1, 16, 128, 255]);
-        // Mostly room for the application steps' QPs (16 work requests, 4 KiB messages).
-        c.max_qp_wr = self.pick(&[1, 16, 64, 16384, 16384]);
+        // Mostly room for the application steps' QPs (16 work requests, 4 KiB messages); a
+        // device limit of u32::MAX lets drawn capabilities reach two queues whose sum overflows
+        // (in the place of a second 16384: the same draws, so a seed keeps its calls).
+        c.max_qp_wr = self.pick(&[1, 16, 64, 16384, u32::MAX]);
         c.max_message_size = self.pick(&[1, 4096, 4096, 1 << 20, 1 << 20]);
         c.rnr_timer = self.pick(&[Duration::ZERO, Duration::from_millis(1), c.rnr_timer]);
         if self.chance(100) && !self.skip.skips(Known::Config) {

@@ -635,6 +635,50 @@ fn qp_capabilities_above_the_device_maxima_are_refused_with_einval() {
     destroy_all(&mut bed.client, &[client.id], client.ch);
 }
 
+/// Needs a device limit no NIC has: with `max_qp_wr` at `u32::MAX` each queue passes its own
+/// check and the two together overflow the QP's slot numbering (`post_recv` used to panic).
+#[test]
+fn queues_whose_work_requests_together_overflow_a_u32_are_refused_like_the_hardware_backend() {
+    let config = cm::sim::SimConfig {
+        max_qp_wr: u32::MAX,
+        ..cm::sim::SimConfig::default()
+    };
+    let fabric = SimFabric::builder()
+        .seed(18)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .config(config)
+        .build();
+    let mut bed = bed_on(&fabric);
+    let dst = bed.server_addr();
+    let client = resolved_client(&mut bed, dst, false);
+    let overflowing = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: u32::MAX,
+        ..QpCaps::new()
+    };
+    assert_err(
+        bed.client.create_qp(client.id, overflowing),
+        CmError::InvalidArgument {
+            call: Call::CreateQp,
+            reason: "max_send_wr + max_recv_wr overflows",
+        },
+    );
+    assert_eq!(
+        bed.client.id_machine(client.id).unwrap().qp(),
+        None,
+        "a refused create_qp makes no QP"
+    );
+    // The most that fits: both queues usable.
+    let largest = QpCaps {
+        max_recv_wr: u32::MAX - 16,
+        ..overflowing
+    };
+    assert_eq!(bed.client.create_qp(client.id, largest), Ok(largest));
+    bed.client.post_recv(client.id, 1, 64).expect("post_recv");
+    destroy_all(&mut bed.client, &[client.id], client.ch);
+}
+
 /// Needs virtual time: `poll_cq` returns at once when a completion is ready, and otherwise
 /// waits exactly its timeout (no completion comes) and returns none.
 #[test]
