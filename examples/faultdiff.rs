@@ -75,7 +75,12 @@ fn describe(r: &Record) -> String {
         let _ = writeln!(s, "    error: {e}");
     }
     for &(end, n, ev, status, at) in &r.seen {
-        let _ = writeln!(s, "    {:6} id {n} {ev} status {status} at {:.0} ms", end_name(end), ms(at));
+        let _ = writeln!(
+            s,
+            "    {:6} id {n} {ev} status {status} at {:.0} ms",
+            end_name(end),
+            ms(at)
+        );
     }
     for &(end, n, act, errno) in r.acts.iter().filter(|a| a.3 != 0) {
         let _ = writeln!(s, "    {:6} id {n} {act:?} failed: errno {errno}", end_name(end));
@@ -115,14 +120,28 @@ fn off_the_table(p: &Pattern, r: &Record) -> Vec<String> {
     for dir in [Dir::ToServer, Dir::ToClient] {
         for msg in KINDS {
             let got = r.wire.get(&(dir, msg)).copied().unwrap_or(0);
-            let want = p.wire.iter().find(|w| w.0 == dir && w.1 == msg).map_or(0, |w| w.2);
+            let want = p
+                .wire
+                .iter()
+                .find(|w| w.0 == dir && w.1 == msg)
+                .map_or(0, |w| w.2);
             if got != want {
-                off.push(format!("{} {}: {got} sent, the table says {want}", dir_name(dir), msg.name()));
+                off.push(format!(
+                    "{} {}: {got} sent, the table says {want}",
+                    dir_name(dir),
+                    msg.name()
+                ));
             }
         }
     }
     if let Some(a) = r.acts.iter().find(|a| a.3 != 0) {
-        off.push(format!("{} id {} {:?} failed with errno {}", end_name(a.0), a.1, a.2, a.3));
+        off.push(format!(
+            "{} id {} {:?} failed with errno {}",
+            end_name(a.0),
+            a.1,
+            a.2,
+            a.3
+        ));
     }
     off
 }
@@ -185,9 +204,16 @@ fn differences(sim: &Record, hw: &Record) -> Vec<String> {
     if sim.wire != hw.wire {
         let all: std::collections::BTreeSet<_> = sim.wire.keys().chain(hw.wire.keys()).collect();
         for key in all {
-            let (a, b) = (sim.wire.get(key).copied().unwrap_or(0), hw.wire.get(key).copied().unwrap_or(0));
+            let (a, b) = (
+                sim.wire.get(key).copied().unwrap_or(0),
+                hw.wire.get(key).copied().unwrap_or(0),
+            );
             if a != b {
-                d.push(format!("{} {}: simulator {a}, rxe {b}", dir_name(key.0), key.1.name()));
+                d.push(format!(
+                    "{} {}: simulator {a}, rxe {b}",
+                    dir_name(key.0),
+                    key.1.name()
+                ));
             }
         }
     }
@@ -213,7 +239,11 @@ fn simulator_only() -> ExitCode {
     for p in PATTERNS {
         let r = run::run_sim(p, SEED);
         let off = off_the_table(p, &r);
-        let verdict = if off.is_empty() { "as the table says" } else { "OFF THE TABLE" };
+        let verdict = if off.is_empty() {
+            "as the table says"
+        } else {
+            "OFF THE TABLE"
+        };
         println!("{} ({}): {verdict}", p.name, p.about);
         print!("{}", describe(&r));
         for o in &off {
@@ -289,7 +319,10 @@ fn with_device(only: &[String]) -> ExitCode {
         unlisted += usize::from(!off.is_empty());
     }
     println!("--- end of table");
-    for (n, _) in listed.iter().filter(|(n, _)| !PATTERNS.iter().any(|p| p.name == *n)) {
+    for (n, _) in listed
+        .iter()
+        .filter(|(n, _)| !PATTERNS.iter().any(|p| p.name == *n))
+    {
         println!("stale entry: no pattern {n}");
         stale += 1;
     }
@@ -335,7 +368,10 @@ fn main() -> ExitCode {
             }
         }
     }
-    if let Some(n) = only.iter().find(|n| !PATTERNS.iter().any(|p| p.name == n.as_str())) {
+    if let Some(n) = only
+        .iter()
+        .find(|n| !PATTERNS.iter().any(|p| p.name == n.as_str()))
+    {
         eprintln!("faultdiff: no pattern {n} (--list)");
         return ExitCode::from(2);
     }
@@ -346,7 +382,9 @@ fn main() -> ExitCode {
     return with_device(&only);
     #[cfg(not(feature = "hw"))]
     {
-        eprintln!("faultdiff: --hw needs the hw feature (cargo run --features hw --example faultdiff -- --hw)");
+        eprintln!(
+            "faultdiff: --hw needs the hw feature (cargo run --features hw --example faultdiff -- --hw)"
+        );
         ExitCode::from(2)
     }
 }

@@ -122,6 +122,7 @@ impl QpCaps {
     /// way and message buffers of at most `max_message_size` bytes (`rdma_create_qp`'s
     /// `EINVAL`s, with the reason). Both queues' work requests together must fit a `u32`: they
     /// share one CQ and one numbering of slots ([`WrPool`](crate::backend::WrPool)).
+    #[inline]
     pub fn check(&self, max_qp_wr: u32, max_message_size: u32) -> Result<(), CmError> {
         let invalid = |reason| {
             Err(CmError::InvalidArgument {

@@ -66,6 +66,7 @@ impl<T> Pool<T> {
 
     /// One owner lets the value at `index` go; the last one drops it where it lies (for the
     /// many owners that only let a value go, which [`take`](Self::take) made move it out first).
+    #[inline]
     pub(crate) fn discard(&mut self, index: u32) {
         if let Some(e) = self.values.get_mut(index as usize) {
             if e.value.is_some() {
@@ -89,7 +90,6 @@ impl<T> Pool<T> {
         self.free = index;
         Some(v)
     }
-
 }
 
 #[cfg(test)]

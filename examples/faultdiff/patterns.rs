@@ -533,7 +533,12 @@ pub(crate) const PATTERNS: &[Pattern] = &[
             (Client, 0, Rejected, 28, 1_000),
             (Server, 1, ConnectRequest, 0, 0),
         ],
-        wire: &[(ToServer, Req, 1), (ToServer, Rtu, 1), (ToClient, Rep, 1), (ToClient, Rej, 1)],
+        wire: &[
+            (ToServer, Req, 1),
+            (ToServer, Rtu, 1),
+            (ToClient, Rep, 1),
+            (ToClient, Rej, 1),
+        ],
     },
     Pattern {
         name: "peer-gone-after-rtu",
@@ -615,7 +620,10 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         rules: &[rule(Client, Unreachable, 0, Destroy)],
         client_ack_timeout: None,
         horizon_ms: 104_000,
-        expect: &[(Client, 0, Unreachable, -110, 98_304), (Server, 1, ConnectRequest, 0, 0)],
+        expect: &[
+            (Client, 0, Unreachable, -110, 98_304),
+            (Server, 1, ConnectRequest, 0, 0),
+        ],
         wire: &[(ToServer, Req, 16), (ToClient, Mra, 15)],
     },
     Pattern {

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm::api::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdOption, PortSpace, QpCaps};
+use cm::api::{
+    ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdOption, PortSpace, QpCaps,
+};
 use cm::sim::{Fault, MsgKind, SimFabric, SimTime, TraceMode, TraceWhat};
 
 use super::patterns::{Act, Cut, Dir, End, Pattern, Rule};
@@ -110,11 +112,18 @@ impl EndState {
 
     /// The client's `connect`, at the pattern's time zero.
     pub(crate) fn connect<B: CmBackend>(&mut self, b: &mut B) -> Result<(), String> {
-        b.connect(self.ids[0].0, &ConnParam::new()).map_err(|e| e.to_string())
+        b.connect(self.ids[0].0, &ConnParam::new())
+            .map_err(|e| e.to_string())
     }
 
     /// An event retrieved at `now`: recorded, acked, and the rules for it put in the due list.
-    pub(crate) fn on_event<B: CmBackend>(&mut self, b: &mut B, ev: CmEvent, now: Duration, rules: &[Rule]) -> Result<(), String> {
+    pub(crate) fn on_event<B: CmBackend>(
+        &mut self,
+        b: &mut B,
+        ev: CmEvent,
+        now: Duration,
+        rules: &[Rule],
+    ) -> Result<(), String> {
         let (ty, status, id) = (ev.event(), ev.status(), ev.id());
         let n = match ty {
             CmEventType::ConnectRequest => {
@@ -127,7 +136,8 @@ impl EndState {
         self.seen.push((self.end, n, ty, status, now));
         b.ack_cm_event(ev).map_err(|e| format!("ack of {ty}: {e}"))?;
         for r in rules.iter().filter(|r| r.end == self.end && r.on == ty) {
-            self.due.push((now + Duration::from_millis(r.after_ms), id, r.act));
+            self.due
+                .push((now + Duration::from_millis(r.after_ms), id, r.act));
         }
         Ok(())
     }
@@ -169,7 +179,8 @@ impl EndState {
             Act::Disconnect => b.disconnect(id),
             Act::Destroy => self.destroy(b, k),
         };
-        self.acts.push((self.end, n, act, r.as_ref().err().map_or(0, errno_of)));
+        self.acts
+            .push((self.end, n, act, r.as_ref().err().map_or(0, errno_of)));
     }
 
     fn destroy<B: CmBackend>(&mut self, b: &mut B, k: usize) -> Result<(), CmError> {
@@ -185,13 +196,16 @@ impl EndState {
     pub(crate) fn teardown<B: CmBackend>(&mut self, b: &mut B) -> Result<(), String> {
         for k in 0..self.ids.len() {
             if self.ids[k].3 {
-                self.destroy(b, k).map_err(|e| format!("teardown of id {}: {e}", self.ids[k].1))?;
+                self.destroy(b, k)
+                    .map_err(|e| format!("teardown of id {}: {e}", self.ids[k].1))?;
             }
         }
         if let Some(l) = self.listener.take() {
-            b.destroy_id(l).map_err(|e| format!("teardown of the listener: {e}"))?;
+            b.destroy_id(l)
+                .map_err(|e| format!("teardown of the listener: {e}"))?;
         }
-        b.destroy_event_channel(self.ch).map_err(|e| format!("teardown of the channel: {e}"))
+        b.destroy_event_channel(self.ch)
+            .map_err(|e| format!("teardown of the channel: {e}"))
     }
 
     /// Hands the end's record over.
@@ -293,10 +307,14 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
         if moved {
             continue;
         }
-        let wake = [client.next_due(), server.next_due(), cuts.iter().map(|c| Duration::from_millis(c.0)).min()]
-            .into_iter()
-            .flatten()
-            .fold(horizon, Duration::min);
+        let wake = [
+            client.next_due(),
+            server.next_due(),
+            cuts.iter().map(|c| Duration::from_millis(c.0)).min(),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(horizon, Duration::min);
         let at = SimTime::from_nanos((start.since_start() + wake).as_nanos() as u64);
         fabric.step(Some(at), at);
     }
@@ -408,7 +426,11 @@ pub(crate) mod wire {
             if let Some(rest) = line.strip_prefix("counter ") {
                 name = rest.trim_end_matches('{').trim().to_string();
             } else if let Some(rest) = line.strip_prefix("packets ") {
-                let n = rest.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                let n = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
                 by_name.insert(std::mem::take(&mut name), n);
             }
         }
@@ -416,9 +438,9 @@ pub(crate) mod wire {
         for dir in [Dir::ToServer, Dir::ToClient] {
             for msg in KINDS {
                 let n = format!("p{k}_{}_{}", dir_name(dir), kind_name(msg));
-                let v = *by_name
-                    .get(&n)
-                    .ok_or_else(|| format!("no counter {n} in table ip cm_fault (fewer pairs than patterns?)"))?;
+                let v = *by_name.get(&n).ok_or_else(|| {
+                    format!("no counter {n} in table ip cm_fault (fewer pairs than patterns?)")
+                })?;
                 out.insert((dir, msg), v);
             }
         }
@@ -479,10 +501,21 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     let start = Instant::now();
     let rules = p.rules;
     let server_thread = std::thread::spawn(move || {
-        let err = drive(&mut server_b, &mut server, rules, start, horizon, &mut Vec::new(), k);
+        let err = drive(
+            &mut server_b,
+            &mut server,
+            rules,
+            start,
+            horizon,
+            &mut Vec::new(),
+            k,
+        );
         (server_b, server, err)
     });
-    let mut err = client.connect(&mut client_b).err().map(|e| format!("connect: {e}"));
+    let mut err = client
+        .connect(&mut client_b)
+        .err()
+        .map(|e| format!("connect: {e}"));
     if err.is_none() {
         err = drive(&mut client_b, &mut client, rules, start, horizon, &mut cuts, k);
     }
@@ -540,11 +573,16 @@ fn drive<B: CmBackend>(
             }
         }
         end.run_due(b, now);
-        let wake = [end.next_due(), cuts.iter().map(|c| Duration::from_millis(c.0)).min()]
-            .into_iter()
-            .flatten()
-            .fold(horizon, Duration::min);
-        let wait = wake.saturating_sub(start.elapsed()).min(Duration::from_millis(200));
+        let wake = [
+            end.next_due(),
+            cuts.iter().map(|c| Duration::from_millis(c.0)).min(),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(horizon, Duration::min);
+        let wait = wake
+            .saturating_sub(start.elapsed())
+            .min(Duration::from_millis(200));
         match b.get_cm_event(end.ch, wait) {
             Ok(Some(ev)) => {
                 if let Err(e) = end.on_event(b, ev, start.elapsed(), rules) {

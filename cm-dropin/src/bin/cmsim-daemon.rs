@@ -116,7 +116,11 @@ fn parse_fault(line: &str) -> Result<(Duration, Fault), String> {
                 Some("MRA") => MsgKind::Mra,
                 Some("DREQ") => MsgKind::Dreq,
                 Some("DREP") => MsgKind::Drep,
-                _ => return Err(format!("fault `{line}`: drop wants a kind: REQ REP RTU REJ MRA DREQ DREP")),
+                _ => {
+                    return Err(format!(
+                        "fault `{line}`: drop wants a kind: REQ REP RTU REJ MRA DREQ DREP"
+                    ))
+                }
             };
             let count = match words.get(5) {
                 Some(&"all") => u32::MAX,
@@ -1528,7 +1532,12 @@ mod tests {
                 count: u32::MAX
             })
         );
-        for bad in ["0:drop LAP 0 1 0 1", "0:drop REQ 0 1 0", "0:drop REQ 0 1 -1 1", "0:drop REQ * 1 0 1"] {
+        for bad in [
+            "0:drop LAP 0 1 0 1",
+            "0:drop REQ 0 1 0",
+            "0:drop REQ 0 1 -1 1",
+            "0:drop REQ * 1 0 1",
+        ] {
             assert!(parse_fault(bad).is_err(), "{bad}");
         }
     }

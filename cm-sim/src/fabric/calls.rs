@@ -374,7 +374,10 @@ impl Fabric {
             m.accept(param.private_data.len())?
         };
         let (rr, depth) = self.check_resources(call, param)?;
-        let params = self.params_of(r);
+        let params = Params {
+            connected: m.port_space().is_connected(),
+            retries: self.cm_retries,
+        };
         // Only whether the exchange takes it: the transition is carried out below.
         if self.slot(r).cm.on(Input::Accept, params).is_none() {
             // The request is gone (the active side gave up or was destroyed): the kernel
@@ -418,10 +421,11 @@ impl Fabric {
     pub(crate) fn reject(&mut self, host: u16, id: IdHandle, private_data: &[u8]) -> R<()> {
         let call = Call::Reject;
         let r = self.id_ref(host, id, call)?;
-        let next = self.slot(r).m.reject(private_data.len())?;
-        let params = self.params_of(r);
-        let connected = params.connected;
+        let retries = self.cm_retries;
         let slot = self.slot(r);
+        let next = slot.m.reject(private_data.len())?;
+        let connected = slot.m.port_space().is_connected();
+        let params = Params { connected, retries };
         // Only whether the exchange takes it: the transition is carried out below.
         if slot.cm.on(Input::Reject, params).is_none() {
             return Err(CmError::Os {
@@ -532,23 +536,33 @@ impl Fabric {
                 return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
             }
         }
+        // What the event needs of the payload is read out before the payload is let go, so
+        // that the event is built where it is returned.
+        let wire = p.wire;
         if p.private_data.bytes.is_empty() {
             // The usual all-zero data: its one representation is built where the event is,
             // where the choice inside `conn_param` went through a temporary copied whole.
-            let ev = cm_core::backend::cm_event(
+            let len = usize::from(p.private_data.len);
+            self.drop_payload(t.payload);
+            return Ok(Some(cm_core::backend::cm_event(
                 t.id,
                 t.listen_id,
                 t.event,
                 t.status,
-                p.conn_param_with(PrivateData::default().padded(usize::from(p.private_data.len))),
+                wire.conn_param_with(PrivateData::default().padded(len)),
                 t.token,
-            );
-            self.drop_payload(t.payload);
-            return Ok(Some(ev));
+            )));
         }
-        let ev = cm_core::backend::cm_event(t.id, t.listen_id, t.event, t.status, p.conn_param(), t.token);
+        let private_data = p.private_data.to_private_data();
         self.drop_payload(t.payload);
-        Ok(Some(ev))
+        Ok(Some(cm_core::backend::cm_event(
+            t.id,
+            t.listen_id,
+            t.event,
+            t.status,
+            wire.conn_param_with(private_data),
+            t.token,
+        )))
     }
 
     pub(crate) fn ack_cm_event(&mut self, host: u16, event: CmEvent) -> R<()> {

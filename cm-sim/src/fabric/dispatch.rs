@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// A host not known (yet): a sender's, looked up when an effect needs it.
+const UNKNOWN_HOST: u16 = u16::MAX;
+
 impl Fabric {
     pub(super) fn dispatch(&mut self, action: Action) {
         match action {
@@ -15,17 +18,15 @@ impl Fabric {
             Action::Msg {
                 kind,
                 to,
-                to_host,
                 from,
-                from_host,
                 status,
                 payload,
             } => {
                 if self.ids.contains(to) {
-                    self.on_msg(kind, to, from, from_host, status, payload);
+                    self.on_msg(kind, to, from, UNKNOWN_HOST, status, payload);
                 } else {
                     self.drop_payload(payload);
-                    self.on_msg_for_gone_id(kind, to_host, from, from_host);
+                    self.on_msg_for_gone_id(kind, from);
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
@@ -69,20 +70,25 @@ impl Fabric {
                 let status = self.slot(id).pending_status;
                 self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
             }
-            TimerKind::Cm(timer) => {
-                let before = self.slot(id).cm.wire();
-                let after = self
-                    .transition(id, Input::Timer(timer), SlotRef::NONE, u16::MAX, NO_PAYLOAD)
-                    .wire();
-                use crate::exchange::Wire::*;
-                match (before, after) {
-                    _ if before == after => self.stats.messages_resent += 1,
-                    (ReqSent | MraReqRcvd, _) => self.stats.req_timeouts += 1,
-                    (RepSent | MraRepRcvd, _) => self.stats.rep_timeouts += 1,
-                    (DreqSent, _) => self.stats.dreq_timeouts += 1,
-                    _ => {}
-                }
-            }
+            TimerKind::Cm(timer) => self.on_cm_timer(id, timer),
+        }
+    }
+
+    /// An IB CM timer of `id` fired: a retry, a timeout, or the end of timewait. Out of line:
+    /// the resolutions' timers, which fire in every lifecycle, stay small enough to inline.
+    #[inline(never)]
+    fn on_cm_timer(&mut self, id: SlotRef, timer: CmTimer) {
+        let before = self.slot(id).cm.wire();
+        let after = self
+            .transition(id, Input::Timer(timer), SlotRef::NONE, UNKNOWN_HOST, NO_PAYLOAD)
+            .wire();
+        use crate::exchange::Wire::*;
+        match (before, after) {
+            _ if before == after => self.stats.messages_resent += 1,
+            (ReqSent | MraReqRcvd, _) => self.stats.req_timeouts += 1,
+            (RepSent | MraRepRcvd, _) => self.stats.rep_timeouts += 1,
+            (DreqSent, _) => self.stats.dreq_timeouts += 1,
+            _ => {}
         }
     }
 
@@ -180,10 +186,19 @@ impl Fabric {
         self.queue_event(child, listener, CmEventType::ConnectRequest, 0, payload);
     }
 
-    /// A message for an id that no longer exists reached `host`: its IB CM answers a DREQ with a
-    /// DREP (`cm_issue_drep`) and drops the rest. A crashed host answers nothing.
-    fn on_msg_for_gone_id(&mut self, kind: MsgKind, host: u16, from: SlotRef, from_host: u16) {
-        if kind != MsgKind::Dreq || !self.hosts.get(host as usize).is_some_and(Host::reachable) {
+    /// A message from `from` for an id that no longer exists reached the host it was for (the
+    /// sender's `remote_host`): that host's IB CM answers a DREQ with a DREP (`cm_issue_drep`)
+    /// and drops the rest. A crashed host answers nothing, and neither does one whose DREQ's
+    /// sender is gone too (the answer would find nobody).
+    fn on_msg_for_gone_id(&mut self, kind: MsgKind, from: SlotRef) {
+        if kind != MsgKind::Dreq {
+            return;
+        }
+        let Some(sender) = self.ids.get(from) else {
+            return;
+        };
+        let (host, from_host) = (sender.remote_host, sender.host);
+        if !self.hosts.get(host as usize).is_some_and(Host::reachable) {
             return;
         }
         self.stats.dreps_without_id += 1;
@@ -223,9 +238,7 @@ impl Fabric {
             Action::Msg {
                 kind,
                 to,
-                to_host,
                 from: SlotRef::NONE,
-                from_host: host,
                 status,
                 payload,
             },
@@ -287,11 +300,12 @@ impl Fabric {
     ) -> Exchange {
         let slot = self.slot(id);
         let (before, connected, host) = (slot.cm, slot.m.port_space().is_connected(), slot.host);
+        let active = connected && slot.m.role() != cm_core::Role::Passive;
         let params = Params {
             connected,
             retries: self.cm_retries,
         };
-        let mut fx = CarryOut::new(self, id, host, sender, sender_host, payload);
+        let mut fx = CarryOut::new(self, id, host, active, sender, sender_host, payload);
         let next = before
             .on_with(input, params, &mut fx)
             .expect("the exchange takes this input in every state");
@@ -316,18 +330,16 @@ impl Fabric {
         }
     }
 
-    /// What the IB CM of `id` waits for `timer`, and the queue's lane for that length.
+    /// What the IB CM of `id` waits for `timer`, and the queue's lane for that length. `active`:
+    /// the active side of an RC exchange, which adds the path's lifetime to each try; the
+    /// passive side waits what the REQ named, and a SIDR REQ the bare response timeout.
     #[inline(always)]
-    fn cm_wait(&self, id: SlotRef, timer: CmTimer) -> (u64, usize) {
+    fn cm_wait(&self, id: SlotRef, active: bool, timer: CmTimer) -> (u64, usize) {
         let w = if self.id_options.is_empty() {
             self.waits
         } else {
             self.waits_of(id)
         };
-        let slot = self.ids.get(id).expect("cm-sim: live id expected");
-        // The active side of an RC exchange adds the path's lifetime to each try; the passive
-        // side waits what the REQ named, and a SIDR REQ the bare response timeout.
-        let active = slot.m.role() != cm_core::Role::Passive && slot.m.port_space().is_connected();
         match timer {
             CmTimer::Response if active => (w.active_try, 0),
             CmTimer::Response => (w.passive_try, 2),
@@ -337,13 +349,17 @@ impl Fabric {
         }
     }
 
-    /// The call's or message's `payload`, kept by `id` to send again until answered; returns
-    /// the share the first copy carries.
+    /// The call's `payload`, kept by `id` to send again until answered; returns the share the
+    /// first copy carries.
+    #[inline(always)]
     fn keep(&mut self, id: SlotRef, payload: &mut u32) -> u32 {
         let p = std::mem::replace(payload, NO_PAYLOAD);
         let old = std::mem::replace(&mut self.slot(id).kept, p);
+        if p != NO_PAYLOAD {
+            self.payloads.share(p);
+        }
         self.drop_payload(old);
-        self.kept_share(id)
+        p
     }
 
     /// A share of the payload `id` keeps, for a copy of its message (`NO_PAYLOAD`: none kept).
@@ -358,18 +374,25 @@ impl Fabric {
     /// One effect of `id`'s transition; `payload` is what is left of the message's or call's
     /// payload (taken by the effect that carries it).
     #[inline(always)]
-    fn carry_out(&mut self, id: SlotRef, host: u16, effect: Effect, from: (SlotRef, u16), payload: &mut u32) {
-        let (sender, sender_host) = from;
+    fn carry_out(&mut self, on: &On, effect: Effect, payload: &mut u32) {
+        let (id, host, sender, known_host) = (on.id, on.host, on.sender, on.sender_host);
+        // The sender's host, looked up only by the effects that need it (a REP's sender becomes
+        // the peer; an answer to a duplicate goes back).
+        let sender_host = |f: &Fabric| match known_host {
+            UNKNOWN_HOST => f.ids.get(sender).map_or(UNKNOWN_HOST, |s| s.host),
+            h => h,
+        };
         match effect {
             Effect::CancelTimers => self.cancel_timers(id),
             Effect::Arm(timer) => {
-                let (after, lane) = self.cm_wait(id, timer);
+                let (after, lane) = self.cm_wait(id, on.active, timer);
                 self.cm_timer(id, after, timer, lane);
             }
             Effect::PeerIsSender => {
+                let h = sender_host(self);
                 let slot = self.slot(id);
                 slot.remote = sender;
-                slot.remote_host = sender_host;
+                slot.remote_host = h;
             }
             Effect::Queue {
                 event,
@@ -417,16 +440,23 @@ impl Fabric {
                         let slot = self.slot(id);
                         (slot.remote, slot.remote_host)
                     }
-                    To::Sender => (sender, sender_host),
+                    To::Sender => (sender, sender_host(self)),
                 };
                 if dest.is_none() {
                     // No REP or MRA named a peer yet: there is nobody to tell.
                     return;
                 }
+                // A REP is sent again only for a lost copy: one that arrived is answered by the
+                // peer's state (an MRA, the RTU), whatever it carries. So it moves with its copy,
+                // and a lost copy gives it back (`send`), where a REQ is kept and shared.
                 let carried = match carry {
                     Carry::Nothing => NO_PAYLOAD,
                     Carry::EmptyPrivateData => self.rej_payload(&[]),
                     Carry::CallPayload => std::mem::replace(payload, NO_PAYLOAD),
+                    Carry::Keep if msg == MsgKind::Rep => std::mem::replace(payload, NO_PAYLOAD),
+                    Carry::Kept if msg == MsgKind::Rep => {
+                        std::mem::replace(&mut self.slot(id).kept, NO_PAYLOAD)
+                    }
                     Carry::Keep => self.keep(id, payload),
                     Carry::Kept => self.kept_share(id),
                 };
@@ -439,35 +469,48 @@ impl Fabric {
     }
 }
 
-/// The fabric as the exchange's effector: each effect carried out on `id` as it is named.
-pub(super) struct CarryOut<'a> {
-    fabric: &'a mut Fabric,
+/// The id a transition is about, and the message it handles.
+pub(super) struct On {
     id: SlotRef,
+    /// The id's host.
     host: u16,
+    /// The active side of an RC exchange.
+    active: bool,
+    /// Who sent the message being handled, and from which host (`UNKNOWN_HOST`: look it up).
     sender: SlotRef,
     sender_host: u16,
+}
+
+/// The fabric as the exchange's effector: each effect carried out on `on.id` as it is named.
+pub(super) struct CarryOut<'a> {
+    fabric: &'a mut Fabric,
+    on: On,
     payload: u32,
 }
 
 impl<'a> CarryOut<'a> {
-    /// Effects on `id`, a live id on `host`, for a message from `sender` on `sender_host` (if
-    /// any) with `payload` (if any), which an effect that carries it takes. What is left of
-    /// `payload` is the caller's to drop.
+    /// Effects on `id`, a live id on `host` (the active side of an RC exchange when `active`),
+    /// for a message from `sender` on `sender_host` (if any) with `payload` (if any), which an
+    /// effect that carries it takes. What is left of `payload` is the caller's to drop.
     #[inline(always)]
     pub(super) fn new(
         fabric: &'a mut Fabric,
         id: SlotRef,
         host: u16,
+        active: bool,
         sender: SlotRef,
         sender_host: u16,
         payload: u32,
     ) -> Self {
         CarryOut {
             fabric,
-            id,
-            host,
-            sender,
-            sender_host,
+            on: On {
+                id,
+                host,
+                active,
+                sender,
+                sender_host,
+            },
             payload,
         }
     }
@@ -476,12 +519,6 @@ impl<'a> CarryOut<'a> {
 impl Effector for CarryOut<'_> {
     #[inline(always)]
     fn effect(&mut self, effect: Effect) {
-        self.fabric.carry_out(
-            self.id,
-            self.host,
-            effect,
-            (self.sender, self.sender_host),
-            &mut self.payload,
-        );
+        self.fabric.carry_out(&self.on, effect, &mut self.payload);
     }
 }

@@ -62,22 +62,23 @@ impl WirePrivateData {
 impl Payload {
     #[inline]
     pub(super) fn conn_param(&self) -> ConnParam {
-        self.conn_param_with(self.private_data.to_private_data())
+        self.wire.conn_param_with(self.private_data.to_private_data())
     }
+}
 
-    /// The parameters with `private_data`, which the caller built from this payload's.
+impl WireParam {
+    /// The parameters with `private_data`, which the caller built from the same payload's.
     #[inline(always)]
-    pub(super) fn conn_param_with(&self, private_data: PrivateData) -> ConnParam {
-        let w = self.wire;
+    pub(super) fn conn_param_with(self, private_data: PrivateData) -> ConnParam {
         ConnParam {
             private_data,
-            responder_resources: w.responder_resources,
-            initiator_depth: w.initiator_depth,
-            flow_control: w.flow_control,
-            retry_count: w.retry_count,
-            rnr_retry_count: w.rnr_retry_count,
-            srq: w.srq,
-            qp_num: w.qp_num,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: self.flow_control,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: self.srq,
+            qp_num: self.qp_num,
         }
     }
 }
@@ -156,6 +157,7 @@ impl Fabric {
     }
 
     /// Lets a message's payload go (`NO_PAYLOAD`: none).
+    #[inline(always)]
     pub(super) fn drop_payload(&mut self, payload: u32) {
         if payload != NO_PAYLOAD {
             self.payloads.discard(payload);
@@ -278,7 +280,7 @@ impl Fabric {
         }
         if self.lost(from_host, to_host, kind) {
             self.trace_lost(from_host, from, kind, to_host);
-            self.drop_payload(payload);
+            self.give_back(from, kind, payload);
             return;
         }
         let extra = self.extra_delay(from_host, to_host);
@@ -292,6 +294,18 @@ impl Fabric {
             payload,
             lat.saturating_add(extra),
         );
+    }
+
+    /// A lost copy's payload: a REP's goes back to its sender, which sends it again (a REP
+    /// moves with its copy); the rest are let go (a REQ's sender keeps a share of its own).
+    fn give_back(&mut self, from: SlotRef, kind: MsgKind, payload: u32) {
+        if kind == MsgKind::Rep && payload != NO_PAYLOAD {
+            if let Some(s) = self.ids.get_mut(from).filter(|s| s.kept == NO_PAYLOAD) {
+                s.kept = payload;
+                return;
+            }
+        }
+        self.drop_payload(payload);
     }
 
     /// Puts a message from `from` on the wire to `to` on `to_host`, arriving `delay` from now
@@ -315,14 +329,14 @@ impl Fabric {
             dest.last_arrival = arrival;
         }
         self.trace_send(from_host, from, kind, to_host, status);
+        // The hosts stay out of the action (a larger one is copied by a call into the queue):
+        // the receiver's is the sender's `remote_host`, the sender's its slot's.
         self.schedule(
             arrival,
             Action::Msg {
                 kind,
                 to,
-                to_host,
                 from,
-                from_host,
                 status,
                 payload,
             },
