@@ -36,7 +36,7 @@ ADDR=10.0.0.1                   # guest address on veth0; client and server both
 ADDR6=fd00::1                   # its IPv6 address (added with nodad), for the IPv6 suites
 ADDR6_GID=fd00:0000:0000:0000:0000:0000:0000:0001   # how rxe's GID table shows ADDR6
 PAIRS=24                        # address pairs of the pair topology (10.0.K.1 <-> 10.0.K.2):
-                                # faultdiff runs pattern K on pair K (21 patterns)
+                                # faultdiff runs pattern K on pair K (23 patterns)
 SHELL_TOPOLOGY=single           # which topology `shell` boots (--topology)
 VM_MEM=1024
 VM_SMP=2
@@ -128,7 +128,7 @@ PROJECT_BINS=(
   # The fault-differential suite (issue 23): every pattern of examples/faultdiff/patterns.rs at
   # once, pattern K on pair K of the pair topology, its losses as nft rules in ip cm_fault,
   # against the same pattern on the simulator. The longest pattern runs 150 s (the MRA's
-  # stretched retries); the bound leaves TCG room for setup and teardown of 21 connections.
+  # stretched retries); the bound leaves TCG room for setup and teardown of 23 connections.
   "faultdiff|differential|300|build --release --features hw --example faultdiff|example:faultdiff|--hw||pair"
 )
 

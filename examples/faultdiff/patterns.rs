@@ -63,8 +63,21 @@ pub(crate) struct Rule {
     pub(crate) act: Act,
 }
 
-/// A change of the link at a time: `true` cuts every CM message both ways, `false` heals.
-pub(crate) type Cut = (u64, bool);
+/// Something that happens to the link or the server's host at a time (ms after the connect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Every CM message both ways is lost from now on (on rxe: dropped after the pair's
+    /// counters, so they count it, as the simulator counts a lost message).
+    Cut,
+    /// The cut ends.
+    Heal,
+    /// The server's host crashes: its ids go without a word on the wire. On rxe, where both
+    /// ends share one kernel, the pair's wire is cut ahead of the counters and the server's
+    /// backend dropped, so what its kernel sends for the destroyed ids goes nowhere.
+    Crash,
+    /// The server's host is back, empty, and the server listens again.
+    Restart,
+}
 
 /// One event an end retrieves: the end, its id (0 the client's, 1, 2, ... the server's children
 /// in the order of their requests), the event, its status and when (ms after the connect).
@@ -77,7 +90,8 @@ pub(crate) struct Pattern {
     pub(crate) name: &'static str,
     pub(crate) about: &'static str,
     pub(crate) losses: &'static [Loss],
-    pub(crate) cuts: &'static [Cut],
+    /// What happens to the link or the server's host, in time order.
+    pub(crate) turns: &'static [(u64, Turn)],
     pub(crate) rules: &'static [Rule],
     /// `ACK_TIMEOUT` the client sets before route resolution (the path's lifetime is one less).
     pub(crate) client_ack_timeout: Option<u8>,
@@ -167,7 +181,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "clean",
         about: "nothing lost: the usual life",
         losses: &[],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 6_000,
@@ -192,7 +206,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "req-lost-once",
         about: "the first REQ is lost: its retry 6 144 ms later connects",
         losses: &[lose(ToServer, Req, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 12_000,
@@ -217,7 +231,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "req-lost-twice",
         about: "the first two REQs are lost: the second retry connects",
         losses: &[lose(ToServer, Req, 0, 2)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 18_000,
@@ -242,7 +256,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "req-lost-always",
         about: "every REQ is lost: UNREACHABLE after 16 tries, no REJ",
         losses: &[lose(ToServer, Req, 0, ALL)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 104_000,
@@ -253,7 +267,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "rep-lost-once",
         about: "the first REP is lost: its retry 4 096 ms later connects",
         losses: &[lose(ToClient, Rep, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 10_000,
@@ -279,7 +293,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "two REPs are lost: the REQ's retry meets the accepted child and is dropped; the \
                 REP's second retry connects",
         losses: &[lose(ToClient, Rep, 0, 2)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 14_000,
@@ -305,7 +319,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "every REP is lost: the child gives up after 16 tries (65 536 ms), and the REQ's \
                 next retry is a new request; the client gives up at 98 304 ms",
         losses: &[lose(ToClient, Rep, 0, ALL)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 150_000,
@@ -322,7 +336,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "rtu-lost-once",
         about: "the RTU is lost: the REP's retry draws it again",
         losses: &[lose(ToServer, Rtu, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: PATIENT,
         client_ack_timeout: None,
         horizon_ms: 11_000,
@@ -348,7 +362,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "every RTU is lost: the child gives up after its REP's 16 tries while the client \
                 is established; the client's later DREQ finds no child and its host answers",
         losses: &[lose(ToServer, Rtu, 0, ALL)],
-        cuts: &[],
+        turns: &[],
         rules: &[
             rule(Server, ConnectRequest, 0, Accept),
             rule(Server, Unreachable, 0, Destroy),
@@ -376,7 +390,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "dreq-lost-once",
         about: "the DREQ is lost: its retry 6 144 ms later disconnects",
         losses: &[lose(ToServer, Dreq, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 12_000,
@@ -401,7 +415,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         name: "dreq-lost-always",
         about: "every DREQ is lost: DISCONNECTED -ETIMEDOUT after 16 tries",
         losses: &[lose(ToServer, Dreq, 0, ALL)],
-        cuts: &[],
+        turns: &[],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 105_000,
@@ -424,7 +438,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the DREP is lost and the server keeps its child: past its timewait the child \
                 ignores the DREQ's retries, DISCONNECTED -ETIMEDOUT",
         losses: &[lose(ToClient, Drep, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: KEEPING_SERVER,
         client_ack_timeout: None,
         horizon_ms: 105_000,
@@ -450,7 +464,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the DREP is lost and the server destroyed its child: the DREQ's retry meets no \
                 id and the server's host answers with a DREP (cm_issue_drep)",
         losses: &[lose(ToClient, Drep, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: ECHO_SERVER,
         client_ack_timeout: None,
         horizon_ms: 12_000,
@@ -475,7 +489,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the server disconnects and the client's DREP is lost; with ACK_TIMEOUT 21 the \
                 client's timewait (8 192 ms) outlasts the DREQ's retry, which draws the DREP again",
         losses: &[lose(ToServer, Drep, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: SERVER_FIRST,
         client_ack_timeout: Some(21),
         horizon_ms: 16_000,
@@ -501,7 +515,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the server rejects and the REJ is lost: the REQ's retry finds no child and is a \
                 new request, rejected again",
         losses: &[lose(ToClient, Rej, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: &[
             rule(Server, ConnectRequest, 0, Reject),
             rule(Client, Rejected, 0, Destroy),
@@ -520,11 +534,13 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the RTU is lost and the server destroys its child a second later: the child's \
                 REJ reaches an established client, which is REJECTED (status 28)",
         losses: &[lose(ToServer, Rtu, 0, 1)],
-        cuts: &[],
+        turns: &[],
+        // The client keeps its id past the REJ's timewait: nothing more comes (rdma_cm is still
+        // in RDMA_CM_CONNECT, so the end of timewait is not reported).
         rules: &[
             rule(Server, ConnectRequest, 0, Accept),
             rule(Server, ConnectRequest, 1_000, Destroy),
-            rule(Client, Rejected, 0, Destroy),
+            rule(Client, Rejected, 4_000, Destroy),
         ],
         client_ack_timeout: None,
         horizon_ms: 6_000,
@@ -545,7 +561,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the server destroys its established child: its one DREQ disconnects the client, \
                 whose DREP finds no id",
         losses: &[],
-        cuts: &[],
+        turns: &[],
         rules: &[
             rule(Server, ConnectRequest, 0, Accept),
             rule(Server, Established, 1_000, Destroy),
@@ -574,7 +590,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the destroyed child's one DREQ is lost (destroy sends it once): the client stays \
                 connected until its own DREQ, which the server's host answers",
         losses: &[lose(ToClient, Dreq, 0, 1)],
-        cuts: &[],
+        turns: &[],
         rules: &[
             rule(Server, ConnectRequest, 0, Accept),
             rule(Server, Established, 1_000, Destroy),
@@ -604,7 +620,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "the server retrieves the request and never answers: the REQ's retry draws the \
                 MRA rdma_cm deferred, and each later try waits 67 584 ms",
         losses: &[],
-        cuts: &[],
+        turns: &[],
         rules: &[],
         client_ack_timeout: None,
         horizon_ms: 150_000,
@@ -616,7 +632,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "every MRA is lost: the REQ's tries keep their 6 144 ms and the client gives up \
                 while the server holds the request",
         losses: &[lose(ToClient, Mra, 0, ALL)],
-        cuts: &[],
+        turns: &[],
         rules: &[rule(Client, Unreachable, 0, Destroy)],
         client_ack_timeout: None,
         horizon_ms: 104_000,
@@ -631,7 +647,7 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         about: "every CM message both ways is cut for 8 s from the connect: the REQ's second \
                 retry, after the heal, connects",
         losses: &[],
-        cuts: &[(0, true), (8_000, false)],
+        turns: &[(0, Turn::Cut), (8_000, Turn::Heal)],
         rules: USUAL,
         client_ack_timeout: None,
         horizon_ms: 18_000,
@@ -646,6 +662,59 @@ pub(crate) const PATTERNS: &[Pattern] = &[
         ],
         wire: &[
             (ToServer, Req, 3),
+            (ToServer, Rtu, 1),
+            (ToServer, Dreq, 1),
+            (ToClient, Rep, 1),
+            (ToClient, Drep, 1),
+        ],
+    },
+    Pattern {
+        name: "rep-lost-server-restarts",
+        about: "the REP is lost and the server's host crashes at 2 s and restarts at 3 s, \
+                listening again: the REQ's retry reaches the new server as a new request",
+        losses: &[lose(ToClient, Rep, 0, 1)],
+        turns: &[(2_000, Turn::Crash), (3_000, Turn::Restart)],
+        rules: USUAL,
+        client_ack_timeout: None,
+        horizon_ms: 12_000,
+        expect: &[
+            (Client, 0, Established, 0, 6_144),
+            (Client, 0, Disconnected, 0, 7_144),
+            (Client, 0, TimewaitExit, 0, 9_192),
+            (Server, 1, ConnectRequest, 0, 0),
+            (Server, 2, ConnectRequest, 0, 6_144),
+            (Server, 2, Established, 0, 6_144),
+            (Server, 2, Disconnected, 0, 7_144),
+            (Server, 2, TimewaitExit, 0, 9_192),
+        ],
+        wire: &[
+            (ToServer, Req, 2),
+            (ToServer, Rtu, 1),
+            (ToServer, Dreq, 1),
+            (ToClient, Rep, 2),
+            (ToClient, Drep, 1),
+        ],
+    },
+    Pattern {
+        name: "req-lost-once-ack-timeout-14",
+        about: "the first REQ is lost from a client with ACK_TIMEOUT 14: the path's lifetime 13 \
+                makes the retry come after 2 x 32 + 4 096 ms",
+        losses: &[lose(ToServer, Req, 0, 1)],
+        turns: &[],
+        rules: USUAL,
+        client_ack_timeout: Some(14),
+        horizon_ms: 8_000,
+        expect: &[
+            (Client, 0, Established, 0, 4_160),
+            (Client, 0, Disconnected, 0, 5_160),
+            (Client, 0, TimewaitExit, 0, 5_416),
+            (Server, 1, ConnectRequest, 0, 4_160),
+            (Server, 1, Established, 0, 4_160),
+            (Server, 1, Disconnected, 0, 5_160),
+            (Server, 1, TimewaitExit, 0, 5_416),
+        ],
+        wire: &[
+            (ToServer, Req, 2),
             (ToServer, Rtu, 1),
             (ToServer, Dreq, 1),
             (ToClient, Rep, 1),

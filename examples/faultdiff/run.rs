@@ -10,7 +10,7 @@ use cm::api::{
 };
 use cm::sim::{Fault, MsgKind, SimFabric, SimTime, TraceMode, TraceWhat};
 
-use super::patterns::{Act, Cut, Dir, End, Pattern, Rule};
+use super::patterns::{Act, Dir, End, Pattern, Rule, Turn};
 
 /// The port the server listens on (each pattern has its own addresses).
 pub(crate) const PORT: u16 = 7470;
@@ -39,6 +39,8 @@ pub(crate) struct EndState {
     listener: Option<IdHandle>,
     /// (handle, number, has a QP, alive)
     ids: Vec<(IdHandle, u8, bool, bool)>,
+    /// The number the next child gets (a restarted server goes on from its last one).
+    next_child: u8,
     /// Acts due: when, on which id, what; in the order the rules named them.
     due: Vec<(Duration, IdHandle, Act)>,
     seen: Vec<(End, u8, CmEventType, i32, Duration)>,
@@ -56,21 +58,29 @@ impl EndState {
             ch,
             listener: None,
             ids: Vec::new(),
+            next_child: 1,
             due: Vec::new(),
             seen: Vec::new(),
             acts: Vec::new(),
         }
     }
 
-    /// The server end: a channel and a listener on `addr`.
-    pub(crate) fn server<B: CmBackend>(b: &mut B, addr: SocketAddr) -> Result<Self, CmError> {
+    /// The server end: a channel and a listener on `addr`; its children are numbered from
+    /// `first_child` on.
+    pub(crate) fn server<B: CmBackend>(b: &mut B, addr: SocketAddr, first_child: u8) -> Result<Self, CmError> {
         let ch = b.create_event_channel()?;
         let l = b.create_id(ch, PortSpace::Tcp)?;
         b.bind_addr(l, addr)?;
         b.listen(l, 0)?;
         let mut s = EndState::new(End::Server, ch);
         s.listener = Some(l);
+        s.next_child = first_child;
         Ok(s)
+    }
+
+    /// The number the next child of a server restarted after this one gets.
+    pub(crate) fn next_child(&self) -> u8 {
+        self.next_child
     }
 
     /// The client end: an id bound to `from`, resolved to `to`, with a QP, ready to connect.
@@ -127,7 +137,8 @@ impl EndState {
         let (ty, status, id) = (ev.event(), ev.status(), ev.id());
         let n = match ty {
             CmEventType::ConnectRequest => {
-                let n = self.ids.len() as u8 + 1;
+                let n = self.next_child;
+                self.next_child += 1;
                 self.ids.push((id, n, false, true));
                 n
             }
@@ -224,7 +235,8 @@ const fn sim_hosts(dir: Dir) -> (u16, u16) {
 }
 
 /// Runs `p` on a fabric of its own (seed `seed`), in virtual time: both ends on one thread, the
-/// losses as [`Fault::Drop`] rules struck at the connect, the cuts as partitions.
+/// losses as [`Fault::Drop`] rules struck at the connect, cuts as partitions, the server's crash
+/// and restart as the simulator's.
 pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
     let (a, b): (SocketAddr, SocketAddr) = (
         SocketAddr::new([10, 0, 0, 1].into(), 0),
@@ -238,16 +250,18 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
         .build();
     let (mut client_b, mut server_b) = (fabric.host(0), fabric.host(1));
     let mut record = Record::default();
-    let setup = EndState::server(&mut server_b, b)
+    let setup = EndState::server(&mut server_b, b, 1)
         .map_err(|e| e.to_string())
         .and_then(|s| Ok((s, EndState::client(&mut client_b, a, b, p.client_ack_timeout)?)));
-    let (mut server, mut client) = match setup {
+    let (server, mut client) = match setup {
         Ok(ends) => ends,
         Err(e) => {
             record.error = Some(format!("setup: {e}"));
             return record;
         }
     };
+    // The server end while its host is up; a crashed one's record is kept in `record`.
+    let mut server = Some(server);
     let start = fabric.now();
     for l in p.losses {
         let (from, to) = sim_hosts(l.dir);
@@ -261,32 +275,48 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
     }
     let since = |t: SimTime| t.since_start() - start.since_start();
     let horizon = Duration::from_millis(p.horizon_ms);
+    let mut turns: Vec<(u64, Turn)> = p.turns.to_vec();
     // A cut from time zero is in place before the REQ leaves.
-    let mut cuts: Vec<Cut> = p.cuts.to_vec();
-    if cuts.first().is_some_and(|c| *c == (0, true)) {
-        cuts.remove(0);
+    if turns.first() == Some(&(0, Turn::Cut)) {
+        turns.remove(0);
         fabric.inject(Fault::Partition { a: 0, b: 1 });
     }
     if let Err(e) = client.connect(&mut client_b) {
         record.error = Some(format!("connect: {e}"));
         return record;
     }
+    let mut next_child = 1;
     loop {
         let now = since(fabric.now());
         if now >= horizon {
             break;
         }
         let mut moved = false;
-        while let Some(i) = cuts.iter().position(|c| Duration::from_millis(c.0) <= now) {
-            let (_, cut) = cuts.remove(i);
-            fabric.inject(if cut {
-                Fault::Partition { a: 0, b: 1 }
-            } else {
-                Fault::Heal { a: 0, b: 1 }
-            });
+        while turns.first().is_some_and(|t| Duration::from_millis(t.0) <= now) {
+            match turns.remove(0).1 {
+                Turn::Cut => fabric.inject(Fault::Partition { a: 0, b: 1 }),
+                Turn::Heal => fabric.inject(Fault::Heal { a: 0, b: 1 }),
+                Turn::Crash => {
+                    fabric.inject(Fault::Crash { host: 1 });
+                    if let Some(s) = server.take() {
+                        next_child = s.next_child();
+                        s.into_record(&mut record);
+                    }
+                }
+                Turn::Restart => {
+                    fabric.inject(Fault::Restart { host: 1 });
+                    match EndState::server(&mut server_b, b, next_child) {
+                        Ok(s) => server = Some(s),
+                        Err(e) => {
+                            record.error.get_or_insert(format!("restart: {e}"));
+                        }
+                    }
+                }
+            }
             moved = true;
         }
-        for (end, backend) in [(&mut client, &mut client_b), (&mut server, &mut server_b)] {
+        for (end, backend) in [(Some(&mut client), &mut client_b), (server.as_mut(), &mut server_b)] {
+            let Some(end) = end else { continue };
             moved |= end.run_due(backend, now);
             loop {
                 match backend.try_get_cm_event(end.ch) {
@@ -309,8 +339,8 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
         }
         let wake = [
             client.next_due(),
-            server.next_due(),
-            cuts.iter().map(|c| Duration::from_millis(c.0)).min(),
+            server.as_ref().and_then(EndState::next_due),
+            turns.first().map(|t| Duration::from_millis(t.0)),
         ]
         .into_iter()
         .flatten()
@@ -335,14 +365,15 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
         };
         *record.wire.entry((dir, msg)).or_default() += 1;
     }
-    let torn = client
-        .teardown(&mut client_b)
-        .and_then(|()| server.teardown(&mut server_b));
+    let mut torn = client.teardown(&mut client_b);
+    if let Some(mut s) = server {
+        torn = torn.and_then(|()| s.teardown(&mut server_b));
+        s.into_record(&mut record);
+    }
     if let Err(e) = torn {
         record.error.get_or_insert(e);
     }
     client.into_record(&mut record);
-    server.into_record(&mut record);
     record.seen.sort_by_key(|s| (s.0, s.4));
     record
 }
@@ -409,10 +440,37 @@ pub(crate) mod wire {
         nft(&args).map(|_| ())
     }
 
-    /// Cuts every CM message of pair `k`, both ways (heal: [`clear`]).
+    /// Cuts every CM message of pair `k`, both ways, after its counters (heal: [`clear`]).
     pub(crate) fn cut(k: usize) -> Result<(), String> {
         for dir in [Dir::ToServer, Dir::ToClient] {
             nft(&["add", "rule", "ip", "cm_fault", &chain(k, dir), "counter", "drop"])?;
+        }
+        Ok(())
+    }
+
+    /// Cuts every packet between pair `k`'s addresses, both ways, ahead of the counters (the
+    /// table's `cut` chain, which all pairs share): the wire of a crashed host, which sends
+    /// nothing. Returns the rules' handles, for [`uncut`].
+    pub(crate) fn crash_cut(k: usize) -> Result<Vec<String>, String> {
+        let (a, b) = (format!("10.0.{k}.1"), format!("10.0.{k}.2"));
+        let mut handles = Vec::new();
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            let out = nft(&[
+                "--echo", "--handle", "add", "rule", "ip", "cm_fault", "cut", "ip", "saddr", from, "ip", "daddr", to, "drop",
+            ])?;
+            let handle = out
+                .rsplit_once("# handle ")
+                .map(|(_, h)| h.trim().to_string())
+                .ok_or_else(|| format!("nft gave no handle for the cut rule: {out}"))?;
+            handles.push(handle);
+        }
+        Ok(handles)
+    }
+
+    /// Removes the cut rules [`crash_cut`] added.
+    pub(crate) fn uncut(handles: &[String]) -> Result<(), String> {
+        for h in handles {
+            nft(&["delete", "rule", "ip", "cm_fault", "cut", "handle", h])?;
         }
         Ok(())
     }
@@ -449,8 +507,10 @@ pub(crate) mod wire {
 }
 
 /// Runs `p` on the device's pair topology, pair `k` (client on 10.0.k.1, server on 10.0.k.2):
-/// each end on a thread of its own with its own backend, on the wall clock, the losses and cuts
-/// as nft rules on the pair's wire.
+/// each end on a thread of its own with its own backend, on the wall clock; the losses and cuts
+/// as nft rules on the pair's wire; a crash of the server's host as a cut ahead of the counters
+/// and the server's backend dropped (its kernel's last words go nowhere), its restart as a new
+/// backend listening again once the cut is gone.
 #[cfg(feature = "hw")]
 pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     use std::time::Instant;
@@ -472,7 +532,7 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     if let Err(e) = wire::clear(k) {
         return fail(record, "nft", e);
     }
-    let mut server = match EndState::server(&mut server_b, b) {
+    let server = match EndState::server(&mut server_b, b, 1) {
         Ok(s) => s,
         Err(e) => return fail(record, "server setup", e.to_string()),
     };
@@ -489,10 +549,12 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
             return fail(record, "nft", e);
         }
     }
+    // The link's turns are the client thread's, the host's the server's.
+    let (mut link, host): (Vec<(u64, Turn)>, Vec<(u64, Turn)>) =
+        p.turns.iter().partition(|t| matches!(t.1, Turn::Cut | Turn::Heal));
     // A cut from time zero is in place before the REQ leaves.
-    let mut cuts: Vec<Cut> = p.cuts.to_vec();
-    if cuts.first().is_some_and(|c| *c == (0, true)) {
-        cuts.remove(0);
+    if link.first() == Some(&(0, Turn::Cut)) {
+        link.remove(0);
         if let Err(e) = wire::cut(k) {
             return fail(record, "nft", e);
         }
@@ -500,30 +562,19 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     let horizon = Duration::from_millis(p.horizon_ms);
     let start = Instant::now();
     let rules = p.rules;
-    let server_thread = std::thread::spawn(move || {
-        let err = drive(
-            &mut server_b,
-            &mut server,
-            rules,
-            start,
-            horizon,
-            &mut Vec::new(),
-            k,
-        );
-        (server_b, server, err)
-    });
+    let server_thread = std::thread::spawn(move || serve(server_b, server, rules, start, horizon, host, b, k));
     let mut err = client
         .connect(&mut client_b)
         .err()
         .map(|e| format!("connect: {e}"));
     if err.is_none() {
-        err = drive(&mut client_b, &mut client, rules, start, horizon, &mut cuts, k);
+        err = drive(&mut client_b, &mut client, rules, start, horizon, &mut link, k);
     }
-    let (mut server_b, mut server, server_err) = match server_thread.join() {
+    let (mut server_b, server, mut server_record) = match server_thread.join() {
         Ok(x) => x,
         Err(_) => return fail(record, "server thread", "panicked".into()),
     };
-    record.error = err.or(server_err);
+    record.error = err.or(server_record.error.take());
     match wire::counts(k) {
         Ok(after) => {
             for (key, n) in after {
@@ -537,16 +588,90 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
             record.error.get_or_insert(e);
         }
     }
-    let torn = client
-        .teardown(&mut client_b)
-        .and_then(|()| server.teardown(&mut server_b));
+    let mut torn = client.teardown(&mut client_b);
+    if let Some(mut s) = server {
+        torn = torn.and_then(|()| s.teardown(&mut server_b));
+        s.into_record(&mut server_record);
+    }
     if let Err(e) = torn.and_then(|()| wire::clear(k)) {
         record.error.get_or_insert(e);
     }
     client.into_record(&mut record);
-    server.into_record(&mut record);
+    record.seen.extend(server_record.seen);
+    record.acts.extend(server_record.acts);
     record.seen.sort_by_key(|s| (s.0, s.4));
     record
+}
+
+/// The server's thread: its end until the host's next turn (a crash, then a restart) or the
+/// horizon. Returns the backend and end that are up at the horizon (none when the host is down
+/// then) and what the crashed ones recorded.
+#[cfg(feature = "hw")]
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    mut b: cm::hw::HwBackend,
+    end: EndState,
+    rules: &'static [Rule],
+    start: std::time::Instant,
+    horizon: Duration,
+    host: Vec<(u64, Turn)>,
+    addr: SocketAddr,
+    k: usize,
+) -> (cm::hw::HwBackend, Option<EndState>, Record) {
+    let mut record = Record::default();
+    let mut end = Some(end);
+    let (mut cut, mut next_child) = (Vec::new(), 1);
+    for (at, turn) in host {
+        let at = Duration::from_millis(at);
+        match (turn, end.take()) {
+            (Turn::Crash, Some(mut up)) => {
+                if let Some(e) = drive(&mut b, &mut up, rules, start, at, &mut Vec::new(), k) {
+                    record.error.get_or_insert(e);
+                }
+                match wire::crash_cut(k) {
+                    Ok(h) => cut = h,
+                    Err(e) => {
+                        record.error.get_or_insert(e);
+                    }
+                }
+                next_child = up.next_child();
+                up.into_record(&mut record);
+                // Dropped, not torn down: its kernel destroys what is left, as at a kill -9.
+                b = match cm::hw::HwBackend::new() {
+                    Ok(fresh) => fresh,
+                    Err(e) => {
+                        record.error.get_or_insert(format!("a backend for the restart: {e}"));
+                        return (b, None, record);
+                    }
+                };
+            }
+            (Turn::Restart, None) => {
+                std::thread::sleep(at.saturating_sub(start.elapsed()));
+                if let Err(e) = wire::uncut(&std::mem::take(&mut cut)) {
+                    record.error.get_or_insert(e);
+                }
+                match EndState::server(&mut b, addr, next_child) {
+                    Ok(s) => end = Some(s),
+                    Err(e) => {
+                        record.error.get_or_insert(format!("restart: {e}"));
+                        return (b, None, record);
+                    }
+                }
+            }
+            (other, state) => {
+                record.error.get_or_insert(format!("{other:?} of the server's host out of turn"));
+                end = state;
+            }
+        }
+    }
+    if let Some(up) = end.as_mut() {
+        if let Some(e) = drive(&mut b, up, rules, start, horizon, &mut Vec::new(), k) {
+            record.error.get_or_insert(e);
+        }
+    } else {
+        std::thread::sleep(horizon.saturating_sub(start.elapsed()));
+    }
+    (b, end, record)
 }
 
 /// One end's loop on the wall clock until `horizon`: the acts due, the cuts due (the client's
@@ -558,7 +683,7 @@ fn drive<B: CmBackend>(
     rules: &[Rule],
     start: std::time::Instant,
     horizon: Duration,
-    cuts: &mut Vec<Cut>,
+    cuts: &mut Vec<(u64, Turn)>,
     k: usize,
 ) -> Option<String> {
     loop {
@@ -566,17 +691,14 @@ fn drive<B: CmBackend>(
         if now >= horizon {
             return None;
         }
-        while let Some(i) = cuts.iter().position(|c| Duration::from_millis(c.0) <= now) {
-            let (_, cut) = cuts.remove(i);
-            if let Err(e) = if cut { wire::cut(k) } else { wire::clear(k) } {
+        while cuts.first().is_some_and(|c| Duration::from_millis(c.0) <= now) {
+            let turn = cuts.remove(0).1;
+            if let Err(e) = if turn == Turn::Cut { wire::cut(k) } else { wire::clear(k) } {
                 return Some(e);
             }
         }
         end.run_due(b, now);
-        let wake = [
-            end.next_due(),
-            cuts.iter().map(|c| Duration::from_millis(c.0)).min(),
-        ]
+        let wake = [end.next_due(), cuts.first().map(|c| Duration::from_millis(c.0))]
         .into_iter()
         .flatten()
         .fold(horizon, Duration::min);
