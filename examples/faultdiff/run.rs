@@ -375,6 +375,8 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
     }
     client.into_record(&mut record);
     record.seen.sort_by_key(|s| (s.0, s.4));
+    // Each end's acts in their order, the client's first.
+    record.acts.sort_by_key(|a| a.0);
     record
 }
 
@@ -600,6 +602,8 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     record.seen.extend(server_record.seen);
     record.acts.extend(server_record.acts);
     record.seen.sort_by_key(|s| (s.0, s.4));
+    // Each end's acts in their order, the client's first.
+    record.acts.sort_by_key(|a| a.0);
     record
 }
 
