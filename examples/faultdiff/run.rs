@@ -12,6 +12,9 @@ use cm::sim::{Fault, MsgKind, SimFabric, SimTime, TraceMode, TraceWhat};
 
 use super::patterns::{Act, Dir, End, Pattern, Rule, Turn};
 
+/// A turn and its time (ms after the connect).
+type Timed = (u64, Turn);
+
 /// The port the server listens on (each pattern has its own addresses).
 pub(crate) const PORT: u16 = 7470;
 
@@ -67,7 +70,11 @@ impl EndState {
 
     /// The server end: a channel and a listener on `addr`; its children are numbered from
     /// `first_child` on.
-    pub(crate) fn server<B: CmBackend>(b: &mut B, addr: SocketAddr, first_child: u8) -> Result<Self, CmError> {
+    pub(crate) fn server<B: CmBackend>(
+        b: &mut B,
+        addr: SocketAddr,
+        first_child: u8,
+    ) -> Result<Self, CmError> {
         let ch = b.create_event_channel()?;
         let l = b.create_id(ch, PortSpace::Tcp)?;
         b.bind_addr(l, addr)?;
@@ -275,7 +282,7 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
     }
     let since = |t: SimTime| t.since_start() - start.since_start();
     let horizon = Duration::from_millis(p.horizon_ms);
-    let mut turns: Vec<(u64, Turn)> = p.turns.to_vec();
+    let mut turns: Vec<Timed> = p.turns.to_vec();
     // A cut from time zero is in place before the REQ leaves.
     if turns.first() == Some(&(0, Turn::Cut)) {
         turns.remove(0);
@@ -315,7 +322,10 @@ pub(crate) fn run_sim(p: &Pattern, seed: u64) -> Record {
             }
             moved = true;
         }
-        for (end, backend) in [(Some(&mut client), &mut client_b), (server.as_mut(), &mut server_b)] {
+        for (end, backend) in [
+            (Some(&mut client), &mut client_b),
+            (server.as_mut(), &mut server_b),
+        ] {
             let Some(end) = end else { continue };
             moved |= end.run_due(backend, now);
             loop {
@@ -458,7 +468,8 @@ pub(crate) mod wire {
         let mut handles = Vec::new();
         for (from, to) in [(&a, &b), (&b, &a)] {
             let out = nft(&[
-                "--echo", "--handle", "add", "rule", "ip", "cm_fault", "cut", "ip", "saddr", from, "ip", "daddr", to, "drop",
+                "--echo", "--handle", "add", "rule", "ip", "cm_fault", "cut", "ip", "saddr", from, "ip",
+                "daddr", to, "drop",
             ])?;
             let handle = out
                 .rsplit_once("# handle ")
@@ -552,8 +563,10 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
         }
     }
     // The link's turns are the client thread's, the host's the server's.
-    let (mut link, host): (Vec<(u64, Turn)>, Vec<(u64, Turn)>) =
-        p.turns.iter().partition(|t| matches!(t.1, Turn::Cut | Turn::Heal));
+    let (mut link, host): (Vec<Timed>, Vec<Timed>) = p
+        .turns
+        .iter()
+        .partition(|t| matches!(t.1, Turn::Cut | Turn::Heal));
     // A cut from time zero is in place before the REQ leaves.
     if link.first() == Some(&(0, Turn::Cut)) {
         link.remove(0);
@@ -564,7 +577,8 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     let horizon = Duration::from_millis(p.horizon_ms);
     let start = Instant::now();
     let rules = p.rules;
-    let server_thread = std::thread::spawn(move || serve(server_b, server, rules, start, horizon, host, b, k));
+    let server_thread =
+        std::thread::spawn(move || serve(server_b, server, rules, start, horizon, host, b, k));
     let mut err = client
         .connect(&mut client_b)
         .err()
@@ -618,7 +632,7 @@ fn serve(
     rules: &'static [Rule],
     start: std::time::Instant,
     horizon: Duration,
-    host: Vec<(u64, Turn)>,
+    host: Vec<Timed>,
     addr: SocketAddr,
     k: usize,
 ) -> (cm::hw::HwBackend, Option<EndState>, Record) {
@@ -644,7 +658,9 @@ fn serve(
                 b = match cm::hw::HwBackend::new() {
                     Ok(fresh) => fresh,
                     Err(e) => {
-                        record.error.get_or_insert(format!("a backend for the restart: {e}"));
+                        record
+                            .error
+                            .get_or_insert(format!("a backend for the restart: {e}"));
                         return (b, None, record);
                     }
                 };
@@ -663,7 +679,9 @@ fn serve(
                 }
             }
             (other, state) => {
-                record.error.get_or_insert(format!("{other:?} of the server's host out of turn"));
+                record
+                    .error
+                    .get_or_insert(format!("{other:?} of the server's host out of turn"));
                 end = state;
             }
         }
@@ -687,7 +705,7 @@ fn drive<B: CmBackend>(
     rules: &[Rule],
     start: std::time::Instant,
     horizon: Duration,
-    cuts: &mut Vec<(u64, Turn)>,
+    cuts: &mut Vec<Timed>,
     k: usize,
 ) -> Option<String> {
     loop {
@@ -697,15 +715,19 @@ fn drive<B: CmBackend>(
         }
         while cuts.first().is_some_and(|c| Duration::from_millis(c.0) <= now) {
             let turn = cuts.remove(0).1;
-            if let Err(e) = if turn == Turn::Cut { wire::cut(k) } else { wire::clear(k) } {
+            if let Err(e) = if turn == Turn::Cut {
+                wire::cut(k)
+            } else {
+                wire::clear(k)
+            } {
                 return Some(e);
             }
         }
         end.run_due(b, now);
         let wake = [end.next_due(), cuts.first().map(|c| Duration::from_millis(c.0))]
-        .into_iter()
-        .flatten()
-        .fold(horizon, Duration::min);
+            .into_iter()
+            .flatten()
+            .fold(horizon, Duration::min);
         let wait = wake
             .saturating_sub(start.elapsed())
             .min(Duration::from_millis(200));

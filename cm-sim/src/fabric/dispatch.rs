@@ -23,7 +23,7 @@ impl Fabric {
                 payload,
             } => {
                 if self.ids.contains(to) {
-                    self.on_msg(kind, to, from, UNKNOWN_HOST, status, payload);
+                    self.on_msg(kind, to, from, status, payload);
                 } else {
                     self.drop_payload(payload);
                     self.on_msg_for_gone_id(kind, from);
@@ -246,39 +246,24 @@ impl Fabric {
     }
 
     #[inline(always)]
-    pub(super) fn on_msg(
-        &mut self,
-        kind: MsgKind,
-        to: SlotRef,
-        from: SlotRef,
-        from_host: u16,
-        status: i32,
-        payload: u32,
-    ) {
+    pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
         // One arm per kind, each with the kind a constant: the inlined exchange then matches on
         // the wire state alone and most effects fold.
         match kind {
-            MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, from_host, status, payload),
-            MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, from_host, status, payload),
-            MsgKind::Rtu => self.on_msg_of(MsgKind::Rtu, to, from, from_host, status, payload),
-            MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, from_host, status, payload),
-            MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, from_host, status, payload),
-            MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, from_host, status, payload),
-            MsgKind::Mra => self.on_msg_of(MsgKind::Mra, to, from, from_host, status, payload),
+            MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, status, payload),
+            MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, status, payload),
+            MsgKind::Rtu => self.on_msg_of(MsgKind::Rtu, to, from, status, payload),
+            MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, status, payload),
+            MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, status, payload),
+            MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, status, payload),
+            MsgKind::Mra => self.on_msg_of(MsgKind::Mra, to, from, status, payload),
         }
     }
 
+    /// The sender's host is looked up only by the effects that need it.
     #[inline(always)]
-    fn on_msg_of(
-        &mut self,
-        kind: MsgKind,
-        to: SlotRef,
-        from: SlotRef,
-        from_host: u16,
-        status: i32,
-        payload: u32,
-    ) {
-        self.transition(to, Input::Msg(kind, status), from, from_host, payload);
+    fn on_msg_of(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
+        self.transition(to, Input::Msg(kind, status), from, UNKNOWN_HOST, payload);
     }
 
     /// `id`'s exchange takes `input` and the fabric carries out the transition's effects in

@@ -5,7 +5,6 @@ use super::*;
 
 /// What a REQ, REP or REJ carries: connection parameters as the receiver sees them, and a
 /// REQ's destination.
-#[derive(Clone)]
 pub(super) struct Payload {
     pub(super) wire: WireParam,
     pub(super) private_data: WirePrivateData,
@@ -26,7 +25,6 @@ pub(super) struct WireParam {
 /// Private data zero-padded to `len` bytes, as the IB CM puts it on the wire. Only the bytes up
 /// to the last non-zero one are kept (none, usually) and the padding is rebuilt on retrieval,
 /// so a message carries no copy of a 256-byte buffer.
-#[derive(Clone)]
 pub(super) struct WirePrivateData {
     pub(super) len: u16,
     pub(super) bytes: Box<[u8]>,
