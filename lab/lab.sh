@@ -885,8 +885,7 @@ run_dropin_sims() {
 # shown, not compared: the IB CM answers every duplicate REP with a fresh RTU and every
 # duplicate DREQ with a fresh DREP (not counted as retries), and a busy emulated CPU makes
 # duplicates (seen: 2304 RTUs for 1000 connections); when both programs disconnect at once
-# (rdma_server and rdma_client do) the count depends on which DREQ leaves first; and the
-# simulator sends no DREP to a peer that already destroyed its id (README's departures).
+# (rdma_server and rdma_client do) the count depends on which DREQ leaves first.
 dropin_facts() {
   local rec=$1 cargs=$2
   awk -v cargs="$cargs" '
