@@ -92,7 +92,10 @@ fn a_lost_drep_to_a_destroyed_peer_is_answered_by_its_host_not_timed_out() {
         }
         answered += fabric.fault_stats().dreps_without_id;
     }
-    assert!(client_disconnects >= 200, "{client_disconnects} client disconnects");
+    assert!(
+        client_disconnects >= 200,
+        "{client_disconnects} client disconnects"
+    );
     assert!(answered > 0, "no DREQ met a destroyed id in 20 seeds");
 }
 

@@ -446,15 +446,7 @@ impl Swarm {
         // Drawn last, so that the draws before give the configurations they always gave.
         if draw(4) == 0 {
             let (from, to) = pair(&mut draw);
-            let msg = [
-                MsgKind::Req,
-                MsgKind::Rep,
-                MsgKind::Rtu,
-                MsgKind::Rej,
-                MsgKind::Dreq,
-                MsgKind::Drep,
-                MsgKind::Mra,
-            ][draw(7) as usize];
+            let msg = MsgKind::ALL[draw(MsgKind::ALL.len() as u64) as usize];
             let skip = draw(3) as u32;
             let count = [1, 2, u32::MAX][draw(3) as usize];
             let fault = Fault::Drop {

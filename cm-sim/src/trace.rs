@@ -43,6 +43,17 @@ pub enum MsgKind {
 }
 
 impl MsgKind {
+    /// Every kind, in the order of their codes.
+    pub const ALL: [MsgKind; 7] = [
+        MsgKind::Req,
+        MsgKind::Rep,
+        MsgKind::Rtu,
+        MsgKind::Rej,
+        MsgKind::Dreq,
+        MsgKind::Drep,
+        MsgKind::Mra,
+    ];
+
     /// The IB CM name.
     pub const fn name(self) -> &'static str {
         match self {

@@ -751,4 +751,5 @@ pub(crate) fn attr_id(msg: MsgKind) -> u16 {
     }
 }
 
-pub(crate) const KINDS: [MsgKind; 7] = [Req, Mra, Rej, Rep, Rtu, Dreq, Drep];
+/// Every kind, for the counts.
+pub(crate) const KINDS: [MsgKind; 7] = MsgKind::ALL;

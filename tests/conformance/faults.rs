@@ -609,15 +609,7 @@ fn fault() -> impl Strategy<Value = Fault> {
         (host.clone(), 0u8..7).prop_map(|(host, retries)| Fault::RnrRetries { host, retries }),
         (
             host,
-            prop::sample::select(vec![
-                MsgKind::Req,
-                MsgKind::Rep,
-                MsgKind::Rtu,
-                MsgKind::Rej,
-                MsgKind::Dreq,
-                MsgKind::Drep,
-                MsgKind::Mra
-            ]),
+            prop::sample::select(MsgKind::ALL.to_vec()),
             0u32..3,
             prop::sample::select(vec![1, 2, u32::MAX])
         )

@@ -19,15 +19,7 @@ const ALL_WIRES: [Wire; 12] = [
     Wire::TimeWait,
     Wire::Closed,
 ];
-const ALL_MSGS: [MsgKind; 7] = [
-    MsgKind::Req,
-    MsgKind::Rep,
-    MsgKind::Rtu,
-    MsgKind::Rej,
-    MsgKind::Dreq,
-    MsgKind::Drep,
-    MsgKind::Mra,
-];
+const ALL_MSGS: [MsgKind; 7] = MsgKind::ALL;
 const ALL_TIMERS: [CmTimer; 3] = [CmTimer::Response, CmTimer::Service, CmTimer::Timewait];
 const RETRIES: u8 = 15;
 const RC: Params = Params {
