@@ -27,7 +27,7 @@ pub(crate) const fn convert_ms(t: u8) -> u64 {
 /// The kernel's `cm_ack_timeout`: the exponent of 4.096 us x 2^`ca_ack_delay` plus twice the
 /// packet lifetime, rounded as the kernel rounds it (the larger term, plus one when the other is
 /// within a factor of two), at most 31.
-pub(crate) const fn ack_timeout(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
+pub(crate) fn ack_timeout(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
     let mut t = packet_lifetime as u16 + 1;
     let delay = ca_ack_delay as u16;
     if t >= delay {
@@ -35,17 +35,14 @@ pub(crate) const fn ack_timeout(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
     } else {
         t = delay + (t + 1 >= delay) as u16;
     }
-    if t > 31 {
-        31
-    } else {
-        t as u8
-    }
+    // At most 31, the 5-bit field's largest value.
+    t.min(31) as u8
 }
 
 /// The path's packet lifetime the passive side takes from a REQ sent over a path of
 /// `packet_lifetime`: the REQ's local ACK timeout (`cm_ack_timeout`) less one
 /// (`cm_format_paths_from_req`).
-pub(crate) const fn passive_lifetime(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
+pub(crate) fn passive_lifetime(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
     ack_timeout(ca_ack_delay, packet_lifetime).saturating_sub(1)
 }
 
@@ -77,7 +74,7 @@ pub(crate) struct Exponents {
 
 impl Exponents {
     /// The waits of an active id on a path of `lifetime`, and of the passive id its REQ makes.
-    pub(crate) const fn waits(self, lifetime: u8) -> Waits {
+    pub(crate) fn waits(self, lifetime: u8) -> Waits {
         // The passive side's av.timeout, from the REQ's path: its lifetime plus one. The active
         // side's is lifetime + 1 until its REP, cm_ack_timeout(the peer's delay, lifetime) after.
         let after_rep = passive_lifetime(self.ca_ack_delay, lifetime) + 1;
@@ -92,7 +89,7 @@ impl Exponents {
     }
 }
 
-const fn nanos_of_ms(ms: u64) -> u64 {
+fn nanos_of_ms(ms: u64) -> u64 {
     ms.saturating_mul(1_000_000)
 }
 
