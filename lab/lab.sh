@@ -19,7 +19,7 @@ CACHE=$LAB_DIR/cache            # kernel .deb + extracted vmlinux/modules (gitig
 WORK=$LAB_DIR/work              # initramfs tree, console log, per-suite output (gitignored)
 ROOT=$WORK/root                 # initramfs staging tree
 OUT=$WORK/out                   # console log split per suite
-CONSOLE_LOG=$WORK/console.log
+CONSOLE_LOG=$WORK/console.log   # the console of the boot being followed (console_log GROUP)
 MULTIARCH=x86_64-linux-gnu
 # as_root: root directly, or through sudo.
 # shellcheck source=../scripts/as-root.sh
@@ -35,10 +35,13 @@ GUEST_ENV=()                    # --env K=V, exported in the guest before the su
 ADDR=10.0.0.1                   # guest address on veth0; client and server both use it
 ADDR6=fd00::1                   # its IPv6 address (added with nodad), for the IPv6 suites
 ADDR6_GID=fd00:0000:0000:0000:0000:0000:0000:0001   # how rxe's GID table shows ADDR6
+PAIRS=24                        # address pairs of the pair topology (10.0.K.1 <-> 10.0.K.2):
+                                # faultdiff runs pattern K on pair K (23 patterns)
+SHELL_TOPOLOGY=single           # which topology `shell` boots (--topology)
 VM_MEM=1024
 VM_SMP=2
 BOOT_TIMEOUT=120                # qemu start -> @@LAB-RXE-READY, else the VM counts as dead
-VM_TIMEOUT=""                   # whole VM; default: boot bound + sum of suite bounds (+slack)
+VM_TIMEOUT=""                   # each VM boot; default: boot bound + sum of its suites' bounds (+slack)
 SHELL_TIMEOUT=7200              # `shell` mode is interactive but still bounded
 BUILD_TIMEOUT=900               # all cargo invocations together
 APT_TIMEOUT=900
@@ -51,11 +54,42 @@ CARGO_DIR=$REPO                 # where cargo builds the project binaries
 # is not a link-time dependency of rdma_rxe but rxe allocates the "crc32" shash at
 # run time; configfs is a dependency of rdma_cm; veth provides the veth0/veth1 pair.
 ROOT_MODULES="configfs crc32_generic rdma_rxe rdma_ucm veth"
+# The pair topology's on top (modules-pair.load, loaded only there): nf_tables with the objref
+# expression (rules that count into named counters, cm_count), the numgen expression (cm_drop's
+# "the N-th message"), the log expression and its syslog backend (the timestamped wire log,
+# cm_wire); without one of them the rule that needs it fails with ENOENT. nf_tables needs
+# libcrc32c, whose init fails unless the "crc32c" shash exists, hence crc32c_generic first
+# (nothing in the guest could autoload it).
+PAIR_MODULES="crc32c_generic nf_tables nft_objref nft_numgen nft_log nf_log_syslog"
+
+# Boot groups: one VM boot per group that has selected suites, in this order, each with its
+# own guest topology (kernel command line lab.topology=GROUP, guest/init) and console log.
+#   group | console log (in lab/work) | initramfs (in lab/work) | topology
+# single: the suites of today's lab. Client and server share rxe0 (10.0.0.1), whose loopback
+# skips the IP stack; veth1 stays without an address, so other addresses on the subnet never
+# answer ARP (the UNREACHABLE tests rely on that).
+# pair: two rxe devices joined by the veth pair, several address pairs, the IB CM's MADs
+# between them crossing netfilter's prerouting hook, where nft counts and drops them
+# (guest/lib.sh); for the suites that drop CM messages on the wire (PAIR_SUITES).
+BOOT_GROUPS=(
+  "single|console.log|initramfs.cpio|rxe0 on veth0 (10.0.0.1), rxe loopback"
+  "pair|console-pair.log|initramfs-pair.cpio|rxe0 on veth0 (10.0.K.1) <-> rxe1 on veth1 (10.0.K.2), K < PAIRS, through nft table ip cm_fault"
+)
+
+# Suites of the pair group, rdma-core's tools only (so they run with --no-project too):
+#   suite | kind | guest timeout (s) | script in lab/guest/
+# fault-topology: the topology's self-test (a CM exchange on the pair, every CM message kind
+# counted per direction and matched with rxe's counters, a dropped REQ and a dropped REP
+# retried by the IB CM, two pairs at once, a cut); ~34 s of guest time, most of it the IB CM's
+# retry intervals (6.1 s, 6.1 s, 3 s waiting on a cut pair), bounded at 120.
+PAIR_SUITES=(
+  "fault-topology|plain|120|fault-topology.sh"
+)
 
 # Project binaries, data driven.  One row per binary:
-#   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments [| guest environment]
+#   suite | kind | guest timeout (s) | cargo arguments | artifact (target kind:target name) | guest arguments [| guest environment [| boot group]]
 # kind selects how the summary reads the output: hwrunner, libtest, criterion, cmtime, echo,
-# differential, plain.
+# differential, plain. The boot group (BOOT_GROUPS) is single unless given.
 # In guest arguments and environment @ADDR, @ADDR6 and @N are replaced by the guest's IPv4 and
 # IPv6 addresses and --connections. The environment (K=V words) is exported for that suite only.
 # hw-test runs with --nocapture so that `skipped:` lines printed by skipping tests
@@ -91,6 +125,11 @@ PROJECT_BINS=(
   # virtual time: well under a second); the binary also serves the mckey-sender/-receiver
   # suites. Debug build: the work is the kernel's, and it spares a release build.
   "mckey|plain|60|build --features hw --example mckey|example:mckey|--backend sim -c 2 -C 20"
+  # The fault-differential suite (issue 23): every pattern of examples/faultdiff/patterns.rs at
+  # once, pattern K on pair K of the pair topology, its losses as nft rules in ip cm_fault,
+  # against the same pattern on the simulator. The longest pattern runs 150 s (the MRA's
+  # stretched retries); the bound leaves TCG room for setup and teardown of 23 connections.
+  "faultdiff|differential|300|build --release --features hw --example faultdiff|example:faultdiff|--hw||pair"
 )
 
 # Suites that run the project's mckey beside rdma-core's on the one rxe (see add_mckey_suites),
@@ -107,7 +146,10 @@ INTEROP_SUITES=(interop-client interop-server)
 
 # Suites registered for this run (filled by add_suite, in run order).
 SUITE_NAMES=()
-declare -A SUITE_KIND=() SUITE_TMO=()
+declare -A SUITE_KIND=() SUITE_TMO=() SUITE_GROUP=()
+# Per boot group, once booted: guest init / rxe ready (s after qemu start), why the boot failed,
+# how long the VM ran, its bound, whether the bound killed it.
+declare -A G_INIT=() G_READY=() G_FAIL=() G_SECS=() G_TIMEOUT=() G_TIMED_OUT=()
 
 QEMU_PID=""                     # the `timeout` wrapping qemu
 T0=""                           # $EPOCHREALTIME at qemu start
@@ -136,11 +178,12 @@ options:
   --env K=V            export K=V in the guest for all suites (repeatable),
                        e.g. --env RUST_LOG=debug --env RUST_BACKTRACE=full
   --boot-timeout S     qemu start -> rxe ready bound (default 120)
-  --timeout S          bound for the whole VM (default: boot bound + suite bounds, max 900)
+  --timeout S          bound for each VM boot (default: boot bound + its suites' bounds, max 1500)
   --build-timeout S    bound for all cargo builds together (default 900)
   --smp N, --mem MB    guest CPUs / memory (default 2 / 1024)
   --kernel-pkg NAME    Debian kernel package (default: dependency of linux-image-amd64)
   --cargo-dir DIR      build the project binaries in DIR (default: the repo root)
+  --topology T         shell only: boot the single (default) or the pair topology
   -v, --verbose        also stream the guest console to stdout
   -h, --help           this text
 EOF
@@ -166,6 +209,7 @@ parse_args() {
       --mem)           VM_MEM=${2:?}; shift ;;
       --kernel-pkg)    KERNEL_PKG=${2:?}; shift ;;
       --cargo-dir)     CARGO_DIR=$(cd "${2:?}" && pwd) || die "no directory $2"; shift ;;
+      --topology)      SHELL_TOPOLOGY=${2:?}; shift ;;
       -v|--verbose)    VERBOSE=1 ;;
       -h|--help)       usage; exit 0 ;;
       *) usage >&2; die "unknown option '$1'" ;;
@@ -177,6 +221,8 @@ parse_args() {
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "bad number for ${v}: ${!v}"
   done
   [[ -z $VM_TIMEOUT || $VM_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "bad --timeout"
+  [[ $SHELL_TOPOLOGY == single || $SHELL_TOPOLOGY == pair ]] || die "--topology wants single or pair"
+  [[ $SHELL_TOPOLOGY == single || $MODE == shell ]] || die "--topology is for shell (run boots each group its suites need)"
 }
 
 # Never leave qemu behind (2-core machine): kill the timeout wrapper and qemu
@@ -208,6 +254,8 @@ ensure_host_tools() {
     ibv_devinfo:ibverbs-utils "/etc/libibverbs.d/rxe.driver:ibverbs-providers"
     rdma:iproute2 ip:iproute2 xz:xz-utils ldd:libc-bin dpkg-deb:dpkg apt-get:apt
   )
+  # nft for the pair topology's table (its binary and libraries go into that image).
+  pair_wanted && need+=(nft:nftables)
   if ((PROJECT)); then
     # rdma-sys (bindgen) needs libclang, pkg-config and the rdma-core headers.
     need+=(/usr/include/rdma/rdma_cma.h:librdmacm-dev /usr/include/infiniband/verbs.h:libibverbs-dev
@@ -254,7 +302,7 @@ fetch_kernel() {
   [[ -n $ver && $ver != "(none)" ]] || ver=$(cd "$CACHE/kernel" && ls -1 "${KERNEL_PKG}"_*.deb 2>/dev/null | tail -1 | cut -d_ -f2) || true
   [[ -n $ver ]] || die "no version of $KERNEL_PKG available"
   KDIR=$CACHE/kernel/${KERNEL_PKG}_${ver}
-  if [[ -f $KDIR/.complete && $(<"$KDIR/.complete") == "$ROOT_MODULES" ]]; then
+  if [[ -f $KDIR/.complete && $(<"$KDIR/.complete") == "$ROOT_MODULES | $PAIR_MODULES" ]]; then
     log "kernel: $KERNEL_PKG $ver (cached)"
     return
   fi
@@ -275,7 +323,7 @@ fetch_kernel() {
   local mdir=( "$tmp"/lib/modules/*/ )
   resolve_modules "${mdir[0]}" "$KDIR"
   rm -rf "$tmp"
-  echo "$ROOT_MODULES" > "$KDIR/.complete"
+  echo "$ROOT_MODULES | $PAIR_MODULES" > "$KDIR/.complete"
   log "kernel: cached in ${KDIR#"$LAB_DIR"/}"
 }
 
@@ -301,7 +349,8 @@ extract_vmlinux() {
 }
 
 # Copy the closure of ROOT_MODULES (via each module's `depends=`) and write the
-# load order (dependencies first) to modules.load.  Modules are uncompressed in
+# load order (dependencies first) to modules.load; then the same for PAIR_MODULES, less what
+# modules.load already loads, to modules-pair.load.  Modules are uncompressed in
 # Debian 12 (CONFIG_MODULE_COMPRESS_NONE); decompress here if that ever changes,
 # busybox insmod cannot load compressed modules.
 resolve_modules() {
@@ -329,6 +378,10 @@ resolve_modules() {
   for m in $ROOT_MODULES; do visit "$m"; done
   printf '%s\n' "${order[@]}" > "$kdir/modules.load"
   log "kernel: modules $(tr '\n' ' ' < "$kdir/modules.load")"
+  order=()
+  for m in $PAIR_MODULES; do visit "$m"; done
+  printf '%s\n' "${order[@]}" > "$kdir/modules-pair.load"
+  log "kernel: pair topology's modules $(tr '\n' ' ' < "$kdir/modules-pair.load")"
 }
 
 # ------------------------------------------------------------------- guest fs --
@@ -351,14 +404,58 @@ put_elf() {
 }
 
 # Register a suite: its guest script comes on stdin (sh, run from /tmp with the
-# suite environment; /lab/lib.sh is sourced first).
+# suite environment; /lab/lib.sh is sourced first). GROUP: its boot group (default single).
 add_suite() {
-  local name=$1 kind=$2 tmo=$3
+  local name=$1 kind=$2 tmo=$3 group=${4:-single}
   [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || die "bad suite name '$name'"
+  [[ -e $ROOT/lab/suites-$group.list ]] || die "suite $name: no boot group '$group'"
   if [[ -n $ONLY && ",$ONLY," != *",$name,"* ]]; then cat >/dev/null; return; fi
-  SUITE_NAMES+=("$name"); SUITE_KIND[$name]=$kind; SUITE_TMO[$name]=$tmo
+  SUITE_NAMES+=("$name"); SUITE_KIND[$name]=$kind; SUITE_TMO[$name]=$tmo; SUITE_GROUP[$name]=$group
   { echo '. /lab/lib.sh'; cat; } > "$ROOT/lab/suites/$name.sh"
-  echo "$name $tmo" >> "$ROOT/lab/suites.list"
+  echo "$name $tmo" >> "$ROOT/lab/suites-$group.list"
+}
+
+# The groups that have selected suites, in BOOT_GROUPS order.
+booted_groups() {
+  local row g n
+  for row in "${BOOT_GROUPS[@]}"; do
+    g=${row%%|*}
+    for n in "${SUITE_NAMES[@]}"; do [[ ${SUITE_GROUP[$n]} == "$g" ]] && { echo "$g"; break; }; done
+  done
+}
+
+# boot_group_field GROUP N: the N-th field of the group's BOOT_GROUPS row.
+boot_group_field() {
+  local row
+  for row in "${BOOT_GROUPS[@]}"; do
+    [[ ${row%%|*} == "$1" ]] && { cut -d'|' -f"$2" <<<"$row"; return; }
+  done
+}
+
+console_log() { echo "$WORK/$(boot_group_field "$1" 2)"; }
+
+# Whether the image needs the pair topology's files (nft, its modules): a pair suite is
+# selected (run), or `shell --topology pair`. Known from the options alone, before any suite
+# is registered, so the single group's image is what it was when no pair suite runs.
+pair_wanted() {
+  local row n g
+  [[ $MODE == shell ]] && { [[ $SHELL_TOPOLOGY == pair ]]; return; }
+  [[ -z $ONLY ]] && return 0
+  for row in "${PAIR_SUITES[@]}"; do [[ ",$ONLY," == *",${row%%|*},"* ]] && return 0; done
+  for row in "${PROJECT_BINS[@]}"; do
+    IFS='|' read -r n _ _ _ _ _ _ g <<<"$row"
+    [[ $g == pair && ",$ONLY," == *",$n,"* ]] && ((PROJECT)) && return 0
+  done
+  return 1
+}
+
+# The pair group's suites (PAIR_SUITES), their scripts from lab/guest/.
+add_pair_suites() {
+  local row suite kind tmo script
+  for row in "${PAIR_SUITES[@]}"; do
+    IFS='|' read -r suite kind tmo script <<<"$row"
+    add_suite "$suite" "$kind" "$tmo" pair < "$LAB_DIR/guest/$script"
+  done
 }
 
 subst() { local s=${1//@ADDR6/$ADDR6}; s=${s//@ADDR/$ADDR}; echo "${s//@N/$CONNECTIONS}"; }
@@ -433,9 +530,9 @@ build_project() {
     for dir in /usr/lib/llvm-1[0-5]/lib; do [[ -e $dir/libclang.so.1 ]] && export LIBCLANG_PATH=$dir; done
   fi
   log "building project binaries in $CARGO_DIR (bound ${BUILD_TIMEOUT}s)"
-  local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs genv json exe tkind tname
+  local deadline=$((SECONDS + BUILD_TIMEOUT)) row suite kind tmo args sel gargs genv group json exe tkind tname
   for row in "${PROJECT_BINS[@]}"; do
-    IFS='|' read -r suite kind tmo args sel gargs genv <<<"$row"
+    IFS='|' read -r suite kind tmo args sel gargs genv group <<<"$row"
     if [[ -n $ONLY && ",$ONLY," != *",$suite,"* ]] && ! { [[ $suite == cmtime ]] && interop_selected; } \
         && ! { [[ $suite == udaddy ]] && udaddy_selected; } \
         && ! { [[ $suite == mckey ]] && mckey_selected; }; then
@@ -461,12 +558,12 @@ build_project() {
 
 # Copy the built project binaries into the image and register their suites.
 add_project_suites() {
-  local row suite kind tmo args sel gargs genv
+  local row suite kind tmo args sel gargs genv group
   for row in "${PROJECT_BINS[@]}"; do
-    IFS='|' read -r suite kind tmo args sel gargs genv <<<"$row"
+    IFS='|' read -r suite kind tmo args sel gargs genv group <<<"$row"
     [[ -n ${PROJECT_EXE[$suite]:-} ]] || continue
     put_elf "${PROJECT_EXE[$suite]}" "/lab/bin/$suite"
-    add_suite "$suite" "$kind" "$tmo" <<EOF
+    add_suite "$suite" "$kind" "$tmo" "${group:-single}" <<EOF
 ${genv:+export $(subst "$genv")}
 exec /lab/bin/$suite $(subst "$gargs")
 EOF
@@ -788,8 +885,7 @@ run_dropin_sims() {
 # shown, not compared: the IB CM answers every duplicate REP with a fresh RTU and every
 # duplicate DREQ with a fresh DREP (not counted as retries), and a busy emulated CPU makes
 # duplicates (seen: 2304 RTUs for 1000 connections); when both programs disconnect at once
-# (rdma_server and rdma_client do) the count depends on which DREQ leaves first; and the
-# simulator sends no DREP to a peer that already destroyed its id (README's departures).
+# (rdma_server and rdma_client do) the count depends on which DREQ leaves first.
 dropin_facts() {
   local rec=$1 cargs=$2
   awk -v cargs="$cargs" '
@@ -883,7 +979,8 @@ build_initramfs() {
   local d
   mkdir -p "$ROOT"/{usr/bin,usr/sbin,usr/lib/$MULTIARCH,usr/lib64,proc,sys,dev,tmp,root,etc,lab/suites,lab/bin,lab/modules}
   for d in bin sbin lib lib64; do ln -s usr/$d "$ROOT/$d"; done
-  : > "$ROOT/lab/suites.list"
+  local row
+  for row in "${BOOT_GROUPS[@]}"; do : > "$ROOT/lab/suites-${row%%|*}.list"; done
 
   # iproute2's ip/rdma go to fixed guest paths and are always called by full path:
   # busybox sh runs its own `ip` applet before searching PATH.
@@ -902,13 +999,27 @@ build_initramfs() {
   [[ -n $gcc_s ]] || die "libgcc_s.so.1 not found"
   put "$gcc_s"
 
-  cp "$KDIR"/modules/*.ko "$ROOT/lab/modules/"
+  local m
+  for m in $(<"$KDIR/modules.load"); do cp "$KDIR/modules/$m.ko" "$ROOT/lab/modules/"; done
   cp "$KDIR/modules.load" "$ROOT/lab/modules.load"
 
   add_rdmacore_suites
   ((PROJECT)) && add_project_suites && add_interop_suites && add_udaddy_suites && add_mckey_suites
   if ((PROJECT)); then add_dropin_suites; fi
   add_extra_suites
+  # The pair topology's files (its modules, nft and the libraries no other binary brought, its
+  # suites) come last and go only into its own image: what they add to the tree is listed and
+  # left out of the single group's, which stays what it was.
+  local pair_only=$WORK/pair-only.list
+  : > "$pair_only"
+  if pair_wanted; then
+    (cd "$ROOT" && find . -mindepth 1 | sed 's#^\./##' | LC_ALL=C sort) > "$WORK/files.before"
+    for m in $(<"$KDIR/modules-pair.load"); do cp "$KDIR/modules/$m.ko" "$ROOT/lab/modules/"; done
+    cp "$KDIR/modules-pair.load" "$ROOT/lab/modules-pair.load"
+    put_elf "$(PATH=$PATH:/usr/sbin:/sbin command -v nft)" /usr/sbin/nft
+    add_pair_suites
+    (cd "$ROOT" && find . -mindepth 1 | sed 's#^\./##' | LC_ALL=C sort) | comm -13 "$WORK/files.before" - > "$pair_only"
+  fi
   [[ $MODE == shell || ${#SUITE_NAMES[@]} -gt 0 ]] || die "no suites selected (--only '$ONLY')"
 
   # busybox last: applet links only where no real tool was installed.
@@ -920,9 +1031,19 @@ build_initramfs() {
   done < <("$bb" --list-full)
 
   write_guest_files
-  (cd "$ROOT" && find . -mindepth 1 | sed 's#^\./##' | LC_ALL=C sort | busybox cpio -o -H newc 2>/dev/null) \
-    > "$WORK/initramfs.cpio" || die "cpio failed"
-  log "initramfs: $(du -h "$WORK/initramfs.cpio" | cut -f1) uncompressed, ${#SUITE_NAMES[@]} suite(s): ${SUITE_NAMES[*]}"
+  # One image per boot group: single without the pair-only files, pair with everything.
+  local img sizes=""
+  rm -f "$WORK"/initramfs*.cpio
+  for row in "${BOOT_GROUPS[@]}"; do
+    row=${row%%|*}
+    [[ $row == single || -s $pair_only ]] || continue
+    img=$WORK/$(boot_group_field "$row" 3)
+    (cd "$ROOT" && find . -mindepth 1 | sed 's#^\./##' | LC_ALL=C sort \
+       | { if [[ $row == single ]]; then grep -vxF -f "$pair_only"; else cat; fi; } \
+       | busybox cpio -o -H newc 2>/dev/null) > "$img" || die "cpio failed"
+    sizes+="${sizes:+, }$(du -h "$img" | cut -f1) ($row)"
+  done
+  log "initramfs: $sizes uncompressed, ${#SUITE_NAMES[@]} suite(s): ${SUITE_NAMES[*]}"
 }
 
 # The guest side: /init and /lab/lib.sh (helpers for suite scripts) are the
@@ -937,6 +1058,7 @@ ADDR_GID=$gid_hex
 ADDR6=$ADDR6
 ADDR6_GID=$ADDR6_GID
 CONNECTIONS=$CONNECTIONS
+PAIRS=$PAIRS
 EOF
   local kv
   for kv in "${GUEST_ENV[@]}"; do printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"; done > "$ROOT/lab/env"
@@ -946,27 +1068,46 @@ EOF
 }
 
 # ------------------------------------------------------------------------ VM --
+# qemu_cmd TOPOLOGY (a boot group)
 qemu_cmd() {
   rm -f "$WORK/qemu.pid"
   # TCG with one thread per vCPU; the uncompressed vmlinux boots via PVH.
   QEMU=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m "$VM_MEM" -smp "$VM_SMP"
         -no-reboot -nic none -pidfile "$WORK/qemu.pid"
-        -kernel "$KDIR/vmlinux" -initrd "$WORK/initramfs.cpio"
-        -append "console=ttyS0 panic=-1 quiet lab.mode=$MODE")
+        -kernel "$KDIR/vmlinux" -initrd "$WORK/$(boot_group_field "$1" 3)"
+        -append "console=ttyS0 panic=-1 quiet lab.mode=$MODE lab.topology=$1")
 }
 
-# Run mode: qemu in the background writing the console to lab/work/console.log;
-# the foreground follows the log, prints progress and enforces the boot bound.
+# Run mode: one VM boot per group with selected suites (booted_groups), one after the other
+# (a 2-core host: never two TCG guests at once), each under its own bound.
+boot_all() {
+  local row g
+  # No console of an earlier run left beside this run's (a group that does not boot now).
+  for row in "${BOOT_GROUPS[@]}"; do rm -f "$(console_log "${row%%|*}")"; done
+  for g in $(booted_groups); do boot_run "$g"; done
+}
+
+# boot_run GROUP: qemu in the background writing the console to the group's log
+# (lab/work/console.log for single); the foreground follows the log, prints progress and
+# enforces the boot bound. The results go to the G_* arrays.
 boot_run() {
-  qemu_cmd
+  local group=$1 vm_timeout
+  qemu_cmd "$group"
+  CONSOLE_LOG=$(console_log "$group")
   local total=$BOOT_TIMEOUT n
-  for n in "${SUITE_NAMES[@]}"; do total=$((total + SUITE_TMO[$n] + 5)); done
-  total=$((total + 30)); ((total <= 1500)) || total=1500   # keep a whole run under 30 min
-  VM_TIMEOUT=${VM_TIMEOUT:-$total}
-  log "booting (bound: ${BOOT_TIMEOUT}s to rxe ready, ${VM_TIMEOUT}s in all)"
+  for n in "${SUITE_NAMES[@]}"; do
+    [[ ${SUITE_GROUP[$n]} == "$group" ]] && total=$((total + SUITE_TMO[$n] + 5))
+  done
+  total=$((total + 30)); ((total <= 1500)) || total=1500   # keep a boot under 30 min
+  vm_timeout=${VM_TIMEOUT:-$total}
+  if [[ $group == single ]]; then
+    log "booting (bound: ${BOOT_TIMEOUT}s to rxe ready, ${vm_timeout}s in all)"
+  else
+    log "booting the $group topology, $(boot_group_field "$group" 4) (bound: ${BOOT_TIMEOUT}s to rxe ready, ${vm_timeout}s in all; console ${CONSOLE_LOG#"$REPO"/})"
+  fi
   : > "$CONSOLE_LOG"
   T0=$EPOCHREALTIME
-  timeout -k 10 "$VM_TIMEOUT" "${QEMU[@]}" -display none -monitor none -serial stdio \
+  timeout -k 10 "$vm_timeout" "${QEMU[@]}" -display none -monitor none -serial stdio \
     < /dev/null > "$CONSOLE_LOG" 2> "$WORK/qemu.stderr" &
   QEMU_PID=$!
   follow_console
@@ -975,11 +1116,13 @@ boot_run() {
   QEMU_PID=""
   VM_SECS=$(elapsed "$T0")
   if ((rc == 124 || rc == 137)); then
-    VM_TIMED_OUT=1; log "VM killed after ${VM_SECS}s (bound ${VM_TIMEOUT}s)"
+    VM_TIMED_OUT=1; log "VM killed after ${VM_SECS}s (bound ${vm_timeout}s)"
   elif ((rc != 0)); then
     log "qemu exited with $rc: $(tail -n 3 "$WORK/qemu.stderr" | tr '\n' ' ')"
   fi
   log "VM finished after ${VM_SECS}s"
+  G_INIT[$group]=$BOOT_INIT; G_READY[$group]=$BOOT_READY; G_FAIL[$group]=$BOOT_FAIL
+  G_SECS[$group]=$VM_SECS; G_TIMEOUT[$group]=$vm_timeout; G_TIMED_OUT[$group]=$VM_TIMED_OUT
 }
 
 # Follow the console log while qemu runs.  `read -t 1` lets us check the boot
@@ -1023,9 +1166,9 @@ on_console_line() {
 }
 
 boot_shell() {
-  qemu_cmd
+  qemu_cmd "$SHELL_TOPOLOGY"
   VM_TIMEOUT=${VM_TIMEOUT:-$SHELL_TIMEOUT}
-  log "booting (shell; leave with 'exit' or Ctrl-A x; bound ${VM_TIMEOUT}s; console copy in ${WORK#"$REPO"/}/shell.log)"
+  log "booting (shell, $SHELL_TOPOLOGY topology; leave with 'exit' or Ctrl-A x; bound ${VM_TIMEOUT}s; console copy in ${WORK#"$REPO"/}/shell.log)"
   # Serial and monitor multiplexed on the terminal like -nographic, plus a log;
   # signal=off so Ctrl-C goes to the guest shell, not to qemu.
   timeout --foreground -k 10 "$VM_TIMEOUT" "${QEMU[@]}" -display none \
@@ -1038,7 +1181,13 @@ boot_shell() {
 # program output glued in front of it (no trailing newline): that part belongs
 # to the suite.
 split_console() {
-  tr -d '\r' < "$CONSOLE_LOG" | awk -v dir="$OUT" '
+  local g
+  for g in $(booted_groups); do split_console_log "$(console_log "$g")"; done
+}
+
+split_console_log() {
+  [[ -f $1 ]] || return 0
+  tr -d '\r' < "$1" | awk -v dir="$OUT" '
     {
       line = $0; pre = ""
       i = index(line, "@@LAB-")
@@ -1094,14 +1243,15 @@ cmtime_table() {
   awk 'on && !NF { exit } /^[[:space:]]*step[[:space:]]/ { on = 1 } on' "$1"
 }
 
-# The differential suite's table goes to lab/work/differential-table.txt (with the lines after
-# it: differences, stale list entries, the counts); the summary gets its `differential:` line.
+# A differential suite's table (differential, faultdiff: the suite's name) goes to
+# lab/work/NAME-table.txt (with the lines after it: differences, stale list entries, the
+# counts); the summary gets its `NAME:` line.
 differential_summary() {
   [[ -f $1 ]] || return 0
-  awk '/^--- differential table/ { on = 1 } on' "$1" | tr -d '\r' > "$WORK/differential-table.txt"
-  local line
-  line=$(grep -a '^differential: ' "$1" | tail -n 1 | tr -d '\r')
-  printf '%s (table: %s)' "${line:-no 'differential:' line}" "${WORK#"$REPO"/}/differential-table.txt"
+  local name=$2 line
+  awk -v m="--- $name table" 'index($0, m) == 1 { on = 1 } on' "$1" | tr -d '\r' > "$WORK/$name-table.txt"
+  line=$(grep -a "^$name: " "$1" | tail -n 1 | tr -d '\r')
+  printf '%s (table: %s)' "${line:-no '$name:' line}" "${WORK#"$REPO"/}/$name-table.txt"
 }
 
 summarize() {
@@ -1109,14 +1259,21 @@ summarize() {
   local passed=0 failed=0 name kind rc secs res detail r
   echo
   log "---------------------------------------------------------------- summary"
-  if [[ -n $BOOT_READY ]]; then
-    log "boot: guest init ${BOOT_INIT:-?}s, rxe ready ${BOOT_READY}s after qemu start; VM total ${VM_SECS}s"
-  else
-    log "boot: FAILED (${BOOT_FAIL:-no @@LAB-RXE-READY marker}); console tail (${CONSOLE_LOG#"$REPO"/}):"
-    tr -d '\r' < "$CONSOLE_LOG" | tail -n 15 | sed 's/^/      | /'
-    failed=$((failed + 1))
-  fi
-  ((VM_TIMED_OUT)) && log "VM: killed by its ${VM_TIMEOUT}s bound (--timeout)"
+  local g what con timed_out=0
+  for g in $(booted_groups); do
+    what=boot; [[ $g == single ]] || what="boot, $g topology"
+    con=$(console_log "$g")
+    if [[ -n ${G_READY[$g]:-} ]]; then
+      log "$what: guest init ${G_INIT[$g]:-?}s, rxe ready ${G_READY[$g]}s after qemu start; VM total ${G_SECS[$g]}s"
+    else
+      log "$what: FAILED (${G_FAIL[$g]:-no @@LAB-RXE-READY marker}); console tail (${con#"$REPO"/}):"
+      tr -d '\r' < "$con" 2>/dev/null | tail -n 15 | sed 's/^/      | /'
+      failed=$((failed + 1))
+    fi
+    if ((${G_TIMED_OUT[$g]:-0})); then
+      timed_out=1; log "VM${what#boot}: killed by its ${G_TIMEOUT[$g]}s bound (--timeout)"
+    fi
+  done
   for name in "${SUITE_NAMES[@]}"; do
     kind=${SUITE_KIND[$name]}
     rc=$(cat "$OUT/$name.rc" 2>/dev/null || echo "")
@@ -1164,7 +1321,7 @@ summarize() {
       if ((rc == 0)); then res=ok; passed=$((passed + 1)); else res=FAIL; failed=$((failed + 1)); fi
       ((rc == 143)) && detail="timed out after ${SUITE_TMO[$name]}s"
       [[ $kind == libtest ]] && detail+="${detail:+; }no libtest result line"
-      [[ $kind == differential ]] && detail+="${detail:+; }$(differential_summary "$OUT/$name.log")"
+      [[ $kind == differential ]] && detail+="${detail:+; }$(differential_summary "$OUT/$name.log" "$name")"
     fi
     log "$(printf 'suite %-18s %-5s rc=%-4s %7ss  %s' "$name" "$res" "${rc:--}" "$secs" "$detail")"
     if [[ $res != ok && -f $OUT/$name.log ]]; then
@@ -1180,7 +1337,7 @@ summarize() {
   print_dropin_comparisons
   echo
   log "$passed passed, $failed failed"
-  ((failed == 0 && VM_TIMED_OUT == 0))
+  ((failed == 0 && timed_out == 0))
 }
 
 # Two blocks of lines side by side, the left one padded to its widest line.
@@ -1234,7 +1391,7 @@ main() {
     return 0
   fi
   run_dropin_sims
-  boot_run
+  boot_all
   summarize
 }
 

@@ -25,6 +25,10 @@ pub const UDP_QKEY: u32 = 0x0123_4567;
 /// The size of the global routing header verbs put in front of a UD receive's payload.
 pub const GRH_LEN: usize = 40;
 
+/// The source GID index of IPv4 address handles: where rxe's GID table keeps an interface's
+/// IPv4 address, after the port's IPv6 link-local GID at 0 (see [`AhAttr::for_ip`]).
+const SGID_INDEX_IPV4: u8 = 1;
+
 /// The attributes of an address handle (`struct ibv_ah_attr`), as the SIDR reply gives them
 /// (`rdma_ud_param.ah_attr`) or a received datagram implies them. Plain owned data: a backend
 /// creates the device's address handle from it when a datagram is sent.
@@ -65,16 +69,26 @@ pub struct AhAttr {
 
 impl AhAttr {
     /// The attributes a RoCE device gives for `ip`: a global route to its GID (an IPv4 address
-    /// mapped into IPv6), hop limit 64, port 1.
+    /// mapped into IPv6), hop limit 64, port 1, and a source GID of `ip`'s family: index 1 for
+    /// IPv4, 0 for IPv6.
+    ///
+    /// The source GID must be of the destination's family. rxe's table (measured on Linux 6.1)
+    /// has the port's IPv6 link-local GID at 0 and the interface's IPv4 address at 1, where the
+    /// kernel's own handles for IPv4 (a SIDR reply's, a `MULTICAST_JOIN`'s, a received
+    /// datagram's) point; a handle naming the other family's GID makes `post_send_to` fail
+    /// (`EINVAL` to one QP; to a group the send completes with `LOC_QP_OP_ERR` and the QP goes
+    /// to ERR), one naming no GID fails with `ENODATA`. The simulator lays its tables out so.
+    /// On another device or address layout, take the handle from an event or a received
+    /// datagram.
     pub fn for_ip(ip: IpAddr) -> Self {
-        let v6 = match ip {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            IpAddr::V6(v6) => v6,
+        let (v6, sgid_index) = match ip {
+            IpAddr::V4(v4) => (v4.to_ipv6_mapped(), SGID_INDEX_IPV4),
+            IpAddr::V6(v6) => (v6, 0),
         };
         AhAttr {
             dgid: v6.octets(),
             flow_label: 0,
-            sgid_index: 0,
+            sgid_index,
             hop_limit: 64,
             traffic_class: 0,
             dlid: 0,
@@ -194,6 +208,13 @@ mod tests {
     fn ipv6_address_handles_keep_the_address_as_gid() {
         let ip: IpAddr = "fd00::2".parse().unwrap();
         assert_eq!(AhAttr::for_ip(ip).dest_ip(), Some(ip));
+    }
+
+    #[test]
+    fn address_handles_send_from_a_source_gid_of_the_destinations_family() {
+        // rxe's table: the IPv6 link-local GID at 0, the IPv4 address at 1.
+        assert_eq!(AhAttr::for_ip("10.0.0.1".parse().unwrap()).sgid_index, 1);
+        assert_eq!(AhAttr::for_ip("fd00::1".parse().unwrap()).sgid_index, 0);
     }
 
     #[test]

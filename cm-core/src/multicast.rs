@@ -18,7 +18,9 @@ use crate::{AhAttr, UdParam, UDP_QKEY};
 pub const MULTICAST_QPN: u32 = 0x00FF_FFFF;
 
 /// The destination a `MULTICAST_JOIN` of `group` reports on the UDP port space: the multicast
-/// QP number, [`UDP_QKEY`], and a global route to the group's GID.
+/// QP number, [`UDP_QKEY`], and a global route to the group's GID from the source GID
+/// [`AhAttr::for_ip`] names (on rxe, measured: exactly the join's). A QP need not have joined
+/// to send to it.
 ///
 /// ```
 /// use cm_core::{group_ud_param, MULTICAST_QPN, UDP_QKEY};

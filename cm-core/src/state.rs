@@ -855,10 +855,14 @@ impl IdMachine {
                 next.phase = P::Failed;
                 next.qp = self.qp.map(|_| QpState::Err);
             }
+            // A REJ can also end an established connection: the kernel's IB CM takes one in
+            // ESTABLISHED (a peer that destroyed its child before the RTU reached it), and
+            // rdma_cm, still in RDMA_CM_CONNECT, reports it.
             Rejected | Unreachable
                 if s == IdState::Connect
                     && ((active && matches!(self.phase, P::Connecting | P::Responded))
-                        || (passive && self.phase == P::Accepted)) =>
+                        || (passive && self.phase == P::Accepted)
+                        || (event == Rejected && self.phase == P::Established)) =>
             {
                 next.phase = P::Failed;
                 if event == Rejected {
@@ -1724,12 +1728,12 @@ mod tests {
             /* connecting, QP ERR */ [__, __, __, __, __, __, failed(err), failed(err), failed(err), __, __, gone(P::Connecting, err), __, __, OK, __],
             /* connecting UDP */ [__, __, __, __, __, To(S::Connect, P::Responded, None), failed(None), failed(None), failed(None), To(S::Connect, P::Established, None), __, gone(P::Connecting, None), OK, OK, OK, __],
             /* responded */ [__, __, __, __, __, __, __, failed(None), failed(None), __, __, gone(P::Responded, None), __, __, OK, __],
-            /* established */ [__, __, __, __, __, __, __, __, __, __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
+            /* established */ [__, __, __, __, __, __, __, __, failed(err), __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
             /* failed */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
             /* child requested */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Requested, None), __, __, OK, __],
             /* child accepted */ [__, __, __, __, __, __, __, failed(rts), failed(err), To(S::Connect, P::Established, rts), To(S::Disconnect, P::Accepted, rts), gone(P::Accepted, err), __, __, OK, __],
             /* child rejected */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Rejected, None), __, __, OK, __],
-            /* child established */ [__, __, __, __, __, __, __, __, __, __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
+            /* child established */ [__, __, __, __, __, __, __, __, failed(err), __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
             /* disconnected */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Established, err), __, __, OK, OK],
             /* listening */ [__, __, __, __, OK, __, __, __, __, __, __, removed(None), __, __, OK, __],
             /* removed, pending */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Established, err), __, __, __, __],

@@ -120,7 +120,9 @@ impl QpCaps {
 impl QpCaps {
     /// Checks asked-for capabilities against a device allowing `max_qp_wr` work requests each
     /// way and message buffers of at most `max_message_size` bytes (`rdma_create_qp`'s
-    /// `EINVAL`s, with the reason).
+    /// `EINVAL`s, with the reason). Both queues' work requests together must fit a `u32`: they
+    /// share one CQ and one numbering of slots ([`WrPool`](crate::backend::WrPool)).
+    #[inline]
     pub fn check(&self, max_qp_wr: u32, max_message_size: u32) -> Result<(), CmError> {
         let invalid = |reason| {
             Err(CmError::InvalidArgument {
@@ -136,6 +138,9 @@ impl QpCaps {
         }
         if !(1..=max_message_size).contains(&self.max_message_size) {
             return invalid("max_message_size out of range");
+        }
+        if self.max_send_wr.checked_add(self.max_recv_wr).is_none() {
+            return invalid("max_send_wr + max_recv_wr overflows");
         }
         Ok(())
     }
@@ -379,6 +384,24 @@ mod tests {
         }
         .check(16384, 1 << 20)
         .is_err());
+        // Each queue within a device's limit, the two together past a u32.
+        let sum_overflows = QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: u32::MAX,
+            ..caps
+        };
+        assert_eq!(
+            sum_overflows.check(u32::MAX, 1 << 20),
+            Err(CmError::InvalidArgument {
+                call: Call::CreateQp,
+                reason: "max_send_wr + max_recv_wr overflows",
+            })
+        );
+        let largest = QpCaps {
+            max_recv_wr: u32::MAX - 16,
+            ..sum_overflows
+        };
+        assert_eq!(largest.check(u32::MAX, 1 << 20), Ok(()));
         assert_eq!(caps.check_length(WcOpcode::Send, 4096), Ok(()));
         let err = caps.check_length(WcOpcode::Recv, 4097).unwrap_err();
         assert!(

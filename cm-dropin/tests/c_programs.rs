@@ -208,11 +208,11 @@ fn a_partition_during_connect_makes_cmtime_report_unreachable() {
     if !installed("cmtime") {
         return;
     }
-    // Every REQ is lost; with a 300 ms CM timeout each connect gives up as UNREACHABLE, -ETIMEDOUT.
+    // Every REQ is lost; with 16 tries of 18 ms each connect gives up as UNREACHABLE, -ETIMEDOUT.
     let fabric = Fabric::start(
         "partition",
         2,
-        &["--cm-timeout", "300", "--fault", "0:partition 0 1"],
+        &["--cm-timeouts", "12,8", "--fault", "0:partition 0 1"],
     );
     let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "4"]);
     let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "4"]);
@@ -400,7 +400,11 @@ fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
     )
     .expect("write the schedule");
     let schedule_arg = schedule.to_string_lossy().into_owned();
-    let fabric = Fabric::start("schedule", 2, &["--cm-timeout", "200", "--faults", &schedule_arg]);
+    let fabric = Fabric::start(
+        "schedule",
+        2,
+        &["--cm-timeouts", "11,8", "--faults", &schedule_arg],
+    );
     let server = fabric.spawn(SERVER, &["rdma_server", "-s", SERVER]);
     let client = fabric.spawn(CLIENT, &["rdma_client", "-s", SERVER]);
     let c = wait(client, Duration::from_secs(30), "rdma_client");

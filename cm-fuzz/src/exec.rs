@@ -287,13 +287,15 @@ fn fail(check: Check, signature: impl Into<String>, detail: impl Into<String>, a
 }
 
 /// Every errno librdmacm and verbs answer these calls with (524 is the kernel's `ENOTSUPP`,
-/// which `rdma_join_multicast` passes on for an IPv6 group on RoCEv2).
-const PLAUSIBLE_ERRNOS: [i32; 14] = [
+/// which `rdma_join_multicast` passes on for an IPv6 group on RoCEv2; `ENODATA` is
+/// `ibv_create_ah`'s for a source GID index with no GID).
+const PLAUSIBLE_ERRNOS: [i32; 15] = [
     errno::ENOENT,
     errno::EBADF,
     errno::ENOMEM,
     errno::EBUSY,
     errno::ENODEV,
+    errno::ENODATA,
     errno::EINVAL,
     errno::EOPNOTSUPP,
     errno::EADDRINUSE,
@@ -1191,6 +1193,11 @@ impl<'a> World<'a> {
             let ids = self.ids[f][host].clone();
             for &id in ids.iter().rev() {
                 let mut b = b.clone();
+                // A QP still in a group cannot be destroyed (`QpInGroups`): leave every group
+                // the sequence may have joined first (a group not joined is refused, harmlessly).
+                for n in 0..crate::gen::GROUPS.len() {
+                    let _ = b.leave_multicast(id, group_addr(n));
+                }
                 let _ = b.destroy_qp(id);
                 if b.destroy_id(id).is_ok() {
                     self.dead_ids.insert(id);

@@ -841,15 +841,13 @@ impl Gen {
         if self.chance(30) && !self.skip.skips(Known::DurationMax) {
             c.latency = a..=Duration::MAX;
         }
-        c.cm_timeout = self.pick(&[
-            Duration::ZERO,
-            Duration::from_millis(1),
-            Duration::from_secs(1),
-            Duration::from_secs(20),
-            c.cm_timeout,
-        ]);
+        // The IB CM's exponents, from the shortest (a millisecond a term) to the longest (2^23
+        // ms), the kernel's among them.
+        c.cm_response_timeout = self.pick(&[0, 8, 12, 20, 31]);
+        c.packet_lifetime = self.pick(&[0, 8, 16, 18, 31]);
+        c.ca_ack_delay = self.pick(&[0, 15, 31]);
+        c.mra_service_timeout = self.pick(&[0, 10, 24]);
         c.cm_retries = self.pick(&[0, 1, 3, 15]);
-        c.timewait = self.pick(&[Duration::ZERO, Duration::from_millis(1), Duration::from_secs(2)]);
         c.max_backlog = self.pick(&[1, 2, 1024]);
         c.ephemeral_ports = match self.below(4) {
             0 => 40000..=40002,
@@ -858,15 +856,18 @@ impl Gen {
             _ => 32768..=60999,
         };
         c.max_rd_atomic = self.pick(&[0, 1, 16, 128, 255]);
-        // Mostly room for the application steps' QPs (16 work requests, 4 KiB messages).
-        c.max_qp_wr = self.pick(&[1, 16, 64, 16384, 16384]);
+        // Mostly room for the application steps' QPs (16 work requests, 4 KiB messages); a
+        // device limit of u32::MAX lets drawn capabilities reach two queues whose sum overflows
+        // (in the place of a second 16384: the same draws, so a seed keeps its calls).
+        c.max_qp_wr = self.pick(&[1, 16, 64, 16384, u32::MAX]);
         c.max_message_size = self.pick(&[1, 4096, 4096, 1 << 20, 1 << 20]);
         c.rnr_timer = self.pick(&[Duration::ZERO, Duration::from_millis(1), c.rnr_timer]);
         if self.chance(100) && !self.skip.skips(Known::Config) {
-            match self.below(4) {
+            match self.below(5) {
                 0 => c.cm_retries = self.pick(&[255, 256, 1000, u32::MAX]),
                 1 => c.ephemeral_ports = RangeInclusive::new(50000, 40000),
                 2 => c.max_backlog = 0,
+                3 => c.packet_lifetime = self.pick(&[32, 255]),
                 _ => c.ephemeral_ports = 0..=0,
             }
         }

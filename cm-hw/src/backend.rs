@@ -666,12 +666,9 @@ impl CmBackend for HwBackend {
             Some(max_wr) => max_wr,
             None => e.raw.max_qp_wr().map_err(|err| os_error(Call::CreateQp, err))?,
         };
+        // Refuses a sum of the two queues past a u32 too, as the simulator does.
         caps.check(max_wr, MAX_MESSAGE_SIZE)?;
-        // Both at most max_qp_wr (a u32 from the device, in practice far below 2^31 / 2).
-        let slots = caps
-            .max_send_wr
-            .checked_add(caps.max_recv_wr)
-            .ok_or(invalid("max_send_wr + max_recv_wr overflows"))?;
+        let slots = caps.max_send_wr + caps.max_recv_wr;
         let cqe = i32::try_from(slots).map_err(|_| invalid("too many work requests for one CQ"))?;
         if u64::from(slots) * u64::from(caps.max_message_size) > MAX_QP_BUFFER_BYTES {
             return Err(invalid(

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
+use crate::exchange::timeouts::{Exponents, Waits};
 use crate::fabric::SimFabric;
 use crate::faults::FaultSchedule;
 use crate::trace::TraceMode;
@@ -20,17 +21,28 @@ pub struct SimConfig {
     /// Range a CM message's one-way latency is drawn from, and the time address and route
     /// resolution take.
     pub latency: RangeInclusive<Duration>,
-    /// How long the IB CM retries an unanswered REQ, REP or DREQ before giving up
-    /// (`UNREACHABLE` / `DISCONNECTED` with `-ETIMEDOUT`): (retries + 1) x response timeout.
-    pub cm_timeout: Duration,
-    /// How many times the IB CM sends an unanswered message again within `cm_timeout`.
+    /// The IB CM's response timeout, an IBA exponent (4.096 us x 2^t; `CMA_CM_RESPONSE_TIMEOUT`,
+    /// 20). The IB CM waits `convert(t) = 2^(t - 8)` ms for an answer per try, plus twice the
+    /// path's packet lifetime on the active side: see [`active_response_timeout`](Self::active_response_timeout).
+    pub cm_response_timeout: u8,
+    /// The path's packet lifetime, an IBA exponent: RoCE has no path records, and rdma_cm sets
+    /// `CMA_IBOE_PACKET_LIFETIME` (18 on Linux 6.1, the lab's kernel; 16 from 6.12), or
+    /// `ACK_TIMEOUT` - 1 for an id that set that option before route resolution.
+    pub packet_lifetime: u8,
+    /// The device's `local_ca_ack_delay`, an IBA exponent (rxe: 15): with the packet lifetime it
+    /// makes the connection's ACK timeout (`cm_ack_timeout`), which timewait and the waits after
+    /// an MRA follow.
+    pub ca_ack_delay: u8,
+    /// The service timeout rdma_cm's MRA names, an IBA exponent (`CMA_CM_MRA_SETTING`, 24: 65.5 s):
+    /// once the peer sent one, each try waits this much more.
+    pub mra_service_timeout: u8,
+    /// How many times the IB CM sends an unanswered REQ, REP or DREQ again before giving up
+    /// (`UNREACHABLE` / `DISCONNECTED` with `-ETIMEDOUT`; `CMA_MAX_CM_RETRIES`, 15).
     pub cm_retries: u32,
     /// The receiver-not-ready timer: how long a send waits between two tries when the
     /// receiver has no receive posted (librdmacm leaves the minimum RNR timer at 0, which the
     /// IB spec reads as 655.36 ms). Only matters under [`Fault::RnrRetries`](crate::Fault::RnrRetries).
     pub rnr_timer: Duration,
-    /// How long after a disconnect completes `TIMEWAIT_EXIT` is delivered.
-    pub timewait: Duration,
     /// `net.rdma_ucm.max_backlog`: the backlog used when `rdma_listen` gets 0 or less, and its cap.
     pub max_backlog: u32,
     /// Ephemeral ports handed out to implicit binds and port-0 binds (Linux's default range).
@@ -56,9 +68,57 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    /// The time between two sends of an unanswered IB CM message: `cm_timeout / (cm_retries + 1)`.
-    pub fn cm_response_timeout(&self) -> Duration {
-        self.cm_timeout / self.cm_retries.saturating_add(1)
+    /// The exponents the IB CM's waits are made of.
+    pub(crate) fn exponents(&self) -> Exponents {
+        Exponents {
+            response: self.cm_response_timeout,
+            mra_service: self.mra_service_timeout,
+            ca_ack_delay: self.ca_ack_delay,
+        }
+    }
+
+    fn waits(&self) -> Waits {
+        self.exponents().waits(self.packet_lifetime)
+    }
+
+    /// The active side's wait for an answer to its REQ or DREQ, per try:
+    /// `2 x convert(packet_lifetime) + convert(cm_response_timeout)` (6.144 s on Linux 6.1).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = cm_sim::SimConfig::default();
+    /// assert_eq!(cfg.active_response_timeout(), Duration::from_millis(6_144));
+    /// assert_eq!(cfg.passive_response_timeout(), Duration::from_millis(4_096));
+    /// assert_eq!(cfg.timewait(), Duration::from_millis(2_048));
+    /// // 16 tries of a REQ nobody answers: UNREACHABLE after 98.3 s.
+    /// assert_eq!(cfg.req_timeout(), Duration::from_millis(16 * 6_144));
+    /// ```
+    pub fn active_response_timeout(&self) -> Duration {
+        Duration::from_nanos(self.waits().active_try)
+    }
+
+    /// The passive side's wait for an answer to its REP or DREQ, and a SIDR REQ's, per try:
+    /// `convert(cm_response_timeout)` (4.096 s).
+    pub fn passive_response_timeout(&self) -> Duration {
+        Duration::from_nanos(self.waits().passive_try)
+    }
+
+    /// The active side's wait per try once the passive side answered a duplicate REQ with an
+    /// MRA: `convert(mra_service_timeout) + convert(packet_lifetime + 1)` (67.6 s).
+    pub fn mra_response_timeout(&self) -> Duration {
+        Duration::from_nanos(self.waits().active_service)
+    }
+
+    /// How long after a disconnect completes `TIMEWAIT_EXIT` is delivered:
+    /// `convert(cm_ack_timeout(ca_ack_delay, packet_lifetime))` (2.048 s).
+    pub fn timewait(&self) -> Duration {
+        Duration::from_nanos(self.waits().timewait)
+    }
+
+    /// How long an active id's REQ that nobody answers takes to end in `UNREACHABLE`
+    /// (`-ETIMEDOUT`): (`cm_retries` + 1) tries of [`active_response_timeout`](Self::active_response_timeout).
+    pub fn req_timeout(&self) -> Duration {
+        self.active_response_timeout() * self.cm_retries.saturating_add(1)
     }
 
     /// Checks every field: what [`SimBuilder::try_build`] refuses.
@@ -69,6 +129,16 @@ impl SimConfig {
         }
         if self.cm_retries > MAX_CM_RETRIES {
             return bad("cm_retries", "at most 15 (the REQ's 4-bit Max CM Retries field)");
+        }
+        for (field, t) in [
+            ("cm_response_timeout", self.cm_response_timeout),
+            ("packet_lifetime", self.packet_lifetime),
+            ("ca_ack_delay", self.ca_ack_delay),
+            ("mra_service_timeout", self.mra_service_timeout),
+        ] {
+            if t > MAX_IBA_TIME {
+                return bad(field, "at most 31 (a 5-bit IBA time field)");
+            }
         }
         if self.max_backlog == 0 {
             return bad("max_backlog", "must be at least 1");
@@ -91,6 +161,9 @@ impl SimConfig {
 
 /// The IB CM's limit on retries: the REQ carries them in 4 bits.
 const MAX_CM_RETRIES: u32 = 15;
+
+/// The largest IBA time exponent: the CM messages carry them in 5 bits.
+const MAX_IBA_TIME: u8 = 31;
 
 /// Why a [`SimBuilder`] cannot build a fabric.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,11 +247,14 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             latency: Duration::from_micros(5)..=Duration::from_micros(50),
-            // CMA_CM_RESPONSE_TIMEOUT 20 => 4.096 us * 2^20 per try, CMA_MAX_CM_RETRIES 15 retries.
-            cm_timeout: Duration::from_nanos(4_096 * (1 << 20) * 16),
+            // Linux 6.1's cma.c: CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME,
+            // CMA_CM_MRA_SETTING, CMA_MAX_CM_RETRIES; rxe's RXE_LOCAL_CA_ACK_DELAY.
+            cm_response_timeout: 20,
+            packet_lifetime: 18,
+            ca_ack_delay: 15,
+            mra_service_timeout: 24,
             cm_retries: 15,
             rnr_timer: Duration::from_micros(655_360),
-            timewait: Duration::from_secs(2),
             max_backlog: 1024,
             ephemeral_ports: 32768..=60999,
             max_rd_atomic: 128,
@@ -413,15 +489,27 @@ impl SimBuilder {
         self
     }
 
-    /// How long the IB CM retries unanswered messages before giving up.
-    pub fn cm_timeout(mut self, timeout: Duration) -> Self {
-        self.config.cm_timeout = timeout;
+    /// The IB CM's response timeout and the path's packet lifetime, as IBA exponents (see
+    /// [`SimConfig::cm_response_timeout`] and [`SimConfig::packet_lifetime`]; Linux 6.1's are 20
+    /// and 18). Small values make a test's timeouts short, as they would be on a fabric:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_sim::SimFabric;
+    ///
+    /// let fabric = SimFabric::builder().seed(1).host("10.0.0.1").cm_timeouts(12, 8).build();
+    /// // 2 x 1 ms + 16 ms a try, 16 tries.
+    /// assert_eq!(fabric.config().req_timeout(), Duration::from_millis(16 * 18));
+    /// ```
+    pub fn cm_timeouts(mut self, response_timeout: u8, packet_lifetime: u8) -> Self {
+        self.config.cm_response_timeout = response_timeout;
+        self.config.packet_lifetime = packet_lifetime;
         self
     }
 
-    /// The timewait period before `TIMEWAIT_EXIT`.
-    pub fn timewait(mut self, timewait: Duration) -> Self {
-        self.config.timewait = timewait;
+    /// How many times the IB CM sends an unanswered REQ, REP or DREQ again (at most 15).
+    pub fn cm_retries(mut self, retries: u32) -> Self {
+        self.config.cm_retries = retries;
         self
     }
 
@@ -649,8 +737,27 @@ mod tests {
         assert!(field(with(|c| c.max_sge = 0)).contains("max_sge"));
         let setter = refusal(SimBuilder::new().host("10.0.0.1").max_backlog(0));
         assert_eq!(field(setter), "max_backlog");
+        for t in [
+            "cm_response_timeout",
+            "packet_lifetime",
+            "ca_ack_delay",
+            "mra_service_timeout",
+        ] {
+            let mut cfg = SimConfig::default();
+            match t {
+                "cm_response_timeout" => cfg.cm_response_timeout = 32,
+                "packet_lifetime" => cfg.packet_lifetime = 32,
+                "ca_ack_delay" => cfg.ca_ack_delay = 32,
+                _ => cfg.mra_service_timeout = 32,
+            }
+            assert_eq!(field(cfg.check().unwrap_err()), t);
+        }
         let most = SimConfig {
             cm_retries: 15,
+            cm_response_timeout: 31,
+            packet_lifetime: 31,
+            ca_ack_delay: 31,
+            mra_service_timeout: 31,
             ..SimConfig::default()
         };
         assert!(most.check().is_ok());
@@ -658,11 +765,9 @@ mod tests {
             cm_retries: u32::MAX,
             ..most
         };
-        assert_eq!(
-            cfg.cm_response_timeout(),
-            cfg.cm_timeout / u32::MAX,
-            "no overflow, unchecked"
-        );
+        // Unchecked values overflow nothing: 2^23 ms a term at most, saturating in total.
+        assert_eq!(cfg.active_response_timeout(), Duration::from_millis(3 << 23));
+        assert_eq!(cfg.req_timeout(), Duration::from_millis(3 << 23) * u32::MAX);
     }
 
     #[test]

@@ -14,6 +14,8 @@ use std::time::Duration;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::trace::MsgKind;
+
 /// One fault. Hosts are numbered in the order the builder added them.
 ///
 /// A link fault ([`Partition`](Fault::Partition), [`Heal`](Fault::Heal), [`Loss`](Fault::Loss),
@@ -122,6 +124,30 @@ pub enum Fault {
         /// Retries before `RNR_RETRY_EXC_ERR`.
         retries: u8,
     },
+    /// Of the IB CM messages of kind `msg` from host `from` to host `to` ([`Fault::ALL_HOSTS`]:
+    /// any other), counted from when the fault strikes, the first `skip` go through and the next
+    /// `count` are lost (`u32::MAX`: every one after them). Every message on the wire counts:
+    /// first sends, retries and answers to duplicates alike, as a filter on a real fabric
+    /// counts them (the lab's fault-differential suite drops the same ones on rxe).
+    ///
+    /// ```
+    /// use cm_sim::{Fault, MsgKind};
+    ///
+    /// let second_rep = Fault::Drop { from: 1, to: 0, msg: MsgKind::Rep, skip: 1, count: 1 };
+    /// assert_eq!(second_rep.to_string(), "drop REP 1->0: lose 1 after 1");
+    /// ```
+    Drop {
+        /// The sending host.
+        from: u16,
+        /// The receiving host.
+        to: u16,
+        /// The kind of message.
+        msg: MsgKind,
+        /// Messages let through first.
+        skip: u32,
+        /// Messages lost after them.
+        count: u32,
+    },
 }
 
 impl Fault {
@@ -145,6 +171,7 @@ impl Fault {
             Fault::FailRouteResolution { .. } => "fail-route-resolution",
             Fault::Backlog { .. } => "backlog",
             Fault::RnrRetries { .. } => "rnr-retries",
+            Fault::Drop { .. } => "drop",
         }
     }
 
@@ -154,7 +181,8 @@ impl Fault {
             Fault::Partition { a, b }
             | Fault::Heal { a, b }
             | Fault::Loss { a, b, .. }
-            | Fault::Delay { a, b, .. } => {
+            | Fault::Delay { a, b, .. }
+            | Fault::Drop { from: a, to: b, .. } => {
                 if b == Self::ALL_HOSTS {
                     vec![a]
                 } else {
@@ -210,6 +238,21 @@ impl fmt::Display for Fault {
             }
             Fault::Backlog { host, backlog } => write!(f, "backlog of host {host} capped at {backlog}"),
             Fault::RnrRetries { host, retries } => write!(f, "RNR retries on host {host}: {retries}"),
+            Fault::Drop {
+                from,
+                to,
+                msg,
+                skip,
+                count,
+            } => {
+                write!(f, "drop {} {from}->{}: lose ", msg.name(), Peer(to))?;
+                if count == u32::MAX {
+                    f.write_str("all")?;
+                } else {
+                    write!(f, "{count}")?;
+                }
+                write!(f, " after {skip}")
+            }
         }
     }
 }
@@ -400,6 +443,22 @@ impl Swarm {
             description.push(format!("QPs of host {host} give up after {retries} RNR retries"));
             schedule = schedule.with(Duration::ZERO, Fault::RnrRetries { host, retries });
         }
+        // Drawn last, so that the draws before give the configurations they always gave.
+        if draw(4) == 0 {
+            let (from, to) = pair(&mut draw);
+            let msg = MsgKind::ALL[draw(MsgKind::ALL.len() as u64) as usize];
+            let skip = draw(3) as u32;
+            let count = [1, 2, u32::MAX][draw(3) as usize];
+            let fault = Fault::Drop {
+                from,
+                to,
+                msg,
+                skip,
+                count,
+            };
+            description.push(fault.to_string());
+            schedule = schedule.with(Duration::ZERO, fault);
+        }
         if description.is_empty() {
             description.push("no faults".into());
         }
@@ -415,10 +474,19 @@ impl Swarm {
 /// once across their runs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FaultStats {
-    /// CM messages lost (partition, loss, host or device down).
+    /// CM messages lost (partition, loss, a drop rule, host or device down).
     pub messages_lost: u64,
-    /// Lost REQs, REPs and DREQs the IB CM sent again.
+    /// REQs, REPs and DREQs the IB CM sent again after a response timeout.
     pub messages_resent: u64,
+    /// Messages a [`Fault::Drop`] rule lost.
+    pub messages_dropped: u64,
+    /// REQs that reached the child their request had made (a retry whose first copy arrived):
+    /// answered with an MRA before the accept, dropped after it.
+    pub duplicates: u64,
+    /// MRAs sent, each in answer to a duplicate REQ or REP.
+    pub mras: u64,
+    /// DREPs a host's IB CM sent for a DREQ whose id it no longer has.
+    pub dreps_without_id: u64,
     /// Messages slowed by a [`Fault::Delay`].
     pub messages_delayed: u64,
     /// Requests that ended in `UNREACHABLE` (`-ETIMEDOUT`) on the active side.
@@ -454,10 +522,14 @@ pub struct FaultStats {
 
 impl FaultStats {
     /// Every path with its count.
-    pub fn paths(&self) -> [(&'static str, u64); 17] {
+    pub fn paths(&self) -> [(&'static str, u64); 21] {
         [
             ("messages_lost", self.messages_lost),
             ("messages_resent", self.messages_resent),
+            ("messages_dropped", self.messages_dropped),
+            ("duplicates", self.duplicates),
+            ("mras", self.mras),
+            ("dreps_without_id", self.dreps_without_id),
             ("messages_delayed", self.messages_delayed),
             ("req_timeouts", self.req_timeouts),
             ("rep_timeouts", self.rep_timeouts),
@@ -498,6 +570,7 @@ mod tests {
             "restart",
             "remove-device",
             "addr-change",
+            "drop",
         ] {
             assert!(kinds.contains(kind), "no seed of 64 turned {kind} on");
         }
@@ -512,6 +585,15 @@ mod tests {
         let f = Fault::Partition { a: 0, b: 1 };
         assert_eq!(f.hosts(), vec![0, 1]);
         assert_eq!(f.to_string(), "partition 0<->1");
+        let every_drep = Fault::Drop {
+            from: 2,
+            to: Fault::ALL_HOSTS,
+            msg: MsgKind::Drep,
+            skip: 0,
+            count: u32::MAX,
+        };
+        assert_eq!(every_drep.to_string(), "drop DREP 2->all: lose all after 0");
+        assert_eq!((every_drep.hosts(), every_drep.kind()), (vec![2], "drop"));
         let s = FaultSchedule::new().with(Duration::from_millis(5), Fault::Crash { host: 1 });
         assert_eq!(s.to_string(), "at 5ms: crash host 1");
         assert!(Swarm::from_seed(1, 1, Duration::from_secs(1))

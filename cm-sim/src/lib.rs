@@ -3,9 +3,9 @@
 //!
 //! Hosts with IP addresses share one fabric; each host is a backend ([`SimHost`]). The fabric
 //! models librdmacm's asynchronous events with their statuses, the IB CM exchange underneath
-//! (REQ/REP/RTU, REJ, DREQ/DREP, timeouts, timewait), the QP error state and the flush of posted
-//! work requests on disconnect, and answers every misuse with the typed error the hardware
-//! backend gives too. Time is virtual; randomness comes from one ChaCha8 generator seeded from
+//! (REQ/REP/RTU, MRA, REJ, DREQ/DREP, retries and duplicates, timewait, by Linux 6.1's rules),
+//! the QP error state and the flush of posted work requests on disconnect, and answers every
+//! misuse with the typed error the hardware backend gives too. Time is virtual; randomness comes from one ChaCha8 generator seeded from
 //! the builder, `CM_SIM_SEED`, or a recorded random draw: same seed and calls, same run, byte
 //! for byte ([`SimFabric::trace_hash`]).
 //!
@@ -46,14 +46,14 @@
 //!
 //! | fault | what the application sees |
 //! |---|---|
-//! | [`Fault::Partition`] / [`Fault::Loss`] | a lost REQ, REP or DREQ is sent again after the response timeout; when every try is lost, `UNREACHABLE` (`-ETIMEDOUT`) for a request or reply, `DISCONNECTED` (`-ETIMEDOUT`) after the DREQ timeout. A lost DREP, RTU or REJ is not sent again: the initiator's `DISCONNECTED` comes after the DREQ timeout with `-ETIMEDOUT`, the passive side of a lost RTU gets `UNREACHABLE`. Across a partition a send completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
+//! | [`Fault::Partition`] / [`Fault::Loss`] / [`Fault::Drop`] | CM messages between the hosts are lost (a drop rule: chosen ones of a kind, each transmission counted). As Linux 6.1's IB CM does, REQ, REP and DREQ are sent again on their own timers until answered, however the message or its answer was lost (6.144 s apart on the active side, 4.096 s on the passive side, 16 tries), and each duplicate is answered by its receiver's state: a lost REP or RTU is made up by the REP's retry, a lost DREP by the DREQ's retry (the DREP again from timewait, or from the peer's host when its id is gone). When every try is lost: `UNREACHABLE` (`-ETIMEDOUT`) for a request or reply, `DISCONNECTED` (`-ETIMEDOUT`) for a disconnect. Across a partition a send completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
 //! | [`Fault::Delay`] | slower CM messages; events of different ids reorder, each id's own stay in order |
 //! | [`Fault::Crash`] | the host's ids, channels and QPs vanish; its calls answer [`CmError::HostCrashed`](cm_core::CmError::HostCrashed) (`ENODEV`, with the time of the crash) until it restarts. Its peers are told nothing: their CM messages to it go unanswered (`UNREACHABLE` / `DISCONNECTED` with `-ETIMEDOUT` after the retries), and a send to it completes with `RETRY_EXC_ERR` after (`retry_count` + 1) local ACK timeouts, the QP goes to ERR and the rest flush |
-//! | [`Fault::Restart`] | the crashed host comes back, empty (handles of before the crash are unknown) |
+//! | [`Fault::Restart`] | the crashed host comes back, empty (handles of before the crash are unknown): a peer's REQ retry is a new request there, its DREQ for an old connection is answered with a DREP |
 //! | [`Fault::RemoveDevice`] | `DEVICE_REMOVAL` on every id of the host that has a device; from the removal on (before the event is retrieved too) only destroy is legal; events not retrieved yet are discarded; a listener bound to the device stops listening; QPs go to ERR and flush when the event is retrieved |
 //! | [`Fault::AddrChange`] | `ADDR_CHANGE` on every id of the host that has a device |
 //! | [`Fault::FailAddrResolution`] / [`Fault::FailRouteResolution`] | `ADDR_ERROR` / `ROUTE_ERROR` with the given status for the next resolutions |
-//! | [`Fault::Backlog`] | the host's listeners hold at most that many unretrieved requests; more are dropped and sent again by the requester |
+//! | [`Fault::Backlog`] | the host's listeners hold at most that many unretrieved requests; more are dropped without an answer, and the requester's next try may find room |
 //! | [`Fault::RnrRetries`] | a send that finds no receive posted gives up after that many receiver-not-ready retries: `RNR_RETRY_EXC_ERR`, the QP goes to ERR and flushes |
 //!
 //! # Where the simulator departs from librdmacm

@@ -176,9 +176,10 @@ impl Qp {
         });
     }
 
-    /// A datagram send: it completes as it leaves, whatever becomes of it. Its slot is held
-    /// until the completion is polled, as for any send (the caller checked there is one free).
-    pub(crate) fn complete_datagram_send(&mut self, wr_id: u64, len: usize) {
+    /// A datagram send: it completes as it leaves, whatever becomes of it, with `status`
+    /// (`Success` unless the QP could not send it). Its slot is held until the completion is
+    /// polled, as for any send (the caller checked there is one free).
+    pub(crate) fn complete_datagram_send(&mut self, wr_id: u64, len: usize, status: WcStatus) {
         let q = self.queues();
         let slot = q
             .pool
@@ -186,7 +187,7 @@ impl Qp {
             .expect("caller checked the slot");
         q.cq.push_back(WorkCompletion {
             wr_id: u64::from(slot),
-            status: WcStatus::Success,
+            status,
             opcode: WcOpcode::Send,
             byte_len: 0,
             data: Vec::new(),

@@ -34,7 +34,7 @@ const NEAR_BITS: usize = 4;
 const FIFO_AHEAD: usize = 16;
 
 /// FIFO lanes there are.
-pub(crate) const FIFO_LANES: usize = 2;
+pub(crate) const FIFO_LANES: usize = 4;
 
 #[derive(Clone, Copy)]
 struct Entry<A> {

@@ -3,8 +3,10 @@
 
 pub(crate) use cm_core::backend::{Slab, SlotRef};
 
-/// A pool addressed by bare index, for values with exactly one owner at a time (message
-/// payloads): no generations needed, because nothing can hold a stale index.
+/// A pool addressed by bare index, for values whose owners are counted (message payloads: a
+/// REQ's parameters are held by the message in flight and by its sender, which sends them
+/// again until answered): no generations needed, because a place is freed only when its last
+/// owner lets it go, so nothing can hold a stale index.
 pub(crate) struct Pool<T> {
     values: Vec<PoolEntry<T>>,
     /// The most recently freed place, the top of the free places' stack ([`NO_FREE`]: none):
@@ -14,7 +16,8 @@ pub(crate) struct Pool<T> {
 }
 
 struct PoolEntry<T> {
-    /// For a free place: the place freed before it.
+    /// For a free place: the place freed before it. For a value: how many owners share it
+    /// besides the first (the field serves both: a place is either free or holds a value).
     next_free: u32,
     value: Option<T>,
 }
@@ -35,6 +38,7 @@ impl<T> Pool<T> {
             let i = self.free;
             let e = &mut self.values[i as usize];
             self.free = e.next_free;
+            e.next_free = 0;
             e.value = Some(value);
             return i;
         }
@@ -43,21 +47,33 @@ impl<T> Pool<T> {
             .filter(|&i| i != NO_FREE)
             .expect("pool index overflow");
         self.values.push(PoolEntry {
-            next_free: NO_FREE,
+            next_free: 0,
             value: Some(value),
         });
         i
+    }
+
+    /// One more owner of the value at `index` (which must hold one).
+    pub(crate) fn share(&mut self, index: u32) {
+        let e = &mut self.values[index as usize];
+        debug_assert!(e.value.is_some(), "sharing a free place");
+        e.next_free += 1;
     }
 
     pub(crate) fn get(&self, index: u32) -> Option<&T> {
         self.values.get(index as usize).and_then(|e| e.value.as_ref())
     }
 
-    /// Drops the value at `index`, if any, where it lies: for the many owners that only let a
-    /// value go, which [`take`](Self::take) made move it out first.
+    /// One owner lets the value at `index` go; the last one drops it where it lies (for the
+    /// many owners that only let a value go, which [`take`](Self::take) made move it out first).
+    #[inline]
     pub(crate) fn discard(&mut self, index: u32) {
         if let Some(e) = self.values.get_mut(index as usize) {
             if e.value.is_some() {
+                if e.next_free > 0 {
+                    e.next_free -= 1;
+                    return;
+                }
                 e.value = None;
                 e.next_free = self.free;
                 self.free = index;
@@ -65,9 +81,11 @@ impl<T> Pool<T> {
         }
     }
 
+    /// The one owner of the value at `index` moves it out.
     pub(crate) fn take(&mut self, index: u32) -> Option<T> {
         let e = self.values.get_mut(index as usize)?;
         let v = e.value.take()?;
+        debug_assert_eq!(e.next_free, 0, "taking a shared value whole");
         e.next_free = self.free;
         self.free = index;
         Some(v)
@@ -93,5 +111,26 @@ mod tests {
         assert_eq!(pool.insert("e"), a);
         assert_eq!(pool.insert("f"), 3);
         assert_eq!(pool.get(a), Some(&"e"));
+    }
+
+    /// A shared value lives until its last owner lets it go.
+    #[test]
+    fn a_shared_value_is_freed_by_its_last_owner() {
+        let mut pool = Pool::new();
+        let a = pool.insert(String::from("req"));
+        pool.share(a);
+        pool.share(a);
+        pool.discard(a);
+        pool.discard(a);
+        assert_eq!(pool.get(a).map(String::as_str), Some("req"), "one owner is left");
+        pool.discard(a);
+        assert_eq!(pool.get(a), None);
+        assert_eq!(pool.take(a), None);
+        pool.discard(a);
+        // The freed place is the next one handed out, unshared.
+        let b = pool.insert(String::from("rep"));
+        assert_eq!(b, a);
+        pool.discard(b);
+        assert_eq!(pool.get(b), None);
     }
 }

@@ -23,7 +23,7 @@ pub enum TraceMode {
 }
 
 /// IB CM wire messages the simulator exchanges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum MsgKind {
     /// Connection request.
     Req,
@@ -37,9 +37,23 @@ pub enum MsgKind {
     Dreq,
     /// Disconnect reply.
     Drep,
+    /// Message receipt acknowledgement: the receiver of a duplicate REQ or REP has the original
+    /// and will answer it later (its service timeout stretches the sender's retries).
+    Mra,
 }
 
 impl MsgKind {
+    /// Every kind, in the order of their codes.
+    pub const ALL: [MsgKind; 7] = [
+        MsgKind::Req,
+        MsgKind::Rep,
+        MsgKind::Rtu,
+        MsgKind::Rej,
+        MsgKind::Dreq,
+        MsgKind::Drep,
+        MsgKind::Mra,
+    ];
+
     /// The IB CM name.
     pub const fn name(self) -> &'static str {
         match self {
@@ -49,6 +63,7 @@ impl MsgKind {
             MsgKind::Rej => "REJ",
             MsgKind::Dreq => "DREQ",
             MsgKind::Drep => "DREP",
+            MsgKind::Mra => "MRA",
         }
     }
 

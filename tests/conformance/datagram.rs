@@ -184,6 +184,44 @@ fn post_send_to_is_refused_on_a_connected_qp_and_post_send_on_a_datagram_qp() {
 }
 
 #[test]
+fn a_datagram_from_a_source_gid_of_the_other_family_or_of_none_is_refused_and_the_qp_sends_on() {
+    let mut bed = bed!();
+    let s = sidr(&mut bed, 1, 64);
+    // rxe's table, and the simulator's: the IPv6 link-local GID at 0, the IPv4 address at 1;
+    // nothing at 9.
+    let other_family = if bed.server_ip.is_ipv4() { 0 } else { 1 };
+    for (sgid_index, errno) in [
+        (other_family, cm::api::errno::EINVAL),
+        (9, cm::api::errno::ENODATA),
+    ] {
+        let mut dest = s.dest;
+        dest.ah_attr.sgid_index = sgid_index;
+        assert_err(
+            bed.client.post_send_to(s.client, 1, &dest, b"x"),
+            CmError::Os {
+                call: Call::PostSend,
+                errno,
+            },
+        );
+    }
+    assert_eq!(
+        bed.client.id_machine(s.client).unwrap().qp(),
+        Some(cm::QpState::Rts),
+        "no address handle, nothing posted"
+    );
+    bed.client.post_send_to(s.client, 2, &s.dest, b"ok").unwrap();
+    let sent = completions(&mut bed.client, s.client, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (2, WcStatus::Success));
+    let got = completions(&mut bed.server, s.child, 1);
+    assert_eq!(
+        got[0].data, b"ok",
+        "only the datagram with a fitting source GID left"
+    );
+    teardown_sidr(&mut bed, s);
+    assert_clean(&bed);
+}
+
+#[test]
 fn post_send_to_without_a_qp_is_refused() {
     let mut bed = bed!();
     let ch = bed.client.create_event_channel().unwrap();

@@ -138,6 +138,79 @@ fn init_qp_attr_gives_each_side_the_peers_qp_number_and_one_psn_per_direction() 
 }
 
 #[test]
+fn the_passive_sides_psns_are_fixed_before_accept_and_pair_with_the_active_sides() {
+    // The child's PSNs are what the REQ brought and what the child drew when it was made, so a
+    // QP moved to RTS before `accept` (as `accept`'s docs say) starts from the right PSN.
+    let mut bed = bed!();
+    let server = listen(&mut bed, 0);
+    let client = resolved_client(&mut bed, server.addr, false);
+    bed.client
+        .connect(client.id, &ConnParam::new().with_qp_num(CLIENT_QPN))
+        .expect("connect without a backend QP");
+    let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
+    let child = req.id;
+    let s_rtr = bed
+        .server
+        .init_qp_attr(child, QpState::Rtr)
+        .expect("server RTR before accept");
+    let s_rts = bed
+        .server
+        .init_qp_attr(child, QpState::Rts)
+        .expect("server RTS before accept");
+    bed.server
+        .accept(child, &ConnParam::new().with_qp_num(SERVER_QPN))
+        .expect("accept without a backend QP");
+    let accepted = (
+        bed.server
+            .init_qp_attr(child, QpState::Rtr)
+            .expect("server RTR after accept"),
+        bed.server
+            .init_qp_attr(child, QpState::Rts)
+            .expect("server RTS after accept"),
+    );
+    assert_eq!(
+        (accepted.0.rq_psn, accepted.1.sq_psn),
+        (s_rtr.rq_psn, s_rts.sq_psn),
+        "accept moves neither of the child's PSNs"
+    );
+    expect(&mut bed.client, client.ch, CmEventType::ConnectResponse);
+    let c_rtr = bed
+        .client
+        .init_qp_attr(client.id, QpState::Rtr)
+        .expect("client RTR");
+    let c_rts = bed
+        .client
+        .init_qp_attr(client.id, QpState::Rts)
+        .expect("client RTS");
+    assert_eq!(
+        c_rts.sq_psn, s_rtr.rq_psn,
+        "the client sends from the PSN the child expects"
+    );
+    assert_eq!(
+        s_rts.sq_psn, c_rtr.rq_psn,
+        "the child sends from the PSN the client expects"
+    );
+    for psn in [c_rtr.rq_psn, c_rts.sq_psn] {
+        assert!(psn <= 0x00FF_FFFF, "a PSN has 24 bits: {psn:#x}");
+    }
+    bed.client.establish(client.id).expect("establish");
+    expect(&mut bed.server, server.ch, CmEventType::Established);
+    let established = bed
+        .server
+        .init_qp_attr(child, QpState::Rts)
+        .expect("server RTS established");
+    assert_eq!(established.sq_psn, s_rts.sq_psn, "nor does the RTU");
+    external_teardown(
+        &mut bed,
+        Conn {
+            server,
+            client,
+            child,
+        },
+    );
+}
+
+#[test]
 fn establish_before_connect_response_is_retrieved_is_refused_and_changes_nothing() {
     let mut bed = bed!();
     let server = listen(&mut bed, 0);

@@ -4,8 +4,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 use cm::api::{
-    Call, ChannelHandle, CmBackend, CmError, CmEventType, IdHandle, IdState, PortSpace, QpCaps, UdParam,
-    WorkCompletion, MULTICAST_QPN, UDP_QKEY,
+    Call, ChannelHandle, CmBackend, CmError, CmEventType, IdHandle, IdState, PortSpace, QpCaps, QpState,
+    UdParam, WcOpcode, WcStatus, WorkCompletion, MULTICAST_QPN, UDP_QKEY,
 };
 
 use crate::support::*;
@@ -140,6 +140,90 @@ fn a_datagram_sent_to_the_group_reaches_every_member_and_no_other_qp() {
     bed.client.leave_multicast(sender, g).expect("leave");
     destroy_all(&mut bed.server, &[a, outsider], sch);
     destroy_all(&mut bed.client, &[b, sender], cch);
+    assert_clean(&bed);
+}
+
+#[test]
+fn a_qp_that_did_not_join_sends_to_the_group_with_what_the_join_reported_or_group_ud_param() {
+    let mut bed = bed!();
+    let g = group(&mut bed);
+    let (sip, cip) = (bed.server_ip, bed.client_ip);
+    let sch = bed.server.create_event_channel().expect("channel");
+    let cch = bed.client.create_event_channel().expect("channel");
+    let member = bound_ud(&mut bed.server, sch, sip, 2);
+    let outsider = bound_ud(&mut bed.client, cch, cip, 0);
+    let dest = join(&mut bed.server, sch, member, g);
+    assert_eq!(
+        cm::group_ud_param(g.ip()),
+        dest,
+        "group_ud_param is what the join reports"
+    );
+    for (wr, payload, to) in [
+        (1, b"as joined", dest),
+        (2, b"as helped", cm::group_ud_param(g.ip())),
+    ] {
+        bed.client
+            .post_send_to(outsider, wr, &to, payload)
+            .expect("post_send_to");
+        let mut sent = Vec::new();
+        bed.client.poll_cq(outsider, &mut sent, 1, WAIT).expect("poll_cq");
+        let sent: Vec<_> = sent.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+        assert_eq!(
+            sent,
+            [(wr, WcStatus::Success)],
+            "membership is not needed to send"
+        );
+        assert_eq!(received(&mut bed.server, member, 1, WAIT), vec![payload.to_vec()]);
+    }
+    assert_eq!(bed.client.id_machine(outsider).unwrap().qp(), Some(QpState::Rts));
+    bed.server.leave_multicast(member, g).expect("leave");
+    destroy_all(&mut bed.server, &[member], sch);
+    destroy_all(&mut bed.client, &[outsider], cch);
+    assert_clean(&bed);
+}
+
+#[test]
+fn a_group_send_from_a_source_gid_of_the_other_family_fails_the_send_and_the_qp() {
+    let mut bed = bed!();
+    let g = group(&mut bed);
+    let (sip, cip) = (bed.server_ip, bed.client_ip);
+    let sch = bed.server.create_event_channel().expect("channel");
+    let cch = bed.client.create_event_channel().expect("channel");
+    let member = bound_ud(&mut bed.server, sch, sip, 2);
+    let sender = bound_ud(&mut bed.client, cch, cip, 1);
+    let mut dest = join(&mut bed.server, sch, member, g);
+    // GID 0 is the port's IPv6 link-local GID, on rxe and in the simulator; the group is IPv4.
+    dest.ah_attr.sgid_index = 0;
+    bed.client
+        .post_send_to(sender, 7, &dest, b"from the wrong GID")
+        .expect("the address handle is made: the send fails on the QP");
+    let mut wcs = Vec::new();
+    bed.client.poll_cq(sender, &mut wcs, 1, WAIT).expect("poll_cq");
+    let first: Vec<_> = wcs.iter().map(|wc| (wc.wr_id, wc.status, wc.opcode)).collect();
+    assert_eq!(first, [(7, WcStatus::LocQpOpErr, WcOpcode::Send)]);
+    // What the QP held and what is posted after are flushed (rxe: the posted receive first).
+    bed.client
+        .post_send_to(sender, 8, &cm::group_ud_param(g.ip()), b"after")
+        .expect("post_send_to on a QP in ERR");
+    assert_eq!(bed.client.id_machine(sender).unwrap().qp(), Some(QpState::Err));
+    let rest: Vec<_> = completions(&mut bed.client, sender, 2)
+        .iter()
+        .map(|wc| (wc.wr_id, wc.status, wc.opcode))
+        .collect();
+    assert_eq!(
+        rest,
+        [
+            (0, WcStatus::WrFlushErr, WcOpcode::Recv),
+            (8, WcStatus::WrFlushErr, WcOpcode::Send)
+        ]
+    );
+    assert!(
+        received(&mut bed.server, member, 1, QUIET).is_empty(),
+        "nothing reached the group"
+    );
+    bed.server.leave_multicast(member, g).expect("leave");
+    destroy_all(&mut bed.server, &[member], sch);
+    destroy_all(&mut bed.client, &[sender], cch);
     assert_clean(&bed);
 }
 

@@ -79,7 +79,7 @@ fn unanswered_connect(option: Option<(IdOption, bool)>) -> Duration {
     let start = fabric.now().since_start();
     client.connect(id, &ConnParam::new()).unwrap();
     let req = expect(&mut server, sch, CmEventType::ConnectRequest);
-    let ev = next_event(&mut client, cch, Duration::from_secs(1000)).expect("UNREACHABLE in time");
+    let ev = next_event(&mut client, cch, Duration::from_secs(1200)).expect("UNREACHABLE in time");
     assert_eq!(
         (ev.event, ev.status),
         (CmEventType::Unreachable, -errno::ETIMEDOUT)
@@ -93,17 +93,36 @@ fn unanswered_connect(option: Option<(IdOption, bool)>) -> Duration {
 
 /// Needs virtual time: the IB CM's timeouts run for minutes.
 #[test]
-fn ack_timeout_set_before_route_resolution_lengthens_the_ib_cm_response_timeouts() {
+fn ack_timeout_set_before_route_resolution_changes_the_ib_cm_response_timeouts() {
+    // What an unanswered, retrieved request waits on Linux 6.1 for a path's packet lifetime:
+    // the first try 2 x lifetime + the response timeout, each of the 15 retries after the MRA
+    // the MRA's service timeout plus the active side's lifetime + 1 (IBA exponents, each
+    // 2^(t - 8) ms).
+    let ms = |t: u64| 1u64 << t.saturating_sub(8);
+    let waits =
+        |lifetime: u64| Duration::from_millis(2 * ms(lifetime) + ms(20) + 15 * (ms(24) + ms(lifetime + 1)));
+    // The MRA restarts the timer where it arrives: one round trip of messages after the retry
+    // that drew it, well under a millisecond.
+    let about = |waited: Duration, want: Duration, what: &str| {
+        assert!(
+            waited >= want && waited - want < Duration::from_millis(1),
+            "{what}: {waited:?}, want {want:?}"
+        );
+    };
     let default = unanswered_connect(None);
-    let t = 20;
-    let before = unanswered_connect(Some((IdOption::AckTimeout(t), true)));
-    let after = unanswered_connect(Some((IdOption::AckTimeout(t), false)));
-    // The path's packet lifetime becomes t - 1; each of the 16 tries waits it twice more.
-    assert_eq!(before - default, IdOption::ack_timeout(t - 1) * 2 * 16);
-    assert_eq!(
-        after, default,
-        "set after route resolution, the path keeps its lifetime"
-    );
+    about(default, waits(18), "RoCE's lifetime on 6.1 is 18");
+    for t in [1u8, 14, 20] {
+        let before = unanswered_connect(Some((IdOption::AckTimeout(t), true)));
+        // The path's packet lifetime becomes t - 1: shorter tries below 19, longer above.
+        about(before, waits(u64::from(t) - 1), &format!("ACK_TIMEOUT {t}"));
+        let after = unanswered_connect(Some((IdOption::AckTimeout(t), false)));
+        assert_eq!(
+            after, default,
+            "set after route resolution, the path keeps its lifetime"
+        );
+    }
+    // 0 leaves the kernel's default (`cma_resolve_iboe_route` takes a set, non-zero timeout).
+    assert_eq!(unanswered_connect(Some((IdOption::AckTimeout(0), true))), default);
     let tos = unanswered_connect(Some((IdOption::Tos(0x10), true)));
     assert_eq!(tos, default, "TOS changes no timing");
 }

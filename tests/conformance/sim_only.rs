@@ -194,11 +194,11 @@ fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
     let d = next_event(&mut bed.client, conn.client.ch, Duration::from_secs(600)).expect("DISCONNECTED");
     assert_eq!((d.event, d.status), (CmEventType::Disconnected, -110));
     let waited = fabric.now().since_start() - start.since_start();
-    let cm_timeout = fabric.config().cm_timeout;
-    assert!(
-        waited >= cm_timeout && waited < cm_timeout + Duration::from_millis(1),
-        "after {waited:?}"
-    );
+    // The DREQ is sent 16 times, 6.144 s apart; the peer, in DREQ_RCVD, counts each copy and
+    // says nothing.
+    let cfg = fabric.config();
+    assert_eq!(waited, cfg.active_response_timeout() * (cfg.cm_retries + 1));
+    assert_eq!(waited, Duration::from_millis(16 * 6_144));
     let t = next_event(&mut bed.client, conn.client.ch, Duration::from_secs(600)).expect("TIMEWAIT_EXIT");
     assert_eq!(t.event, CmEventType::TimewaitExit);
     // The silent peer never reaches timewait.
@@ -213,22 +213,45 @@ fn initiator_gets_disconnected_with_etimedout_when_the_peer_never_answers() {
     assert_clean(&bed);
 }
 
-/// Needs virtual time: an unaccepted request times out after the IB CM's retries.
+/// Needs virtual time: an unaccepted request times out after the IB CM's retries, which the
+/// passive side's MRA stretched to over a minute each.
 #[test]
-fn a_request_nobody_accepts_becomes_unreachable() {
+fn a_request_nobody_accepts_is_unreachable_after_the_mra_stretched_tries() {
     let fabric = two_hosts(5);
     let mut bed = bed_on(&fabric);
     let server = listen(&mut bed, 0);
     let client = resolved_client(&mut bed, server.addr, true);
+    let start = fabric.now().since_start();
     bed.client.connect(client.id, &ConnParam::new()).unwrap();
     let child = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest).id;
-    let u = next_event(&mut bed.client, client.ch, Duration::from_secs(600)).expect("UNREACHABLE");
+    let u = next_event(&mut bed.client, client.ch, Duration::from_secs(1100)).expect("UNREACHABLE");
     assert_eq!((u.event, u.status), (CmEventType::Unreachable, -110));
-    // The request is gone (once the active side's REJ has arrived): the kernel has no QP
-    // attributes for the child any more.
+    // The first try waits 6.144 s; its retry draws the MRA rdma_cm deferred, and each of the
+    // 15 retries then waits the MRA's service timeout, 65.536 s, plus 2.048 s, counted from the
+    // MRA's arrival (one round trip of messages after the retry, under a millisecond).
+    let cfg = fabric.config();
+    let waited = fabric.now().since_start() - start;
+    let want = cfg.active_response_timeout() + cfg.mra_response_timeout() * cfg.cm_retries;
+    assert_eq!(want, Duration::from_millis(6_144 + 15 * 67_584));
+    assert!(
+        waited >= want && waited - want < Duration::from_millis(1),
+        "{waited:?}"
+    );
+    let stats = fabric.fault_stats();
+    assert_eq!((stats.mras, stats.duplicates), (15, 15), "{stats:?}");
+    // The active side sends no REJ when it gives up: the child still holds the request, and
+    // its accept goes out to an id that no longer answers, so its own tries run out.
     let_time_pass(&mut bed.server);
-    let err = bed.server.create_qp(child, QpCaps::new()).unwrap_err();
-    assert_eq!(err.errno(), cm::api::errno::EINVAL, "{err}");
+    bed.server.create_qp(child, QpCaps::new()).unwrap();
+    bed.server.accept(child, &ConnParam::new()).unwrap();
+    let accepted = fabric.now().since_start();
+    let u = next_event(&mut bed.server, server.ch, Duration::from_secs(100)).expect("UNREACHABLE");
+    assert_eq!((u.event, u.status), (CmEventType::Unreachable, -110));
+    assert_eq!(
+        fabric.now().since_start() - accepted,
+        cfg.passive_response_timeout() * (cfg.cm_retries + 1)
+    );
+    bed.server.destroy_qp(child).unwrap();
     destroy_all(&mut bed.client, &[client.id], client.ch);
     destroy_all(&mut bed.server, &[child, server.listener], server.ch);
     assert_clean(&bed);
@@ -609,6 +632,50 @@ fn qp_capabilities_above_the_device_maxima_are_refused_with_einval() {
         max_message_size: cfg.max_message_size,
     };
     assert_eq!(bed.client.create_qp(client.id, most), Ok(most));
+    destroy_all(&mut bed.client, &[client.id], client.ch);
+}
+
+/// Needs a device limit no NIC has: with `max_qp_wr` at `u32::MAX` each queue passes its own
+/// check and the two together overflow the QP's slot numbering (`post_recv` used to panic).
+#[test]
+fn queues_whose_work_requests_together_overflow_a_u32_are_refused_like_the_hardware_backend() {
+    let config = cm::sim::SimConfig {
+        max_qp_wr: u32::MAX,
+        ..cm::sim::SimConfig::default()
+    };
+    let fabric = SimFabric::builder()
+        .seed(18)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .config(config)
+        .build();
+    let mut bed = bed_on(&fabric);
+    let dst = bed.server_addr();
+    let client = resolved_client(&mut bed, dst, false);
+    let overflowing = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: u32::MAX,
+        ..QpCaps::new()
+    };
+    assert_err(
+        bed.client.create_qp(client.id, overflowing),
+        CmError::InvalidArgument {
+            call: Call::CreateQp,
+            reason: "max_send_wr + max_recv_wr overflows",
+        },
+    );
+    assert_eq!(
+        bed.client.id_machine(client.id).unwrap().qp(),
+        None,
+        "a refused create_qp makes no QP"
+    );
+    // The most that fits: both queues usable.
+    let largest = QpCaps {
+        max_recv_wr: u32::MAX - 16,
+        ..overflowing
+    };
+    assert_eq!(bed.client.create_qp(client.id, largest), Ok(largest));
+    bed.client.post_recv(client.id, 1, 64).expect("post_recv");
     destroy_all(&mut bed.client, &[client.id], client.ch);
 }
 

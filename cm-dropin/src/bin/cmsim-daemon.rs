@@ -17,15 +17,20 @@ use cm_core::{
 };
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
 use cm_dropin::sock::{self, SeqConn, SeqListener};
-use cm_sim::{Fault, FaultSchedule, SimFabric, SimHost};
+use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric, SimHost};
 
 const USAGE: &str = "\
 usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
   --seed N               simulator seed (default: CM_SIM_SEED or drawn)
-  --cm-timeout MS        IB CM response timeout in milliseconds
+  --cm-timeouts R,L      the IB CM's response timeout and packet lifetime, IBA exponents
+                         (4.096 us x 2^t; Linux 6.1's 20,18: 6.1 s a try, 16 tries; 12,8:
+                         18 ms a try)
   --fault AT:SPEC        strike a fault AT ms after start (repeatable), SPEC one of
                          partition A B | heal A B | loss A B PER_MILLE | delay A B MIN_MS MAX_MS |
-                         crash H | restart H | remove-device H | restore-device H | addr-change H
+                         crash H | restart H | remove-device H | restore-device H | addr-change H |
+                         drop KIND A B SKIP COUNT|all (KIND a CM message: REQ REP RTU REJ MRA DREQ
+                         DREP, from A to B; of those sent from AT on, retries included, let SKIP
+                         through and lose COUNT)
                          (hosts are numbered from 0 in --host order; B may be * for every
                          other host)
   --faults FILE          the same, one AT:SPEC per line (# comments)
@@ -39,7 +44,7 @@ struct Options {
     socket: PathBuf,
     hosts: Vec<String>,
     seed: Option<u64>,
-    cm_timeout: Option<Duration>,
+    cm_timeouts: Option<(u8, u8)>,
     faults: FaultSchedule,
     processes: Option<usize>,
     max_wall: Duration,
@@ -102,6 +107,33 @@ fn parse_fault(line: &str) -> Result<(Duration, Fault), String> {
         Some("remove-device") => Fault::RemoveDevice { host: h(1)? },
         Some("restore-device") => Fault::RestoreDevice { host: h(1)? },
         Some("addr-change") => Fault::AddrChange { host: h(1)? },
+        Some("drop") => {
+            let msg = match words.get(1).map(|w| w.to_ascii_uppercase()).as_deref() {
+                Some("REQ") => MsgKind::Req,
+                Some("REP") => MsgKind::Rep,
+                Some("RTU") => MsgKind::Rtu,
+                Some("REJ") => MsgKind::Rej,
+                Some("MRA") => MsgKind::Mra,
+                Some("DREQ") => MsgKind::Dreq,
+                Some("DREP") => MsgKind::Drep,
+                _ => {
+                    return Err(format!(
+                        "fault `{line}`: drop wants a kind: REQ REP RTU REJ MRA DREQ DREP"
+                    ))
+                }
+            };
+            let count = match words.get(5) {
+                Some(&"all") => u32::MAX,
+                _ => u32::try_from(num(5)?).map_err(|_| format!("fault `{line}`: count out of range"))?,
+            };
+            Fault::Drop {
+                msg,
+                from: h(2)?,
+                to: peer(3)?,
+                skip: u32::try_from(num(4)?).map_err(|_| format!("fault `{line}`: skip out of range"))?,
+                count,
+            }
+        }
         _ => return Err(format!("fault `{line}`: unknown kind")),
     };
     Ok((at, fault))
@@ -112,7 +144,7 @@ fn parse_args() -> Result<Options, String> {
         socket: PathBuf::new(),
         hosts: Vec::new(),
         seed: None,
-        cm_timeout: None,
+        cm_timeouts: None,
         faults: FaultSchedule::new(),
         processes: None,
         max_wall: Duration::from_secs(600),
@@ -126,10 +158,12 @@ fn parse_args() -> Result<Options, String> {
             "--socket" => o.socket = PathBuf::from(val()?),
             "--host" => o.hosts.push(val()?),
             "--seed" => o.seed = Some(cm_sim::parse_seed(&val()?).ok_or("bad --seed")?),
-            "--cm-timeout" => {
-                o.cm_timeout = Some(Duration::from_millis(
-                    val()?.parse().map_err(|_| "bad --cm-timeout")?,
-                ))
+            "--cm-timeouts" => {
+                let v = val()?;
+                let bad = || format!("bad --cm-timeouts {v:?}: want RESPONSE,LIFETIME, each 0 to 31");
+                let (r, l) = v.split_once(',').ok_or_else(bad)?;
+                let exp = |t: &str| t.trim().parse::<u8>().ok().filter(|&t| t <= 31);
+                o.cm_timeouts = Some((exp(r).ok_or_else(bad)?, exp(l).ok_or_else(bad)?));
             }
             "--fault" => {
                 let (at, f) = parse_fault(&val()?)?;
@@ -1381,8 +1415,8 @@ fn main() {
     if let Some(s) = opts.seed {
         b = b.seed(s);
     }
-    if let Some(t) = opts.cm_timeout {
-        b = b.cm_timeout(t);
+    if let Some((response, lifetime)) = opts.cm_timeouts {
+        b = b.cm_timeouts(response, lifetime);
     }
     if !opts.faults.is_empty() {
         b = b.faults(opts.faults.clone());
@@ -1471,6 +1505,41 @@ mod tests {
             parse_fault("0:partition * 1").is_err(),
             "the first end is one host"
         );
+    }
+
+    #[test]
+    fn a_drop_names_a_kind_a_way_and_which_of_its_messages_go() {
+        assert_eq!(
+            parse_fault("100:drop DREP 1 0 0 1"),
+            Ok((
+                Duration::from_millis(100),
+                Fault::Drop {
+                    msg: MsgKind::Drep,
+                    from: 1,
+                    to: 0,
+                    skip: 0,
+                    count: 1
+                }
+            ))
+        );
+        assert_eq!(
+            parse_fault("0:drop req 0 * 2 all").map(|(_, f)| f),
+            Ok(Fault::Drop {
+                msg: MsgKind::Req,
+                from: 0,
+                to: Fault::ALL_HOSTS,
+                skip: 2,
+                count: u32::MAX
+            })
+        );
+        for bad in [
+            "0:drop LAP 0 1 0 1",
+            "0:drop REQ 0 1 0",
+            "0:drop REQ 0 1 -1 1",
+            "0:drop REQ * 1 0 1",
+        ] {
+            assert!(parse_fault(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -43,6 +43,8 @@ impl Fabric {
             peer: Addr::None,
             port_bound: false,
             cm: Exchange::new(),
+            remote_host: u16::MAX,
+            kept: NO_PAYLOAD,
             remote: SlotRef::NONE,
             timers: IdTimers::default(),
             queued: 0,
@@ -79,7 +81,7 @@ impl Fabric {
     /// What the kernel does when an id goes away: tell the peer, free the port, drop the id
     /// and (lazily) its queued events.
     pub(super) fn release(&mut self, r: SlotRef) {
-        self.transition(r, Input::Destroy, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Destroy, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
         self.vanish(r);
     }
 
@@ -350,13 +352,14 @@ impl Fabric {
         );
         slot.m = next;
         slot.remote = SlotRef::NONE;
+        slot.remote_host = u16::MAX;
         slot.retry_count = wire.retry_count;
         let payload = self.new_payload(Payload {
             wire,
             private_data,
             dst: dst.into(),
         });
-        self.transition(r, Input::Connect, SlotRef::NONE, payload);
+        self.transition(r, Input::Connect, SlotRef::NONE, u16::MAX, payload);
         Ok(())
     }
 
@@ -371,9 +374,12 @@ impl Fabric {
             m.accept(param.private_data.len())?
         };
         let (rr, depth) = self.check_resources(call, param)?;
-        let connected = self.slot(r).m.port_space().is_connected();
+        let params = Params {
+            connected: m.port_space().is_connected(),
+            retries: self.cm_retries,
+        };
         // Only whether the exchange takes it: the transition is carried out below.
-        if self.slot(r).cm.on(Input::Accept, connected).is_none() {
+        if self.slot(r).cm.on(Input::Accept, params).is_none() {
             // The request is gone (the active side gave up or was destroyed): the kernel
             // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
             let failed = self.slot(r).m.qp_error();
@@ -408,18 +414,20 @@ impl Fabric {
             private_data,
             dst: Addr::None,
         });
-        self.transition(r, Input::Accept, SlotRef::NONE, payload);
+        self.transition(r, Input::Accept, SlotRef::NONE, u16::MAX, payload);
         Ok(())
     }
 
     pub(crate) fn reject(&mut self, host: u16, id: IdHandle, private_data: &[u8]) -> R<()> {
         let call = Call::Reject;
         let r = self.id_ref(host, id, call)?;
-        let next = self.slot(r).m.reject(private_data.len())?;
+        let retries = self.cm_retries;
         let slot = self.slot(r);
+        let next = slot.m.reject(private_data.len())?;
         let connected = slot.m.port_space().is_connected();
+        let params = Params { connected, retries };
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Reject, connected).is_none() {
+        if slot.cm.on(Input::Reject, params).is_none() {
             return Err(CmError::Os {
                 call,
                 errno: errno::EINVAL,
@@ -432,7 +440,7 @@ impl Fabric {
         } else {
             NO_PAYLOAD
         };
-        self.transition(r, Input::Reject, SlotRef::NONE, payload);
+        self.transition(r, Input::Reject, SlotRef::NONE, u16::MAX, payload);
         Ok(())
     }
 
@@ -440,7 +448,7 @@ impl Fabric {
         let r = self.id_ref(host, id, Call::Disconnect)?;
         let next = self.slot(r).m.disconnect()?;
         self.set_machine(r, next);
-        self.transition(r, Input::Disconnect, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Disconnect, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
         Ok(())
     }
 
@@ -500,10 +508,11 @@ impl Fabric {
     /// The event `t` stands for, with its parameters, as `get_cm_event` returns it (always
     /// `Ok(Some(_))`). Built in what is returned, one return per kind of parameters: an event is
     /// over 300 bytes and every copy of it showed in profiles (built in a `CmEvent` and then
-    /// wrapped, it was copied once more).
+    /// wrapped, it was copied once more). The payload is read where it lies and then let go:
+    /// its sender may still keep it to send again.
     #[inline(always)]
     fn event_of(&mut self, t: Taken) -> R<Option<CmEvent>> {
-        let Some(p) = self.take_payload(t.payload) else {
+        let Some(p) = self.payloads.get(t.payload) else {
             return Ok(Some(cm_core::backend::cm_event(
                 t.id,
                 t.listen_id,
@@ -514,7 +523,8 @@ impl Fabric {
             )));
         };
         if matches!(t.event, CmEventType::MulticastJoin | CmEventType::MulticastError) {
-            if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, &p) {
+            if let Some(ev) = self.multicast_event(t.id, t.event, t.status, t.token, p) {
+                self.drop_payload(t.payload);
                 return Ok(Some(ev));
             }
         }
@@ -522,27 +532,35 @@ impl Fabric {
             if let Some(ud) = self.sidr_ud_param(t.id, p.wire.qp_num) {
                 let ev =
                     cm_core::backend::cm_event(t.id, t.listen_id, t.event, t.status, p.conn_param(), t.token);
+                self.drop_payload(t.payload);
                 return Ok(Some(cm_core::backend::with_ud_param(ev, ud)));
             }
         }
+        // What the event needs of the payload is read out before the payload is let go, so
+        // that the event is built where it is returned.
+        let wire = p.wire;
         if p.private_data.bytes.is_empty() {
             // The usual all-zero data: its one representation is built where the event is,
             // where the choice inside `conn_param` went through a temporary copied whole.
+            let len = usize::from(p.private_data.len);
+            self.drop_payload(t.payload);
             return Ok(Some(cm_core::backend::cm_event(
                 t.id,
                 t.listen_id,
                 t.event,
                 t.status,
-                p.conn_param_with(PrivateData::default().padded(usize::from(p.private_data.len))),
+                wire.conn_param_with(PrivateData::default().padded(len)),
                 t.token,
             )));
         }
+        let private_data = p.private_data.to_private_data();
+        self.drop_payload(t.payload);
         Ok(Some(cm_core::backend::cm_event(
             t.id,
             t.listen_id,
             t.event,
             t.status,
-            p.conn_param(),
+            wire.conn_param_with(private_data),
             t.token,
         )))
     }

@@ -9,6 +9,15 @@
 //! length error and moves the receiver's QP to ERR, as measured on rxe (Linux 6.1, which reports
 //! `LOC_QP_OP_ERR`).
 //!
+//! The address handle's source GID is checked as rxe checks it (measured on Linux 6.1): each
+//! host's GID table is laid out as rxe's, the port's IPv6 link-local GID at 0, then the host's
+//! IPv4 addresses, then its IPv6 ones. An index past the table fails `post_send_to` with
+//! `ENODATA` (no address handle); a GID of the other family than the destination fails it with
+//! `EINVAL` for one QP (no route between the two), while to a group the handle is made and the
+//! send fails on the QP: `LOC_QP_OP_ERR`, and the QP goes to ERR (rxe builds the packet for the
+//! source GID's family and finds no route for it). Whether the sending QP joined the group does
+//! not matter.
+//!
 //! Every random draw here comes from a generator of its own, seeded from the fabric's seed
 //! and made with the first datagram, so a run without datagrams draws exactly what it drew
 //! before datagrams existed (the RC trace hashes do not move).
@@ -35,6 +44,14 @@ pub(super) struct Datagrams {
     /// a QP (destroy, crash, device removal).
     by_qpn: HashMap<u32, SlotRef>,
     in_flight: Pool<InFlight>,
+}
+
+/// Why an address handle's source GID cannot send to its destination.
+enum SourceGid {
+    /// The port has no GID at that index.
+    Missing,
+    /// The GID is of the other address family than the destination.
+    OtherFamily,
 }
 
 /// A datagram on the wire.
@@ -102,7 +119,27 @@ impl Fabric {
             qp.push_flushed(wr_id, WcOpcode::Send);
             return Ok(());
         }
-        qp.complete_datagram_send(wr_id, data.len());
+        if let Some(refused) = self.source_gid_mismatch(host, dest) {
+            return match refused {
+                SourceGid::Missing => Err(CmError::Os {
+                    call,
+                    errno: errno::ENODATA,
+                }),
+                SourceGid::OtherFamily if !dest.is_group() => Err(CmError::Os {
+                    call,
+                    errno: errno::EINVAL,
+                }),
+                SourceGid::OtherFamily => {
+                    let qp = self.slot(r).qp.as_mut().expect("checked");
+                    qp.complete_datagram_send(wr_id, data.len(), WcStatus::LocQpOpErr);
+                    let next = self.slot(r).m.qp_error();
+                    self.set_machine(r, next);
+                    Ok(())
+                }
+            };
+        }
+        let qp = self.slot(r).qp.as_mut().expect("checked");
+        qp.complete_datagram_send(wr_id, data.len(), WcStatus::Success);
         let qp_num = qp.qpn;
         let addr = self.source_ip(host, local_ip);
         let from = UdSender {
@@ -131,6 +168,22 @@ impl Fabric {
             data,
         );
         Ok(())
+    }
+
+    /// What is wrong with the source GID `dest`'s handle names on `host`'s port, if anything
+    /// (a handle without a global route names none to check).
+    fn source_gid_mismatch(&self, host: u16, dest: &UdParam) -> Option<SourceGid> {
+        let to_ipv4 = dest.ah_attr.dest_ip()?.is_ipv4();
+        let addrs = &self.hosts[host as usize].addrs;
+        let ipv4 = addrs.iter().filter(|a| a.is_ipv4()).count();
+        // Index 0 is the IPv6 link-local GID; then the IPv4 addresses, then the IPv6 ones.
+        let gid_ipv4 = match usize::from(dest.ah_attr.sgid_index) {
+            0 => false,
+            i if i <= ipv4 => true,
+            i if i <= addrs.len() => false,
+            _ => return Some(SourceGid::Missing),
+        };
+        (gid_ipv4 != to_ipv4).then_some(SourceGid::OtherFamily)
     }
 
     /// Puts one datagram on the wire, unless the path MTU or the link drops it.

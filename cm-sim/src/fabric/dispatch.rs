@@ -2,47 +2,13 @@
 
 use super::*;
 
+/// A host not known (yet): a sender's, looked up when an effect needs it.
+const UNKNOWN_HOST: u16 = u16::MAX;
+
 impl Fabric {
     pub(super) fn dispatch(&mut self, action: Action) {
         match action {
-            Action::Req {
-                host,
-                from,
-                payload,
-                attempt,
-            } => self.on_req(host, from, payload, attempt),
-            Action::ResendReq {
-                host,
-                from,
-                payload,
-                attempt,
-            } => {
-                if self
-                    .ids
-                    .get(from)
-                    .is_some_and(|s| s.cm.awaits_answer_to(MsgKind::Req))
-                {
-                    self.stats.messages_resent += 1;
-                    self.send_req(from, host, payload, attempt);
-                } else {
-                    self.drop_payload(payload);
-                }
-            }
-            Action::Resend {
-                kind,
-                to,
-                from,
-                status,
-                payload,
-                attempt,
-            } => {
-                if self.ids.get(from).is_some_and(|s| s.cm.awaits_answer_to(kind)) {
-                    self.stats.messages_resent += 1;
-                    self.send_attempt(from, to, kind, status, payload, attempt);
-                } else {
-                    self.drop_payload(payload);
-                }
-            }
+            Action::Req { host, from, payload } => self.on_req(host, from, payload),
             Action::Fault(n) => {
                 let fault = self.faults[n as usize].clone();
                 self.strike(&fault);
@@ -60,6 +26,7 @@ impl Fabric {
                     self.on_msg(kind, to, from, status, payload);
                 } else {
                     self.drop_payload(payload);
+                    self.on_msg_for_gone_id(kind, from);
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
@@ -103,33 +70,51 @@ impl Fabric {
                 let status = self.slot(id).pending_status;
                 self.queue_event(id, SlotRef::NONE, CmEventType::RouteError, status, NO_PAYLOAD)
             }
-            TimerKind::Cm(timer) => {
-                let before = self.slot(id).cm;
-                let next = self.transition(id, Input::Timer(timer), SlotRef::NONE, NO_PAYLOAD);
-                if next.wire() != before.wire() {
-                    match timer {
-                        CmTimer::Req => self.stats.req_timeouts += 1,
-                        CmTimer::Rep => self.stats.rep_timeouts += 1,
-                        CmTimer::Dreq => self.stats.dreq_timeouts += 1,
-                        CmTimer::Timewait => {}
-                    }
-                }
-            }
+            TimerKind::Cm(timer) => self.on_cm_timer(id, timer),
         }
     }
 
-    pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32, attempt: u8) {
+    /// An IB CM timer of `id` fired: a retry, a timeout, or the end of timewait. Out of line:
+    /// the resolutions' timers, which fire in every lifecycle, stay small enough to inline.
+    #[inline(never)]
+    fn on_cm_timer(&mut self, id: SlotRef, timer: CmTimer) {
+        let before = self.slot(id).cm.wire();
+        let after = self
+            .transition(id, Input::Timer(timer), SlotRef::NONE, UNKNOWN_HOST, NO_PAYLOAD)
+            .wire();
+        use crate::exchange::Wire::*;
+        match (before, after) {
+            _ if before == after => self.stats.messages_resent += 1,
+            (ReqSent | MraReqRcvd, _) => self.stats.req_timeouts += 1,
+            (RepSent | MraRepRcvd, _) => self.stats.rep_timeouts += 1,
+            (DreqSent, _) => self.stats.dreq_timeouts += 1,
+            _ => {}
+        }
+    }
+
+    /// A REQ (first sent or a retry) arrives at `host`: a duplicate of a request the host holds
+    /// goes to its child, a new one to the listener (`cm_req_handler`, `cm_match_req`).
+    pub(super) fn on_req(&mut self, host: u16, from: SlotRef, payload: u32) {
         let Some(active) = self.ids.get(from) else {
             self.drop_payload(payload);
             return;
         };
-        // A host that crashed or lost its device while the REQ flew does not answer.
-        if !active.cm.awaits_answer_to(MsgKind::Req) || !self.hosts[host as usize].reachable() {
+        // A host that crashed or lost its device while the REQ flew does not answer; a REQ
+        // whose sender was answered, gave up or was destroyed meanwhile is dropped.
+        if !active.cm.requesting() || !self.hosts[host as usize].reachable() {
             self.drop_payload(payload);
             return;
         }
         let ps = active.m.port_space();
-        let src = active.local.get();
+        let (src, active_host, known) = (active.local.get(), active.host, active.remote);
+        if let Some(child) = self.ids.get(known) {
+            if child.host == host && child.remote == from && child.cm.holds_request(ps.is_connected()) {
+                self.drop_payload(payload);
+                self.stats.duplicates += 1;
+                self.transition(known, Input::Msg(MsgKind::Req, 0), from, active_host, NO_PAYLOAD);
+                return;
+            }
+        }
         let dst = self
             .payloads
             .get(payload)
@@ -145,7 +130,7 @@ impl Fabric {
         };
         let Some(listener) = listener else {
             self.drop_payload(payload);
-            self.reply_without_id(host, from, refuse(true));
+            self.answer_without_id(host, from, active_host, MsgKind::Rej, refuse(true));
             return;
         };
         let l = self.ids.get(listener).expect("listening ids are bound and alive");
@@ -156,10 +141,11 @@ impl Fabric {
             .as_ref()
             .is_none_or(|ls| ls.pending.len() as u32 >= ls.backlog.min(cap));
         if full {
-            // The kernel drops a request its listener has no room for, without an answer; the
-            // sender's IB CM sends it again after its response timeout, until it gives up.
+            // The kernel drops a request its listener has no room for, without an answer
+            // (ucma's backlog refuses the event, and the IB CM resets the child without a REJ
+            // "to allow future retries"): the sender's next try may find room.
             self.stats.backlog_drops += 1;
-            self.resend_req_later(from, host, payload, attempt);
+            self.drop_payload(payload);
             return;
         }
         let child = self.ids.insert(IdSlot {
@@ -171,6 +157,8 @@ impl Fabric {
             port_bound: false,
             cm: Exchange::requested(),
             remote: from,
+            remote_host: active_host,
+            kept: NO_PAYLOAD,
             timers: IdTimers::default(),
             queued: 0,
             last_arrival: SimTime::ZERO,
@@ -182,6 +170,7 @@ impl Fabric {
             listener: None,
         });
         self.ids_changed();
+        self.path_of_child(from, child);
         self.hosts[host as usize].counts.ids += 1;
         self.channels.get_mut(channel).expect("listener's channel").ids += 1;
         self.slot(listener)
@@ -191,38 +180,67 @@ impl Fabric {
             .pending
             .push_back(child);
         // The MRA/REP tells the active side who answers; the simulator links them at once.
-        self.slot(from).remote = child;
+        let a = self.slot(from);
+        a.remote = child;
+        a.remote_host = host;
         self.queue_event(child, listener, CmEventType::ConnectRequest, 0, payload);
     }
 
-    /// A REJ (or SIDR REP with an error status) from a host with no id to answer for.
-    pub(super) fn reply_without_id(&mut self, host: u16, to: SlotRef, status: i32) {
-        let lat = self.latency();
-        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
+    /// A message from `from` for an id that no longer exists reached the host it was for (the
+    /// sender's `remote_host`): that host's IB CM answers a DREQ with a DREP (`cm_issue_drep`)
+    /// and drops the rest. A crashed host answers nothing, and neither does one whose DREQ's
+    /// sender is gone too (the answer would find nobody).
+    fn on_msg_for_gone_id(&mut self, kind: MsgKind, from: SlotRef) {
+        if kind != MsgKind::Dreq {
+            return;
+        }
+        let Some(sender) = self.ids.get(from) else {
             return;
         };
-        if self.lost(host, to_host) {
-            self.trace_lost(host, SlotRef::NONE, MsgKind::Rej, to_host);
+        let (host, from_host) = (sender.remote_host, sender.host);
+        if !self.hosts.get(host as usize).is_some_and(Host::reachable) {
+            return;
+        }
+        self.stats.dreps_without_id += 1;
+        self.answer_without_id(host, from, from_host, MsgKind::Drep, 0);
+    }
+
+    /// An answer from `host`'s IB CM, which has no id to answer for (a REJ or SIDR REP with an
+    /// error status for a REQ nobody listens for; a DREP for a DREQ whose id is gone), to the
+    /// id `to` on `to_host`.
+    pub(super) fn answer_without_id(
+        &mut self,
+        host: u16,
+        to: SlotRef,
+        to_host: u16,
+        kind: MsgKind,
+        status: i32,
+    ) {
+        let lat = self.latency();
+        if self.lost(host, to_host, kind) {
+            self.trace_lost(host, SlotRef::NONE, kind, to_host);
             return;
         }
         let extra = self.extra_delay(host, to_host);
-        let dest = self.ids.get_mut(to).expect("checked");
-        let arrival = self
-            .now
-            .after_nanos(lat)
-            .after_nanos(extra)
-            .max(dest.last_arrival);
-        dest.last_arrival = arrival;
-        self.trace_send(host, SlotRef::NONE, MsgKind::Rej, to_host, status);
-        let pd = self.rej_payload(&[]);
+        let mut arrival = self.now.after_nanos(lat).after_nanos(extra);
+        if let Some(dest) = self.ids.get_mut(to) {
+            arrival = arrival.max(dest.last_arrival);
+            dest.last_arrival = arrival;
+        }
+        self.trace_send(host, SlotRef::NONE, kind, to_host, status);
+        let payload = if kind == MsgKind::Rej {
+            self.rej_payload(&[])
+        } else {
+            NO_PAYLOAD
+        };
         self.schedule(
             arrival,
             Action::Msg {
-                kind: MsgKind::Rej,
+                kind,
                 to,
                 from: SlotRef::NONE,
                 status,
-                payload: pd,
+                payload,
             },
         );
     }
@@ -230,7 +248,7 @@ impl Fabric {
     #[inline(always)]
     pub(super) fn on_msg(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
         // One arm per kind, each with the kind a constant: the inlined exchange then matches on
-        // the wire state alone and most effects fold (issue 14).
+        // the wire state alone and most effects fold.
         match kind {
             MsgKind::Req => self.on_msg_of(MsgKind::Req, to, from, status, payload),
             MsgKind::Rep => self.on_msg_of(MsgKind::Rep, to, from, status, payload),
@@ -238,57 +256,129 @@ impl Fabric {
             MsgKind::Rej => self.on_msg_of(MsgKind::Rej, to, from, status, payload),
             MsgKind::Dreq => self.on_msg_of(MsgKind::Dreq, to, from, status, payload),
             MsgKind::Drep => self.on_msg_of(MsgKind::Drep, to, from, status, payload),
+            MsgKind::Mra => self.on_msg_of(MsgKind::Mra, to, from, status, payload),
         }
     }
 
+    /// The sender's host is looked up only by the effects that need it.
     #[inline(always)]
     fn on_msg_of(&mut self, kind: MsgKind, to: SlotRef, from: SlotRef, status: i32, payload: u32) {
-        self.transition(to, Input::Msg(kind, status), from, payload);
+        self.transition(to, Input::Msg(kind, status), from, UNKNOWN_HOST, payload);
     }
 
     /// `id`'s exchange takes `input` and the fabric carries out the transition's effects in
-    /// order, as the exchange names them. `sender` sent the message being handled (if any);
-    /// `payload` is what that message or the call brought, handed to the effect that takes it
-    /// and otherwise dropped. For inputs the exchange takes in the id's state: the calls that
-    /// can be refused (accept, reject, establish) ask first.
+    /// order, as the exchange names them. `sender` (on `sender_host`) sent the message being
+    /// handled (if any); `payload` is what that message or the call brought, handed to the
+    /// effect that takes it and otherwise dropped. For inputs the exchange takes in the id's
+    /// state: the calls that can be refused (accept, reject, establish) ask first.
     // Each effect is a constant where the exchange names it, so its match folds; a list of
     // effects built at run time (the wire state of a received message, a timer or a destroy
-    // is known only then) was walked and matched (issue 14).
+    // is known only then) was walked and matched.
     #[inline(always)]
     pub(super) fn transition(
         &mut self,
         id: SlotRef,
         input: Input,
         sender: SlotRef,
+        sender_host: u16,
         payload: u32,
     ) -> Exchange {
         let slot = self.slot(id);
         let (before, connected, host) = (slot.cm, slot.m.port_space().is_connected(), slot.host);
-        let mut fx = CarryOut::new(self, id, host, sender, payload);
+        let active = connected && slot.m.role() != cm_core::Role::Passive;
+        let params = Params {
+            connected,
+            retries: self.cm_retries,
+        };
+        let mut fx = CarryOut::new(self, id, host, active, sender, sender_host, payload);
         let next = before
-            .on_with(input, connected, &mut fx)
+            .on_with(input, params, &mut fx)
             .expect("the exchange takes this input in every state");
         let payload = fx.payload;
         // Set after the effects: no effect reads the exchange.
-        self.slot(id).cm = next;
+        let slot = self.slot(id);
+        slot.cm = next;
+        if slot.kept != NO_PAYLOAD && !next.keeps_message() {
+            // Answered, or given up: the message is not sent again.
+            let kept = std::mem::replace(&mut slot.kept, NO_PAYLOAD);
+            self.drop_payload(kept);
+        }
         self.drop_payload(payload);
         next
+    }
+
+    /// What the exchange of `id` depends on besides its state.
+    pub(super) fn params_of(&mut self, id: SlotRef) -> Params {
+        Params {
+            connected: self.slot(id).m.port_space().is_connected(),
+            retries: self.cm_retries,
+        }
+    }
+
+    /// What the IB CM of `id` waits for `timer`, and the queue's lane for that length. `active`:
+    /// the active side of an RC exchange, which adds the path's lifetime to each try; the
+    /// passive side waits what the REQ named, and a SIDR REQ the bare response timeout.
+    #[inline(always)]
+    fn cm_wait(&self, id: SlotRef, active: bool, timer: CmTimer) -> (u64, usize) {
+        let w = if self.id_options.is_empty() {
+            self.waits
+        } else {
+            self.waits_of(id)
+        };
+        match timer {
+            CmTimer::Response if active => (w.active_try, 0),
+            CmTimer::Response => (w.passive_try, 2),
+            CmTimer::Service if active => (w.active_service, 3),
+            CmTimer::Service => (w.passive_service, 3),
+            CmTimer::Timewait => (w.timewait, 1),
+        }
+    }
+
+    /// The call's `payload`, kept by `id` to send again until answered; returns the share the
+    /// first copy carries.
+    #[inline(always)]
+    fn keep(&mut self, id: SlotRef, payload: &mut u32) -> u32 {
+        let p = std::mem::replace(payload, NO_PAYLOAD);
+        let old = std::mem::replace(&mut self.slot(id).kept, p);
+        if p != NO_PAYLOAD {
+            self.payloads.share(p);
+        }
+        self.drop_payload(old);
+        p
+    }
+
+    /// A share of the payload `id` keeps, for a copy of its message (`NO_PAYLOAD`: none kept).
+    fn kept_share(&mut self, id: SlotRef) -> u32 {
+        let p = self.slot(id).kept;
+        if p != NO_PAYLOAD {
+            self.payloads.share(p);
+        }
+        p
     }
 
     /// One effect of `id`'s transition; `payload` is what is left of the message's or call's
     /// payload (taken by the effect that carries it).
     #[inline(always)]
-    fn carry_out(&mut self, id: SlotRef, host: u16, effect: Effect, sender: SlotRef, payload: &mut u32) {
+    fn carry_out(&mut self, on: &On, effect: Effect, payload: &mut u32) {
+        let (id, host, sender, known_host) = (on.id, on.host, on.sender, on.sender_host);
+        // The sender's host, looked up only by the effects that need it (a REP's sender becomes
+        // the peer; an answer to a duplicate goes back).
+        let sender_host = |f: &Fabric| match known_host {
+            UNKNOWN_HOST => f.ids.get(sender).map_or(UNKNOWN_HOST, |s| s.host),
+            h => h,
+        };
         match effect {
             Effect::CancelTimers => self.cancel_timers(id),
             Effect::Arm(timer) => {
-                let after = match timer {
-                    CmTimer::Timewait => self.cfg.timewait,
-                    CmTimer::Req | CmTimer::Rep | CmTimer::Dreq => self.cm_timeout_of(id),
-                };
-                self.timer(id, self.now + after, TimerKind::Cm(timer));
+                let (after, lane) = self.cm_wait(id, on.active, timer);
+                self.cm_timer(id, after, timer, lane);
             }
-            Effect::PeerIsSender => self.slot(id).remote = sender,
+            Effect::PeerIsSender => {
+                let h = sender_host(self);
+                let slot = self.slot(id);
+                slot.remote = sender;
+                slot.remote_host = h;
+            }
             Effect::Queue {
                 event,
                 status,
@@ -306,11 +396,16 @@ impl Fabric {
                 carry,
                 ..
             } => {
-                debug_assert_eq!(carry, Carry::CallPayload, "a REQ carries the call's parameters");
-                let req = std::mem::replace(payload, NO_PAYLOAD);
+                let req = match carry {
+                    Carry::Keep => self.keep(id, payload),
+                    _ => {
+                        debug_assert_eq!(carry, Carry::Kept, "a REQ carries its parameters");
+                        self.kept_share(id)
+                    }
+                };
                 let dst = self.slot(id).peer.get().expect("a resolved id has a destination");
                 match self.host_of_ip(dst.ip()) {
-                    Some(to_host) => self.send_req(id, to_host, req, 0),
+                    Some(to_host) => self.send_req(id, host, to_host, req),
                     None => {
                         // The REQ leaves for an address no host has: it is lost without a
                         // trace, after the same draw a sent one makes.
@@ -325,45 +420,82 @@ impl Fabric {
                 to,
                 carry,
             } => {
-                let dest = match to {
-                    To::Peer => self.slot(id).remote,
-                    To::Sender => sender,
+                let (dest, dest_host) = match to {
+                    To::Peer => {
+                        let slot = self.slot(id);
+                        (slot.remote, slot.remote_host)
+                    }
+                    To::Sender => (sender, sender_host(self)),
                 };
                 if dest.is_none() {
                     // No REP or MRA named a peer yet: there is nobody to tell.
                     return;
                 }
+                // A REP is sent again only for a lost copy: one that arrived is answered by the
+                // peer's state (an MRA, the RTU), whatever it carries. So it moves with its copy,
+                // and a lost copy gives it back (`send`), where a REQ is kept and shared.
                 let carried = match carry {
                     Carry::Nothing => NO_PAYLOAD,
                     Carry::EmptyPrivateData => self.rej_payload(&[]),
                     Carry::CallPayload => std::mem::replace(payload, NO_PAYLOAD),
+                    Carry::Keep if msg == MsgKind::Rep => std::mem::replace(payload, NO_PAYLOAD),
+                    Carry::Kept if msg == MsgKind::Rep => {
+                        std::mem::replace(&mut self.slot(id).kept, NO_PAYLOAD)
+                    }
+                    Carry::Keep => self.keep(id, payload),
+                    Carry::Kept => self.kept_share(id),
                 };
-                self.send(host, id, dest, msg, status, carried);
+                if msg == MsgKind::Mra {
+                    self.stats.mras += 1;
+                }
+                self.send(host, id, dest, dest_host, msg, status, carried);
             }
         }
     }
 }
 
-/// The fabric as the exchange's effector: each effect carried out on `id` as it is named.
+/// The id a transition is about, and the message it handles.
+pub(super) struct On {
+    id: SlotRef,
+    /// The id's host.
+    host: u16,
+    /// The active side of an RC exchange.
+    active: bool,
+    /// Who sent the message being handled, and from which host (`UNKNOWN_HOST`: look it up).
+    sender: SlotRef,
+    sender_host: u16,
+}
+
+/// The fabric as the exchange's effector: each effect carried out on `on.id` as it is named.
 pub(super) struct CarryOut<'a> {
     fabric: &'a mut Fabric,
-    id: SlotRef,
-    host: u16,
-    sender: SlotRef,
+    on: On,
     payload: u32,
 }
 
 impl<'a> CarryOut<'a> {
-    /// Effects on `id`, a live id on `host`, for a message from `sender` (if any) with
-    /// `payload` (if any), which an effect that carries it takes. What is left of `payload` is
-    /// the caller's to drop.
+    /// Effects on `id`, a live id on `host` (the active side of an RC exchange when `active`),
+    /// for a message from `sender` on `sender_host` (if any) with `payload` (if any), which an
+    /// effect that carries it takes. What is left of `payload` is the caller's to drop.
     #[inline(always)]
-    pub(super) fn new(fabric: &'a mut Fabric, id: SlotRef, host: u16, sender: SlotRef, payload: u32) -> Self {
+    pub(super) fn new(
+        fabric: &'a mut Fabric,
+        id: SlotRef,
+        host: u16,
+        active: bool,
+        sender: SlotRef,
+        sender_host: u16,
+        payload: u32,
+    ) -> Self {
         CarryOut {
             fabric,
-            id,
-            host,
-            sender,
+            on: On {
+                id,
+                host,
+                active,
+                sender,
+                sender_host,
+            },
             payload,
         }
     }
@@ -372,7 +504,6 @@ impl<'a> CarryOut<'a> {
 impl Effector for CarryOut<'_> {
     #[inline(always)]
     fn effect(&mut self, effect: Effect) {
-        self.fabric
-            .carry_out(self.id, self.host, effect, self.sender, &mut self.payload);
+        self.fabric.carry_out(&self.on, effect, &mut self.payload);
     }
 }

@@ -5,8 +5,13 @@
 //! in a side table (`Fabric::external`), so that RC ids pay nothing for the feature.
 //! `init_qp_attr` answers what the kernel would (the masks and values below were read on rxe,
 //! Linux 6.1): the remote QP number from the exchange, a starting PSN per direction, the
-//! negotiated resources. Each side's send PSN is a hash of the seed and its QP number rather
-//! than a draw from the fabric's random stream, so RC runs keep their trace hashes.
+//! negotiated resources. The PSNs pair as the kernel's do (`cm.c`, `cma.c`): each id has one
+//! starting PSN, fixed when the id is made (`rdma_create_id` draws `seq_num`; a child's is drawn
+//! when the REQ makes it), which its REQ or REP carries; an id's RTR `rq_psn` is its own, its
+//! RTS `sq_psn` the peer's, from the peer's REQ or REP. So neither moves when `accept` names the
+//! passive side's QP, and what one side sends first is what the other expects. The PSN is a hash
+//! of the seed and the id's slot reference rather than a draw from the fabric's random stream,
+//! so runs keep their trace hashes.
 
 use cm_core::{AddressVector, GlobalRoute, QpAttr, QpAttrMask, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ};
 use cm_core::{ACCESS_REMOTE_WRITE, MTU_1024};
@@ -41,13 +46,18 @@ const SGID_INDEX_V4: u8 = 1;
 /// The hop limit of the simulated RoCE address vectors.
 const HOP_LIMIT: u8 = 64;
 
-/// The starting PSN of what the QP numbered `sender_qpn` sends (24 bits).
-fn send_psn(seed: u64, sender_qpn: u32) -> u32 {
-    // splitmix64's finaliser: a fixed, well-mixed function of both.
-    let mut z = seed ^ (u64::from(sender_qpn) << 8) ^ 0x9E37_79B9_7F4A_7C15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) & 0x00FF_FFFF) as u32
+/// The starting PSN of the id in slot `id` (24 bits): the PSN its REQ or REP carries, which it
+/// expects to receive and its peer starts sending from. A slot reference names one id for the
+/// fabric's life (a reused slot has a new generation), as the kernel's `seq_num` is one id's.
+fn id_psn(seed: u64, id: SlotRef) -> u32 {
+    // splitmix64's finaliser, twice: a fixed, well-mixed function of both.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let key = (u64::from(id.generation) << 32) | u64::from(id.index);
+    (mix(seed ^ mix(key ^ 0x9E37_79B9_7F4A_7C15)) & 0x00FF_FFFF) as u32
 }
 
 /// The RoCE GID of an IP address: the IPv6 address, or the IPv4 one mapped into IPv6.
@@ -131,7 +141,6 @@ impl Fabric {
             (e.responder_resources, e.initiator_depth, e.rnr_retry_count)
         });
         let seed = self.seed.value;
-        let local_qpn = self.qpn_of(r).unwrap_or(0);
         match qp_state {
             QpState::Init => {
                 attr.mask = attr.mask | QpAttrMask::ACCESS_FLAGS;
@@ -150,7 +159,8 @@ impl Fabric {
                     | QpAttrMask::MIN_RNR_TIMER;
                 attr.path_mtu = MTU_1024;
                 attr.dest_qp_num = remote_qpn.unwrap_or(0);
-                attr.rq_psn = send_psn(seed, remote_qpn.unwrap_or(0));
+                // `cma_init_qp_attr`: the id's own `seq_num`, which its REQ or REP carried.
+                attr.rq_psn = id_psn(seed, r);
                 attr.max_dest_rd_atomic = responder_resources;
                 attr.ah_attr = AddressVector {
                     grh: peer.map(|p| GlobalRoute {
@@ -170,7 +180,8 @@ impl Fabric {
                     | QpAttrMask::RETRY_CNT
                     | QpAttrMask::RNR_RETRY
                     | QpAttrMask::MAX_QP_RD_ATOMIC;
-                attr.sq_psn = send_psn(seed, local_qpn);
+                // The peer's REQ or REP's starting PSN (`cm_req_handler`, `cm_rep_handler`).
+                attr.sq_psn = id_psn(seed, remote);
                 attr.timeout = ACK_TIMEOUT;
                 attr.retry_cnt = retry_count;
                 attr.rnr_retry = rnr_retry;
@@ -189,9 +200,10 @@ impl Fabric {
         let call = Call::Establish;
         let r = self.id_ref(host, id, call)?;
         let next = self.slot(r).m.establish()?;
+        let params = self.params_of(r);
         let slot = self.slot(r);
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Establish, true).is_none() {
+        if slot.cm.on(Input::Establish, params).is_none() {
             // The REJ (or the peer's timeout) came first: the IB CM has no RTU to send.
             return Err(CmError::Os {
                 call,
@@ -199,7 +211,7 @@ impl Fabric {
             });
         }
         slot.m = next;
-        self.transition(r, Input::Establish, SlotRef::NONE, NO_PAYLOAD);
+        self.transition(r, Input::Establish, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
         Ok(())
     }
 }
@@ -209,12 +221,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn send_psns_are_24_bits_and_depend_on_seed_and_qp_number() {
-        let a = send_psn(7, 0x11);
-        assert!(a <= 0x00FF_FFFF);
-        assert_eq!(a, send_psn(7, 0x11));
-        assert_ne!(a, send_psn(8, 0x11));
-        assert_ne!(a, send_psn(7, 0x12));
+    fn id_psns_are_24_bits_and_depend_on_seed_slot_and_generation() {
+        let at = |index, generation| SlotRef { index, generation };
+        let a = id_psn(7, at(3, 0));
+        assert_eq!(a, id_psn(7, at(3, 0)));
+        assert_ne!(a, id_psn(8, at(3, 0)));
+        assert_ne!(a, id_psn(7, at(4, 0)));
+        assert_ne!(a, id_psn(7, at(3, 1)));
+        // 24 bits, and all of them used.
+        let psns: Vec<u32> = (0..64).map(|i| id_psn(1, at(i, 0))).collect();
+        assert!(psns.iter().all(|&p| p <= 0x00FF_FFFF));
+        assert!(psns.iter().any(|&p| p > 0x007F_FFFF));
     }
 
     #[test]

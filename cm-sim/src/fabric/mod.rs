@@ -6,7 +6,7 @@
 //! * the [`Exchange`] is the IB CM's view (it moves when messages arrive and timers fire) and
 //!   decides which messages are sent and which events are generated. It is a pure machine
 //!   (`crate::exchange`); the fabric carries its effects out as the exchange names them
-//!   (`Fabric::transition`), or from the list a transition made (`Fabric::apply`).
+//!   (`Fabric::transition`).
 //!
 //! Events are queued on the channel when generated, in virtual-time order, and transformed on
 //! retrieval where librdmacm transforms them (the kernel's `CONNECT_RESPONSE` becomes
@@ -30,7 +30,8 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::builder::{Seed, SimBuilder, SimConfig, SEED_ENV};
-use crate::exchange::{reason, Carry, CmTimer, Effect, Effector, Exchange, Input, To};
+use crate::exchange::timeouts::Waits;
+use crate::exchange::{reason, Carry, CmTimer, Effect, Effector, Exchange, Input, Params, To};
 use crate::faults::{Fault, FaultSchedule, FaultStats};
 use crate::fifo::Fifo;
 use crate::host::SimHost;
@@ -115,6 +116,12 @@ pub(crate) struct Fabric {
     /// needs the checks (they cost a fault-free run several percent).
     links_faulted: bool,
     stats: FaultStats,
+    /// [`Fault::Drop`] rules struck so far (most runs have none).
+    drops: Vec<DropRule>,
+    /// What the IB CM waits for an id on the default path, worked out once.
+    waits: Waits,
+    /// `cfg.cm_retries`, as the exchange counts them.
+    cm_retries: u8,
     /// Ids connected or accepted with an external QP (the application's own), and what their
     /// exchange agreed on; no other id has an entry.
     external: BTreeMap<SlotRef, self::external::ExternalQp>,
@@ -145,6 +152,9 @@ impl Fabric {
             faults: Vec::new(),
             links_faulted: false,
             stats: FaultStats::default(),
+            drops: Vec::new(),
+            waits: cfg.exponents().waits(cfg.packet_lifetime),
+            cm_retries: cfg.cm_retries.min(15) as u8,
             events_queued: 0,
             ids: Slab::new(),
             channels: Slab::new(),

@@ -20,8 +20,9 @@ pub(super) struct IdOptions {
     reuse: bool,
     afonly: Option<bool>,
     ack_timeout: Option<u8>,
-    /// The path's packet lifetime: `ACK_TIMEOUT` - 1 when it was set before route resolution
-    /// (the kernel's `cma_resolve_iboe_route`), which the IB CM's response timeouts add twice.
+    /// The connection's packet lifetime when it is not the default: `ACK_TIMEOUT` - 1 when the
+    /// active id set it before route resolution (the kernel's `cma_resolve_iboe_route`), and the
+    /// same for the child its REQ made. The IB CM's waits follow from it.
     packet_lifetime: Option<u8>,
 }
 
@@ -130,53 +131,38 @@ impl Fabric {
         }
     }
 
-    /// Route resolution: an `ACK_TIMEOUT` set by now becomes the path's packet lifetime.
+    /// Route resolution: an `ACK_TIMEOUT` set by now becomes the path's packet lifetime (one
+    /// less; `cma_resolve_iboe_route`, which keeps the default for 0).
     pub(super) fn on_route_resolution(&mut self, r: SlotRef) {
         // Most runs set no option: no hashing of the id for an empty table.
         if self.id_options.is_empty() {
             return;
         }
         if let Some(o) = self.id_options.get_mut(&r) {
-            o.packet_lifetime = o.ack_timeout.map(|t| t.saturating_sub(1));
+            o.packet_lifetime = o.ack_timeout.filter(|&t| t > 0).map(|t| t - 1);
         }
     }
 
-    /// The extra time each IB CM response timeout of `r` waits: twice the path's packet
-    /// lifetime, when `ACK_TIMEOUT` set one (the default path's is part of `cm_timeout`).
-    #[inline]
-    fn path_extra(&self, r: SlotRef) -> Duration {
+    /// A child made by `active`'s REQ follows the REQ's path: `active`'s lifetime when
+    /// `ACK_TIMEOUT` gave it its own (the kernel's passive side reads it from the REQ).
+    pub(super) fn path_of_child(&mut self, active: SlotRef, child: SlotRef) {
         if self.id_options.is_empty() {
-            return Duration::ZERO;
+            return;
         }
-        self.path_extra_set(r)
+        if let Some(lifetime) = self.id_options.get(&active).and_then(|o| o.packet_lifetime) {
+            self.id_options.entry(child).or_default().packet_lifetime = Some(lifetime);
+        }
     }
 
-    /// [`path_extra`](Self::path_extra) once some id set an option. Kept out of line: inlined,
-    /// the compiler hashed the id for the lookup ahead of the emptiness test, on every armed
-    /// timer of runs that set no option (issue 14).
+    /// What the IB CM of `r` waits once some id set an option: the default path's waits, or
+    /// those of `r`'s own path. Kept out of line: inlined, the compiler hashed the id for the
+    /// lookup ahead of the emptiness test, on every armed timer of runs that set no option.
     #[inline(never)]
-    fn path_extra_set(&self, r: SlotRef) -> Duration {
+    pub(super) fn waits_of(&self, r: SlotRef) -> Waits {
         match self.id_options.get(&r).and_then(|o| o.packet_lifetime) {
-            Some(plt) => IdOption::ack_timeout(plt) * 2,
-            None => Duration::ZERO,
+            Some(lifetime) => self.cfg.exponents().waits(lifetime),
+            None => self.waits,
         }
-    }
-
-    /// The time between two sends of an unanswered REQ, REP or DREQ of `r`.
-    pub(super) fn cm_response_timeout_of(&self, r: SlotRef) -> Duration {
-        self.cfg.cm_response_timeout() + self.path_extra(r)
-    }
-
-    /// How long the IB CM retries an unanswered REQ, REP or DREQ of `r` before giving up.
-    // Always inlined: `#[inline]` left a call for each REQ, REP and DREQ timer armed, for a
-    // test and a load.
-    #[inline(always)]
-    pub(super) fn cm_timeout_of(&self, r: SlotRef) -> Duration {
-        let extra = self.path_extra(r);
-        if extra.is_zero() {
-            return self.cfg.cm_timeout;
-        }
-        self.cfg.cm_timeout + extra * self.cfg.cm_retries.saturating_add(1)
     }
 
     /// The local ACK timeout of `r`'s QP: `ACK_TIMEOUT`'s when it set one.

@@ -71,7 +71,7 @@ impl Fabric {
                 let connected = slot.m.port_space().is_connected();
                 let outcome = slot.m.connect_response_outcome();
                 let before = slot.cm;
-                let mut fx = CarryOut::new(self, q.id, host, SlotRef::NONE, NO_PAYLOAD);
+                let mut fx = CarryOut::new(self, q.id, host, connected, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
                 let (seen, seen_status, next) =
                     before.on_connect_response_with(outcome, status, connected, &mut fx);
                 // Set after its effect (the RTU), which does not read it, as `transition` does.

@@ -18,7 +18,14 @@ pub(super) struct IdSlot {
     pub(super) port_bound: bool,
     /// The IB CM exchange.
     pub(super) cm: Exchange,
+    /// The peer's id (the REQ's child for an active id, the requester for a child), which may
+    /// be gone; `SlotRef::NONE` until known.
     pub(super) remote: SlotRef,
+    /// The host `remote` lives (or lived) on: messages to it go there even once it is gone.
+    pub(super) remote_host: u16,
+    /// The payload of the REQ or REP the id sends again until it is answered (`NO_PAYLOAD`:
+    /// none), shared with the copies in flight.
+    pub(super) kept: u32,
     /// The id's timers in the queue, and which of them are live.
     pub(super) timers: IdTimers,
     /// Events queued on the channel and not retrieved.
@@ -206,6 +213,29 @@ impl Host {
     }
 }
 
+/// A [`Fault::Drop`] in force: which messages it loses, and how many it has counted.
+pub(super) struct DropRule {
+    pub(super) from: u16,
+    pub(super) to: u16,
+    pub(super) msg: MsgKind,
+    pub(super) skip: u32,
+    pub(super) count: u32,
+    /// Messages the rule matched so far.
+    pub(super) seen: u32,
+}
+
+impl DropRule {
+    /// Counts a message of `kind` from host `a` to host `b`: true when it is one the rule loses.
+    pub(super) fn matches(&mut self, a: u16, b: u16, kind: MsgKind) -> bool {
+        if a != self.from || (self.to != Fault::ALL_HOSTS && b != self.to) || kind != self.msg {
+            return false;
+        }
+        let n = self.seen;
+        self.seen = self.seen.saturating_add(1);
+        n >= self.skip && (self.count == u32::MAX || n - self.skip < self.count)
+    }
+}
+
 /// The state of the link between two hosts, as faults leave it.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Link {
@@ -293,6 +323,36 @@ mod tests {
             assert_eq!(Addr::from(a).get(), a);
         }
         assert_eq!(std::mem::size_of::<Addr>(), 16);
+    }
+
+    #[test]
+    fn a_drop_rule_loses_the_messages_it_names_counting_every_one_it_matches() {
+        let mut rule = DropRule {
+            from: 0,
+            to: 1,
+            msg: MsgKind::Req,
+            skip: 1,
+            count: 2,
+            seen: 0,
+        };
+        // Other kinds, directions and hosts pass uncounted.
+        assert!(!rule.matches(0, 1, MsgKind::Rep));
+        assert!(!rule.matches(1, 0, MsgKind::Req));
+        assert!(!rule.matches(0, 2, MsgKind::Req));
+        let fate: Vec<bool> = (0..5).map(|_| rule.matches(0, 1, MsgKind::Req)).collect();
+        assert_eq!(fate, [false, true, true, false, false]);
+        let mut all = DropRule {
+            to: Fault::ALL_HOSTS,
+            skip: 0,
+            count: u32::MAX,
+            seen: u32::MAX - 1,
+            ..rule
+        };
+        assert!(all.matches(0, 5, MsgKind::Req));
+        assert!(
+            all.matches(0, 1, MsgKind::Req),
+            "the count saturates, the rule holds"
+        );
     }
 
     /// Two ids per connection, so a byte here is two per connection at scale (the slot was 200

@@ -64,10 +64,17 @@ impl Fabric {
     /// the id's host crashed or its device went.
     pub(super) fn vanish(&mut self, r: SlotRef) {
         let s = self.slot(r);
-        let (host, ps, channel, queued, timers) =
-            (s.host, s.m.port_space(), s.channel, s.queued, s.timers.pending());
+        let (host, ps, channel, queued, timers, kept) = (
+            s.host,
+            s.m.port_space(),
+            s.channel,
+            s.queued,
+            s.timers.pending(),
+            s.kept,
+        );
         let bound = s.local.get().filter(|_| s.port_bound);
         self.ids.discard(r);
+        self.drop_payload(kept);
         self.ids_changed();
         if !self.external.is_empty() {
             self.external.remove(&r);
@@ -96,6 +103,7 @@ impl Fabric {
                 | Fault::Delay { .. }
                 | Fault::Crash { .. }
                 | Fault::RemoveDevice { .. }
+                | Fault::Drop { .. }
         ) {
             self.links_faulted = true;
         }
@@ -161,6 +169,20 @@ impl Fabric {
             Fault::RnrRetries { host, retries } => {
                 self.hosts[host as usize].rnr_retries = (retries < 7).then_some(retries);
             }
+            Fault::Drop {
+                from,
+                to,
+                msg,
+                skip,
+                count,
+            } => self.drops.push(DropRule {
+                from,
+                to,
+                msg,
+                skip,
+                count,
+                seen: 0,
+            }),
         }
     }
 
@@ -260,7 +282,7 @@ impl Fabric {
             ) {
                 continue;
             }
-            self.transition(r, Input::DeviceRemoved, SlotRef::NONE, NO_PAYLOAD);
+            self.transition(r, Input::DeviceRemoved, SlotRef::NONE, u16::MAX, NO_PAYLOAD);
             self.lose_peer_of(r);
             let s = self.slot(r);
             if state == cm_core::IdState::AddrQuery && !device {

@@ -60,22 +60,23 @@ impl WirePrivateData {
 impl Payload {
     #[inline]
     pub(super) fn conn_param(&self) -> ConnParam {
-        self.conn_param_with(self.private_data.to_private_data())
+        self.wire.conn_param_with(self.private_data.to_private_data())
     }
+}
 
-    /// The parameters with `private_data`, which the caller built from this payload's.
+impl WireParam {
+    /// The parameters with `private_data`, which the caller built from the same payload's.
     #[inline(always)]
-    pub(super) fn conn_param_with(&self, private_data: PrivateData) -> ConnParam {
-        let w = self.wire;
+    pub(super) fn conn_param_with(self, private_data: PrivateData) -> ConnParam {
         ConnParam {
             private_data,
-            responder_resources: w.responder_resources,
-            initiator_depth: w.initiator_depth,
-            flow_control: w.flow_control,
-            retry_count: w.retry_count,
-            rnr_retry_count: w.rnr_retry_count,
-            srq: w.srq,
-            qp_num: w.qp_num,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: self.flow_control,
+            retry_count: self.retry_count,
+            rnr_retry_count: self.rnr_retry_count,
+            srq: self.srq,
+            qp_num: self.qp_num,
         }
     }
 }
@@ -154,17 +155,11 @@ impl Fabric {
     }
 
     /// Lets a message's payload go (`NO_PAYLOAD`: none).
+    #[inline(always)]
     pub(super) fn drop_payload(&mut self, payload: u32) {
         if payload != NO_PAYLOAD {
             self.payloads.discard(payload);
         }
-    }
-
-    pub(super) fn take_payload(&mut self, payload: u32) -> Option<Payload> {
-        if payload == NO_PAYLOAD {
-            return None;
-        }
-        self.payloads.take(payload)
     }
 
     #[inline]
@@ -196,17 +191,17 @@ impl Fabric {
         });
     }
 
-    /// Whether a message from host `a` to host `b` is lost now (draws only when a loss fault
-    /// is on, so runs without faults draw exactly what they always did).
+    /// Whether a message of `kind` from host `a` to host `b` is lost now (draws only when a
+    /// loss fault is on, so runs without faults draw exactly what they always did).
     // The fault-free test inline, the rest out of line (as for `extra_delay`): every message
     // asks, and until a fault touches a link the answer is no.
     #[inline(always)]
-    pub(super) fn lost(&mut self, a: u16, b: u16) -> bool {
-        self.links_faulted && self.lost_on_faulted_link(a, b)
+    pub(super) fn lost(&mut self, a: u16, b: u16, kind: MsgKind) -> bool {
+        self.links_faulted && self.lost_on_faulted_link(a, b, kind)
     }
 
     #[inline(never)]
-    fn lost_on_faulted_link(&mut self, a: u16, b: u16) -> bool {
+    fn lost_on_faulted_link(&mut self, a: u16, b: u16, kind: MsgKind) -> bool {
         let n = self.hosts.len();
         let (Some(ha), Some(hb)) = (self.hosts.get(a as usize), self.hosts.get(b as usize)) else {
             return false;
@@ -214,9 +209,27 @@ impl Fabric {
         if !ha.reachable() || !hb.reachable() {
             return true;
         }
+        // Every message that leaves a host for another counts against the drop rules, as a
+        // filter on the wire counts it: first sends, retries and answers to duplicates alike.
+        if !self.drops.is_empty() && self.dropped(a, b, kind) {
+            return true;
+        }
         let link = self.links[a as usize * n + b as usize];
         link.partitioned
             || (link.loss_per_mille > 0 && self.rng.next_u64() % 1000 < u64::from(link.loss_per_mille))
+    }
+
+    /// Whether a drop rule loses this message of `kind` from `a` to `b` (each rule counts the
+    /// messages it matches).
+    fn dropped(&mut self, a: u16, b: u16, kind: MsgKind) -> bool {
+        let mut lost = false;
+        for rule in &mut self.drops {
+            lost |= rule.matches(a, b, kind);
+        }
+        if lost {
+            self.stats.messages_dropped += 1;
+        }
+        lost
     }
 
     /// Extra latency a delay fault adds between hosts `a` and `b`.
@@ -242,83 +255,30 @@ impl Fabric {
         draw_between(&mut self.rng, lo, hi)
     }
 
-    /// The IB CM retransmits REQs, REPs and DREQs until answered; RTUs, REJs and DREPs are
-    /// sent once.
-    pub(super) fn retried(kind: MsgKind) -> bool {
-        matches!(kind, MsgKind::Req | MsgKind::Rep | MsgKind::Dreq)
-    }
-
-    /// Sends an IB CM message from `from`, a live id on `from_host`, to the id `to` (which may
-    /// be gone: then it is lost).
+    /// Sends an IB CM message from `from`, a live id on `from_host`, to the id `to` on
+    /// `to_host`. The message goes out whether or not `to` still exists: a host whose id is gone
+    /// answers as its IB CM does (a DREP for a DREQ, nothing for the rest).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(super) fn send(
         &mut self,
         from_host: u16,
         from: SlotRef,
         to: SlotRef,
+        to_host: u16,
         kind: MsgKind,
         status: i32,
         payload: u32,
-    ) {
-        self.send_attempt_from(from_host, from, to, kind, status, payload, 0);
-    }
-
-    pub(super) fn send_attempt(
-        &mut self,
-        from: SlotRef,
-        to: SlotRef,
-        kind: MsgKind,
-        status: i32,
-        payload: u32,
-        attempt: u8,
-    ) {
-        let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
-        self.send_attempt_from(from_host, from, to, kind, status, payload, attempt);
-    }
-
-    /// [`send_attempt`](Self::send_attempt) with the sender's host (`u16::MAX` for a sender that
-    /// is gone) known: a transition's sends come from the id it looked up already.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn send_attempt_from(
-        &mut self,
-        from_host: u16,
-        from: SlotRef,
-        to: SlotRef,
-        kind: MsgKind,
-        status: i32,
-        payload: u32,
-        attempt: u8,
     ) {
         let lat = self.latency();
         if !self.links_faulted {
-            // No fault on any link: nothing is lost or delayed more, and the receiver is looked
-            // up once, for its host and its last arrival.
-            self.post_msg(from_host, from, to, kind, status, payload, lat);
+            // No fault on any link: nothing is lost or delayed more.
+            self.post_msg(from_host, from, to, to_host, kind, status, payload, lat);
             return;
         }
-        let Some(to_host) = self.ids.get(to).map(|d| d.host) else {
-            self.drop_payload(payload);
-            return;
-        };
-        if self.lost(from_host, to_host) {
+        if self.lost(from_host, to_host, kind) {
             self.trace_lost(from_host, from, kind, to_host);
-            if Self::retried(kind) && u32::from(attempt) < self.cfg.cm_retries {
-                let again = self.now + self.cm_response_timeout_of(from);
-                let attempt = attempt + 1;
-                self.schedule(
-                    again,
-                    Action::Resend {
-                        kind,
-                        to,
-                        from,
-                        status,
-                        payload,
-                        attempt,
-                    },
-                );
-            } else {
-                self.drop_payload(payload);
-            }
+            self.give_back(from, kind, payload);
             return;
         }
         let extra = self.extra_delay(from_host, to_host);
@@ -326,6 +286,7 @@ impl Fabric {
             from_host,
             from,
             to,
+            to_host,
             kind,
             status,
             payload,
@@ -333,9 +294,20 @@ impl Fabric {
         );
     }
 
-    /// Puts a message from `from` on the wire to `to`, arriving `delay` from now but not before
-    /// the last message to `to` (messages to one id arrive in order); when `to` is gone the
-    /// message is lost with its payload.
+    /// A lost copy's payload: a REP's goes back to its sender, which sends it again (a REP
+    /// moves with its copy); the rest are let go (a REQ's sender keeps a share of its own).
+    fn give_back(&mut self, from: SlotRef, kind: MsgKind, payload: u32) {
+        if kind == MsgKind::Rep && payload != NO_PAYLOAD {
+            if let Some(s) = self.ids.get_mut(from).filter(|s| s.kept == NO_PAYLOAD) {
+                s.kept = payload;
+                return;
+            }
+        }
+        self.drop_payload(payload);
+    }
+
+    /// Puts a message from `from` on the wire to `to` on `to_host`, arriving `delay` from now
+    /// but not before the last message to `to` (messages to one id arrive in order).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn post_msg(
@@ -343,19 +315,20 @@ impl Fabric {
         from_host: u16,
         from: SlotRef,
         to: SlotRef,
+        to_host: u16,
         kind: MsgKind,
         status: i32,
         payload: u32,
         delay: u64,
     ) {
-        let Some(dest) = self.ids.get_mut(to) else {
-            self.drop_payload(payload);
-            return;
-        };
-        let to_host = dest.host;
-        let arrival = self.now.after_nanos(delay).max(dest.last_arrival);
-        dest.last_arrival = arrival;
+        let mut arrival = self.now.after_nanos(delay);
+        if let Some(dest) = self.ids.get_mut(to) {
+            arrival = arrival.max(dest.last_arrival);
+            dest.last_arrival = arrival;
+        }
         self.trace_send(from_host, from, kind, to_host, status);
+        // The hosts stay out of the action (a larger one is copied by a call into the queue):
+        // the receiver's is the sender's `remote_host`, the sender's its slot's.
         self.schedule(
             arrival,
             Action::Msg {
@@ -368,13 +341,13 @@ impl Fabric {
         );
     }
 
-    /// Sends the REQ of `from` to the host that owns its destination.
-    pub(super) fn send_req(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
-        let from_host = self.ids.get(from).map_or(u16::MAX, |s| s.host);
+    /// Sends the REQ of `from` (a live id on `from_host`) to the host that owns its
+    /// destination.
+    pub(super) fn send_req(&mut self, from: SlotRef, from_host: u16, to_host: u16, payload: u32) {
         let lat = self.latency();
-        if self.lost(from_host, to_host) {
+        if self.lost(from_host, to_host, MsgKind::Req) {
             self.trace_lost(from_host, from, MsgKind::Req, to_host);
-            self.resend_req_later(from, to_host, payload, attempt);
+            self.drop_payload(payload);
             return;
         }
         let extra = self.extra_delay(from_host, to_host);
@@ -385,29 +358,8 @@ impl Fabric {
                 host: to_host,
                 from,
                 payload,
-                attempt,
             },
         );
-    }
-
-    /// A REQ got no answer (lost, or dropped by a full backlog): the sender's IB CM sends it
-    /// again after its response timeout, until its retries run out.
-    pub(super) fn resend_req_later(&mut self, from: SlotRef, to_host: u16, payload: u32, attempt: u8) {
-        if u32::from(attempt) < self.cfg.cm_retries {
-            let again = self.now + self.cm_response_timeout_of(from);
-            let attempt = attempt + 1;
-            self.schedule(
-                again,
-                Action::ResendReq {
-                    host: to_host,
-                    from,
-                    payload,
-                    attempt,
-                },
-            );
-        } else {
-            self.drop_payload(payload);
-        }
     }
 
     pub(super) fn host_of_ip(&self, ip: IpAddr) -> Option<u16> {
