@@ -516,8 +516,8 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                         self.posted.set(self.posted.get().saturating_sub(1));
                         match (wc.opcode, wc.status) {
                             (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
-                            (WcOpcode::Recv, _) => {}
-                            (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+                            (op, _) if op.is_recv() => {}
+                            _ => closed.unreported_sends.push(wc),
                         }
                     }
                 }

@@ -215,6 +215,8 @@ pub struct IdMachine {
     removal_pending: bool,
     /// The id connected or accepted with the application's own QP (no backend QP).
     external: bool,
+    /// The id's QP takes its receives from a shared receive queue.
+    srq: bool,
 }
 
 type Step = Result<IdMachine, CmError>;
@@ -232,6 +234,7 @@ impl IdMachine {
             unacked: 0,
             removal_pending: false,
             external: false,
+            srq: false,
         }
     }
 
@@ -248,6 +251,7 @@ impl IdMachine {
             unacked: 0,
             removal_pending: false,
             external: false,
+            srq: false,
         }
     }
 
@@ -290,6 +294,12 @@ impl IdMachine {
     /// by [`ConnParam::qp_num`](crate::ConnParam::qp_num)) instead of a backend QP.
     pub const fn is_external(&self) -> bool {
         self.external
+    }
+
+    /// Whether the id's QP takes its receives from a shared receive queue
+    /// ([`create_qp_on_srq`](Self::create_qp_on_srq)).
+    pub const fn uses_srq(&self) -> bool {
+        self.srq
     }
 
     /// Whether `connect` or `accept` with `param` uses an external QP: a connected port space,
@@ -425,6 +435,13 @@ impl IdMachine {
         })
     }
 
+    /// `rdma_create_qp` with `attr.srq` set: as [`create_qp`](Self::create_qp), and the QP
+    /// takes its receives from the SRQ (posting receives on the QP itself is refused).
+    pub fn create_qp_on_srq(&self) -> Step {
+        let m = self.create_qp()?;
+        Ok(IdMachine { srq: true, ..m })
+    }
+
     /// `rdma_destroy_qp` (librdmacm passes a NULL QP to verbs when there is none).
     pub fn destroy_qp(&self) -> Step {
         if self.qp.is_none() {
@@ -432,7 +449,11 @@ impl IdMachine {
                 call: Call::DestroyQp,
             });
         }
-        Ok(IdMachine { qp: None, ..*self })
+        Ok(IdMachine {
+            qp: None,
+            srq: false,
+            ..*self
+        })
     }
 
     /// `rdma_connect` with `private_data_len` bytes of private data and no external QP:
@@ -689,6 +710,41 @@ impl IdMachine {
         }
     }
 
+    /// `ibv_post_send` of a work request over memory regions ([`SendWr`](crate::SendWr)) with
+    /// operation `op`: a QP that may send, as [`post_send`](Self::post_send); the one-sided
+    /// operations (RDMA READ, WRITE, atomics) only on a connected (RC) QP, since UD QPs have
+    /// none (verbs: `EINVAL`). A SEND over regions on a UD QP needs an address handle, which
+    /// only [`post_send_to`](Self::post_send_to)'s datagrams carry.
+    pub fn post_send_wr(&self, op: &crate::SendOp) -> Result<(), CmError> {
+        if self.qp.is_some() && !self.ps.is_connected() && !matches!(op, crate::SendOp::Send { .. }) {
+            return Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "RDMA READ, WRITE and atomics need a connected (RC) QP",
+            });
+        }
+        self.post_send()
+    }
+
+    /// `ibv_reg_mr` on the protection domain of the id's device (librdmacm's `id->pd`,
+    /// shared by every id on the device): the id must be bound to a device.
+    pub fn reg_mr(&self) -> Result<(), CmError> {
+        self.on_device(Call::RegMr)
+    }
+
+    /// `ibv_create_srq` on the protection domain of the id's device, as
+    /// [`reg_mr`](Self::reg_mr).
+    pub fn create_srq(&self) -> Result<(), CmError> {
+        self.on_device(Call::CreateSrq)
+    }
+
+    fn on_device(&self, call: Call) -> Result<(), CmError> {
+        self.alive(call)?;
+        if !self.device {
+            return Err(CmError::NoDevice { call });
+        }
+        Ok(())
+    }
+
     /// `ibv_post_send` of a datagram (a UD work request with an address handle) on the id's
     /// QP: only datagram port spaces have UD QPs; a connected QP has no use for a destination
     /// (verbs ignore `wr.ud` on RC, so the call is refused rather than silently misrouted).
@@ -724,10 +780,15 @@ impl IdMachine {
         Ok(())
     }
 
-    /// `ibv_post_recv` on the id's QP.
+    /// `ibv_post_recv` on the id's QP. A QP on a shared receive queue has no receive queue of
+    /// its own (rxe: `EINVAL`); its receives are posted on the SRQ.
     pub fn post_recv(&self) -> Result<(), CmError> {
         match self.qp {
             None => Err(CmError::NoQp { call: Call::PostRecv }),
+            Some(_) if self.srq => Err(CmError::InvalidArgument {
+                call: Call::PostRecv,
+                reason: "the QP takes its receives from a shared receive queue: post them there",
+            }),
             Some(qp) if !qp.can_post_recv() => Err(CmError::WrongQpState {
                 call: Call::PostRecv,
                 state: qp,

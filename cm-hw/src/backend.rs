@@ -460,6 +460,7 @@ impl HwBackend {
                     byte_len,
                     data,
                     sender: c.sender,
+                    imm_data: None,
                 });
                 appended += 1;
             }
@@ -474,6 +475,7 @@ impl HwBackend {
                     byte_len: 0,
                     data: Vec::new(),
                     sender: None,
+                    imm_data: None,
                 });
                 appended += 1;
             }
@@ -1142,7 +1144,66 @@ impl CmBackend for HwBackend {
             unacked_events: self.events.len(),
             // librdmacm offers no way to count queued events without retrieving them.
             queued_events: 0,
+            mrs: 0,
+            srqs: 0,
         }
+    }
+
+    // INTERIM (branch onesided): replaced by the verbs mapping before merging.
+    fn reg_mr(&mut self, _id: IdHandle, _len: usize, _access: cm_core::Access) -> Result<cm_core::MrHandle> {
+        Err(interim(Call::RegMr))
+    }
+
+    fn mr_info(&self, _mr: cm_core::MrHandle) -> Result<cm_core::MrInfo> {
+        Err(interim(Call::RegMr))
+    }
+
+    fn dereg_mr(&mut self, _mr: cm_core::MrHandle) -> Result<()> {
+        Err(interim(Call::DeregMr))
+    }
+
+    fn read_mr(&self, _mr: cm_core::MrHandle, _offset: u64, _out: &mut [u8]) -> Result<()> {
+        Err(interim(Call::ReadMr))
+    }
+
+    fn write_mr(&mut self, _mr: cm_core::MrHandle, _offset: u64, _data: &[u8]) -> Result<()> {
+        Err(interim(Call::WriteMr))
+    }
+
+    fn post_send_wr(&mut self, _id: IdHandle, _wr: &cm_core::SendWr<'_>) -> Result<()> {
+        Err(interim(Call::PostSend))
+    }
+
+    fn create_srq(&mut self, _id: IdHandle, _caps: cm_core::SrqCaps) -> Result<cm_core::SrqHandle> {
+        Err(interim(Call::CreateSrq))
+    }
+
+    fn destroy_srq(&mut self, _srq: cm_core::SrqHandle) -> Result<()> {
+        Err(interim(Call::DestroySrq))
+    }
+
+    fn post_srq_recv(&mut self, _srq: cm_core::SrqHandle, _wr_id: u64, _len: u32) -> Result<()> {
+        Err(interim(Call::PostSrqRecv))
+    }
+
+    fn arm_srq_limit(&mut self, _srq: cm_core::SrqHandle, _limit: u32) -> Result<()> {
+        Err(interim(Call::ModifySrq))
+    }
+
+    fn create_qp_on_srq(&mut self, _id: IdHandle, _caps: QpCaps, _srq: cm_core::SrqHandle) -> Result<QpCaps> {
+        Err(interim(Call::CreateQp))
+    }
+
+    fn get_async_event(&mut self, _timeout: Duration) -> Result<Option<cm_core::AsyncEvent>> {
+        Err(interim(Call::GetAsyncEvent))
+    }
+}
+
+// INTERIM (branch onesided).
+fn interim(call: Call) -> CmError {
+    CmError::InvalidArgument {
+        call,
+        reason: "INTERIM: one-sided operations not on the hardware backend yet",
     }
 }
 

@@ -4,9 +4,18 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_core::{
-    ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption, LiveResources, PortSpace,
-    QpAttr, QpCaps, QpState, Result, UdParam, WorkCompletion,
+    Access, AsyncEvent, Call, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, IdMachine,
+    IdOption, LiveResources, MrHandle, MrInfo, PortSpace, QpAttr, QpCaps, QpState, Result, SendWr, SrqCaps,
+    SrqHandle, UdParam, WorkCompletion,
 };
+
+// INTERIM (branch onesided).
+fn interim(call: Call) -> CmError {
+    CmError::InvalidArgument {
+        call,
+        reason: "INTERIM: one-sided operations not in the simulator yet",
+    }
+}
 
 use crate::fabric::SimFabric;
 
@@ -217,6 +226,55 @@ impl CmBackend for SimHost {
             .inner()
             .borrow_mut()
             .leave_multicast(self.host, id, group)
+    }
+
+    // INTERIM (branch onesided): replaced by the simulator's one-sided model before merging.
+    fn reg_mr(&mut self, _id: IdHandle, _len: usize, _access: Access) -> Result<MrHandle> {
+        Err(interim(Call::RegMr))
+    }
+
+    fn mr_info(&self, _mr: MrHandle) -> Result<MrInfo> {
+        Err(interim(Call::RegMr))
+    }
+
+    fn dereg_mr(&mut self, _mr: MrHandle) -> Result<()> {
+        Err(interim(Call::DeregMr))
+    }
+
+    fn read_mr(&self, _mr: MrHandle, _offset: u64, _out: &mut [u8]) -> Result<()> {
+        Err(interim(Call::ReadMr))
+    }
+
+    fn write_mr(&mut self, _mr: MrHandle, _offset: u64, _data: &[u8]) -> Result<()> {
+        Err(interim(Call::WriteMr))
+    }
+
+    fn post_send_wr(&mut self, _id: IdHandle, _wr: &SendWr<'_>) -> Result<()> {
+        Err(interim(Call::PostSend))
+    }
+
+    fn create_srq(&mut self, _id: IdHandle, _caps: SrqCaps) -> Result<SrqHandle> {
+        Err(interim(Call::CreateSrq))
+    }
+
+    fn destroy_srq(&mut self, _srq: SrqHandle) -> Result<()> {
+        Err(interim(Call::DestroySrq))
+    }
+
+    fn post_srq_recv(&mut self, _srq: SrqHandle, _wr_id: u64, _len: u32) -> Result<()> {
+        Err(interim(Call::PostSrqRecv))
+    }
+
+    fn arm_srq_limit(&mut self, _srq: SrqHandle, _limit: u32) -> Result<()> {
+        Err(interim(Call::ModifySrq))
+    }
+
+    fn create_qp_on_srq(&mut self, _id: IdHandle, _caps: QpCaps, _srq: SrqHandle) -> Result<QpCaps> {
+        Err(interim(Call::CreateQp))
+    }
+
+    fn get_async_event(&mut self, _timeout: Duration) -> Result<Option<AsyncEvent>> {
+        Err(interim(Call::GetAsyncEvent))
     }
 
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

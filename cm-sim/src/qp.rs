@@ -148,6 +148,7 @@ impl Qp {
                 byte_len: 0,
                 data: Vec::new(),
                 sender: None,
+                imm_data: None,
             });
             return Some(Landing::TooLong);
         }
@@ -158,6 +159,7 @@ impl Qp {
             byte_len: data.len() as u32,
             data,
             sender,
+            imm_data: None,
         });
         Some(Landing::Delivered)
     }
@@ -173,6 +175,7 @@ impl Qp {
             byte_len: 0,
             data: Vec::new(),
             sender: None,
+            imm_data: None,
         });
     }
 
@@ -192,6 +195,7 @@ impl Qp {
             byte_len: 0,
             data: Vec::new(),
             sender: None,
+            imm_data: None,
         });
     }
 
@@ -257,6 +261,7 @@ fn flushed(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
         byte_len: 0,
         data: Vec::new(),
         sender: None,
+        imm_data: None,
     }
 }
 

@@ -647,9 +647,10 @@ impl Fabric {
         let outstanding = qp.outstanding(opcode);
         match post_gate(&mut slot.m, &qp.caps, opcode, len, outstanding, || Ok(false))? {
             Admission::Post => {
-                match opcode {
-                    WcOpcode::Send => qp.push_send(wr_id, data),
-                    WcOpcode::Recv => qp.push_recv(wr_id, len as u32),
+                if opcode.is_recv() {
+                    qp.push_recv(wr_id, len as u32);
+                } else {
+                    qp.push_send(wr_id, data);
                 }
                 Ok(true)
             }
