@@ -67,6 +67,9 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/onesided.rs"]
+mod onesided;
+
 #[path = "../conformance/external.rs"]
 mod external;
 
