@@ -70,6 +70,9 @@ mod datapath;
 #[path = "../conformance/onesided.rs"]
 mod onesided;
 
+#[path = "../conformance/onesided_sim.rs"]
+mod onesided_sim;
+
 #[path = "../conformance/external.rs"]
 mod external;
 
