@@ -212,9 +212,35 @@ impl Fabric {
     }
 
     pub(crate) fn create_qp(&mut self, host: u16, id: IdHandle, caps: QpCaps) -> R<QpCaps> {
+        self.create_qp_with(host, id, caps, None)
+    }
+
+    pub(crate) fn create_qp_on_srq(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        caps: QpCaps,
+        srq: cm_core::SrqHandle,
+    ) -> R<QpCaps> {
+        self.create_qp_with(host, id, caps, Some(srq))
+    }
+
+    /// `rdma_create_qp`, with `attr.srq` when `srq` names one.
+    fn create_qp_with(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        caps: QpCaps,
+        srq: Option<cm_core::SrqHandle>,
+    ) -> R<QpCaps> {
         let call = Call::CreateQp;
         let r = self.id_ref(host, id, call)?;
-        let next = self.slot(r).m.create_qp()?;
+        let m = self.slot(r).m;
+        let next = if srq.is_some() {
+            m.create_qp_on_srq()?
+        } else {
+            m.create_qp()?
+        };
         let slot = self.slot(r);
         if slot.m.port_space().is_connected() && slot.cm.ended_early() {
             // The peer ended the exchange before the application saw it (e.g. a child whose
@@ -238,11 +264,21 @@ impl Fabric {
                 reason: "max_inline_data above the device maximum",
             });
         }
+        let srq = match srq {
+            Some(srq) => Some(self.srq_for_qp(host, srq)?),
+            None => None,
+        };
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         let slot = self.slot(r);
-        slot.qp = Some(Qp::new(qpn, caps));
+        slot.qp = Some(match srq {
+            Some(s) => Qp::on_srq(qpn, caps, s),
+            None => Qp::new(qpn, caps),
+        });
         slot.m = next;
+        if let Some(s) = srq {
+            self.join_srq(host, s, r);
+        }
         if !next.port_space().is_connected() {
             self.register_ud_qp(qpn, r);
         }
@@ -260,8 +296,12 @@ impl Fabric {
             }
         }
         let slot = self.slot(r);
-        slot.qp = None;
+        let qp = slot.qp.take();
         slot.m = next;
+        if let Some(srq) = qp.as_ref().and_then(Qp::srq) {
+            let unpolled = qp.as_ref().map_or_else(Vec::new, Qp::srq_slots_unpolled);
+            self.leave_srq(host, srq, r, &unpolled);
+        }
         self.hosts[host as usize].counts.qps -= 1;
         Ok(())
     }
@@ -391,7 +431,15 @@ impl Fabric {
         }
         let slot = self.slot(r);
         let ps = slot.m.port_space();
-        let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
+        let qp_num = match slot.qp.as_mut() {
+            Some(qp) => {
+                // librdmacm moves the QP to RTR and RTS with the accept's resources.
+                qp.initiator_depth = depth;
+                qp.responder_resources = rr;
+                qp.qpn
+            }
+            None => param.qp_num & 0x00FF_FFFF,
+        };
         let wire = WireParam {
             responder_resources: depth,
             initiator_depth: rr,
@@ -678,11 +726,15 @@ impl Fabric {
                 .is_none_or(|q| !q.cq_is_empty())
         };
         self.run_until(deadline, ready);
-        Ok(self
-            .ids
-            .get_mut(r)
-            .and_then(|s| s.qp.as_mut())
-            .map_or(0, |q| q.poll(out, max)))
+        let Some(qp) = self.ids.get_mut(r).and_then(|s| s.qp.as_mut()) else {
+            return Ok(0);
+        };
+        // Receives a QP took from its SRQ give their slots back to the SRQ.
+        let srq = qp
+            .srq()
+            .and_then(|s| self.srqs.as_mut()?.get_mut(host, s))
+            .map(|s| &mut s.pool);
+        Ok(qp.poll(out, max, srq))
     }
 
     pub(crate) fn id_machine(&self, host: u16, id: IdHandle) -> R<IdMachine> {
@@ -703,6 +755,8 @@ impl Fabric {
                 total.qps += h.counts.qps;
                 total.unacked_events += h.counts.unacked;
                 total.queued_events += h.counts.queued;
+                total.mrs += h.counts.mrs;
+                total.srqs += h.counts.srqs;
             }
         }
         total

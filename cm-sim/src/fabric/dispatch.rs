@@ -30,6 +30,8 @@ impl Fabric {
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
+            Action::Rdma(n) => self.on_rdma(n),
+            Action::RdmaTimer { id, qpn } => self.on_rdma_timer(id, qpn),
             Action::Timer { id, epoch, kind } => {
                 if self.ids.get_mut(id).is_some_and(|s| s.timers.fire(epoch)) {
                     self.on_timer(id, kind);

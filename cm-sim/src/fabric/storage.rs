@@ -162,6 +162,8 @@ pub(super) struct HostCounts {
     pub(super) qps: usize,
     pub(super) unacked: usize,
     pub(super) queued: usize,
+    pub(super) mrs: usize,
+    pub(super) srqs: usize,
 }
 
 pub(super) struct Host {
@@ -179,6 +181,9 @@ pub(super) struct Host {
     pub(super) crashed_at: SimTime,
     /// The RDMA device is registered.
     pub(super) device: bool,
+    /// Bumped by every removal of the device: regions and SRQs made before belong to the
+    /// device that went, which no QP of the one that came back uses.
+    pub(super) device_epoch: u32,
     /// Injected resolution failures still to come: (status, how many).
     pub(super) fail_addr: (i32, u32),
     pub(super) fail_route: (i32, u32),
@@ -200,6 +205,7 @@ impl Host {
             incarnation: 0,
             crashed_at: SimTime::ZERO,
             device: true,
+            device_epoch: 0,
             fail_addr: (0, 0),
             fail_route: (0, 0),
             backlog_cap: u32::MAX,
