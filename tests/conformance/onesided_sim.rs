@@ -193,6 +193,7 @@ fn a_partition_fails_the_first_request_with_retries_exceeded_and_flushes_the_res
     );
     let ack_timeout = bed.client.fabric().config().ack_timeout;
     assert_eq!(took, 8 * ack_timeout, "(retry_count 7 + 1) local ACK timeouts");
+    assert_eq!(bed.client.fabric().fault_stats().onesided_retries_exceeded, 1);
 }
 
 // Faults: a partition healed before the retries run out costs time, not the request.
@@ -491,7 +492,7 @@ const REGION: usize = DATA as usize + 16;
 #[test]
 fn generated_one_sided_work_matches_a_model_of_the_peers_memory() {
     let mut runner = TestRunner::new(Config {
-        cases: 64,
+        cases: crate::bed::prop_cases(),
         ..Config::default()
     });
     runner
@@ -634,6 +635,10 @@ fn run_model(seed: u64, ops: &[Op]) {
                 continue;
             }
         };
+        if posted.len() as u32 == cm::api::QpCaps::new().max_send_wr {
+            // A full send queue: wait for its completions (under a partition, the retries).
+            check(&mut bed, &mut posted, &mut model, RETRIES);
+        }
         bed.client
             .post_send_wr(id, &SendWr::new(wr_id, send_op, &sge))
             .unwrap();
