@@ -53,7 +53,9 @@ pub mod app {
         }
         for d in done {
             // A task dropped before it finished (the run ended) said nothing.
-            d.await.unwrap_or(Err(Error::TimedOut { op: "a client's done" }))?;
+            d.await.unwrap_or(Err(Error::TimedOut {
+                op: "a client's done",
+            }))?;
         }
         counter.read_u64(0)
     }
