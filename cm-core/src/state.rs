@@ -1676,6 +1676,12 @@ mod tests {
             ),
             ("established", established_active()),
             ("failed", connecting().on_event(Rejected).unwrap()),
+            // UNREACHABLE leaves the QP in INIT, from which it could still go to RTR: only the
+            // phase refuses a late ESTABLISHED here.
+            (
+                "failed unreachable, QP in INIT",
+                connecting().on_event(Unreachable).unwrap(),
+            ),
             ("child requested", IdMachine::new_child(PortSpace::Tcp)),
             ("child accepted", accepted_child()),
             (
@@ -1718,6 +1724,7 @@ mod tests {
             ("responded",                            [true, true,  false, false, true]),
             ("established",                          [true, true,  false, false, true]),
             ("failed",                               [true, true,  false, false, true]),
+            ("failed unreachable, QP in INIT",       [true, true,  false, false, true]),
             ("child requested",                      [true, true,  false, false, true]),
             ("child accepted",                       [true, true,  false, false, true]),
             ("child rejected",                       [true, true,  false, false, true]),
@@ -1776,7 +1783,7 @@ mod tests {
         // Columns: AddrResolved AddrError RouteResolved RouteError ConnectRequest
         // ConnectResponse ConnectError Unreachable Rejected Established Disconnected
         // DeviceRemoval MulticastJoin MulticastError AddrChange TimewaitExit.
-        let table: [[Cell; 16]; 24] = [
+        let table: [[Cell; 16]; 25] = [
             /* idle */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
             /* bound */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, OK, __],
             /* wildcard */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
@@ -1791,6 +1798,7 @@ mod tests {
             /* responded */ [__, __, __, __, __, __, __, failed(None), failed(None), __, __, gone(P::Responded, None), __, __, OK, __],
             /* established */ [__, __, __, __, __, __, __, __, failed(err), __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
             /* failed */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
+            /* failed unreachable */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
             /* child requested */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Requested, None), __, __, OK, __],
             /* child accepted */ [__, __, __, __, __, __, __, failed(rts), failed(err), To(S::Connect, P::Established, rts), To(S::Disconnect, P::Accepted, rts), gone(P::Accepted, err), __, __, OK, __],
             /* child rejected */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Rejected, None), __, __, OK, __],
