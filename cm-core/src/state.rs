@@ -538,7 +538,10 @@ impl IdMachine {
                 call: Call::Establish,
             });
         }
-        if self.state != IdState::Connect || self.role != Role::Active || self.phase != ConnPhase::Responded {
+        // Only an active id in RDMA_CM_CONNECT retrieves CONNECT_RESPONSE, and such an id leaves
+        // RDMA_CM_CONNECT only for DEVICE_REMOVAL or destroying, which `alive` refused: the
+        // phase alone says the state and the role.
+        if self.phase != ConnPhase::Responded {
             return Err(self.wrong(
                 Call::Establish,
                 "RDMA_CM_CONNECT with CONNECT_RESPONSE retrieved (an active id without a backend QP)",
