@@ -625,5 +625,19 @@ mod tests {
         assert_eq!(IBV_EVENT_SRQ_LIMIT_REACHED as u32, SRQ_LIMIT_REACHED);
         assert_eq!(IBV_EVENT_QP_LAST_WQE_REACHED as u32, QP_LAST_WQE_REACHED);
         assert_eq!(IBV_EVENT_WQ_FATAL as u32, WQ_FATAL);
+        // cm-core numbers its events itself: they must be libibverbs' too.
+        use cm_core::AsyncEvent;
+        let id = cm_core::backend::id_handle(1, 2, 0);
+        let srq = cm_core::backend::srq_handle(1, 3, 0);
+        for (ev, raw) in [
+            (AsyncEvent::QpFatal { id }, IBV_EVENT_QP_FATAL),
+            (AsyncEvent::QpRequestErr { id }, IBV_EVENT_QP_REQ_ERR),
+            (AsyncEvent::QpAccessErr { id }, IBV_EVENT_QP_ACCESS_ERR),
+            (AsyncEvent::CommEstablished { id }, IBV_EVENT_COMM_EST),
+            (AsyncEvent::SrqLimitReached { srq }, IBV_EVENT_SRQ_LIMIT_REACHED),
+            (AsyncEvent::QpLastWqeReached { id }, IBV_EVENT_QP_LAST_WQE_REACHED),
+        ] {
+            assert_eq!(ev.raw(), raw as u32, "{}", ev.name());
+        }
     }
 }
