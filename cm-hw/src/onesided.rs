@@ -194,12 +194,14 @@ pub(crate) fn deliver(c: &Polled, posted: &SlotUse, ud: bool) -> Delivery {
                 payload: Payload::None,
             };
         }
-        // A datagram's length is the payload's, which its reader finds behind the GRH.
-        let (byte_len, payload) = if ud {
-            (0, Payload::Datagram)
+        // A datagram's length is the payload's, which its reader finds behind the GRH. Its
+        // immediate is not the application's: the trait's datagrams carry none, and the
+        // backend's own sends put their QP number there (for rdma-core's udaddy).
+        let (byte_len, payload, imm) = if ud {
+            (0, Payload::Datagram, None)
         } else {
             let n = c.byte_len.min(posted.len);
-            (n, Payload::Slot(n))
+            (n, Payload::Slot(n), imm)
         };
         return Delivery::Out {
             status,
@@ -576,6 +578,8 @@ mod tests {
         let plain = polled(WcStatus::Success, IBV_WC_RECV, 10);
         assert_eq!(out(deliver(&plain, &posted, false)).3, None);
         assert_eq!(out(deliver(&plain, &posted, true)).4, Payload::Datagram);
+        // A datagram's immediate (the sender's QP number, from this backend) is not handed out.
+        assert_eq!(out(deliver(&send, &posted, true)).3, None);
     }
 
     #[test]

@@ -23,6 +23,16 @@ use std::sync::{Mutex, MutexGuard};
 use rdma_sys as ffi;
 
 use super::{last_errno, set_nonblocking, DeviceContext, Errno, Pd};
+
+/// Makes `fd` non-blocking unless it is already (one `fcntl` when it is).
+fn ensure_nonblocking(fd: i32) -> Result<(), Errno> {
+    // SAFETY: fcntl on an open fd (the caller's); F_GETFL takes no further argument.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+        return Ok(());
+    }
+    set_nonblocking(fd)
+}
 use crate::onesided::{element_kind, ElementKind, Subject};
 
 /// One event as read: its raw type and what it is about.
@@ -65,8 +75,6 @@ struct Router {
     queues: HashMap<u32, Queue>,
     /// Context address → the backends using it (for port and device events).
     members: HashMap<usize, HashSet<u32>>,
-    /// Contexts whose async fd was made non-blocking.
-    nonblocking: HashSet<usize>,
 }
 
 impl Router {
@@ -209,7 +217,8 @@ impl Inbox {
 
     /// Reads every event waiting on the async fd of each PD's context whose context is known to
     /// be open ([`Pd::context_open`]), acks it and routes it. Never blocks (the fds are made
-    /// non-blocking on first use).
+    /// non-blocking: for every user of librdmacm's context in the process, which only matters
+    /// to one that reads the same fd itself).
     pub(crate) fn read<'a>(&self, pds: impl Iterator<Item = &'a Pd>) -> Result<(), Errno> {
         let mut guard = router();
         let r = guard.get_or_insert_with(Router::default);
@@ -219,10 +228,9 @@ impl Inbox {
             // SAFETY: the context is open (checked above) while the backend holds the PD, and
             // the borrow of `pd` outlives this iteration; reading its fd field.
             let fd = unsafe { (*ctx.0.as_ptr()).async_fd };
-            if !r.nonblocking.contains(&key) {
-                set_nonblocking(fd)?;
-                r.nonblocking.insert(key);
-            }
+            // Checked every time rather than remembered per context: a device removed and
+            // added again may get a new context at the old address, with a blocking fd.
+            ensure_nonblocking(fd)?;
             loop {
                 let mut ev = std::mem::MaybeUninit::<CAsyncEvent>::zeroed();
                 // SAFETY: the context is open; `ev` is a valid out-pointer of the C struct's
