@@ -203,6 +203,28 @@ fn write_read_compare_swap_and_fetch_add_reach_the_peers_region() {
     assert_eq!(read_u64(&bed.client, local, 512), 9);
     assert_eq!(read_u64(&bed.server, target, 2048), 12);
 
+    // A READ and a WRITE posted back to back complete in posting order.
+    let read = SendOp::Read {
+        remote: remote.at(1000).unwrap(),
+    };
+    let into = [Sge::new(local, 600, 16)];
+    bed.client
+        .post_send_wr(id, &SendWr::new(10, read, &into))
+        .unwrap();
+    let from = [Sge::new(local, 0, 16)];
+    bed.client
+        .post_send_wr(id, &SendWr::new(11, write, &from))
+        .unwrap();
+    let both = completions(&mut bed.client, id, 2);
+    let order: Vec<_> = both.iter().map(|wc| (wc.wr_id, wc.opcode, wc.status)).collect();
+    assert_eq!(
+        order,
+        [
+            (10, WcOpcode::RdmaRead, WcStatus::Success),
+            (11, WcOpcode::RdmaWrite, WcStatus::Success)
+        ]
+    );
+
     // Refused before verbs: an unaligned atomic, a destination without LOCAL_WRITE.
     let odd = SendOp::FetchAdd {
         remote: remote.at(2049).unwrap(),
@@ -559,23 +581,49 @@ fn an_srq_feeds_two_connections_and_reports_its_limit_once() {
 
     // Disarmed: a third receive taken raises nothing.
     bed.client.post_send(a.id, 3, b"again").unwrap();
-    assert_eq!(one(&mut bed.server, child_a).status, WcStatus::Success);
+    let got = one(&mut bed.server, child_a);
+    assert_eq!((got.wr_id, got.status), (102, WcStatus::Success));
     assert_eq!(bed.server.get_async_event(QUIET).unwrap(), None);
     for (id, n) in [(a.id, 2), (b.id, 1)] {
         let sent = completions(&mut bed.client, id, n);
         assert!(sent.iter().all(|wc| wc.status == WcStatus::Success));
     }
 
-    for (client, child) in [(a, child_a), (b, child_b)] {
-        bed.client.disconnect(client.id).unwrap();
-        expect(&mut bed.server, server.ch, CmEventType::Disconnected);
-        bed.server.disconnect(child).unwrap();
-        expect(&mut bed.client, client.ch, CmEventType::Disconnected);
-        destroy_all(&mut bed.client, &[client.id], client.ch);
-        bed.server.destroy_qp(child).unwrap();
-        bed.server.destroy_id(child).unwrap();
-    }
-    // The SRQ's last receive goes with it.
+    // A QP on the SRQ going to ERR flushes none of the SRQ's receives: the other connection
+    // still takes the last one.
+    bed.client.disconnect(a.id).unwrap();
+    expect(&mut bed.server, server.ch, CmEventType::Disconnected);
+    bed.server.disconnect(child_a).unwrap();
+    expect(&mut bed.client, a.ch, CmEventType::Disconnected);
+    let mut after_err = Vec::new();
+    bed.server.poll_cq(child_a, &mut after_err, 4, QUIET).unwrap();
+    println!(
+        "rxe: a QP on the SRQ after its disconnect completes {:?}",
+        after_err
+            .iter()
+            .map(|wc| (wc.wr_id, wc.status))
+            .collect::<Vec<_>>()
+    );
+    assert!(after_err.is_empty(), "no SRQ receive flushed on the QP in ERR");
+    bed.client.post_send(b.id, 4, b"last").unwrap();
+    let got = one(&mut bed.server, child_b);
+    assert_eq!(
+        (got.wr_id, got.status, got.data.as_slice()),
+        (103, WcStatus::Success, &b"last"[..])
+    );
+    assert_eq!(one(&mut bed.client, b.id).status, WcStatus::Success);
+    destroy_all(&mut bed.client, &[a.id], a.ch);
+    bed.server.destroy_qp(child_a).unwrap();
+    bed.server.destroy_id(child_a).unwrap();
+    bed.client.disconnect(b.id).unwrap();
+    expect(&mut bed.server, server.ch, CmEventType::Disconnected);
+    bed.server.disconnect(child_b).unwrap();
+    expect(&mut bed.client, b.ch, CmEventType::Disconnected);
+    destroy_all(&mut bed.client, &[b.id], b.ch);
+    bed.server.destroy_qp(child_b).unwrap();
+    bed.server.destroy_id(child_b).unwrap();
+    // With receives still posted, the SRQ goes (they go with it).
+    bed.server.post_srq_recv(srq, 104, 8).unwrap();
     bed.server.destroy_srq(srq).unwrap();
     assert_err(
         bed.server.post_srq_recv(srq, 1, 8),
@@ -648,5 +696,220 @@ fn a_zero_length_write_needs_no_valid_key() {
         (wc.status, wc.opcode, wc.byte_len),
         (WcStatus::Success, WcOpcode::RdmaWrite, 0)
     );
+    teardown(&mut bed, conn);
+}
+
+/// A connection whose sides connect and accept with `client` and `server`.
+fn establish_with<B: CmBackend>(
+    bed: &mut Bed<B>,
+    client_param: &ConnParam,
+    server_param: &ConnParam,
+) -> Conn {
+    let server = listen(bed, 0);
+    let client = resolved_client(bed, server.addr, true);
+    bed.client.connect(client.id, client_param).expect("connect");
+    let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
+    bed.server
+        .create_qp(req.id, QpCaps::new())
+        .expect("create_qp (server)");
+    bed.server.accept(req.id, server_param).expect("accept");
+    expect(&mut bed.client, client.ch, CmEventType::Established);
+    expect(&mut bed.server, server.ch, CmEventType::Established);
+    Conn {
+        server,
+        client,
+        child: req.id,
+    }
+}
+
+#[test]
+fn a_read_is_refused_at_post_when_the_peer_accepted_no_responder_resources() {
+    let mut bed = bed!();
+    let none = ConnParam {
+        responder_resources: 0,
+        ..ConnParam::new()
+    };
+    let conn = establish_with(&mut bed, &ConnParam::new(), &none);
+    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
+    let local = bed
+        .client
+        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
+        .unwrap();
+    let sge = [Sge::new(local, 0, 8)];
+    // The REP's responder resources (0) became the client QP's max_rd_atomic: a READ or an
+    // atomic could never be sent (rxe would hold it and everything after it).
+    for op in [
+        SendOp::Read {
+            remote: remote.start(),
+        },
+        SendOp::FetchAdd {
+            remote: remote.start(),
+            add: 1,
+        },
+    ] {
+        match bed.client.post_send_wr(conn.client.id, &SendWr::new(1, op, &sge)) {
+            Err(e) => assert_eq!(
+                e,
+                CmError::InvalidArgument {
+                    call: Call::PostSend,
+                    reason: "RDMA READ and atomics need an initiator depth above 0",
+                }
+            ),
+            Ok(()) => {
+                let wc = one(&mut bed.client, conn.client.id);
+                panic!(
+                    "rxe: the client QP had an initiator depth after all; {} completed {} {}",
+                    op.name(),
+                    wc.status,
+                    wc.opcode
+                );
+            }
+        }
+    }
+    // A WRITE needs no depth.
+    let write = SendOp::Write {
+        remote: remote.start(),
+        imm: None,
+    };
+    bed.client
+        .post_send_wr(conn.client.id, &SendWr::new(2, write, &sge))
+        .unwrap();
+    assert_eq!(one(&mut bed.client, conn.client.id).status, WcStatus::Success);
+    bed.client.dereg_mr(local).unwrap();
+    bed.server.dereg_mr(target).unwrap();
+    teardown(&mut bed, conn);
+}
+
+#[test]
+fn a_write_with_immediate_waits_for_a_receive_and_fails_when_its_rnr_retries_run_out() {
+    let mut bed = bed!();
+    let conn = establish(&mut bed);
+    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
+    let local = bed
+        .client
+        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
+        .unwrap();
+    let sge = [Sge::new(local, 0, 8)];
+    let op = SendOp::Write {
+        remote: remote.start(),
+        imm: Some(9),
+    };
+    // Seven RNR retries mean forever: it waits, as a SEND does, until a receive is posted.
+    bed.client
+        .post_send_wr(conn.client.id, &SendWr::new(1, op, &sge))
+        .unwrap();
+    let mut early = Vec::new();
+    bed.client.poll_cq(conn.client.id, &mut early, 1, QUIET).unwrap();
+    assert!(early.is_empty(), "no receive at the peer: not complete yet");
+    bed.server.post_recv(conn.child, 5, 0).unwrap();
+    let got = one(&mut bed.server, conn.child);
+    assert_eq!(
+        (got.wr_id, got.status, got.opcode, got.byte_len, got.imm_data),
+        (5, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 8, Some(9))
+    );
+    assert_eq!(one(&mut bed.client, conn.client.id).status, WcStatus::Success);
+    bed.client.dereg_mr(local).unwrap();
+    bed.server.dereg_mr(target).unwrap();
+    teardown(&mut bed, conn);
+
+    // One RNR retry: the requester gives up.
+    let once = ConnParam {
+        rnr_retry_count: 1,
+        ..ConnParam::new()
+    };
+    let conn = establish_with(&mut bed, &once, &ConnParam::new());
+    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
+    let local = bed
+        .client
+        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
+        .unwrap();
+    let sge = [Sge::new(local, 0, 8)];
+    let op = SendOp::Write {
+        remote: remote.start(),
+        imm: Some(9),
+    };
+    let start = std::time::Instant::now();
+    bed.client
+        .post_send_wr(conn.client.id, &SendWr::new(2, op, &sge))
+        .unwrap();
+    let failed = one(&mut bed.client, conn.client.id);
+    println!(
+        "rxe: WRITE_WITH_IMM without a receive, rnr_retry_count 1: {} {} after {} ms",
+        failed.status,
+        failed.opcode,
+        start.elapsed().as_millis()
+    );
+    assert_eq!(
+        (failed.status, failed.opcode),
+        (WcStatus::RnrRetryExcErr, WcOpcode::RdmaWrite)
+    );
+    let mut landed = [1u8; 8];
+    bed.server.read_mr(target, 0, &mut landed).unwrap();
+    assert_eq!(landed, [0; 8], "nothing of the refused WRITE was placed");
+    bed.client.dereg_mr(local).unwrap();
+    bed.server.dereg_mr(target).unwrap();
+    teardown(&mut bed, conn);
+}
+
+#[test]
+fn pipelined_fetch_adds_execute_in_posting_order_and_a_long_write_is_not_capped_at_8_mib() {
+    let mut bed = bed!();
+    let conn = establish(&mut bed);
+    let id = conn.client.id;
+    let (counter, remote) = remote_region(&mut bed.server, conn.child, 8);
+    let local = bed.client.reg_mr(id, 16 * 8, Access::LOCAL_WRITE).unwrap();
+    let depth = QpCaps::new().max_send_wr;
+    for i in 0..u64::from(depth) {
+        let old = [Sge::new(local, i * 8, 8)];
+        let add = SendOp::FetchAdd {
+            remote: remote.start(),
+            add: 1,
+        };
+        bed.client.post_send_wr(id, &SendWr::new(i, add, &old)).unwrap();
+    }
+    let got = completions(&mut bed.client, id, depth as usize);
+    let ids: Vec<u64> = got.iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(ids, (0..u64::from(depth)).collect::<Vec<_>>());
+    assert!(got
+        .iter()
+        .all(|wc| (wc.status, wc.byte_len) == (WcStatus::Success, 8)));
+    let olds: Vec<u64> = (0..u64::from(depth))
+        .map(|i| read_u64(&bed.client, local, i * 8))
+        .collect();
+    assert_eq!(
+        olds,
+        (0..u64::from(depth)).collect::<Vec<_>>(),
+        "one at a time, in order"
+    );
+    assert_eq!(read_u64(&bed.server, counter, 0), u64::from(depth));
+    bed.client.dereg_mr(local).unwrap();
+    bed.server.dereg_mr(counter).unwrap();
+
+    // 9 MiB in one WRITE: past the port's max_msg_sz of 8 MiB, which rxe does not enforce.
+    const LONG: usize = 9 << 20;
+    let (target, remote) = remote_region(&mut bed.server, conn.child, LONG);
+    let source = bed.client.reg_mr(id, LONG, Access::NONE).unwrap();
+    bed.client.write_mr(source, (LONG - 4) as u64, b"tail").unwrap();
+    let sge = [Sge::new(source, 0, LONG as u32)];
+    let write = SendOp::Write {
+        remote: remote.start(),
+        imm: None,
+    };
+    let start = std::time::Instant::now();
+    bed.client
+        .post_send_wr(id, &SendWr::new(99, write, &sge))
+        .unwrap();
+    let wc = one(&mut bed.client, id);
+    println!(
+        "rxe: a 9 MiB WRITE: {} after {} ms",
+        wc.status,
+        start.elapsed().as_millis()
+    );
+    assert_eq!(wc.status, WcStatus::Success);
+    let mut tail = [0u8; 4];
+    bed.server.read_mr(target, (LONG - 4) as u64, &mut tail).unwrap();
+    assert_eq!(&tail, b"tail");
+    bed.client.dereg_mr(source).unwrap();
+    bed.server.dereg_mr(target).unwrap();
     teardown(&mut bed, conn);
 }
