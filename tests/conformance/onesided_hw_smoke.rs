@@ -812,12 +812,15 @@ fn a_write_with_immediate_waits_for_a_receive_and_fails_when_its_rnr_retries_run
     bed.server.dereg_mr(target).unwrap();
     teardown(&mut bed, conn);
 
-    // One RNR retry: the requester gives up.
+    // One RNR retry: the requester gives up. Its QP's count is the one the peer sent in the
+    // REP (the IB CM sets the active side's `rnr_retry` from the REP, the passive side's from
+    // the REQ): the server's accept parameter. Measured: the client's own connect parameter of 1
+    // left its WRITE retrying past 10 s.
     let once = ConnParam {
         rnr_retry_count: 1,
         ..ConnParam::new()
     };
-    let conn = establish_with(&mut bed, &once, &ConnParam::new());
+    let conn = establish_with(&mut bed, &ConnParam::new(), &once);
     let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
     let local = bed
         .client
