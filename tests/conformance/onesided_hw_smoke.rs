@@ -916,3 +916,34 @@ fn pipelined_fetch_adds_execute_in_posting_order_and_a_long_write_is_not_capped_
     bed.server.dereg_mr(target).unwrap();
     teardown(&mut bed, conn);
 }
+
+#[test]
+fn dropping_backends_with_regions_an_srq_and_a_qp_on_it_releases_them_without_hanging() {
+    let mut bed = bed!();
+    let server = listen(&mut bed, 1);
+    let srq = bed.server.create_srq(server.listener, SrqCaps::new()).unwrap();
+    bed.server.post_srq_recv(srq, 1, 64).unwrap();
+    let (client, child) = connect_on_srq(&mut bed, &server, srq);
+    let (_target, remote) = remote_region(&mut bed.server, child, 4096);
+    let local = bed.client.reg_mr(client.id, 64, Access::LOCAL_WRITE).unwrap();
+    // Work in flight on both sides: an unpolled receive completion on the SRQ QP, an
+    // unpolled WRITE completion on the client.
+    bed.client.post_send(client.id, 2, b"unpolled").unwrap();
+    let sge = [Sge::new(local, 0, 8)];
+    let write = SendOp::Write {
+        remote: remote.start(),
+        imm: None,
+    };
+    bed.client
+        .post_send_wr(client.id, &SendWr::new(3, write, &sge))
+        .unwrap();
+    let_time_pass(&mut bed.server);
+    let live = bed.server.live_resources();
+    assert_eq!((live.mrs, live.srqs, live.qps), (1, 1, 1));
+    // QPs go first, then the SRQ, then the regions, then the PDs: each release finds nothing
+    // still using what it frees.
+    drop(bed);
+    let mut again = bed!();
+    let conn = establish(&mut again);
+    teardown(&mut again, conn);
+}
