@@ -63,7 +63,7 @@ impl AsyncEvent {
             AsyncEvent::QpAccessErr { .. } => 3,
             AsyncEvent::CommEstablished { .. } => 4,
             AsyncEvent::QpLastWqeReached { .. } => 16,
-            AsyncEvent::SrqLimitReached { .. } => 14,
+            AsyncEvent::SrqLimitReached { .. } => 15,
             AsyncEvent::Other { raw } => *raw,
         }
     }
@@ -112,7 +112,7 @@ mod tests {
             (AsyncEvent::CommEstablished { id }, 4, "IBV_EVENT_COMM_EST"),
             (
                 AsyncEvent::SrqLimitReached { srq },
-                14,
+                15,
                 "IBV_EVENT_SRQ_LIMIT_REACHED",
             ),
             (

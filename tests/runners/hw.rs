@@ -142,6 +142,9 @@ mod props;
 #[path = "../conformance/options.rs"]
 mod options;
 
+#[path = "../conformance/onesided_hw_smoke.rs"]
+mod onesided_hw_smoke;
+
 /// Behaviour only a real device shows the way it matters here.
 mod hw_only {
     use cm::api::{CmBackend, QpState, WcOpcode, WcStatus};
