@@ -73,6 +73,9 @@ mod onesided;
 #[path = "../conformance/onesided_sim.rs"]
 mod onesided_sim;
 
+#[path = "../conformance/onesided_hw_smoke.rs"]
+mod onesided_hw_smoke;
+
 #[path = "../conformance/external.rs"]
 mod external;
 
