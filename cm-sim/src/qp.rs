@@ -930,4 +930,245 @@ mod tests {
         assert!(qp.cq_is_empty());
         assert_eq!(polled(&mut qp, 4).len(), 0);
     }
+
+    fn wr(op: SendOp, signaled: bool) -> PostedWr {
+        PostedWr {
+            op,
+            sg_list: Vec::new(),
+            signaled,
+            fence: false,
+        }
+    }
+
+    const REMOTE: cm_core::RemoteAddr = cm_core::RemoteAddr { addr: 0, rkey: 1 };
+    const WRITE: SendOp = SendOp::Write {
+        remote: REMOTE,
+        imm: None,
+    };
+    const READ: SendOp = SendOp::Read { remote: REMOTE };
+
+    /// A QP with an initiator depth of 16 and `ops` posted and started, their numbers.
+    fn started(ops: &[SendOp]) -> (Qp, Vec<u64>) {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.initiator_depth = 16;
+        let psns = ops
+            .iter()
+            .map(|&op| {
+                qp.push_wr(u64::from(op.wc_opcode().raw()), wr(op, true));
+                assert_eq!(qp.next_step(), Some(NextStep::OneSided));
+                qp.start_head()
+            })
+            .collect();
+        (qp, psns)
+    }
+
+    fn drain(qp: &mut Qp) -> Vec<(WcOpcode, WcStatus)> {
+        let mut out = Vec::new();
+        while let Some(s) = qp.pop_done() {
+            qp.complete_started(&s);
+            out.push((s.wr.opcode(), s.done.unwrap().0));
+        }
+        out
+    }
+
+    #[test]
+    fn a_qp_that_never_had_work_over_regions_takes_the_two_sided_path() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        assert_eq!(qp.next_step(), None);
+        qp.push_send(1, b"x");
+        assert_eq!(qp.next_step(), None, "post_send alone makes no one-sided state");
+        assert!(qp.rdma_ref().is_none() && qp.head_wr().is_none());
+    }
+
+    #[test]
+    fn started_requests_complete_in_posting_order_whenever_they_are_answered() {
+        let (mut qp, psns) = started(&[WRITE, READ, WRITE]);
+        assert_eq!(psns, [0, 1, 2]);
+        assert!(qp.answer(2, (WcStatus::Success, 0)));
+        // The last WRITE's answer acks the first (an acknowledgement covers everything before
+        // it) but not the READ, which needs its bytes.
+        assert_eq!(drain(&mut qp), [(WcOpcode::RdmaWrite, WcStatus::Success)]);
+        assert_eq!(qp.rdma_ref().unwrap().unanswered(), [1]);
+        assert!(!qp.answer(2, (WcStatus::Success, 0)), "answered already");
+        assert!(!qp.answer(7, (WcStatus::Success, 0)), "never started");
+        assert!(qp.answer(1, (WcStatus::Success, 8)));
+        assert_eq!(
+            drain(&mut qp),
+            [
+                (WcOpcode::RdmaRead, WcStatus::Success),
+                (WcOpcode::RdmaWrite, WcStatus::Success)
+            ]
+        );
+        let wcs = polled(&mut qp, 8);
+        let got: Vec<_> = wcs.iter().map(|w| (w.opcode, w.byte_len)).collect();
+        assert_eq!(
+            got,
+            [
+                (WcOpcode::RdmaWrite, 0),
+                (WcOpcode::RdmaRead, 8),
+                (WcOpcode::RdmaWrite, 0)
+            ]
+        );
+        assert!(!qp.rdma_ref().unwrap().has_unanswered());
+    }
+
+    #[test]
+    fn a_failure_before_leaving_stops_the_queue_and_completes_in_its_turn() {
+        let (mut qp, _) = started(&[READ, WRITE]);
+        qp.push_wr(9, wr(WRITE, true));
+        qp.fail_started(1, WcStatus::LocQpOpErr);
+        assert_eq!(qp.next_step(), Some(NextStep::Wait), "nothing starts after it");
+        assert!(drain(&mut qp).is_empty(), "the READ before it is not answered");
+        assert!(qp.answer(0, (WcStatus::Success, 4)));
+        assert_eq!(
+            drain(&mut qp),
+            [
+                (WcOpcode::RdmaRead, WcStatus::Success),
+                (WcOpcode::RdmaWrite, WcStatus::LocQpOpErr)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_flush_completes_started_requests_before_queued_ones_each_with_its_own_opcode() {
+        let (mut qp, _) = started(&[
+            READ,
+            SendOp::FetchAdd {
+                remote: REMOTE,
+                add: 1,
+            },
+        ]);
+        qp.answer(1, (WcStatus::Success, 8));
+        qp.push_wr(5, wr(SendOp::Send { imm: None }, false));
+        qp.push_recv(6, 8);
+        qp.flush();
+        let got: Vec<_> = polled(&mut qp, 8)
+            .iter()
+            .map(|w| (w.wr_id, w.opcode, w.status))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (6, WcOpcode::Recv, WcStatus::WrFlushErr),
+                (2, WcOpcode::RdmaRead, WcStatus::WrFlushErr),
+                (4, WcOpcode::FetchAdd, WcStatus::WrFlushErr),
+                (5, WcOpcode::Send, WcStatus::WrFlushErr)
+            ],
+            "an answered request flushes too, and an unsignalled one comes out"
+        );
+        assert!(
+            !qp.answer(1, (WcStatus::Success, 8)),
+            "answers after the flush are ignored"
+        );
+        assert_eq!(qp.outstanding(WcOpcode::Send), 0);
+    }
+
+    #[test]
+    fn unsignalled_successes_are_freed_by_a_poll_without_being_handed_out_or_counted() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.initiator_depth = 1;
+        for (wr_id, signaled) in [(1, false), (2, false), (3, true), (4, false)] {
+            qp.push_wr(wr_id, wr(WRITE, signaled));
+            let psn = qp.start_head();
+            qp.answer(psn, (WcStatus::Success, 0));
+        }
+        drain(&mut qp);
+        assert_eq!(qp.outstanding(WcOpcode::Send), 4);
+        let wcs = polled(&mut qp, 1);
+        assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [3]);
+        assert_eq!(
+            qp.outstanding(WcOpcode::Send),
+            1,
+            "the last waits for the next poll"
+        );
+        assert!(qp.cq_is_empty(), "nothing to hand out");
+        assert!(polled(&mut qp, 1).is_empty());
+        assert_eq!(qp.outstanding(WcOpcode::Send), 0);
+        // A failure of an unsignalled request comes out.
+        qp.push_wr(5, wr(WRITE, false));
+        let psn = qp.start_head();
+        qp.answer(psn, (WcStatus::RemAccessErr, 0));
+        drain(&mut qp);
+        assert!(!qp.cq_is_empty());
+        assert_eq!(polled(&mut qp, 4)[0].status, WcStatus::RemAccessErr);
+    }
+
+    #[test]
+    fn a_two_sided_send_waits_for_one_sided_requests_ahead_of_it() {
+        let (mut qp, _) = started(&[WRITE]);
+        qp.push_wr(2, wr(SendOp::Send { imm: Some(1) }, true));
+        assert_eq!(qp.next_step(), Some(NextStep::Wait));
+        qp.answer(0, (WcStatus::Success, 0));
+        drain(&mut qp);
+        assert_eq!(qp.next_step(), Some(NextStep::TwoSided));
+        assert!(qp.head_wr().is_some_and(PostedWr::is_two_sided));
+    }
+
+    #[test]
+    fn receives_taken_from_an_srq_give_their_slots_back_to_the_srq_when_polled() {
+        let mut srq = WrPool::new(0, 4);
+        let slot = srq.post(WcOpcode::Recv, 77, 16).unwrap();
+        let mut qp = Qp::on_srq(
+            1,
+            QpCaps::new(),
+            SlotRef {
+                index: 0,
+                generation: 0,
+            },
+        );
+        assert!(qp.srq().is_some());
+        let recv = TakenRecv {
+            wr_id: SRQ_SLOT | u64::from(slot),
+            len: 16,
+        };
+        assert!(matches!(
+            qp.land_in(recv, b"hi".to_vec(), None, Some(3)),
+            Landing::Delivered
+        ));
+        assert_eq!(qp.srq_slots_unpolled(), [u64::from(slot)]);
+        let mut out = Vec::new();
+        assert_eq!(qp.poll(&mut out, 4, Some(&mut srq)), 1);
+        assert_eq!(
+            (out[0].wr_id, out[0].imm_data, out[0].data.as_slice()),
+            (77, Some(3), &b"hi"[..])
+        );
+        assert_eq!(srq.outstanding(WcOpcode::Recv), 0);
+        assert!(qp.srq_slots_unpolled().is_empty());
+    }
+
+    #[test]
+    fn a_write_with_immediate_completes_its_receive_with_the_length_or_with_nothing() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.push_recv(1, 0);
+        qp.push_recv(2, 0);
+        let first = qp.take_recv().unwrap();
+        qp.complete_write_imm(first, WcStatus::Success, 100, 9);
+        let second = qp.take_recv().unwrap();
+        qp.complete_write_imm(second, WcStatus::RemAccessErr, 100, 9);
+        let got: Vec<_> = polled(&mut qp, 4)
+            .iter()
+            .map(|w| (w.wr_id, w.opcode, w.status, w.byte_len, w.imm_data))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcOpcode::RecvRdmaWithImm, WcStatus::Success, 100, Some(9)),
+                (2, WcOpcode::Recv, WcStatus::RemAccessErr, 0, None)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_responder_keeps_a_bounded_number_of_answers_for_duplicates() {
+        let mut rdma = Rdma::default();
+        for psn in 0..KEPT_REPLIES as u64 + 2 {
+            rdma.save_reply(psn, Reply::Atomic(psn));
+        }
+        assert_eq!(rdma.saved_reply(0), None, "the oldest went");
+        assert_eq!(rdma.saved_reply(2), Some(&Reply::Atomic(2)));
+        assert_eq!(
+            rdma.saved_reply(KEPT_REPLIES as u64 + 1),
+            Some(&Reply::Atomic(KEPT_REPLIES as u64 + 1))
+        );
+    }
 }

@@ -203,7 +203,7 @@ impl Fabric {
         let params = self.params_of(r);
         let slot = self.slot(r);
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Establish, params).is_none() {
+        if !slot.cm.takes(Input::Establish, params) {
             // The REJ (or the peer's timeout) came first: the IB CM has no RTU to send.
             return Err(CmError::Os {
                 call,
