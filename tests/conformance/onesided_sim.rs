@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use cm::api::{
-    Access, CmBackend, CmEventType, IdHandle, MrHandle, QpState, RemoteAddr, SendOp, SendWr, Sge, WcStatus,
-    WorkCompletion,
+    Access, AsyncEvent, CmBackend, CmEventType, ConnParam, IdHandle, MrHandle, QpCaps, QpState, RemoteAddr,
+    SendOp, SendWr, Sge, SrqCaps, WcStatus, WorkCompletion,
 };
 use cm::sim::{Fault, SimFabric, SimHost};
 use proptest::prelude::*;
@@ -674,4 +674,45 @@ fn run_model(seed: u64, ops: &[Op]) {
         conn.server.ch,
     );
     assert_clean(&bed);
+}
+
+/// Found by cm-fuzz's teardown (which reads every asynchronous event left): the simulator
+/// handed out `SRQ_LIMIT_REACHED` for an SRQ destroyed before the event was read. The kernel
+/// drops an SRQ's unread events when it is destroyed (`uverbs_free_srq` ->
+/// `ib_uverbs_release_uevent`), so no verbs application can read one.
+#[test]
+fn a_destroyed_srq_takes_its_unread_limit_event_with_it() {
+    let (_fabric, mut bed) = fixed_bed(1);
+    let server = listen(&mut bed, 0);
+    let srq = bed
+        .server
+        .create_srq(server.listener, SrqCaps::new().with_limit(1))
+        .expect("create_srq");
+    // Two SRQs of the host, each with its limit crossed: only the destroyed one's event goes.
+    let other = bed
+        .server
+        .create_srq(server.listener, SrqCaps::new().with_limit(1))
+        .expect("create_srq");
+    bed.server.post_srq_recv(srq, 100, 64).unwrap();
+    bed.server.post_srq_recv(other, 200, 64).unwrap();
+    let mut conns = Vec::new();
+    for on in [srq, other] {
+        let client = resolved_client(&mut bed, server.addr, true);
+        bed.client.connect(client.id, &ConnParam::new()).unwrap();
+        let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
+        bed.server.create_qp_on_srq(req.id, QpCaps::new(), on).unwrap();
+        bed.server.accept(req.id, &ConnParam::new()).unwrap();
+        expect(&mut bed.client, client.ch, CmEventType::Established);
+        expect(&mut bed.server, server.ch, CmEventType::Established);
+        bed.client.post_send(client.id, 1, b"x").unwrap();
+        assert_eq!(poll_for(&mut bed.server, req.id, 1, WAIT).len(), 1);
+        conns.push(req.id);
+    }
+    bed.server.destroy_qp(conns[0]).unwrap();
+    bed.server.destroy_srq(srq).unwrap();
+    assert_eq!(
+        bed.server.get_async_event(WAIT).unwrap(),
+        Some(AsyncEvent::SrqLimitReached { srq: other })
+    );
+    assert_eq!(bed.server.get_async_event(QUIET).unwrap(), None);
 }
