@@ -41,7 +41,8 @@ pub struct SimConfig {
     pub cm_retries: u32,
     /// The receiver-not-ready timer: how long a send waits between two tries when the
     /// receiver has no receive posted (librdmacm leaves the minimum RNR timer at 0, which the
-    /// IB spec reads as 655.36 ms). Only matters under [`Fault::RnrRetries`](crate::Fault::RnrRetries).
+    /// IB spec reads as 655.36 ms). Only matters on connections whose peer asked for fewer than 7
+    /// RNR retries, and under [`Fault::RnrRetries`](crate::Fault::RnrRetries).
     pub rnr_timer: Duration,
     /// `net.rdma_ucm.max_backlog`: the backlog used when `rdma_listen` gets 0 or less, and its cap.
     pub max_backlog: u32,

@@ -116,8 +116,9 @@ pub enum Fault {
         /// The cap.
         backlog: u32,
     },
-    /// QPs on the host give up a send after `retries` receiver-not-ready retries (7 = never,
-    /// the IB meaning of 7).
+    /// QPs on the host give up a send after `retries` receiver-not-ready retries, `retries`
+    /// RNR timers after it found no receive, whatever their connections agreed (7 ends the
+    /// fault: each QP's own count applies again, the one its peer's REQ or REP carried).
     RnrRetries {
         /// The host.
         host: u16,

@@ -142,8 +142,8 @@ mod props;
 #[path = "../conformance/options.rs"]
 mod options;
 
-#[path = "../conformance/onesided_hw_smoke.rs"]
-mod onesided_hw_smoke;
+#[path = "../conformance/onesided_rxe.rs"]
+mod onesided_rxe;
 
 /// Behaviour only a real device shows the way it matters here.
 mod hw_only {

@@ -73,8 +73,8 @@ mod onesided;
 #[path = "../conformance/onesided_sim.rs"]
 mod onesided_sim;
 
-#[path = "../conformance/onesided_hw_smoke.rs"]
-mod onesided_hw_smoke;
+#[path = "../conformance/onesided_rxe.rs"]
+mod onesided_rxe;
 
 #[path = "../conformance/external.rs"]
 mod external;

@@ -50,7 +50,7 @@ impl Fabric {
             queued: 0,
             last_arrival: SimTime::ZERO,
             pending_status: 0,
-            retry_count: 0,
+            retries: Retries::NEW,
             peer_lost: false,
             visible: true,
             qp: None,
@@ -244,6 +244,17 @@ impl Fabric {
         } else {
             m.create_qp()?
         };
+        if let Some(srq) = srq {
+            self.srq_ref(host, srq, call)?;
+            if !m.port_space().is_connected() {
+                // As the hardware backend: a UD receive puts a 40-byte GRH ahead of the
+                // payload, which buffers shared with RC QPs have no room for.
+                return Err(CmError::InvalidArgument {
+                    call,
+                    reason: "a shared receive queue serves connected (RC) QPs only here",
+                });
+            }
+        }
         let slot = self.slot(r);
         if slot.m.port_space().is_connected() && slot.cm.ended_early() {
             // The peer ended the exchange before the application saw it (e.g. a child whose
@@ -286,7 +297,14 @@ impl Fabric {
             self.register_ud_qp(qpn, r);
         }
         self.hosts[host as usize].counts.qps += 1;
-        Ok(caps)
+        // A QP on an SRQ has no receive queue of its own.
+        Ok(match srq {
+            Some(_) => QpCaps {
+                max_recv_wr: 0,
+                ..caps
+            },
+            None => caps,
+        })
     }
 
     pub(crate) fn destroy_qp(&mut self, host: u16, id: IdHandle) -> R<()> {
@@ -396,7 +414,8 @@ impl Fabric {
         slot.m = next;
         slot.remote = SlotRef::NONE;
         slot.remote_host = u16::MAX;
-        slot.retry_count = wire.retry_count;
+        // The RNR retries are the REP's, once it comes.
+        slot.retries = Retries::new(wire.retry_count, 7);
         let payload = self.new_payload(Payload {
             wire,
             private_data,

@@ -106,10 +106,13 @@ impl Fabric {
     }
 
     /// The send at the head of `sender`'s queue found no receive: under a receiver-not-ready
-    /// retry limit, it gives up once the retries have run out (if it is still waiting then).
+    /// retry limit (the connection's, or a [`Fault::RnrRetries`] on the host), it gives up once
+    /// the retries have run out (if it is still waiting then). rxe NAKs each try and waits the
+    /// RNR timer before the next: `retries` waits, then `RNR_RETRY_EXC_ERR`.
     pub(super) fn arm_rnr(&mut self, sender: SlotRef) {
-        let host = self.slot(sender).host;
-        let Some(retries) = self.hosts[host as usize].rnr_retries else {
+        let slot = self.slot(sender);
+        let (host, own) = (slot.host, slot.retries.rnr());
+        let Some(retries) = self.hosts[host as usize].rnr_retries.or((own < 7).then_some(own)) else {
             return;
         };
         let timer = nanos(self.cfg.rnr_timer);
@@ -121,7 +124,7 @@ impl Fabric {
         }
         qp.rnr_armed = true;
         let sends_done = qp.sends_done;
-        let at = self.now.after_nanos(timer.saturating_mul(u64::from(retries) + 1));
+        let at = self.now.after_nanos(timer.saturating_mul(u64::from(retries)));
         self.schedule(
             at,
             Action::Rnr {
@@ -157,7 +160,7 @@ impl Fabric {
     /// again every local ACK timeout, `retry_count` times, then gives up.
     pub(super) fn arm_transport_retry(&mut self, sender: SlotRef) {
         let per_try = nanos(self.ack_timeout_of(sender));
-        let tries = u64::from(self.slot(sender).retry_count) + 1;
+        let tries = u64::from(self.slot(sender).retries.transport()) + 1;
         let Some(qp) = self.slot(sender).qp.as_mut() else {
             return;
         };

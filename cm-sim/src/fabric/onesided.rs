@@ -311,7 +311,8 @@ impl Fabric {
     /// bytes gathered now; one whose bytes cannot be gathered fails at once, locally.
     fn transmit(&mut self, a: SlotRef, psn: u64) {
         let slot = self.slot(a);
-        let (host, b, peer, retry_count) = (slot.host, slot.remote, slot.remote_host, slot.retry_count);
+        let (host, b, peer, retry_count) =
+            (slot.host, slot.remote, slot.remote_host, slot.retries.transport());
         let Some(qp) = slot.qp.as_ref() else { return };
         let qpn = qp.qpn;
         let Some(started) = qp.rdma_ref().and_then(|r| r.started(psn)) else {
@@ -608,7 +609,7 @@ impl Fabric {
             return;
         }
         let slot = self.slot(a);
-        let retry_count = slot.retry_count;
+        let retry_count = slot.retries.transport();
         let Some(started) = slot
             .qp
             .as_ref()

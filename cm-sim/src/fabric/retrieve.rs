@@ -78,6 +78,9 @@ impl Fabric {
                 let wire = self.payloads.get(q.payload).map(|p| p.wire);
                 let slot = self.slot(q.id);
                 slot.cm = next;
+                if let Some(w) = wire {
+                    slot.retries = slot.retries.with_rnr(w.rnr_retry_count);
+                }
                 if let (Some(qp), Some(w)) = (slot.qp.as_mut(), wire) {
                     // librdmacm moves the QP to RTR and RTS with what the REP granted: the
                     // peer's responder resources are this side's initiator depth.

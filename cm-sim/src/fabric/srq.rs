@@ -69,7 +69,7 @@ impl Fabric {
     }
 
     /// The SRQ `srq` names on `host`, for `call`.
-    fn srq_ref(&self, host: u16, srq: SrqHandle, call: Call) -> R<SlotRef> {
+    pub(super) fn srq_ref(&self, host: u16, srq: SrqHandle, call: Call) -> R<SlotRef> {
         let tag = self.up_host_tag(host, call)?;
         let r = SlotRef {
             index: srq.index(),
@@ -121,7 +121,12 @@ impl Fabric {
         if users > 0 {
             return Err(CmError::SrqBusy { qps: users as u32 });
         }
-        self.srqs_mut().hosts[host as usize].slab.discard(r);
+        let h = &mut self.srqs_mut().hosts[host as usize];
+        h.slab.discard(r);
+        // The kernel frees the SRQ's unread events with it (`uverbs_free_srq` ->
+        // `ib_uverbs_release_uevent`): none names an SRQ that is gone.
+        h.events
+            .retain(|e| !matches!(e, AsyncEvent::SrqLimitReached { srq: s } if *s == srq));
         self.hosts[host as usize].counts.srqs -= 1;
         Ok(())
     }

@@ -1,9 +1,9 @@
-//! One-sided RDMA on the hardware backend (runner `hw` only), ahead of the shared conformance
-//! tests: regions, RDMA WRITE (with and without an immediate), READ, compare-and-swap,
-//! fetch-and-add, unsignalled work, a bad remote key (what each side sees), and a shared
-//! receive queue feeding two connections with its limit event. Each test prints what the
-//! device did (`rxe: ...` lines), so that a lab run records rxe's behaviour next to the
-//! verdict.
+//! One-sided RDMA as rxe showed it in the lab, on both backends: regions, RDMA WRITE (with and
+//! without an immediate), READ, compare-and-swap, fetch-and-add, unsignalled work, a bad remote
+//! key (what each side sees), a shared receive queue feeding two connections with its limit
+//! event, RNR retries counted from the peer's accept. Each test prints what the backend did
+//! (`rxe: ...` lines), so that a lab run records rxe's behaviour next to the verdict, and the
+//! simulator is held to the same.
 
 use cm::api::{
     Access, AsyncEvent, Call, CmBackend, CmError, CmEventType, ConnParam, HandleKind, IdHandle, MrHandle,
