@@ -235,6 +235,52 @@ fn a_partition_during_connect_makes_cmtime_report_unreachable() {
     assert!(fabric.finish().status.success());
 }
 
+/// Tests start programs in parallel, and each `cmsim-run` lays the libraries out: runs meeting
+/// in one fresh directory must all succeed and leave the two sonames in place (CI once saw
+/// `librdmacm.so.1: File exists` when two made the link at once).
+#[test]
+fn runs_laying_the_libraries_out_at_once_all_succeed() {
+    for round in 0..30 {
+        let dir = std::env::temp_dir().join(format!("cmsim-layout-{}-{round}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let runs: Vec<Child> = (0..32)
+            .map(|_| {
+                Command::new(RUN)
+                    .arg("--lib-dir")
+                    .arg(&dir)
+                    .arg("--print-lib-dir")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("start cmsim-run")
+            })
+            .collect();
+        for child in runs {
+            let out = wait(child, Duration::from_secs(30), "cmsim-run --print-lib-dir");
+            assert!(out.status.success(), "round {round}: {}", out.stderr);
+            assert_eq!(out.stdout.trim(), dir.display().to_string());
+        }
+        assert_eq!(
+            std::fs::read_link(dir.join("librdmacm.so.1")).expect("librdmacm.so.1 is a link"),
+            Path::new("libibverbs.so.1")
+        );
+        assert!(
+            std::fs::metadata(dir.join("libibverbs.so.1"))
+                .expect("libibverbs.so.1")
+                .len()
+                > 0
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .expect("read the directory")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 fn a_program_without_a_daemon_fails_with_a_message() {
     if !installed("cmtime") {

@@ -73,10 +73,13 @@ fn lay_out(lib_dir: Option<PathBuf>) -> Result<PathBuf, String> {
     }
     let rdmacm = dir.join("librdmacm.so.1");
     if std::fs::read_link(&rdmacm).ok().as_deref() != Some(Path::new("libibverbs.so.1")) {
-        let _ = std::fs::remove_file(&rdmacm);
         // A link, not a copy: the loader maps one file once, so both sonames share one state.
-        std::os::unix::fs::symlink("libibverbs.so.1", &rdmacm)
-            .map_err(|e| format!("{}: {e}", rdmacm.display()))?;
+        // Made under a name of this process's own and renamed over the old one, so runs laying
+        // the directory out at once (tests in parallel) never meet each other's half-made link.
+        let tmp = dir.join(format!(".librdmacm.so.1.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink("libibverbs.so.1", &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &rdmacm).map_err(|e| format!("{}: {e}", rdmacm.display()))?;
     }
     Ok(dir)
 }
