@@ -303,6 +303,9 @@ mod tests {
         assert!(Access::ALL.contains(Access::REMOTE_ATOMIC));
         assert!(Access::NONE.contains(Access::NONE));
         assert!(!Access::LOCAL_WRITE.contains(Access::REMOTE_READ));
+        // A flag given twice is set once.
+        assert_eq!(Access::ALL | Access::LOCAL_WRITE, Access::ALL);
+        assert_eq!(Access::REMOTE_READ | Access::REMOTE_READ, Access::REMOTE_READ);
     }
 
     #[test]

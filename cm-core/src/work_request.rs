@@ -510,4 +510,15 @@ mod tests {
         let wr = wr.unsignaled().fenced();
         assert!(!wr.signaled && wr.fence);
     }
+
+    #[test]
+    fn a_requests_length_is_its_entries_bytes() {
+        let mr = mr_handle(1, 0, 0);
+        assert!(SendWr::new(1, SendOp::Send { imm: None }, &[]).is_empty());
+        let zero = [Sge::new(mr, 0, 0), Sge::new(mr, 8, 0)];
+        assert!(SendWr::new(1, SendOp::Send { imm: None }, &zero).is_empty());
+        let list = [Sge::new(mr, 0, 3), Sge::new(mr, 64, 5)];
+        let wr = SendWr::new(1, SendOp::Send { imm: None }, &list);
+        assert_eq!((wr.len(), wr.is_empty()), (8, false));
+    }
 }
