@@ -497,7 +497,7 @@ pub trait CmBackend {
     fn write_mr(&mut self, mr: MrHandle, offset: u64, data: &[u8]) -> Result<()>;
 
     /// `ibv_post_send` of one work request over registered memory on the id's QP: a SEND, an
-    /// RDMA WRITE (with an immediate or without), an RDMA READ or an atomic ([`SendOp`]),
+    /// RDMA WRITE (with an immediate or without), an RDMA READ or an atomic ([`SendOp`](crate::SendOp)),
     /// signalled or not, fenced or not ([`SendWr`]). The send queue completes in posting order;
     /// the peer's NIC checks the remote key and range, and a bad one fails the request with
     /// `REM_ACCESS_ERR` and moves the QP to ERR (the rest of its work flushes).
