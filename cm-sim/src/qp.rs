@@ -712,6 +712,28 @@ mod tests {
     }
 
     #[test]
+    fn a_datagram_send_completes_as_it_leaves_and_holds_its_slot_until_polled() {
+        let mut qp = Qp::new(1, QpCaps::new());
+        qp.complete_datagram_send(4, 10, WcStatus::Success);
+        qp.complete_datagram_send(5, 3, WcStatus::LocQpOpErr);
+        assert_eq!(qp.outstanding(WcOpcode::Send), 2);
+        let mut out = Vec::new();
+        assert_eq!(qp.poll(&mut out, 10, None), 2);
+        let got: Vec<_> = out
+            .iter()
+            .map(|wc| (wc.wr_id, wc.opcode, wc.status, wc.byte_len))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (4, WcOpcode::Send, WcStatus::Success, 0),
+                (5, WcOpcode::Send, WcStatus::LocQpOpErr, 0)
+            ]
+        );
+        assert_eq!(qp.outstanding(WcOpcode::Send), 0);
+    }
+
+    #[test]
     fn too_long_message_is_a_local_length_error() {
         let mut qp = Qp::new(1, QpCaps::new());
         qp.push_recv(7, 2);
