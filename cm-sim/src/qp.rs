@@ -1129,7 +1129,10 @@ mod tests {
     #[test]
     fn receives_taken_from_an_srq_give_their_slots_back_to_the_srq_when_polled() {
         let mut srq = WrPool::new(0, 4);
+        // Slot numbers that differ from the QP's own (its first send's is 0).
+        let _earlier = (srq.post(WcOpcode::Recv, 75, 16), srq.post(WcOpcode::Recv, 76, 16));
         let slot = srq.post(WcOpcode::Recv, 77, 16).unwrap();
+        assert_ne!(slot, 0);
         let mut qp = Qp::on_srq(
             1,
             QpCaps::new(),
@@ -1147,14 +1150,16 @@ mod tests {
             qp.land_in(recv, b"hi".to_vec(), None, Some(3)),
             Landing::Delivered
         ));
+        // A completion of the QP's own (a send) is not the SRQ's to take back.
+        qp.complete_datagram_send(9, 1, WcStatus::Success);
         assert_eq!(qp.srq_slots_unpolled(), [u64::from(slot)]);
         let mut out = Vec::new();
-        assert_eq!(qp.poll(&mut out, 4, Some(&mut srq)), 1);
+        assert_eq!(qp.poll(&mut out, 4, Some(&mut srq)), 2);
         assert_eq!(
             (out[0].wr_id, out[0].imm_data, out[0].data.as_slice()),
             (77, Some(3), &b"hi"[..])
         );
-        assert_eq!(srq.outstanding(WcOpcode::Recv), 0);
+        assert_eq!(srq.outstanding(WcOpcode::Recv), 2, "the two not taken");
         assert!(qp.srq_slots_unpolled().is_empty());
     }
 
