@@ -11,7 +11,8 @@
 //! (`cm::hw::probe`) and `CM_HW_ADDR` names the address of an interface with an RDMA device;
 //! otherwise one line says why they are skipped. Hardware uses smaller connection counts than
 //! the simulator (10 and 100 live connections, 100 ids on a channel): a Soft-RoCE device in a
-//! small VM holds far fewer.
+//! small VM holds far fewer. `rdma_round_trip` times one RDMA READ or WRITE and its completion
+//! (64 B and 64 KiB) on both.
 //!
 //! Each entry sets its bed up (listener, channels, live connections) on first use, outside the
 //! timed part, and tears it down afterwards, checking that nothing is left alive. Multi-call
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 
-use cm::api::{CmBackend, CmEventType, PortSpace};
+use cm::api::{Access, CmBackend, CmEventType, PortSpace, SendOp, SendWr, Sge, WcStatus};
 
 mod support;
 
@@ -53,6 +54,10 @@ enum Measure {
     /// This many ids on one channel each ask for an event at once, twice (address, then
     /// route): retrieving and acking the events.
     Events(usize),
+    /// One RDMA READ (`read`) or WRITE of `len` bytes against the peer's region on an
+    /// established connection: posted, and its completion polled (a round trip). The
+    /// connection and both regions are made before timing and torn down after.
+    Rdma { read: bool, len: u32 },
 }
 
 impl Measure {
@@ -98,6 +103,7 @@ impl Measure {
             }
             Measure::Lifecycle => bed.timed_lifecycles(iters),
             Measure::Events(ids) => event_delivery(bed, ids, iters),
+            Measure::Rdma { read, len } => rdma_round_trips(bed, read, len, iters),
         };
         assert_eq!(bed.held(), before, "{self:?} left something alive");
         took
@@ -166,6 +172,46 @@ fn event_delivery<B: CmBackend>(bed: &mut Bed<B>, ids: usize, iters: u64) -> Dur
         }
     }
     total
+}
+
+fn rdma_round_trips<B: CmBackend>(bed: &mut Bed<B>, read: bool, len: u32, iters: u64) -> Duration {
+    let src = bed.src();
+    let id = bed.ready(src);
+    let conn = bed.connect(id);
+    let table = bed
+        .server
+        .reg_mr(conn.child, len as usize, Access::ALL)
+        .expect("ibv_reg_mr (server)");
+    let remote = bed.server.mr_info(table).expect("mr_info").remote().start();
+    let local = bed
+        .client
+        .reg_mr(conn.client, len as usize, Access::LOCAL_WRITE)
+        .expect("ibv_reg_mr (client)");
+    let sge = [Sge::new(local, 0, len)];
+    let op = if read {
+        SendOp::Read { remote }
+    } else {
+        SendOp::Write { remote, imm: None }
+    };
+    let mut wcs = Vec::with_capacity(1);
+    let start = Instant::now();
+    for wr_id in 0..iters {
+        bed.client
+            .post_send_wr(conn.client, &SendWr::new(wr_id, op, &sge))
+            .expect("ibv_post_send");
+        wcs.clear();
+        let n = bed
+            .client
+            .poll_cq(conn.client, &mut wcs, 1, WAIT)
+            .expect("ibv_poll_cq");
+        assert!(n == 1 && wcs[0].status == WcStatus::Success, "{wcs:?}");
+        black_box(&wcs);
+    }
+    let took = start.elapsed();
+    bed.client.dereg_mr(local).expect("ibv_dereg_mr (client)");
+    bed.server.dereg_mr(table).expect("ibv_dereg_mr (server)");
+    bed.disconnect(conn);
+    took
 }
 
 // ---- registration -------------------------------------------------------------------------
@@ -286,6 +332,15 @@ fn benches(c: &mut Criterion) {
         &live(&[10, 1_000, 100_000]),
         &live(&[10, 100]),
     );
+    let rdma: Vec<Entry> = [(true, 64), (false, 64), (true, 65_536), (false, 65_536)]
+        .into_iter()
+        .map(|(read, len)| Entry {
+            param: format!("{}/{len}", if read { "read" } else { "write" }),
+            live: 0,
+            measure: Rdma { read, len },
+        })
+        .collect();
+    group(c, "rdma_round_trip", &rdma, &rdma);
 }
 
 #[cfg(feature = "hw")]

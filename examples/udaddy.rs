@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cm::{CmBackend, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps, UdParam, WcOpcode, WcStatus};
+use cm::{CmBackend, CmEventType, ConnParam, IdHandle, PortSpace, QpCaps, UdParam, WcStatus};
 
 /// How long any one wait may take before the run fails.
 const WAIT: Duration = Duration::from_secs(30);
@@ -128,9 +128,10 @@ fn collect<B: CmBackend>(
             if wc.status != WcStatus::Success {
                 return Err(format!("udaddy: completion status {}", wc.status));
             }
-            match wc.opcode {
-                WcOpcode::Send => sent += 1,
-                WcOpcode::Recv => got.push(wc),
+            if wc.opcode.is_recv() {
+                got.push(wc);
+            } else {
+                sent += 1;
             }
         }
     }

@@ -105,6 +105,10 @@ pub use cm_core::{
     ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, IdState, LiveResources,
     PortSpace, PrivateData, QpCaps, QpState, Result, WcOpcode, WcStatus, WorkCompletion,
 };
+// One-sided RDMA: memory regions, work requests over them, shared receive queues.
+pub use cm_core::{
+    Access, AsyncEvent, MrHandle, MrInfo, RemoteAddr, RemoteMr, SendOp, SendWr, Sge, SrqCaps, SrqHandle,
+};
 // External QPs (the application's own QP; the connection managed here).
 pub use cm_core::{AddressVector, GlobalRoute, QpAttr, QpAttrMask};
 // Options, synchronous ids, getaddrinfo and create_ep.

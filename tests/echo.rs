@@ -205,8 +205,9 @@ mod on_tokio {
     use std::time::Duration;
 
     use cm::api::{
-        ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption, LiveResources,
-        PortSpace, QpAttr, QpCaps, QpState, Result, UdParam, WorkCompletion,
+        Access, AsyncEvent, ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption,
+        LiveResources, MrHandle, MrInfo, PortSpace, QpAttr, QpCaps, QpState, Result, SendWr, SrqCaps,
+        SrqHandle, UdParam, WorkCompletion,
     };
     use cm::app::tokio::{Readiness, TokioRuntime};
     use cm::sim::{SimFabric, SimHost};
@@ -276,6 +277,24 @@ mod on_tokio {
             post_send_to(&mut self, id: IdHandle, wr: u64, dest: &UdParam, d: &[u8]) -> Result<()>;
             join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()>;
             leave_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()>;
+            reg_mr(&mut self, id: IdHandle, len: usize, access: Access) -> Result<MrHandle>;
+            dereg_mr(&mut self, mr: MrHandle) -> Result<()>;
+            write_mr(&mut self, mr: MrHandle, offset: u64, data: &[u8]) -> Result<()>;
+            post_send_wr(&mut self, id: IdHandle, wr: &SendWr<'_>) -> Result<()>;
+            create_srq(&mut self, id: IdHandle, caps: SrqCaps) -> Result<SrqHandle>;
+            destroy_srq(&mut self, srq: SrqHandle) -> Result<()>;
+            post_srq_recv(&mut self, srq: SrqHandle, wr: u64, len: u32) -> Result<()>;
+            arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<()>;
+            create_qp_on_srq(&mut self, id: IdHandle, caps: QpCaps, srq: SrqHandle) -> Result<QpCaps>;
+            get_async_event(&mut self, t: Duration) -> Result<Option<AsyncEvent>>;
+        }
+
+        fn mr_info(&self, mr: MrHandle) -> Result<MrInfo> {
+            self.host.mr_info(mr)
+        }
+
+        fn read_mr(&self, mr: MrHandle, offset: u64, out: &mut [u8]) -> Result<()> {
+            self.host.read_mr(mr, offset, out)
         }
 
         fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

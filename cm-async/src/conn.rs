@@ -9,11 +9,12 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
+use cm_core::{Access, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, ATOMIC_LEN};
 use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
-use cm_core::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::driver::{EventInfo, Shared};
 use crate::error::{Error, Result};
+use crate::region::Region;
 use crate::runtime::Runtime;
 
 /// How connections are made and bounded. [`Default`] suits most uses.
@@ -210,6 +211,17 @@ struct AcceptWith {
 }
 
 impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
+    /// Registers `len` zeroed bytes with `access` on the listener's device (`ibv_reg_mr`): a
+    /// region every connection the listener accepts can share with its peer. The listener must
+    /// be bound to an address of a device, not a wildcard.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`](cm_core::CmError::NoDevice) on a wildcard listener; the
+    /// backend's refusals of [`reg_mr`](cm_core::CmBackend::reg_mr).
+    pub fn register(&self, len: usize, access: Access) -> Result<Region<B>> {
+        register(&self.sh, self.id, len, access)
+    }
+
     /// The bound address (with the port picked, when 0 was asked for).
     pub fn local_addr(&self) -> Result<Option<SocketAddr>> {
         Ok(self.sh.st.borrow_mut().b.get_local_addr(self.id)?)
@@ -307,6 +319,19 @@ impl<B: CmBackend + 'static, R: Runtime> Request<B, R> {
         Ok(conn)
     }
 
+    /// [`accept`](Self::accept) with `private_data` in place of the listener's: for what only
+    /// this connection's peer should learn (say, the [`RemoteMr`](cm_core::RemoteMr) of a
+    /// region made for it, 20 bytes of the 196 an accept carries).
+    pub fn accept_with_private_data(mut self, private_data: &[u8]) -> Result<Connection<B, R>> {
+        let mut conn = self.conn.take().expect("a request holds its id until answered");
+        let with = AcceptWith {
+            opts: self.with.opts.clone(),
+            param: self.with.param.with_private_data(private_data),
+        };
+        conn.accept_with(&with)?;
+        Ok(conn)
+    }
+
     /// Rejects (`rdma_reject` with `private_data`: the requester gets [`Error::Rejected`] with it)
     /// and releases the id.
     pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
@@ -329,6 +354,28 @@ impl<B: CmBackend, R: Runtime> Drop for Request<B, R> {
 impl<B: CmBackend, R: Runtime> Drop for Listener<B, R> {
     fn drop(&mut self) {
         self.sh.release(self.id, true);
+    }
+}
+
+/// An RDMA WRITE with immediate the peer made ([`Connection::recv_imm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImmWrite {
+    /// The immediate it carried.
+    pub imm: u32,
+    /// How many bytes it wrote.
+    pub len: u32,
+}
+
+/// Registers a region through `id` (its device's protection domain).
+fn register<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle, len: usize, access: Access) -> Result<Region<B>> {
+    let mut st = sh.st.borrow_mut();
+    let mr = st.b.reg_mr(id, len, access)?;
+    match st.b.mr_info(mr) {
+        Ok(info) => Ok(Region::new(sh.clone(), mr, info)),
+        Err(e) => {
+            let _ = st.b.dereg_mr(mr);
+            Err(e.into())
+        }
     }
 }
 
@@ -461,6 +508,152 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         })
     }
 
+    /// Registers `len` zeroed bytes with `access` on the connection's device (`ibv_reg_mr`).
+    /// The region serves every connection on the device; give the peer its
+    /// [`remote`](Region::remote) for it to read, write or update it.
+    ///
+    /// # Errors
+    /// The backend's refusals of [`reg_mr`](cm_core::CmBackend::reg_mr).
+    pub fn register(&self, len: usize, access: Access) -> Result<Region<B>> {
+        register(&self.sh, self.id, len, access)
+    }
+
+    /// RDMA WRITE of `len` bytes at `offset` of `local` to the peer's `remote`; waits for its
+    /// completion. The peer's NIC checks the key and the range: a bad one is
+    /// [`Error::Completion`] with `REM_ACCESS_ERR`, and the connection's QP is in ERR after it
+    /// (every later operation fails flushed).
+    pub async fn write(&self, local: &Region<B>, offset: u64, len: u32, remote: RemoteAddr) -> Result<()> {
+        let sge = [Sge::new(local.handle(), offset, len)];
+        self.one_sided(SendOp::Write { remote, imm: None }, &sge)
+            .await
+            .map(drop)
+    }
+
+    /// [`write`](Self::write) with an immediate: the write also takes one of the peer's posted
+    /// receives, which its [`recv_imm`](Self::recv_imm) reports with `imm`.
+    pub async fn write_with_imm(
+        &self,
+        local: &Region<B>,
+        offset: u64,
+        len: u32,
+        remote: RemoteAddr,
+        imm: u32,
+    ) -> Result<()> {
+        let sge = [Sge::new(local.handle(), offset, len)];
+        self.one_sided(
+            SendOp::Write {
+                remote,
+                imm: Some(imm),
+            },
+            &sge,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// RDMA READ of `len` bytes at the peer's `remote` into `local` at `offset`; waits for its
+    /// completion (errors as [`write`](Self::write)'s).
+    pub async fn read(&self, local: &Region<B>, offset: u64, len: u32, remote: RemoteAddr) -> Result<()> {
+        let sge = [Sge::new(local.handle(), offset, len)];
+        self.one_sided(SendOp::Read { remote }, &sge).await.map(drop)
+    }
+
+    /// Atomic compare-and-swap of the peer's 8 aligned bytes at `remote`: they become `swap`
+    /// if they were `compare`. Returns the value they had (also left in `local` at `offset`,
+    /// where the NIC puts it). Atomics on one region are serialised by the peer's NIC.
+    pub async fn compare_swap(
+        &self,
+        local: &Region<B>,
+        offset: u64,
+        remote: RemoteAddr,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        let sge = [Sge::new(local.handle(), offset, ATOMIC_LEN)];
+        self.one_sided(
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            },
+            &sge,
+        )
+        .await?;
+        local.read_u64(offset)
+    }
+
+    /// Atomic fetch-and-add of `add` to the peer's 8 aligned bytes at `remote` (wrapping).
+    /// Returns the value they had (also left in `local` at `offset`).
+    ///
+    /// A counter on a server, incremented by every client:
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use cm_async::{Cm, ConnOptions, Error, Runtime};
+    /// use cm_core::{Access, CmBackend, RemoteMr};
+    ///
+    /// async fn increment<B: CmBackend + 'static, R: Runtime>(cm: Cm<B, R>, at: SocketAddr) -> Result<u64, Error> {
+    ///     let conn = cm.connect(at, &ConnOptions::default()).await?;
+    ///     let counter = RemoteMr::from_bytes(conn.peer_private_data()).expect("the server's counter");
+    ///     let scratch = conn.register(8, Access::LOCAL_WRITE)?;
+    ///     let before = conn.fetch_add(&scratch, 0, counter.start(), 1).await?;
+    ///     drop(scratch);
+    ///     conn.disconnect().await?;
+    ///     Ok(before)
+    /// }
+    /// ```
+    pub async fn fetch_add(
+        &self,
+        local: &Region<B>,
+        offset: u64,
+        remote: RemoteAddr,
+        add: u64,
+    ) -> Result<u64> {
+        let sge = [Sge::new(local.handle(), offset, ATOMIC_LEN)];
+        self.one_sided(SendOp::FetchAdd { remote, add }, &sge).await?;
+        local.read_u64(offset)
+    }
+
+    /// The next RDMA WRITE with immediate the peer made into this side's memory: its
+    /// immediate and length. It took one of the connection's posted receives (which is posted
+    /// again); messages ([`recv`](Self::recv)) are not taken.
+    pub async fn recv_imm(&self) -> Result<ImmWrite> {
+        let wc = self
+            .wait_cq(|cq| {
+                let i = cq.iter().position(|wc| wc.opcode == WcOpcode::RecvRdmaWithImm)?;
+                cq.remove(i)
+            })
+            .await?;
+        if wc.status != WcStatus::Success {
+            return Err(Error::Completion { status: wc.status });
+        }
+        let _ = self.post_recv();
+        Ok(ImmWrite {
+            imm: wc.imm_data.unwrap_or(0),
+            len: wc.byte_len,
+        })
+    }
+
+    /// Posts one work request over regions and waits for its completion; a failed one is
+    /// [`Error::Completion`].
+    async fn one_sided(&self, op: SendOp, sge: &[Sge]) -> Result<WorkCompletion> {
+        let wr = SEND_BIT | self.next_wr.get();
+        self.next_wr.set(self.next_wr.get() + 1);
+        self.sh
+            .st
+            .borrow_mut()
+            .b
+            .post_send_wr(self.id, &SendWr::new(wr, op, sge))?;
+        self.posted.set(self.posted.get() + 1);
+        let wc = self
+            .wait_cq(|cq| cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i)))
+            .await?;
+        match wc.status {
+            WcStatus::Success => Ok(wc),
+            status => Err(Error::Completion { status }),
+        }
+    }
+
     /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
     /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
@@ -516,8 +709,8 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                         self.posted.set(self.posted.get().saturating_sub(1));
                         match (wc.opcode, wc.status) {
                             (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
-                            (WcOpcode::Recv, _) => {}
-                            (WcOpcode::Send, _) => closed.unreported_sends.push(wc),
+                            (op, _) if op.is_recv() => {}
+                            _ => closed.unreported_sends.push(wc),
                         }
                     }
                 }

@@ -7,7 +7,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::task::Waker;
 
-use cm_core::{ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, WorkCompletion};
+use cm_core::{
+    ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, MrHandle, WorkCompletion,
+};
 
 /// What a task learns from an event. The event itself is acked as soon as the driver has
 /// taken this out of it: a `CmEvent` is over 300 bytes, and keeping it unacked in a mailbox
@@ -323,8 +325,10 @@ pub(crate) struct Shared<B: CmBackend> {
     pub(crate) st: RefCell<State<B>>,
     /// Ids whose owner was dropped while the state was borrowed; torn down at the next pump.
     pub(crate) deferred: RefCell<Vec<(IdHandle, bool)>>,
-    /// Whether `deferred` may have some: looked at by every pump, and a flag is one load
-    /// where the list took a borrow of its `RefCell` each time.
+    /// Regions dropped while the state was borrowed; deregistered at the next pump.
+    deferred_mrs: RefCell<Vec<MrHandle>>,
+    /// Whether `deferred` or `deferred_mrs` may have some: looked at by every pump, and a flag
+    /// is one load where the list took a borrow of its `RefCell` each time.
     any_deferred: Cell<bool>,
     /// Set whenever a pump gets work besides events (a release deferred, a CQ watched), so
     /// that an executor driving many channels can skip them all while it is clear. An
@@ -353,6 +357,7 @@ impl<B: CmBackend> Shared<B> {
                 spare: Vec::new(),
             }),
             deferred: RefCell::new(Vec::new()),
+            deferred_mrs: RefCell::new(Vec::new()),
             any_deferred: Cell::new(false),
             poke: RefCell::new(poke),
             connect_param: RefCell::new(None),
@@ -405,6 +410,9 @@ impl<B: CmBackend> Shared<B> {
             let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
             for (id, listener) in deferred {
                 st.release(id, listener);
+            }
+            for mr in std::mem::take(&mut *self.deferred_mrs.borrow_mut()) {
+                let _ = st.b.dereg_mr(mr);
             }
         }
         let mut moved = false;
@@ -505,6 +513,23 @@ impl<B: CmBackend> Shared<B> {
             }
             Err(_) => {
                 self.deferred.borrow_mut().push((id, listener));
+                self.any_deferred.set(true);
+                self.poke.borrow().set(true);
+            }
+        }
+    }
+}
+
+impl<B: CmBackend> Shared<B> {
+    /// Deregisters a dropped region now, or at the next pump when the state is in use. An
+    /// error (the host crashed, say) leaves nothing to release.
+    pub(crate) fn dereg(&self, mr: MrHandle) {
+        match self.st.try_borrow_mut() {
+            Ok(mut st) => {
+                let _ = st.b.dereg_mr(mr);
+            }
+            Err(_) => {
+                self.deferred_mrs.borrow_mut().push(mr);
                 self.any_deferred.set(true);
                 self.poke.borrow().set(true);
             }

@@ -5,7 +5,10 @@
 //!   [`Listener::accept`] (or [`Listener::request`], then [`Request::accept`] /
 //!   [`Request::reject`]) and [`Cm::connect`] give [`Connection`]s, which
 //!   [`send`](Connection::send), [`recv`](Connection::recv) and
-//!   [`disconnect`](Connection::disconnect).
+//!   [`disconnect`](Connection::disconnect), and with [`Region`]s registered on their device,
+//!   [`read`](Connection::read), [`write`](Connection::write),
+//!   [`write_with_imm`](Connection::write_with_imm), [`compare_swap`](Connection::compare_swap)
+//!   and [`fetch_add`](Connection::fetch_add) the peer's memory.
 //! * Ownership enforces librdmacm's release order: a connection releases its QP, then its
 //!   id; the channel goes when the last object made from it goes. Events are acked by the
 //!   channel's driver as it hands what they say (type, status, private data) to the mailbox
@@ -110,6 +113,7 @@
 mod conn;
 mod driver;
 mod error;
+mod region;
 mod runtime;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
@@ -118,6 +122,7 @@ pub mod sim;
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub mod tokio;
 
-pub use conn::{Closed, Cm, ConnOptions, Connection, Listener, Request};
+pub use conn::{Closed, Cm, ConnOptions, Connection, ImmWrite, Listener, Request};
 pub use error::{Error, Result};
+pub use region::Region;
 pub use runtime::{Elapsed, JoinHandle, Runtime};

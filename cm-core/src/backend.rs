@@ -12,14 +12,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::async_event::AsyncEvent;
 use crate::datagram::UdParam;
 use crate::error::{CmError, ReturnedEvent};
 use crate::event::{CmEvent, CmEventType, ConnParam};
 use crate::external::QpAttr;
-use crate::handle::{ChannelHandle, IdHandle};
+use crate::handle::{ChannelHandle, IdHandle, MrHandle, SrqHandle};
+use crate::memory::{Access, MrInfo};
 use crate::options::IdOption;
+use crate::srq::SrqCaps;
 use crate::state::{IdMachine, QpState};
 use crate::types::{LiveResources, PortSpace, QpCaps, WorkCompletion};
+use crate::work_request::SendWr;
 
 /// Result of every backend call.
 pub type Result<T, E = CmError> = std::result::Result<T, E>;
@@ -432,6 +436,130 @@ pub trait CmBackend {
     /// accepted and completes with `WR_FLUSH_ERR`, as on connected QPs.
     fn post_send_to(&mut self, id: IdHandle, wr_id: u64, dest: &UdParam, data: &[u8]) -> Result<()>;
 
+    /// `ibv_reg_mr` on the protection domain of the id's device (librdmacm's `id->pd`, which
+    /// every id on the device shares): `len` zeroed bytes that the backend owns, registered with
+    /// `access`. The region outlives the id: any QP on the same device may use it, and it stays
+    /// until [`dereg_mr`](CmBackend::dereg_mr). Its bytes are read and written through the
+    /// backend ([`read_mr`](CmBackend::read_mr), [`write_mr`](CmBackend::write_mr)); what a
+    /// peer needs to address it is [`MrInfo::remote`].
+    ///
+    /// One-sided operations on a connection, generic over the backend (the conformance suite
+    /// runs this on the simulator and on rxe):
+    ///
+    /// ```
+    /// use cm_core::{Access, CmBackend, IdHandle, RemoteMr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+    ///
+    /// /// Adds 1 to the peer's counter at `counter` and returns the value it had.
+    /// fn increment<B: CmBackend>(b: &mut B, id: IdHandle, counter: RemoteMr) -> cm_core::Result<u64> {
+    ///     let old = b.reg_mr(id, 8, Access::LOCAL_WRITE)?;
+    ///     let sge = [Sge::new(old, 0, 8)];
+    ///     b.post_send_wr(id, &SendWr::new(1, SendOp::FetchAdd { remote: counter.start(), add: 1 }, &sge))?;
+    ///     let mut wcs = Vec::new();
+    ///     b.poll_cq(id, &mut wcs, 1, std::time::Duration::from_secs(5))?;
+    ///     assert_eq!((wcs[0].opcode, wcs[0].status), (WcOpcode::FetchAdd, WcStatus::Success));
+    ///     let mut value = [0; 8];
+    ///     b.read_mr(old, 0, &mut value)?;
+    ///     b.dereg_mr(old)?;
+    ///     Ok(u64::from_ne_bytes(value))
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`] before the id is bound to a device; [`CmError::InvalidArgument`] for
+    /// flags [`Access::check`] refuses or a length of 0 or above the backend's largest region.
+    fn reg_mr(&mut self, id: IdHandle, len: usize, access: Access) -> Result<MrHandle>;
+
+    /// The region's address, length, keys and access (`struct ibv_mr`'s fields).
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`] for a region this backend does not know (deregistered).
+    fn mr_info(&self, mr: MrHandle) -> Result<MrInfo>;
+
+    /// `ibv_dereg_mr`, then the region's memory is freed. Work that names it and has not
+    /// reached it yet fails when it does, as on rxe (which deregisters a region with work in
+    /// flight): a local entry with `LOC_PROT_ERR`, a peer's access with `REM_ACCESS_ERR`.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`] for a region this backend does not know.
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()>;
+
+    /// Copies `out.len()` bytes at `offset` of the region into `out`.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`] for an unknown region; [`CmError::InvalidArgument`] for a
+    /// range outside it.
+    fn read_mr(&self, mr: MrHandle, offset: u64, out: &mut [u8]) -> Result<()>;
+
+    /// Copies `data` to `offset` of the region.
+    ///
+    /// # Errors
+    /// As [`read_mr`](CmBackend::read_mr).
+    fn write_mr(&mut self, mr: MrHandle, offset: u64, data: &[u8]) -> Result<()>;
+
+    /// `ibv_post_send` of one work request over registered memory on the id's QP: a SEND, an
+    /// RDMA WRITE (with an immediate or without), an RDMA READ or an atomic ([`SendOp`](crate::SendOp)),
+    /// signalled or not, fenced or not ([`SendWr`]). The send queue completes in posting order;
+    /// the peer's NIC checks the remote key and range, and a bad one fails the request with
+    /// `REM_ACCESS_ERR` and moves the QP to ERR (the rest of its work flushes).
+    ///
+    /// # Errors
+    /// Those of [`post_send`](CmBackend::post_send) (no QP, not yet RTS, a full queue); then
+    /// [`CmError::InvalidArgument`] for a one-sided operation on a UD QP
+    /// ([`IdMachine::post_send_wr`]), for what [`SendWr::check`] refuses (too many entries, a
+    /// misshapen or unaligned atomic, too long a message, a READ or atomic without initiator
+    /// depth) and what [`check_local_sge`](crate::check_local_sge) refuses of each entry (a region
+    /// of another device, past its end, a destination without `LOCAL_WRITE`);
+    /// [`CmError::UnknownHandle`] for an entry naming an unknown region.
+    fn post_send_wr(&mut self, id: IdHandle, wr: &SendWr<'_>) -> Result<()>;
+
+    /// `ibv_create_srq` on the protection domain of the id's device: a shared receive queue
+    /// with backend-owned buffers of `caps.max_message_size` bytes; QPs made with
+    /// [`create_qp_on_srq`](CmBackend::create_qp_on_srq) take their receives from it, and
+    /// complete them on their own completion queues.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`] before the id is bound to a device; [`CmError::InvalidArgument`] for
+    /// what [`SrqCaps::check`] refuses against the device.
+    fn create_srq(&mut self, id: IdHandle, caps: SrqCaps) -> Result<SrqHandle>;
+
+    /// `ibv_destroy_srq`. Receives still posted on it are lost with it.
+    ///
+    /// # Errors
+    /// [`CmError::SrqBusy`] while QPs use it; [`CmError::UnknownHandle`] for an unknown SRQ.
+    fn destroy_srq(&mut self, srq: SrqHandle) -> Result<()>;
+
+    /// `ibv_post_srq_recv` of a buffer of `len` bytes: the next message to any QP on the SRQ
+    /// takes it, and completes on that QP's completion queue.
+    ///
+    /// # Errors
+    /// [`CmError::QueueFull`] with `max_wr` receives outstanding (posted, or taken and not
+    /// polled yet); [`CmError::InvalidArgument`] for a length over the SRQ's message size.
+    fn post_srq_recv(&mut self, srq: SrqHandle, wr_id: u64, len: u32) -> Result<()>;
+
+    /// `ibv_modify_srq(IBV_SRQ_LIMIT)`: arms the limit at `limit` (0 disarms it). When a
+    /// receive taken leaves fewer than `limit` posted, [`AsyncEvent::SrqLimitReached`] follows
+    /// once and the limit disarms.
+    ///
+    /// # Errors
+    /// [`CmError::InvalidArgument`] for a limit above the SRQ's `max_wr`.
+    fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<()>;
+
+    /// `rdma_create_qp` with `attr.srq = srq`: as [`create_qp`](CmBackend::create_qp), and the
+    /// QP takes its receives from `srq` (its own receive queue is not used: `caps.max_recv_wr`
+    /// is checked and ignored, and [`post_recv`](CmBackend::post_recv) on it is refused).
+    ///
+    /// # Errors
+    /// Those of [`create_qp`](CmBackend::create_qp); [`CmError::UnknownHandle`] for an unknown
+    /// SRQ; [`CmError::InvalidArgument`] for an SRQ of another device.
+    fn create_qp_on_srq(&mut self, id: IdHandle, caps: QpCaps, srq: SrqHandle) -> Result<QpCaps>;
+
+    /// `ibv_get_async_event` on every device this backend has opened, waiting at most
+    /// `timeout`; `Ok(None)` when none came in time. The event is acked before it is returned.
+    ///
+    /// # Errors
+    /// Only those every call shares. A timeout is not an error.
+    fn get_async_event(&mut self, timeout: Duration) -> Result<Option<AsyncEvent>>;
+
     /// `rdma_join_multicast(id, group, NULL)`: asks for membership of the multicast group
     /// `group` (the port is ignored, as the kernel ignores it). `MULTICAST_JOIN` follows on the
     /// id's channel, its [`CmEvent::ud_param`](crate::CmEvent::ud_param) the group's
@@ -496,11 +624,22 @@ pub trait CmBackend {
 
 pub use crate::handle::next_backend_tag;
 pub use crate::slab::{Slab, SlotRef};
-pub use crate::wr_pool::{datagram_gate, post_gate, Admission, SlotUse, WrPool};
+pub use crate::wr_pool::{datagram_gate, post_gate, send_wr_gate, Admission, SlotUse, WrPool};
 
 /// Makes an id handle: slot `index` at `generation` in the backend tagged `owner`.
 pub const fn id_handle(owner: u32, index: u32, generation: u32) -> IdHandle {
     IdHandle::new(owner, index, generation)
+}
+
+/// Makes a memory-region handle: slot `index` at `generation` in the backend tagged `owner`.
+pub const fn mr_handle(owner: u32, index: u32, generation: u32) -> MrHandle {
+    MrHandle::new(owner, index, generation)
+}
+
+/// Makes a shared-receive-queue handle: slot `index` at `generation` in the backend tagged
+/// `owner`.
+pub const fn srq_handle(owner: u32, index: u32, generation: u32) -> SrqHandle {
+    SrqHandle::new(owner, index, generation)
 }
 
 /// Makes a channel handle: slot `index` at `generation` in the backend tagged `owner`.

@@ -85,6 +85,15 @@ pub enum Call {
     CreateEp,
     JoinMulticast,
     LeaveMulticast,
+    RegMr,
+    DeregMr,
+    ReadMr,
+    WriteMr,
+    CreateSrq,
+    DestroySrq,
+    ModifySrq,
+    PostSrqRecv,
+    GetAsyncEvent,
 }
 
 impl Call {
@@ -121,6 +130,16 @@ impl Call {
             Call::CreateEp => "rdma_create_ep",
             Call::JoinMulticast => "rdma_join_multicast",
             Call::LeaveMulticast => "rdma_leave_multicast",
+            Call::RegMr => "ibv_reg_mr",
+            Call::DeregMr => "ibv_dereg_mr",
+            // Not verbs calls: a region's bytes are the backend's, read and written through it.
+            Call::ReadMr => "read_mr",
+            Call::WriteMr => "write_mr",
+            Call::CreateSrq => "ibv_create_srq",
+            Call::DestroySrq => "ibv_destroy_srq",
+            Call::ModifySrq => "ibv_modify_srq",
+            Call::PostSrqRecv => "ibv_post_srq_recv",
+            Call::GetAsyncEvent => "ibv_get_async_event",
         }
     }
 }
@@ -142,7 +161,7 @@ pub enum CmError {
     UnknownHandle {
         /// The call.
         call: Call,
-        /// Channel or id.
+        /// Channel, id, memory region or SRQ.
         kind: HandleKind,
     },
 
@@ -188,6 +207,13 @@ pub enum CmError {
     ChannelBusy {
         /// How many ids still use the channel.
         ids: u32,
+    },
+
+    /// `ibv_destroy_srq` while QPs still take their receives from it (the kernel: `EBUSY`).
+    #[error("ibv_destroy_srq with {qps} QP(s) still on the SRQ: destroy them first")]
+    SrqBusy {
+        /// How many QPs use it.
+        qps: u32,
     },
 
     /// `rdma_create_qp` on an id that already has one (librdmacm: `EINVAL`).
@@ -354,11 +380,17 @@ impl CmError {
             CmError::UnknownHandle {
                 kind: HandleKind::Id, ..
             } => ENOENT,
+            // verbs would use freed memory; the kernel answers a stale handle with EINVAL.
+            CmError::UnknownHandle {
+                kind: HandleKind::Mr | HandleKind::Srq,
+                ..
+            } => EINVAL,
             CmError::WrongState { .. } => EINVAL,
             CmError::QpAttached => EBUSY,
             CmError::QpInGroups { .. } => EBUSY,
             CmError::UnackedEvents { .. } => EBUSY,
             CmError::ChannelBusy { .. } => EBUSY,
+            CmError::SrqBusy { .. } => EBUSY,
             CmError::QpExists => EINVAL,
             CmError::NoQp { .. } => EINVAL,
             CmError::NoDevice { .. } => EINVAL,
@@ -634,6 +666,21 @@ mod tests {
                 EBUSY,
             ),
             (CmError::ChannelBusy { ids: 1 }, EBUSY),
+            (CmError::SrqBusy { qps: 2 }, EBUSY),
+            (
+                CmError::UnknownHandle {
+                    call: Call::DeregMr,
+                    kind: HandleKind::Mr,
+                },
+                EINVAL,
+            ),
+            (
+                CmError::UnknownHandle {
+                    call: Call::DestroySrq,
+                    kind: HandleKind::Srq,
+                },
+                EINVAL,
+            ),
             (CmError::QpExists, EINVAL),
             (CmError::NoQp { call: Call::Accept }, EINVAL),
             (CmError::NoDevice { call: Call::CreateQp }, EINVAL),

@@ -1,4 +1,5 @@
-//! Handles: small `Copy` names for event channels and ids.
+//! Handles: small `Copy` names for event channels, ids, memory regions and shared receive
+//! queues.
 //!
 //! A handle is an index into its backend's storage plus a generation that changes every time a
 //! slot is reused, and the tag of the backend instance that made it. A backend therefore detects
@@ -73,6 +74,16 @@ handle!(
     IdHandle,
     "id"
 );
+handle!(
+    /// A registered memory region (`struct ibv_mr`).
+    MrHandle,
+    "mr"
+);
+handle!(
+    /// A shared receive queue (`struct ibv_srq`).
+    SrqHandle,
+    "srq"
+);
 
 /// Which kind of handle an error talks about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,6 +92,10 @@ pub enum HandleKind {
     Channel,
     /// A connection-manager id.
     Id,
+    /// A memory region.
+    Mr,
+    /// A shared receive queue.
+    Srq,
 }
 
 impl fmt::Display for HandleKind {
@@ -88,6 +103,8 @@ impl fmt::Display for HandleKind {
         f.write_str(match self {
             HandleKind::Channel => "event channel",
             HandleKind::Id => "cm id",
+            HandleKind::Mr => "memory region",
+            HandleKind::Srq => "shared receive queue",
         })
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! * [`CmBackend`]: librdmacm's calls (`rdma_create_id`, `rdma_resolve_addr`, `rdma_connect`,
 //!   `rdma_disconnect`, `rdma_get_cm_event`, ...), one method each, plus a small data path
-//!   (`post_send`, `post_recv`, `poll_cq`) to observe the flush a disconnect causes.
+//!   (`post_send`, `post_recv`, `poll_cq`) to observe the flush a disconnect causes, and the
+//!   one-sided operations over registered memory ([`Access`], [`SendWr`], [`SrqCaps`],
+//!   [`AsyncEvent`]).
 //! * Types that mirror librdmacm: [`CmEventType`] with rdma-core's numbers and names,
 //!   [`PortSpace`], [`CmEvent`], [`ConnParam`], [`QpCaps`], [`WorkCompletion`] with
 //!   [`WcStatus`] numbered like `ibv_wc_status`.
@@ -34,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod async_event;
 /// What only backends need: constructors that forge handles and events. Hidden from the docs
 /// because applications only ever receive these values.
 #[doc(hidden)]
@@ -43,13 +46,17 @@ mod error;
 mod event;
 mod external;
 mod handle;
+mod memory;
 mod multicast;
 mod options;
 mod slab;
+mod srq;
 mod state;
 mod types;
+mod work_request;
 mod wr_pool;
 
+pub use async_event::AsyncEvent;
 pub use backend::{CmBackend, Result};
 pub use datagram::{gid_ip, grh_source, AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
@@ -58,11 +65,14 @@ pub use external::{
     AddressVector, GlobalRoute, QpAttr, QpAttrMask, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
     ACCESS_REMOTE_WRITE, MTU_1024,
 };
-pub use handle::{ChannelHandle, HandleKind, IdHandle};
+pub use handle::{ChannelHandle, HandleKind, IdHandle, MrHandle, SrqHandle};
+pub use memory::{check_range, Access, MrInfo, RemoteAddr, RemoteMr, Sge};
 pub use multicast::{group_ud_param, MULTICAST_QPN};
 pub use options::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_TIMEOUT};
+pub use srq::{check_srq_limit, SrqCaps};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};
+pub use work_request::{check_local_sge, LocalRegion, SendOp, SendWr, ATOMIC_LEN};
 
 /// The README's examples, compiled and run as doc tests so they stay true.
 #[doc = include_str!("../README.md")]

@@ -215,6 +215,8 @@ pub struct IdMachine {
     removal_pending: bool,
     /// The id connected or accepted with the application's own QP (no backend QP).
     external: bool,
+    /// The id's QP takes its receives from a shared receive queue.
+    srq: bool,
 }
 
 type Step = Result<IdMachine, CmError>;
@@ -232,6 +234,7 @@ impl IdMachine {
             unacked: 0,
             removal_pending: false,
             external: false,
+            srq: false,
         }
     }
 
@@ -248,6 +251,7 @@ impl IdMachine {
             unacked: 0,
             removal_pending: false,
             external: false,
+            srq: false,
         }
     }
 
@@ -290,6 +294,12 @@ impl IdMachine {
     /// by [`ConnParam::qp_num`](crate::ConnParam::qp_num)) instead of a backend QP.
     pub const fn is_external(&self) -> bool {
         self.external
+    }
+
+    /// Whether the id's QP takes its receives from a shared receive queue
+    /// ([`create_qp_on_srq`](Self::create_qp_on_srq)).
+    pub const fn uses_srq(&self) -> bool {
+        self.srq
     }
 
     /// Whether `connect` or `accept` with `param` uses an external QP: a connected port space,
@@ -425,6 +435,13 @@ impl IdMachine {
         })
     }
 
+    /// `rdma_create_qp` with `attr.srq` set: as [`create_qp`](Self::create_qp), and the QP
+    /// takes its receives from the SRQ (posting receives on the QP itself is refused).
+    pub fn create_qp_on_srq(&self) -> Step {
+        let m = self.create_qp()?;
+        Ok(IdMachine { srq: true, ..m })
+    }
+
     /// `rdma_destroy_qp` (librdmacm passes a NULL QP to verbs when there is none).
     pub fn destroy_qp(&self) -> Step {
         if self.qp.is_none() {
@@ -432,7 +449,11 @@ impl IdMachine {
                 call: Call::DestroyQp,
             });
         }
-        Ok(IdMachine { qp: None, ..*self })
+        Ok(IdMachine {
+            qp: None,
+            srq: false,
+            ..*self
+        })
     }
 
     /// `rdma_connect` with `private_data_len` bytes of private data and no external QP:
@@ -517,7 +538,10 @@ impl IdMachine {
                 call: Call::Establish,
             });
         }
-        if self.state != IdState::Connect || self.role != Role::Active || self.phase != ConnPhase::Responded {
+        // Only an active id in RDMA_CM_CONNECT retrieves CONNECT_RESPONSE, and such an id leaves
+        // RDMA_CM_CONNECT only for DEVICE_REMOVAL or destroying, which `alive` refused: the
+        // phase alone says the state and the role.
+        if self.phase != ConnPhase::Responded {
             return Err(self.wrong(
                 Call::Establish,
                 "RDMA_CM_CONNECT with CONNECT_RESPONSE retrieved (an active id without a backend QP)",
@@ -689,6 +713,41 @@ impl IdMachine {
         }
     }
 
+    /// `ibv_post_send` of a work request over memory regions ([`SendWr`](crate::SendWr)) with
+    /// operation `op`: a QP that may send, as [`post_send`](Self::post_send); the one-sided
+    /// operations (RDMA READ, WRITE, atomics) only on a connected (RC) QP, since UD QPs have
+    /// none (verbs: `EINVAL`). A SEND over regions on a UD QP needs an address handle, which
+    /// only [`post_send_to`](Self::post_send_to)'s datagrams carry.
+    pub fn post_send_wr(&self, op: &crate::SendOp) -> Result<(), CmError> {
+        if self.qp.is_some() && !self.ps.is_connected() && !matches!(op, crate::SendOp::Send { .. }) {
+            return Err(CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "RDMA READ, WRITE and atomics need a connected (RC) QP",
+            });
+        }
+        self.post_send()
+    }
+
+    /// `ibv_reg_mr` on the protection domain of the id's device (librdmacm's `id->pd`,
+    /// shared by every id on the device): the id must be bound to a device.
+    pub fn reg_mr(&self) -> Result<(), CmError> {
+        self.on_device(Call::RegMr)
+    }
+
+    /// `ibv_create_srq` on the protection domain of the id's device, as
+    /// [`reg_mr`](Self::reg_mr).
+    pub fn create_srq(&self) -> Result<(), CmError> {
+        self.on_device(Call::CreateSrq)
+    }
+
+    fn on_device(&self, call: Call) -> Result<(), CmError> {
+        self.alive(call)?;
+        if !self.device {
+            return Err(CmError::NoDevice { call });
+        }
+        Ok(())
+    }
+
     /// `ibv_post_send` of a datagram (a UD work request with an address handle) on the id's
     /// QP: only datagram port spaces have UD QPs; a connected QP has no use for a destination
     /// (verbs ignore `wr.ud` on RC, so the call is refused rather than silently misrouted).
@@ -724,10 +783,15 @@ impl IdMachine {
         Ok(())
     }
 
-    /// `ibv_post_recv` on the id's QP.
+    /// `ibv_post_recv` on the id's QP. A QP on a shared receive queue has no receive queue of
+    /// its own (rxe: `EINVAL`); its receives are posted on the SRQ.
     pub fn post_recv(&self) -> Result<(), CmError> {
         match self.qp {
             None => Err(CmError::NoQp { call: Call::PostRecv }),
+            Some(_) if self.srq => Err(CmError::InvalidArgument {
+                call: Call::PostRecv,
+                reason: "the QP takes its receives from a shared receive queue: post them there",
+            }),
             Some(qp) if !qp.can_post_recv() => Err(CmError::WrongQpState {
                 call: Call::PostRecv,
                 state: qp,
@@ -1092,6 +1156,9 @@ mod tests {
             !ud.uses_external_qp(&p.with_qp_num(7)),
             "datagram ids have no external mode"
         );
+        let ud_child = IdMachine::new_child(PortSpace::Udp).accept_external(0).unwrap();
+        assert!(!ud_child.is_external(), "datagram ids have no external mode");
+        assert!(!connected.is_external(), "a backend QP's connection");
     }
 
     #[test]
@@ -1615,6 +1682,12 @@ mod tests {
             ),
             ("established", established_active()),
             ("failed", connecting().on_event(Rejected).unwrap()),
+            // UNREACHABLE leaves the QP in INIT, from which it could still go to RTR: only the
+            // phase refuses a late ESTABLISHED here.
+            (
+                "failed unreachable, QP in INIT",
+                connecting().on_event(Unreachable).unwrap(),
+            ),
             ("child requested", IdMachine::new_child(PortSpace::Tcp)),
             ("child accepted", accepted_child()),
             (
@@ -1657,6 +1730,7 @@ mod tests {
             ("responded",                            [true, true,  false, false, true]),
             ("established",                          [true, true,  false, false, true]),
             ("failed",                               [true, true,  false, false, true]),
+            ("failed unreachable, QP in INIT",       [true, true,  false, false, true]),
             ("child requested",                      [true, true,  false, false, true]),
             ("child accepted",                       [true, true,  false, false, true]),
             ("child rejected",                       [true, true,  false, false, true]),
@@ -1715,7 +1789,7 @@ mod tests {
         // Columns: AddrResolved AddrError RouteResolved RouteError ConnectRequest
         // ConnectResponse ConnectError Unreachable Rejected Established Disconnected
         // DeviceRemoval MulticastJoin MulticastError AddrChange TimewaitExit.
-        let table: [[Cell; 16]; 24] = [
+        let table: [[Cell; 16]; 25] = [
             /* idle */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
             /* bound */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, OK, __],
             /* wildcard */ [__, __, __, __, __, __, __, __, __, __, __, removed(None), __, __, __, __],
@@ -1730,6 +1804,7 @@ mod tests {
             /* responded */ [__, __, __, __, __, __, __, failed(None), failed(None), __, __, gone(P::Responded, None), __, __, OK, __],
             /* established */ [__, __, __, __, __, __, __, __, failed(err), __, To(S::Disconnect, P::Established, rts), gone(P::Established, err), __, __, OK, __],
             /* failed */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
+            /* failed unreachable */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Failed, err), __, __, OK, __],
             /* child requested */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Requested, None), __, __, OK, __],
             /* child accepted */ [__, __, __, __, __, __, __, failed(rts), failed(err), To(S::Connect, P::Established, rts), To(S::Disconnect, P::Accepted, rts), gone(P::Accepted, err), __, __, OK, __],
             /* child rejected */ [__, __, __, __, __, __, __, __, __, __, __, gone(P::Rejected, None), __, __, OK, __],
@@ -2115,5 +2190,175 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// What `reg_mr` and `create_srq` answer on an id (both work on its device's protection
+    /// domain).
+    #[derive(Clone, Copy, Debug)]
+    enum Pd {
+        /// Taken: the id is alive and bound to a device.
+        Taken,
+        /// `NoDevice`: no device bound yet (or only the wildcard address).
+        NoDevice,
+        /// `WrongState`: the device went away or the id is being destroyed.
+        Gone,
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn every_state_has_a_cm_exchange_and_takes_regions_and_srqs_as_the_table_says() {
+        use Pd::{Gone, NoDevice, Taken};
+        // Per fixture: whether the kernel has an IB CM exchange for the id (RDMA_CM_CONNECT or
+        // RDMA_CM_DISCONNECT), and what reg_mr and create_srq answer.
+        let table: &[(&str, bool, Pd)] = &[
+            ("idle",                                 false, NoDevice),
+            ("bound",                                false, Taken),
+            ("bound to the wildcard",                false, NoDevice),
+            ("addr query",                           false, NoDevice),
+            ("addr resolved",                        false, Taken),
+            ("route query",                          false, Taken),
+            ("route resolved",                       false, Taken),
+            ("connecting",                           true,  Taken),
+            ("connecting, QP destroyed",             true,  Taken),
+            ("connecting, QP in ERR",                true,  Taken),
+            ("connecting UDP",                       true,  Taken),
+            ("responded",                            true,  Taken),
+            ("established",                          true,  Taken),
+            ("failed",                               true,  Taken),
+            ("failed unreachable, QP in INIT",       true,  Taken),
+            ("child requested",                      true,  Taken),
+            ("child accepted",                       true,  Taken),
+            ("child rejected",                       true,  Taken),
+            ("child established",                    true,  Taken),
+            ("disconnected",                         true,  Taken),
+            ("listening",                            false, Taken),
+            ("removed, not announced",               false, Gone),
+            ("removed without a QP, not announced",  false, Gone),
+            ("removed",                              false, Gone),
+            ("destroying",                           false, Gone),
+        ];
+        let fixtures = fixtures();
+        assert_eq!(fixtures.len(), table.len(), "one row per fixture");
+        for ((name, m), &(row, exchange, pd)) in fixtures.iter().zip(table) {
+            assert_eq!(*name, row, "rows follow the fixtures");
+            assert_eq!(m.has_cm_exchange(), exchange, "{name}: has_cm_exchange");
+            for (call, got) in [(Call::RegMr, m.reg_mr()), (Call::CreateSrq, m.create_srq())] {
+                let want = match pd {
+                    Taken => Ok(()),
+                    NoDevice => Err(CmError::NoDevice { call }),
+                    Gone => Err(CmError::WrongState {
+                        call,
+                        state: m.state(),
+                        expected: "a live device (after DEVICE_REMOVAL only destroy is legal)",
+                    }),
+                };
+                assert_eq!(got, want, "{name}: {call}");
+            }
+            // None of them connected with the application's QP or made one on an SRQ.
+            assert!(!m.is_external() && !m.uses_srq(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_qp_on_an_srq_takes_no_receives_of_its_own_until_it_is_destroyed() {
+        let on_srq_refusal = Err(CmError::InvalidArgument {
+            call: Call::PostRecv,
+            reason: "the QP takes its receives from a shared receive queue: post them there",
+        });
+        let child = IdMachine::new_child(PortSpace::Tcp);
+        let on_srq = child.create_qp_on_srq().unwrap();
+        assert_eq!(
+            on_srq,
+            IdMachine {
+                srq: true,
+                ..child.create_qp().unwrap()
+            },
+            "a QP as create_qp makes it, on the SRQ"
+        );
+        assert!(on_srq.uses_srq() && !child.create_qp().unwrap().uses_srq());
+        assert_eq!(on_srq.post_recv(), on_srq_refusal, "in INIT");
+        let accepted = on_srq.accept(0).unwrap();
+        assert!(accepted.uses_srq(), "accept keeps the SRQ");
+        assert_eq!(accepted.post_send(), Ok(()));
+        assert_eq!(accepted.post_recv(), on_srq_refusal, "in RTS");
+        assert_eq!(accepted.qp_error().post_recv(), on_srq_refusal, "in ERR");
+        // The SRQ went with the QP: a QP made after it has its own receive queue.
+        let without = accepted.destroy_qp().unwrap();
+        assert!(!without.uses_srq());
+        assert_eq!(without.post_recv(), Err(CmError::NoQp { call: Call::PostRecv }));
+        let own = without.create_qp().unwrap();
+        assert_eq!((own.uses_srq(), own.post_recv()), (false, Ok(())));
+        let ud = IdMachine::new(PortSpace::Udp)
+            .bind_addr(false)
+            .unwrap()
+            .create_qp_on_srq()
+            .unwrap();
+        assert_eq!((ud.qp(), ud.post_send_to()), (Some(QpState::Rts), Ok(())));
+        assert_eq!(ud.post_recv(), on_srq_refusal, "datagram QPs too");
+        // create_qp's refusals stand.
+        assert_eq!(
+            IdMachine::new(PortSpace::Tcp).create_qp_on_srq().unwrap_err(),
+            CmError::NoDevice { call: Call::CreateQp }
+        );
+        assert_eq!(on_srq.create_qp_on_srq().unwrap_err(), CmError::QpExists);
+    }
+
+    #[test]
+    fn one_sided_operations_need_a_connected_qp_that_may_send() {
+        use crate::SendOp;
+        let remote = crate::RemoteAddr {
+            addr: 0x1000,
+            rkey: 7,
+        };
+        let ops = [
+            SendOp::Send { imm: None },
+            SendOp::Write { remote, imm: Some(1) },
+            SendOp::Read { remote },
+            SendOp::CompareSwap {
+                remote,
+                compare: 1,
+                swap: 2,
+            },
+            SendOp::FetchAdd { remote, add: 1 },
+        ];
+        type Answer = Result<(), CmError>;
+        let no_qp: Answer = Err(CmError::NoQp { call: Call::PostSend });
+        let in_init: Answer = Err(CmError::WrongQpState {
+            call: Call::PostSend,
+            state: QpState::Init,
+        });
+        let rc_only: Answer = Err(CmError::InvalidArgument {
+            call: Call::PostSend,
+            reason: "RDMA READ, WRITE and atomics need a connected (RC) QP",
+        });
+        let no_ah: Answer = Err(CmError::InvalidArgument {
+            call: Call::PostSend,
+            reason: "sends on datagram (UD) QPs need an address handle, which post_send does not carry",
+        });
+        let ud = IdMachine::new(PortSpace::Udp).bind_addr(false).unwrap();
+        // (machine, the answer for SEND, the answer for each one-sided operation)
+        let table = [
+            ("RC, no QP", bound(), no_qp.clone(), no_qp.clone()),
+            (
+                "RC, QP in INIT",
+                route_resolved_with_qp(),
+                in_init.clone(),
+                in_init,
+            ),
+            ("RC, established", established_active(), Ok(()), Ok(())),
+            ("RC, QP in ERR", established_active().qp_error(), Ok(()), Ok(())),
+            ("UD, no QP", ud, no_qp.clone(), no_qp),
+            ("UD, QP in RTS", ud.create_qp().unwrap(), no_ah, rc_only),
+        ];
+        for (name, m, send, one_sided) in table {
+            for op in ops {
+                let want = if matches!(op, SendOp::Send { .. }) {
+                    &send
+                } else {
+                    &one_sided
+                };
+                assert_eq!(&m.post_send_wr(&op), want, "{name}: {op:?}");
+            }
+        }
     }
 }

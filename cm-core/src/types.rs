@@ -151,15 +151,16 @@ impl QpCaps {
         if len <= self.max_message_size as usize {
             return Ok(());
         }
-        Err(match opcode {
-            WcOpcode::Send => CmError::InvalidArgument {
-                call: Call::PostSend,
-                reason: "message longer than max_message_size",
-            },
-            WcOpcode::Recv => CmError::InvalidArgument {
+        Err(if opcode.is_recv() {
+            CmError::InvalidArgument {
                 call: Call::PostRecv,
                 reason: "receive buffer longer than max_message_size",
-            },
+            }
+        } else {
+            CmError::InvalidArgument {
+                call: Call::PostSend,
+                reason: "message longer than max_message_size",
+            }
         })
     }
 }
@@ -281,14 +282,75 @@ impl fmt::Display for WcStatus {
     }
 }
 
-/// What a completed work request was (`enum ibv_wc_opcode`, the two the data path uses).
+/// What a completed work request was (`enum ibv_wc_opcode`, with verbs' numbers).
+///
+/// Two-sided work uses `Send` and `Recv`; the rest are the one-sided operations of
+/// [`SendOp`](crate::SendOp) and the receive an RDMA WRITE with immediate takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum WcOpcode {
     /// `IBV_WC_SEND`.
     Send = 0,
+    /// `IBV_WC_RDMA_WRITE`.
+    RdmaWrite = 1,
+    /// `IBV_WC_RDMA_READ`.
+    RdmaRead = 2,
+    /// `IBV_WC_COMP_SWAP`.
+    CompSwap = 3,
+    /// `IBV_WC_FETCH_ADD`.
+    FetchAdd = 4,
     /// `IBV_WC_RECV`.
     Recv = 128,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: a receive taken by a peer's RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+impl WcOpcode {
+    /// Every opcode, in numeric order.
+    pub const ALL: [WcOpcode; 7] = [
+        WcOpcode::Send,
+        WcOpcode::RdmaWrite,
+        WcOpcode::RdmaRead,
+        WcOpcode::CompSwap,
+        WcOpcode::FetchAdd,
+        WcOpcode::Recv,
+        WcOpcode::RecvRdmaWithImm,
+    ];
+
+    /// Verbs' numeric value.
+    pub const fn raw(self) -> u32 {
+        self as u32
+    }
+
+    /// The opcode with verbs' numeric value `value`, if it is one of these.
+    pub fn from_raw(value: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|op| op.raw() == value)
+    }
+
+    /// Whether it completes a receive (verbs: `opcode & IBV_WC_RECV`); the rest complete work
+    /// of the send queue.
+    pub const fn is_recv(self) -> bool {
+        self as u32 & WcOpcode::Recv as u32 != 0
+    }
+
+    /// The `IBV_WC_*` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WcOpcode::Send => "IBV_WC_SEND",
+            WcOpcode::RdmaWrite => "IBV_WC_RDMA_WRITE",
+            WcOpcode::RdmaRead => "IBV_WC_RDMA_READ",
+            WcOpcode::CompSwap => "IBV_WC_COMP_SWAP",
+            WcOpcode::FetchAdd => "IBV_WC_FETCH_ADD",
+            WcOpcode::Recv => "IBV_WC_RECV",
+            WcOpcode::RecvRdmaWithImm => "IBV_WC_RECV_RDMA_WITH_IMM",
+        }
+    }
+}
+
+impl fmt::Display for WcOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One work completion (`struct ibv_wc`, reduced to what the CM data path needs).
@@ -298,11 +360,16 @@ pub struct WorkCompletion {
     pub wr_id: u64,
     /// Success, or why the request failed (`WR_FLUSH_ERR` after a disconnect).
     pub status: WcStatus,
-    /// Send or receive.
+    /// What the request was. Verbs leaves it undefined in a completion that failed; both
+    /// backends report the request's own opcode there, a flushed receive as `Recv`.
     pub opcode: WcOpcode,
-    /// Bytes received (receives that succeeded); 0 otherwise, as flushed completions leave it
-    /// undefined in verbs.
+    /// Bytes received (receives that succeeded; for `RecvRdmaWithImm` the length of the
+    /// WRITE), or read by an RDMA READ (8 for an atomic); 0 otherwise, as verbs leaves it
+    /// undefined for sends and for failed requests.
     pub byte_len: u32,
+    /// The immediate of a SEND or RDMA WRITE with immediate (`IBV_WC_WITH_IMM`), on the
+    /// receive it took; `None` otherwise.
+    pub imm_data: Option<u32>,
     /// The received bytes (successful receives only). On a UD QP the payload alone: the 40-byte
     /// GRH verbs put in front of it is not included (its sender's address is in `sender`).
     pub data: Vec<u8>,
@@ -323,12 +390,21 @@ pub struct LiveResources {
     pub unacked_events: usize,
     /// Events queued on channels and not retrieved.
     pub queued_events: usize,
+    /// Memory regions not deregistered.
+    pub mrs: usize,
+    /// Shared receive queues not destroyed.
+    pub srqs: usize,
 }
 
 impl LiveResources {
     /// Whether nothing the application must release is left (queued events die with their ids).
     pub const fn is_clean(&self) -> bool {
-        self.channels == 0 && self.ids == 0 && self.qps == 0 && self.unacked_events == 0
+        self.channels == 0
+            && self.ids == 0
+            && self.qps == 0
+            && self.unacked_events == 0
+            && self.mrs == 0
+            && self.srqs == 0
     }
 }
 
@@ -429,5 +505,49 @@ mod tests {
             assert_eq!(WcStatus::from_raw(n as u32), Some(*st));
         }
         assert_eq!(WcStatus::WrFlushErr.to_string(), "Work Request Flushed Error");
+    }
+
+    #[test]
+    fn wc_opcode_values_match_ibv_wc_opcode() {
+        let raw: Vec<u32> = WcOpcode::ALL.iter().map(|op| op.raw()).collect();
+        assert_eq!(raw, [0, 1, 2, 3, 4, 128, 129]);
+        for op in WcOpcode::ALL {
+            assert_eq!(WcOpcode::from_raw(op.raw()), Some(op));
+            assert_eq!(op.is_recv(), op.raw() >= 128, "{op}");
+            assert!(op.name().starts_with("IBV_WC_"));
+        }
+        assert_eq!(WcOpcode::from_raw(5), None);
+        assert_eq!(WcOpcode::RecvRdmaWithImm.to_string(), "IBV_WC_RECV_RDMA_WITH_IMM");
+        let caps = QpCaps::new();
+        for op in [WcOpcode::RdmaWrite, WcOpcode::FetchAdd] {
+            assert!(matches!(
+                caps.check_length(op, 4097),
+                Err(CmError::InvalidArgument {
+                    call: Call::PostSend,
+                    ..
+                })
+            ));
+        }
+        assert!(matches!(
+            caps.check_length(WcOpcode::RecvRdmaWithImm, 4097),
+            Err(CmError::InvalidArgument {
+                call: Call::PostRecv,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn regions_and_srqs_left_are_not_clean() {
+        assert!(LiveResources::default().is_clean());
+        let mr = LiveResources {
+            mrs: 1,
+            ..LiveResources::default()
+        };
+        let srq = LiveResources {
+            srqs: 1,
+            ..LiveResources::default()
+        };
+        assert!(!mr.is_clean() && !srq.is_clean());
     }
 }

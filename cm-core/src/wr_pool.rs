@@ -4,8 +4,10 @@
 use std::collections::VecDeque;
 
 use crate::error::{Call, CmError};
+use crate::handle::MrHandle;
 use crate::state::{IdMachine, QpState};
 use crate::types::{QpCaps, WcOpcode};
+use crate::work_request::{check_local_sge, LocalRegion, SendWr};
 
 /// What a taken slot carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +18,12 @@ pub struct SlotUse {
     pub len: u32,
     /// Flushed by the backend (never given to the transport).
     pub flushed: bool,
+    /// What the request is: the opcode its completion reports, whatever its status.
+    pub opcode: WcOpcode,
+    /// Whether it completes visibly when it succeeds. The transport completes every request
+    /// (a backend gives an unsignalled one to the device signalled); the backend hands the
+    /// completion of an unsignalled one out only when it failed, and frees its slot either way.
+    pub signaled: bool,
 }
 
 /// What the [post gate](post_gate) decided for a work request it let through.
@@ -61,9 +69,10 @@ pub fn post_gate(
     outstanding: u32,
     device_failed: impl FnOnce() -> Result<bool, CmError>,
 ) -> Result<Admission, CmError> {
-    match opcode {
-        WcOpcode::Send => machine.post_send()?,
-        WcOpcode::Recv => machine.post_recv()?,
+    if opcode.is_recv() {
+        machine.post_recv()?;
+    } else {
+        machine.post_send()?;
     }
     admit(machine, caps, opcode, len, outstanding, device_failed)
 }
@@ -85,6 +94,38 @@ pub fn datagram_gate(
     admit(machine, caps, WcOpcode::Send, len, outstanding, device_failed)
 }
 
+/// The [`post_gate`] of a work request over memory regions (`post_send_wr`): the machine's
+/// rule for its operation ([`IdMachine::post_send_wr`]), the request's own checks
+/// ([`SendWr::check`] against the connection's `initiator_depth`), each
+/// local entry against the region `region` finds for its handle ([`check_local_sge`]), then
+/// a failed QP and a full queue, as for every send.
+///
+/// # Errors
+///
+/// The first refusal of those, in that order.
+pub fn send_wr_gate(
+    machine: &mut IdMachine,
+    caps: &QpCaps,
+    wr: &SendWr<'_>,
+    initiator_depth: u8,
+    outstanding: u32,
+    mut region: impl FnMut(MrHandle) -> Option<LocalRegion>,
+    device_failed: impl FnOnce() -> Result<bool, CmError>,
+) -> Result<Admission, CmError> {
+    machine.post_send_wr(&wr.op)?;
+    wr.check(caps, initiator_depth)?;
+    for sge in wr.sg_list {
+        check_local_sge(&wr.op, sge, region(sge.mr))?;
+    }
+    queue_gate(
+        machine,
+        Call::PostSend,
+        caps.max_send_wr,
+        outstanding,
+        device_failed,
+    )
+}
+
 /// The checks after the machine's: length, a failed QP, a full queue; then post or flush.
 fn admit(
     machine: &mut IdMachine,
@@ -94,11 +135,23 @@ fn admit(
     outstanding: u32,
     device_failed: impl FnOnce() -> Result<bool, CmError>,
 ) -> Result<Admission, CmError> {
-    let (call, limit) = match opcode {
-        WcOpcode::Send => (Call::PostSend, caps.max_send_wr),
-        WcOpcode::Recv => (Call::PostRecv, caps.max_recv_wr),
+    let (call, limit) = if opcode.is_recv() {
+        (Call::PostRecv, caps.max_recv_wr)
+    } else {
+        (Call::PostSend, caps.max_send_wr)
     };
     caps.check_length(opcode, len)?;
+    queue_gate(machine, call, limit, outstanding, device_failed)
+}
+
+/// A failed QP, then a full queue of `limit` with `outstanding` held; then post or flush.
+fn queue_gate(
+    machine: &mut IdMachine,
+    call: Call,
+    limit: u32,
+    outstanding: u32,
+    device_failed: impl FnOnce() -> Result<bool, CmError>,
+) -> Result<Admission, CmError> {
     if machine.qp() != Some(QpState::Err) && device_failed()? {
         *machine = machine.qp_error();
     }
@@ -115,10 +168,7 @@ fn admit(
 /// A queue's index in the per-queue arrays.
 #[inline]
 const fn queue(opcode: WcOpcode) -> usize {
-    match opcode {
-        WcOpcode::Send => 0,
-        WcOpcode::Recv => 1,
-    }
+    opcode.is_recv() as usize
 }
 
 /// The slots of one queue.
@@ -256,14 +306,22 @@ impl WrPool {
     }
 
     /// Takes a free slot of `opcode`'s queue for `wr_id`, about to be given to the transport
-    /// with `len` bytes; None when the queue is full.
+    /// with `len` bytes (signalled); None when the queue is full.
     #[inline]
     pub fn post(&mut self, opcode: WcOpcode, wr_id: u64, len: u32) -> Option<u32> {
+        self.post_with(opcode, wr_id, len, true)
+    }
+
+    /// [`post`](Self::post), signalled or not ([`SlotUse::signaled`]).
+    #[inline]
+    pub fn post_with(&mut self, opcode: WcOpcode, wr_id: u64, len: u32, signaled: bool) -> Option<u32> {
         let q = &mut self.queues[queue(opcode)];
         let slot = q.take(SlotUse {
             wr_id,
             len,
             flushed: false,
+            opcode,
+            signaled,
         })?;
         q.in_transport += 1;
         Some(slot)
@@ -287,8 +345,8 @@ impl WrPool {
     }
 
     /// The transport completed the request in `slot` (its work request id) and the completion
-    /// was polled: frees the slot; what it carried and its queue. None when `slot` is not a
-    /// slot given to the transport (ignored rather than trusted).
+    /// was polled: frees the slot; what it carried and its queue (`Send` or `Recv`). None when
+    /// `slot` is not a slot given to the transport (ignored rather than trusted).
     #[inline]
     pub fn complete(&mut self, slot: u64) -> Option<(WcOpcode, SlotUse)> {
         let slot = u32::try_from(slot).ok()?;
@@ -317,6 +375,8 @@ impl WrPool {
             wr_id,
             len: 0,
             flushed: true,
+            opcode,
+            signaled: true,
         }) else {
             return false;
         };
@@ -333,7 +393,7 @@ impl WrPool {
 
     /// The next flushed request whose completion may be handed out now (nothing its queue gave
     /// the transport earlier is still unpolled), with its slot freed; the oldest first when
-    /// both queues have one.
+    /// both queues have one. The opcode is the request's own.
     #[inline]
     pub fn next_flushed(&mut self) -> Option<(WcOpcode, u64)> {
         if !self.has_flushed() {
@@ -352,7 +412,7 @@ impl WrPool {
         let q = &mut self.queues[qi];
         let (_, slot) = q.flushed.pop_front()?;
         let use_ = q.free(slot)?;
-        Some((opcode_of(qi), use_.wr_id))
+        Some((use_.opcode, use_.wr_id))
     }
 }
 

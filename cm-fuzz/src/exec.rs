@@ -1,7 +1,7 @@
 //! Running a scenario against the simulator and checking every answer.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{self, AssertUnwindSafe};
@@ -10,12 +10,16 @@ use std::time::Duration;
 
 use cm_core::{
     errno, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, LiveResources,
-    WorkCompletion,
+    MrHandle, SrqHandle, WorkCompletion,
 };
 use cm_sim::{ConfigError, SimFabric, SimHost};
 
 use crate::gen::{FabricSpec, HandleRef, HostSel, Op, Owner, ParamSel, Scenario};
 use crate::stats::Stats;
+
+mod onesided;
+
+use onesided::{RegionRec, SrqRec};
 
 /// Which check a sequence failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,6 +47,17 @@ pub enum Check {
     Teardown,
     /// The same seed ran twice gave different traces or answers.
     Determinism,
+    /// A deregistered or destroyed handle, or another host's region or SRQ, was accepted; or
+    /// a handle was issued twice.
+    WrongHandleAccepted,
+    /// A region's description (`mr_info`) contradicts its registration or changed while it
+    /// lived, a live region was refused, or its address overlaps an earlier region's.
+    Region,
+    /// A work completion whose status, byte count, bytes or immediate do not fit its opcode.
+    Completion,
+    /// An asynchronous event the simulator does not make, or for an SRQ that is not the
+    /// host's live one.
+    AsyncEvent,
 }
 
 impl Check {
@@ -59,6 +74,10 @@ impl Check {
             Check::LiveAccounting => "live-accounting",
             Check::Teardown => "teardown",
             Check::Determinism => "determinism",
+            Check::WrongHandleAccepted => "wrong-handle-accepted",
+            Check::Region => "region",
+            Check::Completion => "completion",
+            Check::AsyncEvent => "async-event",
         }
     }
 }
@@ -182,6 +201,8 @@ pub struct RunOptions<'a> {
     /// A planted application bug, to show the checks find and minimise one: teardown drops the
     /// events it holds instead of acking them.
     pub forget_held_events: bool,
+    /// Another planted bug: teardown leaves every memory region registered and every SRQ made.
+    pub keep_regions: bool,
 }
 
 /// Runs `scenario` once as `opts` say. Panics are caught and reported as a failure.
@@ -267,11 +288,21 @@ struct World<'a> {
     held: Vec<Held>,
     /// Each host's owner tag, once a handle showed it.
     tags: [Vec<Option<u32>>; 2],
+    /// Regions each host registered, oldest first (never removed), and what the run knows of
+    /// each.
+    mrs: [Vec<Vec<MrHandle>>; 2],
+    all_mrs: Vec<MrHandle>,
+    regions: HashMap<MrHandle, RegionRec>,
+    /// SRQs each host made, oldest first, and what the run knows of each.
+    srqs: [Vec<Vec<SrqHandle>>; 2],
+    all_srqs: Vec<SrqHandle>,
+    srq_recs: HashMap<SrqHandle, SrqRec>,
     stats: Stats,
     digest: DefaultHasher,
     log: Vec<String>,
     logging: bool,
     forget_held: bool,
+    keep_regions: bool,
     current: Option<usize>,
 }
 
@@ -363,6 +394,18 @@ fn op_call(op: &Op) -> Option<Call> {
         | Op::Inject { .. }
         | Op::Advance { .. }
         | Op::RunUntilIdle { .. } => return None,
+        Op::RegMr { .. }
+        | Op::MrInfo { .. }
+        | Op::DeregMr { .. }
+        | Op::ReadMr { .. }
+        | Op::WriteMr { .. }
+        | Op::PostSendWr { .. }
+        | Op::CreateSrq { .. }
+        | Op::DestroySrq { .. }
+        | Op::PostSrqRecv { .. }
+        | Op::ArmSrqLimit { .. }
+        | Op::CreateQpOnSrq { .. }
+        | Op::GetAsyncEvent { .. } => return onesided::onesided_call(op),
     })
 }
 
@@ -443,11 +486,18 @@ impl<'a> World<'a> {
             dead_ids: HashSet::new(),
             held: Vec::new(),
             tags: [vec![None; counts[0]], vec![None; counts[1]]],
+            mrs: [vec![Vec::new(); counts[0]], vec![Vec::new(); counts[1]]],
+            all_mrs: Vec::new(),
+            regions: HashMap::new(),
+            srqs: [vec![Vec::new(); counts[0]], vec![Vec::new(); counts[1]]],
+            all_srqs: Vec::new(),
+            srq_recs: HashMap::new(),
             stats: Stats::default(),
             digest: DefaultHasher::new(),
             log: Vec::new(),
             logging: opts.log,
             forget_held: opts.forget_held_events,
+            keep_regions: opts.keep_regions,
             current: None,
         })
     }
@@ -581,15 +631,17 @@ impl<'a> World<'a> {
                 Some(i),
             );
         }
-        if let Some(call) = op_call(op) {
-            if !error_fits_call(e, call) {
-                return fail(
-                    Check::ErrorCall,
-                    format!("{} from {}", crate::stats::error_kind(e), call.name()),
-                    format!("{op} answered {e:?} ({e}), which is not about {}", call.name()),
-                    Some(i),
-                );
-            }
+        let fits = match onesided::onesided_error_fits(op, e) {
+            Some(fits) => fits,
+            None => op_call(op).is_none_or(|call| error_fits_call(e, call)),
+        };
+        if let (false, Some(call)) = (fits, op_call(op)) {
+            return fail(
+                Check::ErrorCall,
+                format!("{} from {}", crate::stats::error_kind(e), call.name()),
+                format!("{op} answered {e:?} ({e}), which is not about {}", call.name()),
+                Some(i),
+            );
         }
         Ok(())
     }
@@ -673,7 +725,18 @@ impl<'a> World<'a> {
     }
 
     fn unit(&mut self, i: usize, op: &Op, r: cm_core::Result<()>) -> Checked {
-        self.note(i, op, || format!("{r:?}"));
+        self.unit_noting(i, op, r, String::new)
+    }
+
+    /// [`unit`](Self::unit), with `more` after the answer in the log.
+    fn unit_noting(
+        &mut self,
+        i: usize,
+        op: &Op,
+        r: cm_core::Result<()>,
+        more: impl FnOnce() -> String,
+    ) -> Checked {
+        self.note(i, op, || format!("{r:?}{}", more()));
         match r {
             Ok(()) => {
                 0u8.hash(&mut self.digest);
@@ -992,6 +1055,18 @@ impl<'a> World<'a> {
                 self.note(i, op, || format!("{t:?}"));
                 Ok(())
             }
+            Op::RegMr { .. }
+            | Op::MrInfo { .. }
+            | Op::DeregMr { .. }
+            | Op::ReadMr { .. }
+            | Op::WriteMr { .. }
+            | Op::PostSendWr { .. }
+            | Op::CreateSrq { .. }
+            | Op::DestroySrq { .. }
+            | Op::PostSrqRecv { .. }
+            | Op::ArmSrqLimit { .. }
+            | Op::CreateQpOnSrq { .. }
+            | Op::GetAsyncEvent { .. } => self.step_onesided(i, op),
         }
     }
 
@@ -1069,7 +1144,16 @@ impl<'a> World<'a> {
                 }
                 for wc in out {
                     (wc.wr_id, wc.status as u32, wc.byte_len).hash(&mut self.digest);
-                    self.stats.completion(wc.status);
+                    (wc.opcode, wc.imm_data, &wc.data).hash(&mut self.digest);
+                    self.stats.completion(wc.status, wc.opcode);
+                    if let Some(why) = onesided::completion_misfit(wc) {
+                        return fail(
+                            Check::Completion,
+                            why.clone(),
+                            format!("{op} gave {wc:?}: {why}"),
+                            Some(i),
+                        );
+                    }
                 }
                 Ok(())
             }
@@ -1086,6 +1170,8 @@ impl<'a> World<'a> {
             sum.qps += l.qps;
             sum.unacked_events += l.unacked_events;
             sum.queued_events += l.queued_events;
+            sum.mrs += l.mrs;
+            sum.srqs += l.srqs;
         }
         let whole = self.fabrics[f].live_resources();
         if sum != whole {
@@ -1117,12 +1203,14 @@ impl<'a> World<'a> {
                 return fail(
                     Check::Teardown,
                     format!(
-                        "left alive:{}{}{}{}{}",
+                        "left alive:{}{}{}{}{}{}{}",
                         if live.channels > 0 { " channels" } else { "" },
                         if live.ids > 0 { " ids" } else { "" },
                         if live.qps > 0 { " qps" } else { "" },
                         if live.unacked_events > 0 { " unacked" } else { "" },
                         if live.queued_events > 0 { " queued" } else { "" },
+                        if live.mrs > 0 { " mrs" } else { "" },
+                        if live.srqs > 0 { " srqs" } else { "" },
                     ),
                     format!("fabric {f} after teardown: {live:?}"),
                     None,
@@ -1203,6 +1291,8 @@ impl<'a> World<'a> {
                     self.dead_ids.insert(id);
                 }
             }
+            // After the QPs: a QP keeps its SRQ busy.
+            self.release_onesided(f, host, self.keep_regions)?;
             for &ch in &chans {
                 let _ = b.clone().destroy_event_channel(ch);
             }

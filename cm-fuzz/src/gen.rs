@@ -6,10 +6,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use cm_core::{CmEventType, IdOption, PortSpace, QpCaps, QpState};
+use cm_core::{Access, CmEventType, IdOption, PortSpace, QpCaps, QpState, SrqCaps};
 use cm_sim::{Fault, FaultSchedule, SimConfig, TraceMode};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+
+mod onesided;
+
+use onesided::DeviceLimits;
+pub use onesided::{KeySel, OffSel, RegionSel, RemoteSel, SgeSel, WrOp, WrSel};
 
 /// Families of inputs that reach a simulator defect already known (issue #9). The default
 /// generates every family; `--allow-known` leaves the named ones out so a campaign can measure
@@ -421,6 +426,69 @@ pub enum Op {
     RunUntilIdle {
         fabric: u8,
     },
+    RegMr {
+        h: HostSel,
+        id: HandleRef,
+        len: usize,
+        access: Access,
+    },
+    MrInfo {
+        h: HostSel,
+        mr: HandleRef,
+    },
+    DeregMr {
+        h: HostSel,
+        mr: HandleRef,
+    },
+    /// `read_mr` of `len` bytes at `at` of the region.
+    ReadMr {
+        h: HostSel,
+        mr: HandleRef,
+        at: OffSel,
+        len: usize,
+    },
+    /// `write_mr` of `len` bytes at `at` of the region.
+    WriteMr {
+        h: HostSel,
+        mr: HandleRef,
+        at: OffSel,
+        len: usize,
+    },
+    PostSendWr {
+        h: HostSel,
+        id: HandleRef,
+        wr: WrSel,
+    },
+    CreateSrq {
+        h: HostSel,
+        id: HandleRef,
+        caps: SrqCaps,
+    },
+    DestroySrq {
+        h: HostSel,
+        srq: HandleRef,
+    },
+    PostSrqRecv {
+        h: HostSel,
+        srq: HandleRef,
+        wr_id: u64,
+        len: u32,
+    },
+    ArmSrqLimit {
+        h: HostSel,
+        srq: HandleRef,
+        limit: u32,
+    },
+    CreateQpOnSrq {
+        h: HostSel,
+        id: HandleRef,
+        caps: QpCaps,
+        srq: HandleRef,
+    },
+    GetAsyncEvent {
+        h: HostSel,
+        timeout: Duration,
+    },
 }
 
 /// The groups the fuzzer joins, leaves and sends to (a send to QP `0xFFFFFF` goes to the
@@ -498,6 +566,20 @@ impl fmt::Display for Op {
             Op::Inject { fabric, fault } => write!(f, "f{fabric} inject({fault})"),
             Op::Advance { fabric, by } => write!(f, "f{fabric} advance({by:?})"),
             Op::RunUntilIdle { fabric } => write!(f, "f{fabric} run_until_idle()"),
+            Op::RegMr { h, id, len, access } => write!(f, "{h} reg_mr({id}, {len} bytes, {access})"),
+            Op::MrInfo { h, mr } => write!(f, "{h} mr_info({mr})"),
+            Op::DeregMr { h, mr } => write!(f, "{h} dereg_mr({mr})"),
+            Op::ReadMr { h, mr, at, len } => write!(f, "{h} read_mr({mr}, {at}, {len} bytes)"),
+            Op::WriteMr { h, mr, at, len } => write!(f, "{h} write_mr({mr}, {at}, {len} bytes)"),
+            Op::PostSendWr { h, id, wr } => write!(f, "{h} post_send_wr({id}, {wr})"),
+            Op::CreateSrq { h, id, caps } => write!(f, "{h} create_srq({id}, {caps:?})"),
+            Op::DestroySrq { h, srq } => write!(f, "{h} destroy_srq({srq})"),
+            Op::PostSrqRecv { h, srq, wr_id, len } => write!(f, "{h} post_srq_recv({srq}, {wr_id}, {len})"),
+            Op::ArmSrqLimit { h, srq, limit } => write!(f, "{h} arm_srq_limit({srq}, {limit})"),
+            Op::CreateQpOnSrq { h, id, caps, srq } => {
+                write!(f, "{h} create_qp_on_srq({id}, {caps:?}, {srq})")
+            }
+            Op::GetAsyncEvent { h, timeout } => write!(f, "{h} get_async_event({timeout:?})"),
         }
     }
 }
@@ -537,12 +619,31 @@ pub struct Scenario {
 /// The generator's random source: ChaCha8 with small helpers (no `rand` dependency).
 pub(crate) struct Gen {
     rng: ChaCha8Rng,
+    /// The one-sided calls' stream, swapped in by [`Gen::side`].
+    side: ChaCha8Rng,
     skip: KnownSet,
     /// The server and client hosts of the scenario's application steps.
     cast: (HostSel, HostSel),
+    /// The server and client of the last application step made.
+    pair: (HostSel, HostSel),
+    /// Each fabric's device limits, once its configuration is drawn.
+    limits: [DeviceLimits; 2],
 }
 
+/// Mixed into the seed of the one-sided calls' stream.
+const ONESIDED_STREAM: u64 = 0x6f6e_6573_6964_6564;
+
 impl Gen {
+    /// Runs `f` with the one-sided stream in place of the main one: the one-sided calls and
+    /// the device limits they aim at draw from it, so a seed's other calls are what they were
+    /// before the one-sided calls existed.
+    fn side<T>(&mut self, f: impl FnOnce(&mut Gen) -> T) -> T {
+        std::mem::swap(&mut self.rng, &mut self.side);
+        let out = f(self);
+        std::mem::swap(&mut self.rng, &mut self.side);
+        out
+    }
+
     fn below(&mut self, n: u64) -> u64 {
         self.rng.next_u64() % n.max(1)
     }
@@ -611,8 +712,11 @@ impl Gen {
         let h0 = HostSel { fabric: 0, host: 0 };
         Gen {
             rng: ChaCha8Rng::seed_from_u64(seed),
+            side: ChaCha8Rng::seed_from_u64(seed ^ ONESIDED_STREAM),
             skip,
             cast: (h0, h0),
+            pair: (h0, h0),
+            limits: [DeviceLimits::default(); 2],
         }
     }
 
@@ -916,10 +1020,14 @@ impl Gen {
                 faults = faults.with(at, self.fault(hosts));
             }
         }
+        // The seed is drawn before the configuration, as it always was.
+        let seed = self.rng.next_u64();
+        let mut config = self.config();
+        self.side(|g| g.device_limits(fabric, &mut config));
         FabricSpec {
-            seed: self.rng.next_u64(),
+            seed,
             hosts: addrs,
-            config: self.config(),
+            config,
             faults,
         }
     }
@@ -1140,7 +1248,7 @@ impl Gen {
     /// A step of an ordinary application (listen, connect, accept, exchange, disconnect,
     /// release), so sequences reach connected states; [`Gen::blocks`] then garbles some calls.
     fn block(&mut self, kind: u64, hosts: &[usize; 2]) -> Vec<Op> {
-        let (fabric, server, client, port) = if self.chance(800) {
+        let place = if self.chance(800) {
             // The scenario's own cast, so that steps generated apart fit together.
             (0, self.cast.0, self.cast.1, 7471)
         } else {
@@ -1152,6 +1260,16 @@ impl Gen {
                 self.pick(&[7471, 7472]),
             )
         };
+        self.block_at(kind, place)
+    }
+
+    /// The step of `kind` on `fabric` between `server` and `client`, listening on `port`.
+    fn block_at(
+        &mut self,
+        kind: u64,
+        (fabric, server, client, port): (u8, HostSel, HostSel, u16),
+    ) -> Vec<Op> {
+        self.pair = (server, client);
         let ps = if self.chance(850) {
             PortSpace::Tcp
         } else {
@@ -1361,12 +1479,24 @@ impl Gen {
 
     /// Application steps with some calls replaced by random ones, or left out.
     fn blocks(&mut self, kind: u64, hosts: &[usize; 2], ops: &mut Vec<Op>) {
-        for op in self.block(kind, hosts) {
+        let mut block = self.block(kind, hosts);
+        let before = self.side(|g| g.story_tweaks(kind, &mut block));
+        for (op, before) in block.into_iter().zip(before) {
+            ops.extend(before);
             match self.below(100) {
                 0..=5 => ops.push(self.op(hosts)),
                 6..=8 => {}
                 _ => ops.push(op),
             }
+        }
+        if kind == 3 {
+            // The connection is accepted: one-sided work on it, sometimes.
+            let pair = self.pair;
+            self.side(|g| {
+                if g.story_here() {
+                    g.story(pair, hosts, ops);
+                }
+            });
         }
     }
 }
@@ -1403,7 +1533,13 @@ impl Scenario {
                 }
             }
         }
+        if g.side(Gen::prologue_here) {
+            g.side(|g| g.prologue(&hosts, &mut ops));
+        }
         while ops.len() < calls {
+            if g.side(Gen::noise_here) {
+                ops.push(g.side(|g| g.onesided_op(&hosts)));
+            }
             if g.below(10) < guided {
                 let kind = if g.chance(800) {
                     next += 1;

@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 pub use exec::{run_checked, run_once, Check, Failure, RunOptions, RunResult, DEFAULT_WALL_LIMIT};
 pub use gen::{
-    AddrSel, FabricSpec, HandleRef, HostSel, IpSel, Known, KnownSet, Op, Owner, ParamSel, Scenario,
+    AddrSel, FabricSpec, HandleRef, HostSel, IpSel, KeySel, Known, KnownSet, OffSel, Op, Owner, ParamSel,
+    RegionSel, RemoteSel, Scenario, SgeSel, WrOp, WrSel,
 };
 pub use stats::{error_kind, Stats};
 

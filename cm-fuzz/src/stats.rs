@@ -1,11 +1,12 @@
-//! What a campaign saw: calls, events by type, errors by kind, completions by status.
+//! What a campaign saw: calls, events by type, errors by kind, completions by status and by
+//! opcode, asynchronous events.
 
 use std::fmt;
 
-use cm_core::{CmError, CmEventType, WcStatus};
+use cm_core::{CmError, CmEventType, WcOpcode, WcStatus};
 
 /// The error kinds, in the order [`error_index`] numbers them.
-const ERROR_KINDS: [&str; 20] = [
+const ERROR_KINDS: [&str; 22] = [
     "UnknownHandle",
     "WrongState",
     "QpAttached",
@@ -25,6 +26,8 @@ const ERROR_KINDS: [&str; 20] = [
     "Os",
     "ExternalQp",
     "BackendQp",
+    "SrqBusy",
+    "HostCrashed",
     "other",
 ];
 
@@ -49,7 +52,9 @@ fn error_index(e: &CmError) -> usize {
         CmError::Os { .. } => 16,
         CmError::ExternalQp { .. } => 17,
         CmError::BackendQp { .. } => 18,
-        _ => 19,
+        CmError::SrqBusy { .. } => 19,
+        CmError::HostCrashed { .. } => 20,
+        _ => 21,
     }
 }
 
@@ -73,6 +78,11 @@ pub struct Stats {
     pub errors: [u64; ERROR_KINDS.len()],
     /// Work completions polled, by `ibv_wc_status`.
     pub completions: [u64; WcStatus::ALL.len()],
+    /// Work completions polled, by opcode (in [`WcOpcode::ALL`]'s order), and how many of
+    /// those succeeded.
+    pub opcodes: [(u64, u64); WcOpcode::ALL.len()],
+    /// Asynchronous events retrieved.
+    pub async_events: u64,
 }
 
 impl Stats {
@@ -88,8 +98,12 @@ impl Stats {
         self.errors[error_index(e)] += 1;
     }
 
-    pub(crate) fn completion(&mut self, s: WcStatus) {
+    pub(crate) fn completion(&mut self, s: WcStatus, op: WcOpcode) {
         self.completions[s.raw() as usize] += 1;
+        if let Some(n) = WcOpcode::ALL.iter().position(|&o| o == op) {
+            self.opcodes[n].0 += 1;
+            self.opcodes[n].1 += u64::from(s == WcStatus::Success);
+        }
     }
 
     /// Adds `other` to these counts.
@@ -106,6 +120,11 @@ impl Stats {
         for (a, b) in self.completions.iter_mut().zip(other.completions) {
             *a += b;
         }
+        for (a, b) in self.opcodes.iter_mut().zip(other.opcodes) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
+        self.async_events += other.async_events;
     }
 
     /// Event types with their counts (every type, zero counts included).
@@ -128,6 +147,16 @@ impl Stats {
             .filter(|&(_, n)| n > 0)
     }
 
+    /// Completion opcodes seen, with how many completed and how many of those succeeded
+    /// (zero counts left out).
+    pub fn opcode_counts(&self) -> impl Iterator<Item = (WcOpcode, u64, u64)> + '_ {
+        WcOpcode::ALL
+            .iter()
+            .zip(self.opcodes)
+            .map(|(&o, (n, ok))| (o, n, ok))
+            .filter(|&(_, n, _)| n > 0)
+    }
+
     /// The counts as one JSON object's members (no braces), for the JSON-lines summary.
     pub fn json_members(&self) -> String {
         let obj = |pairs: Vec<(String, u64)>| {
@@ -135,7 +164,7 @@ impl Stats {
             format!("{{{}}}", body.join(","))
         };
         format!(
-            "\"sequences\":{},\"calls\":{},\"configs_refused\":{},\"events\":{},\"errors\":{},\"completions\":{}",
+            "\"sequences\":{},\"calls\":{},\"configs_refused\":{},\"events\":{},\"errors\":{},\"completions\":{},\"opcodes\":{},\"async_events\":{}",
             self.sequences,
             self.calls,
             self.configs_refused,
@@ -148,6 +177,11 @@ impl Stats {
                 .completion_counts()
                 .map(|(s, n)| (format!("{s:?}"), n))
                 .collect()),
+            obj(self
+                .opcode_counts()
+                .map(|(o, n, _)| (o.name().to_string(), n))
+                .collect()),
+            self.async_events,
         )
     }
 }
@@ -171,6 +205,11 @@ impl fmt::Display for Stats {
         for (s, n) in self.completion_counts() {
             writeln!(f, "  {:<34} {n}", format!("{s:?}"))?;
         }
+        writeln!(f, "completions by opcode (succeeded):")?;
+        for (o, n, ok) in self.opcode_counts() {
+            writeln!(f, "  {:<34} {n} ({ok})", o.name())?;
+        }
+        writeln!(f, "asynchronous events: {}", self.async_events)?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! The fuzzer under `cargo test`: a few hundred sequences, and proof that its checks find,
 //! minimise and replay a planted bug.
 
+use cm_core::{WcOpcode, WcStatus};
 use cm_fuzz::{
     check_seed, describe, minimise, replay_command, run_campaign, run_once, Campaign, Check, Found, KnownSet,
     Op, RunOptions, Scenario,
@@ -109,6 +110,18 @@ fn sequences_have_twenty_to_two_hundred_calls_covering_every_trait_call() {
         "inject",
         "advance",
         "run_until_idle",
+        "reg_mr",
+        "mr_info",
+        "dereg_mr",
+        "read_mr",
+        "write_mr",
+        "post_send_wr",
+        "create_srq",
+        "destroy_srq",
+        "post_srq_recv",
+        "arm_srq_limit",
+        "create_qp_on_srq",
+        "get_async_event",
     ] {
         assert!(names.contains(call), "no {call} in 200 scenarios: {names:?}");
     }
@@ -190,6 +203,79 @@ fn a_planted_forgotten_ack_is_found_minimised_and_replayed() {
         without_known(),
     );
     assert!(text.contains("minimised") && text.contains("replay:"), "{text}");
+}
+
+#[test]
+fn a_planted_region_leak_is_found_and_minimised_to_a_registration() {
+    let planted = RunOptions {
+        keep_regions: true,
+        ..RunOptions::default()
+    };
+    let (scenario, failure) = (0..500)
+        .find_map(|seed| {
+            let s = Scenario::generate(seed, without_known());
+            let failure = run_once(&s, &planted).failure?;
+            Some((s, failure))
+        })
+        .expect("some seed of 500 registers a region or makes an SRQ");
+    assert_eq!(failure.check, Check::Teardown, "{failure}");
+    assert!(
+        failure.signature.contains("mrs") || failure.signature.contains("srqs"),
+        "{failure}"
+    );
+    assert!(run_once(&scenario, &RunOptions::default()).failure.is_none());
+    let m = minimise(&scenario, &failure, 2000, &planted);
+    // A channel, an id on a device (bound or resolved), the registration.
+    assert!(m.keep.len() <= 6, "minimised to {:?}", m.keep);
+    assert!(
+        m.keep
+            .iter()
+            .any(|&i| matches!(scenario.ops[i], Op::RegMr { .. } | Op::CreateSrq { .. })),
+        "{:?}",
+        m.keep
+    );
+}
+
+#[test]
+fn one_sided_work_reaches_the_responder_and_completes_every_way() {
+    let report = run_campaign(&Campaign {
+        seqs: 600,
+        skip: without_known(),
+        ..Campaign::default()
+    });
+    assert!(report.is_clean());
+    let succeeded = |op: WcOpcode| {
+        report
+            .stats
+            .opcode_counts()
+            .find(|&(o, _, _)| o == op)
+            .map_or(0, |(_, _, ok)| ok)
+    };
+    for op in [
+        WcOpcode::RdmaWrite,
+        WcOpcode::RdmaRead,
+        WcOpcode::CompSwap,
+        WcOpcode::FetchAdd,
+        WcOpcode::RecvRdmaWithImm,
+    ] {
+        assert!(
+            succeeded(op) > 0,
+            "no {op} succeeded in 600 sequences:\n{}",
+            report.stats
+        );
+    }
+    let status = |s: WcStatus| report.stats.completions[s.raw() as usize];
+    // The responder refused keys, and the requester flushed what followed.
+    assert!(status(WcStatus::RemAccessErr) > 0, "{}", report.stats);
+    assert!(status(WcStatus::WrFlushErr) > 0, "{}", report.stats);
+    let error = |kind: &str| {
+        report
+            .stats
+            .error_counts()
+            .find(|&(k, _)| k == kind)
+            .map_or(0, |(_, n)| n)
+    };
+    assert!(error("SrqBusy") > 0, "{}", report.stats);
 }
 
 #[test]

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use cm_core::backend::{post_gate, Admission, Slab, SlotRef, WrPool};
 use cm_core::{
-    Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
-    IdMachine, IdOption, LiveResources, PortSpace, QpAttr, QpCaps, QpState, Result, Role, UdParam, WcOpcode,
-    WcStatus, WorkCompletion,
+    Access, AsyncEvent, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind,
+    IdHandle, IdMachine, IdOption, LiveResources, MrHandle, MrInfo, PortSpace, QpAttr, QpCaps, QpState,
+    Result, Role, SendWr, SrqCaps, SrqHandle, UdParam, WcOpcode, WorkCompletion,
 };
 
 use crate::convert::{self, os_error};
@@ -22,6 +22,7 @@ mod datagram;
 pub(crate) mod differential;
 mod external;
 mod multicast;
+mod onesided;
 mod options;
 
 /// The most memory one QP's message buffers may take: `(max_send_wr + max_recv_wr) *
@@ -31,6 +32,11 @@ pub const MAX_QP_BUFFER_BYTES: u64 = 1 << 30;
 
 /// The largest [`QpCaps::max_message_size`] accepted: 1 MiB, the simulator's default.
 pub const MAX_MESSAGE_SIZE: u32 = 1 << 20;
+
+/// The largest memory region [`reg_mr`](CmBackend::reg_mr) registers: 1 GiB, the simulator's
+/// default. A region is pinned when it is registered (mind `ulimit -l`: a registration the
+/// limit refuses fails with the kernel's errno).
+pub const MAX_MR_SIZE: u64 = 1 << 30;
 
 /// Its statements with the `tracing` feature; nothing at all without it (so the records'
 /// arguments are neither evaluated nor compiled).
@@ -67,6 +73,37 @@ struct QpEntry {
     caps: QpCaps,
     /// Completions taken from the CQ by a post, not yet handed out by `poll_cq`.
     early: Prefetched,
+    /// The slab index of the SRQ the QP takes its receives from.
+    srq: Option<u32>,
+    /// The QP's `max_rd_atomic` once queried (it is fixed from RTS on).
+    rd_atomic: Option<u8>,
+}
+
+impl QpEntry {
+    fn new(raw: sys::Qp, pool: WrPool, caps: QpCaps, srq: Option<u32>) -> QpEntry {
+        QpEntry {
+            raw,
+            pool,
+            caps,
+            early: Prefetched::default(),
+            srq,
+            rd_atomic: None,
+        }
+    }
+}
+
+/// A memory region.
+struct MrEntry {
+    raw: sys::Region,
+}
+
+/// A shared receive queue with its receive slots' bookkeeping.
+struct SrqEntry {
+    raw: sys::Srq,
+    /// No send slots; `caps.max_wr` receive slots, each held from posting until the completion
+    /// is polled on whichever QP took it.
+    pool: WrPool,
+    caps: SrqCaps,
 }
 
 impl QpEntry {
@@ -124,9 +161,20 @@ struct Outstanding {
 ///   to the hardware have completed, so every provider honours the contract and each queue
 ///   completes in posting order. It occupies a slot of its queue until its completion is polled,
 ///   as in the simulator.
+/// * Memory regions ([`reg_mr`](CmBackend::reg_mr)) are page-aligned, zeroed memory the
+///   backend owns, registered with `ibv_reg_mr` on the backend's protection domain of the id's
+///   device (the one its QPs use, so any QP of the backend on that device may name them); a
+///   region or a shared receive queue keeps that protection domain, and librdmacm's device
+///   context under it, alive after the id is gone. Work requests over regions
+///   ([`post_send_wr`](CmBackend::post_send_wr)) are checked with cm-core's rules first, then
+///   posted with `IBV_SEND_SIGNALED` always, so that every one completes and frees its slot; the
+///   successful completion of an unsignalled one is not handed out.
+/// * Asynchronous events ([`get_async_event`](CmBackend::get_async_event)) are read from the
+///   device contexts the backend uses, acked at once, and routed to the backend (of any in the
+///   process) whose SRQ or QP they name; the async fds are made non-blocking.
 /// * Dropping the backend releases everything in librdmacm's order: acks every held event,
-///   destroys QPs (with their CQs and buffers), the protection domains, ids (child ids first),
-///   then channels.
+///   destroys QPs (with their CQs and buffers), SRQs, memory regions, the protection domains,
+///   ids (child ids first), then channels.
 ///
 /// Event bookkeeping follows the simulator: an event moves the machine of the id it counts
 /// against ([`CmEvent::counted_id`]: the listener for `CONNECT_REQUEST`) when it is retrieved,
@@ -165,6 +213,12 @@ pub struct HwBackend {
     /// (id slab index, group) of every multicast membership → whether librdmacm attached the
     /// id's QP to it (it does when it hands out `MULTICAST_JOIN` to an id with a QP).
     groups: BTreeMap<(u32, std::net::IpAddr), bool>,
+    /// Memory regions.
+    mrs: Slab<MrEntry>,
+    /// Shared receive queues.
+    srqs: Slab<SrqEntry>,
+    /// This backend's end of the process's asynchronous-event router (see `sys`).
+    inbox: sys::Inbox,
 }
 
 impl std::fmt::Debug for HwBackend {
@@ -179,8 +233,9 @@ impl std::fmt::Debug for HwBackend {
 impl HwBackend {
     /// A backend with nothing open yet; needs no device (the first channel does).
     pub fn new() -> Result<HwBackend> {
+        let tag = cm_core::backend::next_backend_tag();
         Ok(HwBackend {
-            tag: cm_core::backend::next_backend_tag(),
+            tag,
             channels: Slab::new(),
             ids: Slab::new(),
             by_addr: HashMap::new(),
@@ -189,6 +244,9 @@ impl HwBackend {
             next_seq: 1,
             qps: 0,
             groups: BTreeMap::new(),
+            mrs: Slab::new(),
+            srqs: Slab::new(),
+            inbox: sys::Inbox::new(tag),
         })
     }
 
@@ -408,10 +466,14 @@ impl HwBackend {
     }
 
     /// Appends up to `max` completions there are now (the hardware's, then those the backend
-    /// flushed itself) without waiting; how many were appended.
+    /// flushed itself) without waiting; how many were appended. A successful unsignalled
+    /// request frees its slot and is not handed out (nor counted against `max`); a receive the
+    /// QP took from its SRQ frees the SRQ's slot and hands out the SRQ's buffer.
     fn drain_cq(&mut self, index: u32, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize> {
+        let srqs = &mut self.srqs;
         let e = self.ids.at_mut(index).expect("checked");
         let q = e.qp.as_mut().expect("checked");
+        let ud = q.raw.is_ud();
         let mut raw = Vec::with_capacity(sys::POLL_BATCH);
         let mut appended = 0;
         let mut failed = false;
@@ -429,30 +491,51 @@ impl HwBackend {
                     .map_err(|err| os_error(Call::PollCq, err))?;
             }
             for c in &raw {
-                // Only this backend posts on the QP, so every wr_id is a slot of ours; anything
-                // else is ignored rather than trusted.
-                let Some((opcode, posted)) = q.pool.complete(c.wr_id) else {
+                // Only this backend posts on the QP and its SRQ, so every wr_id is a slot of
+                // ours; anything else is ignored rather than trusted.
+                let (posted, srq_slot) = match crate::onesided::srq_slot(c.wr_id) {
+                    Some(slot) => {
+                        let Some(srq) = q.srq.and_then(|i| srqs.at_mut(i)) else {
+                            continue;
+                        };
+                        let Some((_, posted)) = srq.pool.complete(slot) else {
+                            continue;
+                        };
+                        (posted, Some(slot as u32))
+                    }
+                    None => match q.pool.complete(c.wr_id) {
+                        Some((_, posted)) => (posted, None),
+                        None => continue,
+                    },
+                };
+                let crate::onesided::Delivery::Out {
+                    status,
+                    opcode,
+                    byte_len,
+                    imm_data,
+                    payload,
+                } = crate::onesided::deliver(&c.polled(), &posted, ud)
+                else {
                     continue;
                 };
-                // The status of an unknown value is reported as a general error.
-                let status = WcStatus::from_raw(c.status).unwrap_or(WcStatus::GeneralErr);
-                // Verbs defines opcode and byte_len only for successful completions; the opcode
-                // comes from the slot instead.
-                let (byte_len, data) = if status == WcStatus::Success && opcode == WcOpcode::Recv {
-                    if q.raw.is_ud() {
+                let (byte_len, data) = match payload {
+                    crate::onesided::Payload::None => (byte_len, Vec::new()),
+                    crate::onesided::Payload::Slot(n) => {
+                        let data = match (srq_slot, q.srq.and_then(|i| srqs.at(i))) {
+                            (Some(slot), Some(srq)) => srq.raw.read_slot(slot, n as usize),
+                            _ => q.raw.read_slot(c.wr_id as u32, n as usize),
+                        };
+                        (n, data)
+                    }
+                    crate::onesided::Payload::Datagram => {
                         // The GRH in front of the payload is not handed out (see cm-core's
                         // `datagram` docs): the payload alone, its length without the 40 bytes.
                         let mut payload = q.raw.read_datagram(c.wr_id as u32, c.byte_len);
                         payload.truncate(posted.len as usize);
                         (payload.len() as u32, payload)
-                    } else {
-                        let n = c.byte_len.min(posted.len);
-                        (n, q.raw.read_slot(c.wr_id as u32, n as usize))
                     }
-                } else {
-                    (0, Vec::new())
                 };
-                failed |= status != WcStatus::Success;
+                failed |= status != cm_core::WcStatus::Success;
                 out.push(WorkCompletion {
                     wr_id: posted.wr_id,
                     status,
@@ -460,6 +543,7 @@ impl HwBackend {
                     byte_len,
                     data,
                     sender: c.sender,
+                    imm_data,
                 });
                 appended += 1;
             }
@@ -469,11 +553,12 @@ impl HwBackend {
                 };
                 out.push(WorkCompletion {
                     wr_id,
-                    status: WcStatus::WrFlushErr,
+                    status: cm_core::WcStatus::WrFlushErr,
                     opcode,
                     byte_len: 0,
                     data: Vec::new(),
                     sender: None,
+                    imm_data: None,
                 });
                 appended += 1;
             }
@@ -489,18 +574,134 @@ impl HwBackend {
         Ok(appended)
     }
 
-    /// Deallocates the PD on `context` if no QP uses it any more, with the id at `witness` (on
-    /// that device) proving the context is open. A failure keeps the PD for a later try.
-    fn release_pd(&mut self, context: sys::DeviceContext, witness: u32) {
+    /// The PD on `id`'s device (made now if the backend has none there yet, and the device's
+    /// asynchronous events then read for this backend too).
+    fn ensure_pd(&mut self, call: Call, id_index: u32) -> Result<sys::DeviceContext> {
+        let e = self.ids.at(id_index).expect("checked");
+        let Some(context) = e.raw.verbs() else {
+            return Err(CmError::NoDevice { call });
+        };
+        if let Entry::Vacant(slot) = self.pds.entry(context) {
+            slot.insert(sys::Pd::alloc(&e.raw).map_err(|err| os_error(call, err))?);
+            self.inbox.join(context);
+        }
+        Ok(context)
+    }
+
+    /// `create_qp`, or with `srq` `create_qp_on_srq`: the QP takes its receives from the SRQ,
+    /// its CQ has room for the SRQ's receives too, and it has no receive slots of its own.
+    fn create_qp_with(&mut self, id: IdHandle, caps: QpCaps, srq: Option<SrqHandle>) -> Result<QpCaps> {
+        let call = Call::CreateQp;
+        let index = self.id_index(call, id)?;
+        let e = self.ids.at(index).expect("checked");
+        let next = match srq {
+            Some(_) => e.machine.create_qp_on_srq()?,
+            None => e.machine.create_qp()?,
+        };
+        let srq_index = match srq {
+            Some(h) => Some(self.srq_index(call, h)?),
+            None => None,
+        };
+        if srq_index.is_some() && !e.machine.port_space().is_connected() {
+            // A UD receive puts a 40-byte GRH in front of the payload, which the SRQ's buffers
+            // (shared with RC QPs, sized for the payload) have no room for.
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "a shared receive queue serves connected (RC) QPs only here",
+            });
+        }
+        let Some(context) = e.raw.verbs() else {
+            return Err(CmError::NoDevice { call });
+        };
+        if e.qp.is_some() || e.raw.has_qp() {
+            return Err(CmError::QpExists);
+        }
+        let invalid = |reason| CmError::InvalidArgument { call, reason };
+        let srq_wr = match srq_index.and_then(|i| self.srqs.at(i)) {
+            Some(s) if s.raw.context() != context => {
+                return Err(invalid("shared receive queue of another device"));
+            }
+            Some(s) => Some(s.caps.max_wr),
+            None => None,
+        };
+        // The simulator's checks, with its reasons; the limit on work requests is the device's.
+        let max_wr = match self.pds.get(&context).and_then(sys::Pd::max_qp_wr) {
+            Some(max_wr) => max_wr,
+            None => e.raw.max_qp_wr().map_err(|err| os_error(call, err))?,
+        };
+        // Refuses a sum of the two queues past a u32 too, as the simulator does.
+        caps.check(max_wr, MAX_MESSAGE_SIZE)?;
+        // A QP on an SRQ posts no receives of its own: its slots are its sends'; its CQ holds
+        // its sends' completions and as many receives as the SRQ can give it.
+        let (slots, cq_entries) = match srq_wr {
+            Some(srq_wr) => (caps.max_send_wr, u64::from(caps.max_send_wr) + u64::from(srq_wr)),
+            None => {
+                let slots = caps.max_send_wr + caps.max_recv_wr;
+                (slots, u64::from(slots))
+            }
+        };
+        let cqe = i32::try_from(cq_entries).map_err(|_| invalid("too many work requests for one CQ"))?;
+        if u64::from(slots) * u64::from(caps.max_message_size) > MAX_QP_BUFFER_BYTES {
+            return Err(invalid(
+                "(max_send_wr + max_recv_wr) * max_message_size exceeds 1 GiB of registered buffers",
+            ));
+        }
+        self.ensure_pd(call, index)?;
+        let pd = &self.pds[&context];
+        pd.remember_max_qp_wr(max_wr);
+        let e = self.ids.at(index).expect("checked");
+        let raw_srq = srq_index.and_then(|i| self.srqs.at(i)).map(|s| &s.raw);
+        match sys::Qp::create(&e.raw, pd, &caps, slots, cqe, raw_srq) {
+            Ok((raw, granted)) => {
+                self.inbox.own(raw.key());
+                let recv_slots = if srq_index.is_some() { 0 } else { caps.max_recv_wr };
+                let e = self.ids.at_mut(index).expect("checked");
+                e.qp = Some(QpEntry::new(
+                    raw,
+                    WrPool::new(caps.max_send_wr, recv_slots),
+                    caps,
+                    srq_index,
+                ));
+                e.machine = next;
+                self.qps += 1;
+                // The device may grant more work requests than asked (providers round up), but
+                // the CQ and the buffer pool are sized for the request, which is therefore what
+                // may be outstanding; the other capabilities are the device's. A QP on an SRQ
+                // has no receive queue of its own: 0 receives.
+                Ok(QpCaps {
+                    max_send_wr: caps.max_send_wr,
+                    max_recv_wr: recv_slots,
+                    max_send_sge: granted.max_send_sge,
+                    max_recv_sge: granted.max_recv_sge,
+                    max_inline_data: granted.max_inline_data,
+                    max_message_size: caps.max_message_size,
+                })
+            }
+            Err(err) => {
+                self.release_pd(context, Some(index));
+                Err(os_error(call, err))
+            }
+        }
+    }
+
+    /// Deallocates the PD on `context` if no QP, region or SRQ uses it any more, with the id at
+    /// `witness` (on that device) proving the context is open, unless the PD holds the device
+    /// itself (it does once a region or an SRQ was made on it). A failure keeps the PD for a
+    /// later try.
+    fn release_pd(&mut self, context: sys::DeviceContext, witness: Option<u32>) {
         match self.pds.get(&context) {
             Some(pd) if pd.users() == 0 => {}
             _ => return,
         }
-        let (Some(pd), Some(w)) = (self.pds.remove(&context), self.ids.at(witness)) else {
+        let Some(pd) = self.pds.remove(&context) else {
             return;
         };
-        if let Err((pd, _)) = pd.dealloc(&w.raw) {
-            self.pds.insert(context, pd);
+        let w = witness.and_then(|i| self.ids.at(i)).map(|e| &e.raw);
+        match pd.dealloc(w) {
+            Ok(()) => self.inbox.leave(context),
+            Err((pd, _)) => {
+                self.pds.insert(context, pd);
+            }
         }
     }
 }
@@ -648,68 +849,7 @@ impl CmBackend for HwBackend {
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn create_qp(&mut self, id: IdHandle, caps: QpCaps) -> Result<QpCaps> {
-        let index = self.id_index(Call::CreateQp, id)?;
-        let e = self.ids.at(index).expect("checked");
-        let next = e.machine.create_qp()?;
-        let Some(context) = e.raw.verbs() else {
-            return Err(CmError::NoDevice { call: Call::CreateQp });
-        };
-        if e.qp.is_some() || e.raw.has_qp() {
-            return Err(CmError::QpExists);
-        }
-        let invalid = |reason| CmError::InvalidArgument {
-            call: Call::CreateQp,
-            reason,
-        };
-        // The simulator's checks, with its reasons; the limit on work requests is the device's.
-        let max_wr = match self.pds.get(&context).and_then(sys::Pd::max_qp_wr) {
-            Some(max_wr) => max_wr,
-            None => e.raw.max_qp_wr().map_err(|err| os_error(Call::CreateQp, err))?,
-        };
-        // Refuses a sum of the two queues past a u32 too, as the simulator does.
-        caps.check(max_wr, MAX_MESSAGE_SIZE)?;
-        let slots = caps.max_send_wr + caps.max_recv_wr;
-        let cqe = i32::try_from(slots).map_err(|_| invalid("too many work requests for one CQ"))?;
-        if u64::from(slots) * u64::from(caps.max_message_size) > MAX_QP_BUFFER_BYTES {
-            return Err(invalid(
-                "(max_send_wr + max_recv_wr) * max_message_size exceeds 1 GiB of registered buffers",
-            ));
-        }
-        let pd = match self.pds.entry(context) {
-            Entry::Occupied(pd) => pd.into_mut(),
-            Entry::Vacant(slot) => {
-                slot.insert(sys::Pd::alloc(&e.raw).map_err(|err| os_error(Call::CreateQp, err))?)
-            }
-        };
-        pd.remember_max_qp_wr(max_wr);
-        match sys::Qp::create(&e.raw, pd, &caps, slots, cqe) {
-            Ok((raw, granted)) => {
-                let e = self.ids.at_mut(index).expect("checked");
-                e.qp = Some(QpEntry {
-                    raw,
-                    pool: WrPool::new(caps.max_send_wr, caps.max_recv_wr),
-                    caps,
-                    early: Prefetched::default(),
-                });
-                e.machine = next;
-                self.qps += 1;
-                // The device may grant more work requests than asked (providers round up), but
-                // the CQ and the buffer pool are sized for the request, which is therefore what
-                // may be outstanding; the other capabilities are the device's.
-                Ok(QpCaps {
-                    max_send_wr: caps.max_send_wr,
-                    max_recv_wr: caps.max_recv_wr,
-                    max_send_sge: granted.max_send_sge,
-                    max_recv_sge: granted.max_recv_sge,
-                    max_inline_data: granted.max_inline_data,
-                    max_message_size: caps.max_message_size,
-                })
-            }
-            Err(err) => {
-                self.release_pd(context, index);
-                Err(os_error(Call::CreateQp, err))
-            }
-        }
+        self.create_qp_with(id, caps, None)
     }
 
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
@@ -722,36 +862,40 @@ impl CmBackend for HwBackend {
             // librdmacm would ignore the kernel's EBUSY and leak the QP and its CQ.
             return Err(CmError::QpInGroups { groups });
         }
-        let Some(QpEntry {
-            raw,
-            pool,
-            caps,
-            early,
-        }) = e.qp.take()
-        else {
+        let Some(mut q) = e.qp.take() else {
             return Err(CmError::NoQp {
                 call: Call::DestroyQp,
             });
         };
-        let context = raw.context();
-        let result = match raw.destroy(&e.raw) {
+        let context = q.raw.context();
+        let key = q.raw.key();
+        // Receives the QP took from its SRQ and nobody polled: their SRQ slots are freed (the
+        // ones still in the CQ once the QP is gone come to `leftover`).
+        let mut srq = q.srq.and_then(|i| self.srqs.at_mut(i));
+        let mut free_srq_slot = |c: &sys::RawCompletion| {
+            if let (Some(slot), Some(srq)) = (crate::onesided::srq_slot(c.wr_id), srq.as_mut()) {
+                srq.pool.complete(slot);
+            }
+        };
+        let mut early = Vec::new();
+        q.early.hand_out(usize::MAX, &mut early);
+        early.iter().for_each(&mut free_srq_slot);
+        let QpEntry { raw, .. } = q;
+        let result = match raw.destroy_then(&e.raw, free_srq_slot) {
             Ok(_pd) => Ok(()),
             Err((Some(raw), errno)) => {
-                // Not attached to this id (cannot happen): keep everything as it was.
-                e.qp = Some(QpEntry {
-                    raw,
-                    pool,
-                    caps,
-                    early,
-                });
+                // Not attached to this id (cannot happen): keep the QP (what was prefetched of
+                // its SRQ's receives is lost with the slots, which stay held).
+                e.qp = Some(QpEntry { raw, ..q });
                 return Err(os_error(Call::DestroyQp, errno));
             }
             // The QP is gone; its CQ or buffers could not be released and were leaked.
             Err((None, errno)) => Err(os_error(Call::DestroyQp, errno)),
         };
+        self.inbox.disown(key);
         e.machine = next;
         self.qps -= 1;
-        self.release_pd(context, index);
+        self.release_pd(context, Some(index));
         result
     }
 
@@ -1142,7 +1286,87 @@ impl CmBackend for HwBackend {
             unacked_events: self.events.len(),
             // librdmacm offers no way to count queued events without retrieving them.
             queued_events: 0,
+            mrs: self.mrs.len(),
+            srqs: self.srqs.len(),
         }
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn reg_mr(&mut self, id: IdHandle, len: usize, access: Access) -> Result<MrHandle> {
+        self.reg_mr_checked(id, len, access)
+    }
+
+    fn mr_info(&self, mr: MrHandle) -> Result<MrInfo> {
+        let r = &self.mrs.at(self.mr_index(Call::RegMr, mr)?).expect("checked").raw;
+        Ok(MrInfo {
+            addr: r.addr(),
+            len: r.len(),
+            lkey: r.lkey(),
+            rkey: r.rkey(),
+            access: r.access(),
+        })
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
+        self.dereg_mr_checked(mr)
+    }
+
+    fn read_mr(&self, mr: MrHandle, offset: u64, out: &mut [u8]) -> Result<()> {
+        let call = Call::ReadMr;
+        let r = &self.mrs.at(self.mr_index(call, mr)?).expect("checked").raw;
+        cm_core::check_range(call, offset, out.len(), r.len())?;
+        r.read(offset, out).map_err(|err| os_error(call, err))
+    }
+
+    fn write_mr(&mut self, mr: MrHandle, offset: u64, data: &[u8]) -> Result<()> {
+        let call = Call::WriteMr;
+        let index = self.mr_index(call, mr)?;
+        let r = &mut self.mrs.at_mut(index).expect("checked").raw;
+        cm_core::check_range(call, offset, data.len(), r.len())?;
+        r.write(offset, data).map_err(|err| os_error(call, err))
+    }
+
+    // The list is left out of the record (it may be long); the request's shape is in.
+    #[cfg_attr(
+        feature = "tracing",
+        tracing::instrument(level = "debug", skip(self, wr), fields(wr_id = wr.wr_id, op = wr.op.name(), len = wr.len()), ret)
+    )]
+    fn post_send_wr(&mut self, id: IdHandle, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_wr_checked(id, wr)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn create_srq(&mut self, id: IdHandle, caps: SrqCaps) -> Result<SrqHandle> {
+        self.create_srq_checked(id, caps)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn destroy_srq(&mut self, srq: SrqHandle) -> Result<()> {
+        self.destroy_srq_checked(srq)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn post_srq_recv(&mut self, srq: SrqHandle, wr_id: u64, len: u32) -> Result<()> {
+        self.post_srq_recv_checked(srq, wr_id, len)
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<()> {
+        let call = Call::ModifySrq;
+        let s = self.srqs.at(self.srq_index(call, srq)?).expect("checked");
+        cm_core::check_srq_limit(limit, s.caps.max_wr)?;
+        s.raw.arm_limit(limit).map_err(|err| os_error(call, err))
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn create_qp_on_srq(&mut self, id: IdHandle, caps: QpCaps, srq: SrqHandle) -> Result<QpCaps> {
+        self.create_qp_with(id, caps, Some(srq))
+    }
+
+    #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
+    fn get_async_event(&mut self, timeout: Duration) -> Result<Option<AsyncEvent>> {
+        self.get_async_event_checked(timeout)
     }
 }
 
@@ -1156,18 +1380,33 @@ impl Drop for HwBackend {
         for index in self.ids.indices() {
             let e = self.ids.at_mut(index).expect("listed");
             if let Some(q) = e.qp.take() {
+                self.inbox.disown(q.raw.key());
                 let _ = q.raw.destroy(&e.raw);
                 self.qps -= 1;
             }
         }
-        // 3. Protection domains, each while an id keeps its device context open; one without
-        //    such an id (or still busy) is leaked rather than freed on a closed context.
-        for (context, pd) in std::mem::take(&mut self.pds) {
-            if let Some(w) = self.ids.values().find(|e| e.raw.verbs() == Some(context)) {
-                let _ = pd.dealloc(&w.raw);
+        // 3. SRQs, now that no QP takes from them (one the device refuses leaks), then memory
+        //    regions: each keeps its PD's device context open, whatever became of the ids.
+        for index in self.srqs.indices() {
+            if let Some(s) = self.srqs.take(index) {
+                let key = s.raw.key();
+                let _ = s.raw.destroy();
+                self.inbox.disown(key);
             }
         }
-        // 4. Ids, child ids first. One librdmacm refuses is left to it.
+        for index in self.mrs.indices() {
+            if let Some(r) = self.mrs.take(index) {
+                let _ = r.raw.dereg();
+            }
+        }
+        // 4. Protection domains, each while its context is known to be open (the PD holds the
+        //    device, or an id keeps it open); one with neither (or still busy) is leaked rather
+        //    than freed on a closed context.
+        for (context, pd) in std::mem::take(&mut self.pds) {
+            let w = self.ids.values().find(|e| e.raw.verbs() == Some(context));
+            let _ = pd.dealloc(w.map(|e| &e.raw));
+        }
+        // 5. Ids, child ids first. One librdmacm refuses is left to it.
         let mut order = self.ids.indices();
         order.sort_by_key(|&i| self.ids.at(i).is_some_and(|e| e.machine.role() != Role::Passive));
         for index in order {
@@ -1176,7 +1415,7 @@ impl Drop for HwBackend {
             }
         }
         self.by_addr.clear();
-        // 5. Channels.
+        // 6. Channels.
         for index in self.channels.indices() {
             if let Some(c) = self.channels.take(index) {
                 let _ = c.raw.destroy();

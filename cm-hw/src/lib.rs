@@ -75,6 +75,7 @@
 mod backend;
 mod convert;
 mod guard;
+mod onesided;
 mod pool;
 #[allow(unsafe_code)]
 mod sys;
@@ -82,7 +83,7 @@ mod sys;
 #[cfg(feature = "differential")]
 #[doc(hidden)]
 pub use backend::differential::{RawCall, RawOutcome};
-pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_QP_BUFFER_BYTES};
+pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_MR_SIZE, MAX_QP_BUFFER_BYTES};
 /// rdma-core's C API (the `rdma-sys` bindings this crate is built on), for the types of
 /// [`RawId`]: an application that drives its own QPs calls verbs through it or another crate.
 pub use rdma_sys as ffi;

@@ -68,7 +68,10 @@ mod tests {
         RawCompletion {
             wr_id,
             status: status as u32,
+            opcode: 0,
             byte_len: 0,
+            wc_flags: 0,
+            imm_data: 0,
             sender: None,
         }
     }
@@ -94,10 +97,8 @@ mod tests {
     fn a_status_verbs_does_not_name_counts_as_an_error() {
         let mut early = Prefetched::default();
         let unknown = RawCompletion {
-            wr_id: 0,
             status: 999,
-            byte_len: 0,
-            sender: None,
+            ..raw(0, WcStatus::Success)
         };
         assert!(early.keep(&[unknown]));
     }

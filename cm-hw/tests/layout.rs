@@ -36,7 +36,7 @@ macro_rules! fields {
 /// The offset of C field `$cf` (possibly nested, or a member of an anonymous union) against a
 /// Rust expression.
 macro_rules! off {
-    ($out:ident, $c:literal, $cf:literal, $rust:expr) => {
+    ($out:ident, $c:literal, $cf:expr, $rust:expr) => {
         $out.push((format!("offsetof({}, {})", $c, $cf), ($rust) as i64));
     };
 }
@@ -175,6 +175,25 @@ fn checks() -> Vec<Check> {
         "wr.rdma.rkey",
         offset_of!(ibv_send_wr, wr) + offset_of!(rdma_t, rkey)
     );
+    off!(
+        v,
+        "struct ibv_send_wr",
+        "wr.rdma.remote_addr",
+        offset_of!(ibv_send_wr, wr) + offset_of!(rdma_t, remote_addr)
+    );
+    for (c, rust) in [
+        ("remote_addr", offset_of!(atomic_t, remote_addr)),
+        ("compare_add", offset_of!(atomic_t, compare_add)),
+        ("swap", offset_of!(atomic_t, swap)),
+        ("rkey", offset_of!(atomic_t, rkey)),
+    ] {
+        off!(
+            v,
+            "struct ibv_send_wr",
+            format!("wr.atomic.{c}"),
+            offset_of!(ibv_send_wr, wr) + rust
+        );
+    }
     v.push((
         "sizeof(((struct ibv_send_wr *)0)->wr)".into(),
         size_of::<wr_t>() as i64,
@@ -199,9 +218,47 @@ fn checks() -> Vec<Check> {
         "max_qp_wr",
         offset_of!(ibv_device_attr, max_qp_wr)
     );
+    off!(
+        v,
+        "struct ibv_device_attr",
+        "max_srq_wr",
+        offset_of!(ibv_device_attr, max_srq_wr)
+    );
+    off!(
+        v,
+        "struct ibv_device_attr",
+        "max_srq_sge",
+        offset_of!(ibv_device_attr, max_srq_sge)
+    );
+    // ---- verbs: one-sided work, SRQs, asynchronous events
+    layout!(v, "struct ibv_qp_attr", ibv_qp_attr);
+    off!(
+        v,
+        "struct ibv_qp_attr",
+        "max_rd_atomic",
+        offset_of!(ibv_qp_attr, max_rd_atomic)
+    );
+    fields!(v, "struct ibv_srq_attr", ibv_srq_attr; max_wr, max_sge, srq_limit);
+    fields!(v, "struct ibv_srq_init_attr", ibv_srq_init_attr; srq_context, attr);
+    fields!(v, "struct ibv_srq", ibv_srq; context, srq_context, pd, handle, events_completed);
+    // The backend reads events into a struct of its own with the type as a plain u32 (see
+    // sys/async_event.rs); it must have the C struct's layout, which rdma-sys' has.
+    fields!(v, "struct ibv_async_event", ibv_async_event; element, event_type);
+    val!(
+        v,
+        "sizeof(((struct ibv_async_event *)0)->event_type)",
+        size_of::<u32>()
+    );
+    val!(v, "IBV_SRQ_LIMIT", ibv_srq_attr_mask::IBV_SRQ_LIMIT.0);
+    val!(
+        v,
+        "IBV_QP_MAX_QP_RD_ATOMIC",
+        ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC.0
+    );
+    val!(v, "IBV_EVENT_SRQ_LIMIT_REACHED", 15);
     // rdma-sys' ibv_post_send / ibv_post_recv / ibv_poll_cq go through these function pointers.
     fields!(v, "struct ibv_context", ibv_context; device, ops, cmd_fd, async_fd, num_comp_vectors);
-    fields!(v, "struct ibv_context_ops", ibv_context_ops; poll_cq, req_notify_cq, post_send, post_recv);
+    fields!(v, "struct ibv_context_ops", ibv_context_ops; poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv);
 
     // ---- sockets (libc's declarations, used through rdma_addr and for bind/resolve)
     fields!(v, "struct sockaddr_in", libc::sockaddr_in; sin_family, sin_port, sin_addr, sin_zero);
@@ -260,10 +317,46 @@ fn checks() -> Vec<Check> {
         val!(v, name, st.raw());
     }
     val!(v, "IBV_WC_WR_FLUSH_ERR", ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
-    val!(v, "IBV_WC_SEND", WcOpcode::Send as u32);
-    val!(v, "IBV_WC_RECV", WcOpcode::Recv as u32);
-    val!(v, "IBV_WR_SEND", ibv_wr_opcode::IBV_WR_SEND);
+    for op in WcOpcode::ALL {
+        val!(v, op.name(), op.raw());
+    }
+    val!(
+        v,
+        "IBV_WC_RECV_RDMA_WITH_IMM",
+        ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
+    );
+    val!(v, "IBV_WC_WITH_IMM", ibv_wc_flags::IBV_WC_WITH_IMM.0);
+    for (name, op) in [
+        ("IBV_WR_SEND", ibv_wr_opcode::IBV_WR_SEND),
+        ("IBV_WR_SEND_WITH_IMM", ibv_wr_opcode::IBV_WR_SEND_WITH_IMM),
+        ("IBV_WR_RDMA_WRITE", ibv_wr_opcode::IBV_WR_RDMA_WRITE),
+        (
+            "IBV_WR_RDMA_WRITE_WITH_IMM",
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+        ),
+        ("IBV_WR_RDMA_READ", ibv_wr_opcode::IBV_WR_RDMA_READ),
+        (
+            "IBV_WR_ATOMIC_CMP_AND_SWP",
+            ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
+        ),
+        (
+            "IBV_WR_ATOMIC_FETCH_AND_ADD",
+            ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
+        ),
+    ] {
+        val!(v, name, op);
+    }
     val!(v, "IBV_SEND_SIGNALED", ibv_send_flags::IBV_SEND_SIGNALED.0);
+    val!(v, "IBV_SEND_FENCE", ibv_send_flags::IBV_SEND_FENCE.0);
+    // cm-core's Access carries verbs' bits.
+    for (name, access) in [
+        ("IBV_ACCESS_LOCAL_WRITE", cm_core::Access::LOCAL_WRITE),
+        ("IBV_ACCESS_REMOTE_WRITE", cm_core::Access::REMOTE_WRITE),
+        ("IBV_ACCESS_REMOTE_READ", cm_core::Access::REMOTE_READ),
+        ("IBV_ACCESS_REMOTE_ATOMIC", cm_core::Access::REMOTE_ATOMIC),
+    ] {
+        val!(v, name, access.bits());
+    }
     val!(
         v,
         "IBV_ACCESS_LOCAL_WRITE",

@@ -41,7 +41,8 @@ pub struct SimConfig {
     pub cm_retries: u32,
     /// The receiver-not-ready timer: how long a send waits between two tries when the
     /// receiver has no receive posted (librdmacm leaves the minimum RNR timer at 0, which the
-    /// IB spec reads as 655.36 ms). Only matters under [`Fault::RnrRetries`](crate::Fault::RnrRetries).
+    /// IB spec reads as 655.36 ms). Only matters on connections whose peer asked for fewer than 7
+    /// RNR retries, and under [`Fault::RnrRetries`](crate::Fault::RnrRetries).
     pub rnr_timer: Duration,
     /// `net.rdma_ucm.max_backlog`: the backlog used when `rdma_listen` gets 0 or less, and its cap.
     pub max_backlog: u32,
@@ -58,6 +59,16 @@ pub struct SimConfig {
     pub max_sge: u32,
     /// The most bytes a QP may ask to send inline (rxe: 400).
     pub max_inline_data: u32,
+    /// The device's `max_mr_size`: the longest region `reg_mr` registers (rxe reports 2^64 - 1;
+    /// the default, 1 GiB, keeps a mistaken length from allocating the machine's memory).
+    pub max_mr_size: u64,
+    /// The port's `max_msg_sz` (rxe: 8 MiB). Reported only, as on rxe, which does not enforce
+    /// it: longer READs, WRITEs and SENDs are carried whole.
+    pub max_msg_sz: u32,
+    /// The device's `max_srq_wr`: the most receives a shared receive queue may hold (rxe: 2^20).
+    pub max_srq_wr: u32,
+    /// The device's `max_srq_sge`: scatter/gather entries per SRQ receive (rxe: 27).
+    pub max_srq_sge: u32,
     /// The QP's local ACK timeout: a send the peer never acknowledges (crashed, partitioned,
     /// gone) is sent again after it, `retry_count` times (from [`ConnParam`](cm_core::ConnParam)),
     /// then completes with `RETRY_EXC_ERR`. Default 4.096 us x 2^19 = 2.1 s: RoCE's packet
@@ -152,6 +163,12 @@ impl SimConfig {
         if self.max_qp_wr == 0 || self.max_message_size == 0 || self.max_sge == 0 {
             return bad(
                 "max_qp_wr / max_message_size / max_sge",
+                "a device allows at least 1",
+            );
+        }
+        if self.max_mr_size == 0 || self.max_srq_wr == 0 || self.max_srq_sge == 0 {
+            return bad(
+                "max_mr_size / max_srq_wr / max_srq_sge",
                 "a device allows at least 1",
             );
         }
@@ -262,6 +279,11 @@ impl Default for SimConfig {
             max_message_size: 1 << 20,
             max_sge: 32,
             max_inline_data: 400,
+            max_mr_size: 1 << 30,
+            // rxe's RXE_PORT_MAX_MSG_SZ, RXE_MAX_SRQ_WR and RXE_MAX_SRQ_SGE.
+            max_msg_sz: 1 << 23,
+            max_srq_wr: 1 << 20,
+            max_srq_sge: 27,
             ack_timeout: Duration::from_nanos(4_096 << 19),
             trace: TraceMode::Full,
         }
@@ -525,6 +547,20 @@ impl SimBuilder {
         self
     }
 
+    /// The longest memory region `reg_mr` registers (at least 1; 1 GiB by default).
+    pub fn max_mr_size(mut self, bytes: u64) -> Self {
+        self.config.max_mr_size = bytes;
+        self
+    }
+
+    /// The QPs' local ACK timeout: how long a request nobody acknowledges waits before it is
+    /// sent again (see [`SimConfig::ack_timeout`]). Small values make a test's transport
+    /// retries short.
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.config.ack_timeout = timeout;
+        self
+    }
+
     /// How much of the trace is kept.
     pub fn trace(mut self, mode: TraceMode) -> Self {
         self.config.trace = mode;
@@ -735,6 +771,11 @@ mod tests {
         );
         assert!(field(with(|c| c.max_qp_wr = 0)).contains("max_qp_wr"));
         assert!(field(with(|c| c.max_sge = 0)).contains("max_sge"));
+        assert!(field(with(|c| c.max_mr_size = 0)).contains("max_mr_size"));
+        assert!(field(with(|c| c.max_srq_wr = 0)).contains("max_srq_wr"));
+        assert!(field(with(|c| c.max_srq_sge = 0)).contains("max_srq_sge"));
+        let setter = refusal(SimBuilder::new().host("10.0.0.1").max_mr_size(0));
+        assert!(field(setter).contains("max_mr_size"));
         let setter = refusal(SimBuilder::new().host("10.0.0.1").max_backlog(0));
         assert_eq!(field(setter), "max_backlog");
         for t in [

@@ -116,8 +116,9 @@ pub enum Fault {
         /// The cap.
         backlog: u32,
     },
-    /// QPs on the host give up a send after `retries` receiver-not-ready retries (7 = never,
-    /// the IB meaning of 7).
+    /// QPs on the host give up a send after `retries` receiver-not-ready retries, `retries`
+    /// RNR timers after it found no receive, whatever their connections agreed (7 ends the
+    /// fault: each QP's own count applies again, the one its peer's REQ or REP carried).
     RnrRetries {
         /// The host.
         host: u16,
@@ -518,10 +519,19 @@ pub struct FaultStats {
     pub transport_retries_exceeded: u64,
     /// Messages longer than the receive buffer (`LOC_LEN_ERR`).
     pub length_errors: u64,
+    /// One-sided requests (and RDMA WRITEs with immediate) a responder refused for their
+    /// remote key, range or the region's access (`REM_ACCESS_ERR` at the requester).
+    pub remote_access_errors: u64,
+    /// Times a QP sent its unanswered one-sided requests again after a local ACK timeout (a
+    /// request or its answer lost, the responder gone or not ready).
+    pub onesided_retries: u64,
+    /// One-sided requests that gave up after the transport retries (`RETRY_EXC_ERR`).
+    pub onesided_retries_exceeded: u64,
 }
 
 impl FaultStats {
-    /// Every path with its count.
+    /// Every path of the connection-management model with its count (the one-sided paths are
+    /// [`rdma_paths`](Self::rdma_paths): only runs that post work over regions reach them).
     pub fn paths(&self) -> [(&'static str, u64); 21] {
         [
             ("messages_lost", self.messages_lost),
@@ -545,6 +555,15 @@ impl FaultStats {
             ("rnr_retries_exceeded", self.rnr_retries_exceeded),
             ("transport_retries_exceeded", self.transport_retries_exceeded),
             ("length_errors", self.length_errors),
+        ]
+    }
+
+    /// The one-sided paths with their counts.
+    pub fn rdma_paths(&self) -> [(&'static str, u64); 3] {
+        [
+            ("remote_access_errors", self.remote_access_errors),
+            ("onesided_retries", self.onesided_retries),
+            ("onesided_retries_exceeded", self.onesided_retries_exceeded),
         ]
     }
 }

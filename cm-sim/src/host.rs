@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_core::{
-    ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption, LiveResources, PortSpace,
-    QpAttr, QpCaps, QpState, Result, UdParam, WorkCompletion,
+    Access, AsyncEvent, ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption,
+    LiveResources, MrHandle, MrInfo, PortSpace, QpAttr, QpCaps, QpState, Result, SendWr, SrqCaps, SrqHandle,
+    UdParam, WorkCompletion,
 };
 
-use crate::fabric::SimFabric;
+use crate::fabric::{RegionMemory, SimFabric};
 
 /// The backend for one simulated host: like one process on one machine using librdmacm.
 ///
@@ -49,6 +50,29 @@ impl SimHost {
     /// The host's first address (where unbound ids resolve from).
     pub fn addr(&self) -> std::net::IpAddr {
         self.fabric.host_addrs(self.index())[0]
+    }
+
+    /// [`reg_mr`](CmBackend::reg_mr) of bytes that live elsewhere: `memory` is registered on
+    /// the protection domain of the id's device with `access`, as the region the simulator
+    /// reads and writes for local work requests and for peers' one-sided operations. Its length
+    /// is `memory.len()`, read once here. The C drop-in registers programs' own memory through
+    /// this; a test can register a region that records what was done to it.
+    ///
+    /// # Errors
+    /// As [`reg_mr`](CmBackend::reg_mr)'s: [`CmError::NoDevice`](cm_core::CmError::NoDevice)
+    /// before the id is bound to a device, [`CmError::InvalidArgument`](cm_core::CmError::InvalidArgument)
+    /// for flags [`Access::check`] refuses or a length of 0 or above the configuration's
+    /// `max_mr_size`.
+    pub fn reg_mr_with(
+        &mut self,
+        id: IdHandle,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+    ) -> Result<MrHandle> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .reg_mr_with(self.host, id, memory, access)
     }
 }
 
@@ -217,6 +241,72 @@ impl CmBackend for SimHost {
             .inner()
             .borrow_mut()
             .leave_multicast(self.host, id, group)
+    }
+
+    fn reg_mr(&mut self, id: IdHandle, len: usize, access: Access) -> Result<MrHandle> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .reg_mr(self.host, id, len, access)
+    }
+
+    fn mr_info(&self, mr: MrHandle) -> Result<MrInfo> {
+        self.fabric.inner().borrow().mr_info(self.host, mr)
+    }
+
+    fn dereg_mr(&mut self, mr: MrHandle) -> Result<()> {
+        self.fabric.inner().borrow_mut().dereg_mr(self.host, mr)
+    }
+
+    fn read_mr(&self, mr: MrHandle, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.fabric.inner().borrow().read_mr(self.host, mr, offset, out)
+    }
+
+    fn write_mr(&mut self, mr: MrHandle, offset: u64, data: &[u8]) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .write_mr(self.host, mr, offset, data)
+    }
+
+    fn post_send_wr(&mut self, id: IdHandle, wr: &SendWr<'_>) -> Result<()> {
+        self.fabric.inner().borrow_mut().post_send_wr(self.host, id, wr)
+    }
+
+    fn create_srq(&mut self, id: IdHandle, caps: SrqCaps) -> Result<SrqHandle> {
+        self.fabric.inner().borrow_mut().create_srq(self.host, id, caps)
+    }
+
+    fn destroy_srq(&mut self, srq: SrqHandle) -> Result<()> {
+        self.fabric.inner().borrow_mut().destroy_srq(self.host, srq)
+    }
+
+    fn post_srq_recv(&mut self, srq: SrqHandle, wr_id: u64, len: u32) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .post_srq_recv(self.host, srq, wr_id, len)
+    }
+
+    fn arm_srq_limit(&mut self, srq: SrqHandle, limit: u32) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .arm_srq_limit(self.host, srq, limit)
+    }
+
+    fn create_qp_on_srq(&mut self, id: IdHandle, caps: QpCaps, srq: SrqHandle) -> Result<QpCaps> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .create_qp_on_srq(self.host, id, caps, srq)
+    }
+
+    fn get_async_event(&mut self, timeout: Duration) -> Result<Option<AsyncEvent>> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .get_async_event(self.host, timeout)
     }
 
     fn id_machine(&self, id: IdHandle) -> Result<IdMachine> {

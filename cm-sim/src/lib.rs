@@ -84,6 +84,7 @@ mod host;
 mod mermaid;
 mod ports;
 mod qp;
+mod rdma;
 mod sched;
 mod slab;
 mod time;
@@ -91,11 +92,11 @@ mod timers;
 mod trace;
 
 pub use builder::{parse_seed, ConfigError, HostAddr, Seed, SeedSource, SimBuilder, SimConfig, SEED_ENV};
-pub use fabric::{SimFabric, Step};
+pub use fabric::{RegionMemory, SimFabric, Step};
 pub use faults::{Fault, FaultAt, FaultSchedule, FaultStats, Swarm};
 pub use host::SimHost;
 pub use time::SimTime;
-pub use trace::{MsgKind, TraceMode, TraceRecord, TraceWhat};
+pub use trace::{MsgKind, RdmaOp, RdmaStep, TraceMode, TraceRecord, TraceWhat};
 
 /// The README's examples, compiled and run as doc tests so they stay true.
 #[doc = include_str!("../README.md")]

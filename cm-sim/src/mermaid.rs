@@ -1,5 +1,6 @@
 //! The trace as a Mermaid sequence diagram: one participant per host, an arrow per CM message
-//! (a cross for a lost one), a note per event and per fault, with virtual times.
+//! and per one-sided request sent (a cross for a lost one), a note per event, per fault and per
+//! other step of a one-sided request, with virtual times.
 //!
 //! Paste the text into any Mermaid renderer (GitHub renders ```` ```mermaid ```` blocks) to see
 //! who sent what and when.
@@ -7,7 +8,7 @@
 use std::fmt::Write;
 use std::net::IpAddr;
 
-use crate::trace::{TraceRecord, TraceWhat};
+use crate::trace::{RdmaStep, TraceRecord, TraceWhat};
 
 /// Renders `records` of a fabric whose hosts have the first addresses `hosts`.
 pub(crate) fn render(records: &[TraceRecord], hosts: &[IpAddr]) -> String {
@@ -49,6 +50,27 @@ pub(crate) fn render(records: &[TraceRecord], hosts: &[IpAddr]) -> String {
                 )
             }
             TraceWhat::Fault(kind) => writeln!(out, "    Note over h{}: fault: {kind} (t={t:.3} ms)", r.host),
+            TraceWhat::Rdma {
+                op,
+                step: step @ (RdmaStep::Sent | RdmaStep::Lost),
+                peer,
+            } => writeln!(
+                out,
+                "    h{}{}h{peer}: {} {} (t={t:.3} ms)",
+                r.host,
+                if step == RdmaStep::Sent { "->>" } else { "-x" },
+                op.name(),
+                id(r)
+            ),
+            TraceWhat::Rdma { op, step, .. } => writeln!(
+                out,
+                "    Note over h{}: {} {} {} status={} (t={t:.3} ms)",
+                r.host,
+                id(r),
+                op.name(),
+                step.name(),
+                r.status
+            ),
         };
     }
     out
@@ -101,7 +123,33 @@ mod tests {
                 status: 0,
             },
         ];
+        let rdma = |host, step| TraceRecord {
+            time: at(5_000),
+            host,
+            id: 3,
+            what: TraceWhat::Rdma {
+                op: crate::trace::RdmaOp::Read,
+                step,
+                peer: 1 - host,
+            },
+            status: 0,
+        };
         let text = render(&records, &hosts);
+        let one_sided = render(
+            &[
+                rdma(1, RdmaStep::Sent),
+                rdma(0, RdmaStep::Lost),
+                rdma(1, RdmaStep::Completed),
+            ],
+            &hosts,
+        );
+        assert!(
+            one_sided.ends_with(
+                "    h1->>h0: RDMA_READ id#3 (t=0.005 ms)\n    h0-xh1: RDMA_READ id#3 (t=0.005 ms)\n    \
+                 Note over h1: id#3 RDMA_READ completed status=0 (t=0.005 ms)\n"
+            ),
+            "{one_sided}"
+        );
         assert_eq!(
             text,
             "sequenceDiagram\n    participant h0 as 10.0.0.1\n    participant h1 as 10.0.0.2\n    \

@@ -1,5 +1,5 @@
-//! The run's trace: one record per CM event generated and per CM message sent, and a stable
-//! hash of it.
+//! The run's trace: one record per CM event generated, per CM message sent and per step of a
+//! work request over memory regions (only in runs that post one), and a stable hash of it.
 //!
 //! The hash is FNV-1a over a fixed binary encoding of each record, so it depends on nothing but
 //! the run (not on formatting, platform or crate versions). Keeping the records themselves is
@@ -8,7 +8,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use cm_core::CmEventType;
+use cm_core::{CmEventType, SendOp};
 
 use crate::time::SimTime;
 
@@ -72,6 +72,108 @@ impl MsgKind {
     }
 }
 
+/// A work request over memory regions (`post_send_wr`), as the trace names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RdmaOp {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendWithImm,
+    /// `IBV_WR_RDMA_WRITE`.
+    Write,
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    WriteWithImm,
+    /// `IBV_WR_RDMA_READ`.
+    Read,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    CompareSwap,
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd,
+}
+
+impl RdmaOp {
+    /// Every operation, in the order of their codes.
+    pub const ALL: [RdmaOp; 7] = [
+        RdmaOp::Send,
+        RdmaOp::SendWithImm,
+        RdmaOp::Write,
+        RdmaOp::WriteWithImm,
+        RdmaOp::Read,
+        RdmaOp::CompareSwap,
+        RdmaOp::FetchAdd,
+    ];
+
+    /// The operation of `op`.
+    pub const fn of(op: &SendOp) -> RdmaOp {
+        match op {
+            SendOp::Send { imm: None } => RdmaOp::Send,
+            SendOp::Send { imm: Some(_) } => RdmaOp::SendWithImm,
+            SendOp::Write { imm: None, .. } => RdmaOp::Write,
+            SendOp::Write { imm: Some(_), .. } => RdmaOp::WriteWithImm,
+            SendOp::Read { .. } => RdmaOp::Read,
+            SendOp::CompareSwap { .. } => RdmaOp::CompareSwap,
+            SendOp::FetchAdd { .. } => RdmaOp::FetchAdd,
+        }
+    }
+
+    /// verbs' name without its `IBV_WR_` prefix.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RdmaOp::Send => "SEND",
+            RdmaOp::SendWithImm => "SEND_WITH_IMM",
+            RdmaOp::Write => "RDMA_WRITE",
+            RdmaOp::WriteWithImm => "RDMA_WRITE_WITH_IMM",
+            RdmaOp::Read => "RDMA_READ",
+            RdmaOp::CompareSwap => "ATOMIC_CMP_AND_SWP",
+            RdmaOp::FetchAdd => "ATOMIC_FETCH_AND_ADD",
+        }
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Which step of a work request over memory regions a record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RdmaStep {
+    /// The request left the requester (`id`, on `host`) for the peer's host, first or again
+    /// after a timeout. A SEND or WRITE with immediate leaves when it lands.
+    Sent,
+    /// The request (recorded on the requester's host) or its answer (on the responder's) was
+    /// lost on the link to the peer's host: partitioned, lossy, a host down.
+    Lost,
+    /// The responder (`id`, on `host`) dropped the request without an answer: its QP is not
+    /// ready or gone, or the request is past one that was lost.
+    Dropped,
+    /// The responder executed the request (`status` 0) or refused it (`status`: the
+    /// requester's `WcStatus` number).
+    Executed,
+    /// The responder answered a request sent again with the answer it gave the first time.
+    Replayed,
+    /// The request completed at the requester with `status`, a `WcStatus` number (flushes are
+    /// not recorded, as no flush is).
+    Completed,
+}
+
+impl RdmaStep {
+    /// A short name for trace lines.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RdmaStep::Sent => "sent",
+            RdmaStep::Lost => "lost",
+            RdmaStep::Dropped => "dropped",
+            RdmaStep::Executed => "executed",
+            RdmaStep::Replayed => "replayed",
+            RdmaStep::Completed => "completed",
+        }
+    }
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+}
+
 /// What a record is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TraceWhat {
@@ -93,6 +195,16 @@ pub enum TraceWhat {
     },
     /// A fault struck the host (`id` is `u32::MAX`); the name is [`Fault::kind`](crate::Fault::kind).
     Fault(&'static str),
+    /// A step of a work request over memory regions; `peer` is the index of the other host
+    /// (the responder's for the requester's steps, the requester's for the responder's).
+    Rdma {
+        /// The operation.
+        op: RdmaOp,
+        /// The step.
+        step: RdmaStep,
+        /// Index of the other host.
+        peer: u16,
+    },
 }
 
 /// One line of the trace.
@@ -138,6 +250,11 @@ impl TraceRecord {
                 b[14] = 3;
                 // The kind's bytes fold into the hash through a small stable digest.
                 b[16..18].copy_from_slice(&fault_digest(kind).to_le_bytes());
+            }
+            TraceWhat::Rdma { op, step, peer } => {
+                b[14] = 4;
+                b[15] = rdma_code(op, step);
+                b[16..18].copy_from_slice(&peer.to_le_bytes());
             }
         }
         b[18..22].copy_from_slice(&self.status.to_le_bytes());
@@ -194,6 +311,7 @@ impl TraceRecord {
             TraceWhat::Sent { msg, to } => (1, msg.code(), to),
             TraceWhat::Lost { msg, to } => (2, msg.code(), to),
             TraceWhat::Fault(kind) => (3, 0, fault_digest(kind)),
+            TraceWhat::Rdma { op, step, peer } => (4, rdma_code(op, step), peer),
         };
         h = fnv_le(h, u64::from(tag) | (u64::from(code) << 8), 2);
         // Bytes 16..24: `to`, the status and two bytes of padding.
@@ -204,6 +322,11 @@ impl TraceRecord {
             fnv_le(h, tail, 6).wrapping_mul(fnv_prime_pow(2))
         }
     }
+}
+
+/// A one-sided record's operation and step in one byte of the encoding.
+fn rdma_code(op: RdmaOp, step: RdmaStep) -> u8 {
+    op.code() | (step.code() << 4)
 }
 
 /// A fault kind's bytes folded into 16 bits for the encoding.
@@ -245,6 +368,23 @@ impl fmt::Display for TraceLine<'_> {
                 host_of(to)
             ),
             TraceWhat::Fault(kind) => write!(f, "{} {} fault {}", r.time, host, kind),
+            TraceWhat::Rdma { op, step, peer } => {
+                let dir = match step {
+                    RdmaStep::Sent | RdmaStep::Lost => "to",
+                    RdmaStep::Completed => "with",
+                    _ => "from",
+                };
+                write!(
+                    f,
+                    "{} {} id#{id} {} {} {dir} {} status={}",
+                    r.time,
+                    host,
+                    op.name(),
+                    step.name(),
+                    host_of(peer),
+                    r.status
+                )
+            }
             TraceWhat::Sent { msg, to } => {
                 let to = self
                     .hosts
@@ -373,6 +513,21 @@ mod tests {
                 to: 1,
             },
             TraceWhat::Fault("crash"),
+            TraceWhat::Rdma {
+                op: RdmaOp::Read,
+                step: RdmaStep::Sent,
+                peer: 1,
+            },
+            TraceWhat::Rdma {
+                op: RdmaOp::FetchAdd,
+                step: RdmaStep::Completed,
+                peer: 0x0201,
+            },
+            TraceWhat::Rdma {
+                op: RdmaOp::Send,
+                step: RdmaStep::Executed,
+                peer: 0,
+            },
         ];
         let mut h = FNV_OFFSET;
         for &time in &times {
@@ -418,6 +573,64 @@ mod tests {
         assert_eq!(
             Trace::line(&s, &hosts).to_string(),
             "0.000000000 10.0.0.1 id#1 sent REJ to 10.0.0.2 reason=28"
+        );
+        let rdma = |step, status| TraceRecord {
+            time: SimTime::from_nanos(2_000),
+            host: 0,
+            id: 4,
+            what: TraceWhat::Rdma {
+                op: RdmaOp::WriteWithImm,
+                step,
+                peer: 1,
+            },
+            status,
+        };
+        let lines: Vec<String> = [
+            rdma(RdmaStep::Sent, 0),
+            rdma(RdmaStep::Executed, 10),
+            rdma(RdmaStep::Completed, 12),
+        ]
+        .iter()
+        .map(|r| Trace::line(r, &hosts).to_string())
+        .collect();
+        assert_eq!(
+            lines,
+            [
+                "0.000002000 10.0.0.1 id#4 RDMA_WRITE_WITH_IMM sent to 10.0.0.2 status=0",
+                "0.000002000 10.0.0.1 id#4 RDMA_WRITE_WITH_IMM executed from 10.0.0.2 status=10",
+                "0.000002000 10.0.0.1 id#4 RDMA_WRITE_WITH_IMM completed with 10.0.0.2 status=12",
+            ]
+        );
+    }
+
+    #[test]
+    fn one_sided_records_give_every_operation_and_step_its_own_code() {
+        let steps = [
+            RdmaStep::Sent,
+            RdmaStep::Lost,
+            RdmaStep::Dropped,
+            RdmaStep::Executed,
+            RdmaStep::Replayed,
+            RdmaStep::Completed,
+        ];
+        let mut codes = std::collections::BTreeSet::new();
+        for op in RdmaOp::ALL {
+            for step in steps {
+                assert!(codes.insert(rdma_code(op, step)), "{op:?} {step:?}");
+            }
+        }
+        let wr = |op| RdmaOp::of(&op);
+        let remote = cm_core::RemoteAddr { addr: 0, rkey: 0 };
+        assert_eq!(wr(SendOp::Send { imm: Some(1) }), RdmaOp::SendWithImm);
+        assert_eq!(wr(SendOp::Write { remote, imm: None }), RdmaOp::Write);
+        assert_eq!(wr(SendOp::Read { remote }), RdmaOp::Read);
+        assert_eq!(
+            wr(SendOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 0
+            }),
+            RdmaOp::CompareSwap
         );
     }
 }

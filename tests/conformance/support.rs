@@ -185,14 +185,18 @@ pub struct Conn {
 }
 
 pub fn establish<B: CmBackend>(bed: &mut Bed<B>) -> Conn {
+    establish_with_caps(bed, QpCaps::new())
+}
+
+/// [`establish`] with QPs of `caps` on both sides.
+pub fn establish_with_caps<B: CmBackend>(bed: &mut Bed<B>, caps: QpCaps) -> Conn {
     let server = listen(bed, 0);
-    let client = resolved_client(bed, server.addr, true);
+    let client = resolved_client(bed, server.addr, false);
+    bed.client.create_qp(client.id, caps).expect("create_qp");
     bed.client.connect(client.id, &ConnParam::new()).expect("connect");
     let req = expect(&mut bed.server, server.ch, CmEventType::ConnectRequest);
     let child = req.id;
-    bed.server
-        .create_qp(child, QpCaps::new())
-        .expect("create_qp (server)");
+    bed.server.create_qp(child, caps).expect("create_qp (server)");
     bed.server.accept(child, &ConnParam::new()).expect("accept");
     expect(&mut bed.client, client.ch, CmEventType::Established);
     expect(&mut bed.server, server.ch, CmEventType::Established);

@@ -121,6 +121,9 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/onesided.rs"]
+mod onesided;
+
 #[path = "../conformance/external.rs"]
 mod external;
 
@@ -138,6 +141,9 @@ mod props;
 
 #[path = "../conformance/options.rs"]
 mod options;
+
+#[path = "../conformance/onesided_rxe.rs"]
+mod onesided_rxe;
 
 /// Behaviour only a real device shows the way it matters here.
 mod hw_only {

@@ -67,6 +67,15 @@ mod misuse;
 #[path = "../conformance/datapath.rs"]
 mod datapath;
 
+#[path = "../conformance/onesided.rs"]
+mod onesided;
+
+#[path = "../conformance/onesided_sim.rs"]
+mod onesided_sim;
+
+#[path = "../conformance/onesided_rxe.rs"]
+mod onesided_rxe;
+
 #[path = "../conformance/external.rs"]
 mod external;
 

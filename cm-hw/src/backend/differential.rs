@@ -15,7 +15,6 @@ use cm_core::{Call, ChannelHandle, CmBackend, ConnParam, IdHandle, IdOption, QpC
 
 use super::{HwBackend, QpEntry};
 use crate::convert;
-use crate::pool::Prefetched;
 use crate::sys;
 use cm_core::backend::WrPool;
 
@@ -173,19 +172,23 @@ impl HwBackend {
         let pd = match self.pds.entry(context) {
             Entry::Occupied(pd) => pd.into_mut(),
             Entry::Vacant(slot) => match sys::Pd::alloc(&e.raw) {
-                Ok(pd) => slot.insert(pd),
+                Ok(pd) => {
+                    self.inbox.join(context);
+                    slot.insert(pd)
+                }
                 Err(errno) => return RawOutcome::Failed(errno),
             },
         };
-        match sys::Qp::create(&e.raw, pd, &caps, slots as u32, slots) {
+        match sys::Qp::create(&e.raw, pd, &caps, slots as u32, slots, None) {
             Ok((raw, _granted)) => {
+                self.inbox.own(raw.key());
                 let e = self.ids.at_mut(index).expect("checked");
-                e.qp = Some(QpEntry {
+                e.qp = Some(QpEntry::new(
                     raw,
-                    pool: WrPool::new(caps.max_send_wr, caps.max_recv_wr),
+                    WrPool::new(caps.max_send_wr, caps.max_recv_wr),
                     caps,
-                    early: Prefetched::default(),
-                });
+                    None,
+                ));
                 if let Ok(next) = e.machine.create_qp() {
                     e.machine = next;
                 }
@@ -193,7 +196,7 @@ impl HwBackend {
                 RawOutcome::Ok
             }
             Err(errno) => {
-                self.release_pd(context, index);
+                self.release_pd(context, Some(index));
                 RawOutcome::Failed(errno)
             }
         }
@@ -205,6 +208,7 @@ impl HwBackend {
             return RawOutcome::NotIssued("no QP: rdma_destroy_qp passes NULL to ibv_destroy_qp");
         };
         let context = q.raw.context();
+        let key = q.raw.key();
         let outcome = match q.raw.destroy(&e.raw) {
             Ok(_pd) => RawOutcome::Ok,
             Err((Some(raw), errno)) => {
@@ -213,11 +217,12 @@ impl HwBackend {
             }
             Err((None, errno)) => RawOutcome::Failed(errno),
         };
+        self.inbox.disown(key);
         if let Ok(next) = e.machine.destroy_qp() {
             e.machine = next;
         }
         self.qps -= 1;
-        self.release_pd(context, index);
+        self.release_pd(context, Some(index));
         outcome
     }
 

@@ -18,11 +18,17 @@
 //!   exists, and takes a live [`Id`] on the same device as a witness that the device context the
 //!   PD belongs to is still open;
 //! * a [`Qp`]'s buffer is freed only after its memory region was deregistered and its QP and CQ
-//!   destroyed, so the device can never write into freed memory.
+//!   destroyed, so the device can never write into freed memory; the same holds for a
+//!   [`Region`]'s memory and an [`Srq`]'s receive slots;
+//! * every [`Region`] and [`Srq`] holds a counted reference to its [`Pd`] too, and makes the PD
+//!   hold its device context open ([`Pd::hold_device`]), since both outlive the ids on the
+//!   device; every [`Qp`] on an SRQ holds a counted reference to the SRQ, and
+//!   [`Srq::destroy`] refuses while any exists. So the order is QPs, then SRQs, then regions,
+//!   then PDs, whatever order the caller tries.
 //!
 //! Functions return the errno as `Err(i32)`; the backend maps errnos to `CmError`.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
@@ -35,9 +41,16 @@ use rdma_sys as ffi;
 
 use crate::convert::{self, RawSockAddr};
 
+mod async_event;
 mod datagram;
 mod memory;
+mod srq;
+pub(crate) use async_event::{Inbox, RawAsyncEvent};
+pub(crate) use memory::Region;
+pub(crate) use srq::Srq;
+
 use crate::guard::Guarded;
+use crate::onesided::WrShape;
 use memory::SlotMemory;
 
 mod external;
@@ -243,6 +256,23 @@ impl Id {
         // SAFETY: ibv_query_device filled the struct (and it started zeroed: plain integers).
         let attr = unsafe { attr.assume_init() };
         Ok(u32::try_from(attr.max_qp_wr).unwrap_or(0))
+    }
+
+    /// The device's `max_srq_wr` and `max_srq_sge` (`ibv_query_device`); `EINVAL` when the
+    /// id has no device.
+    pub(crate) fn srq_limits(&self) -> Result<(u32, u32), Errno> {
+        let ctx = self.verbs().ok_or(libc::EINVAL)?;
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: `ctx` is the live id's open device context; `attr` is a valid out-pointer.
+        let ret = unsafe { ffi::ibv_query_device(ctx.0.as_ptr(), attr.as_mut_ptr()) };
+        if ret != 0 {
+            return Err(ret);
+        }
+        // SAFETY: ibv_query_device filled the struct (and it started zeroed: plain integers).
+        let attr = unsafe { attr.assume_init() };
+        let wr = u32::try_from(attr.max_srq_wr).unwrap_or(0);
+        let sge = u32::try_from(attr.max_srq_sge).unwrap_or(0);
+        Ok((wr, sge))
     }
 
     /// How many bound events and QPs refer to the id.
@@ -569,6 +599,53 @@ struct PdInner {
     /// The device's `max_qp_wr` once queried: every QP checks against it, and a query is a
     /// kernel call.
     max_qp_wr: Cell<Option<u32>>,
+    /// Held from the first memory region or SRQ on the PD until the PD is deallocated: those
+    /// outlive the ids on the device, so they cannot count on an id to keep the context open.
+    /// Declared after `ptr`, and only dropped once `ibv_dealloc_pd` has run (or the PD leaks).
+    device: OnceCell<DeviceRef>,
+}
+
+/// librdmacm's device list (`rdma_get_devices`), held: librdmacm counts a reference on every
+/// device context in it and closes a context only when its count is 0 (`remove_cma_dev`, for a
+/// device that went away), so every context in the list stays open until the list is freed
+/// (`rdma_free_devices`, in `Drop`).
+struct DeviceRef {
+    list: NonNull<*mut ffi::ibv_context>,
+}
+
+impl DeviceRef {
+    /// The device list, if it holds `context`; `ENODEV` when it does not (a device librdmacm
+    /// has seen go away is not in the list).
+    fn acquire(context: DeviceContext) -> Result<DeviceRef, Errno> {
+        let mut n: i32 = 0;
+        // SAFETY: no preconditions; `n` is a valid out-pointer. NULL (no device, or out of
+        // memory) holds nothing.
+        let list = unsafe { ffi::rdma_get_devices(&mut n) };
+        let held = DeviceRef {
+            list: NonNull::new(list).ok_or(libc::ENODEV)?,
+        };
+        let mut at = held.list.as_ptr();
+        loop {
+            // SAFETY: the list is NULL-terminated and alive until `held` is dropped; `at` never
+            // passes the terminator (the loop ends there).
+            let ctx = unsafe { *at };
+            if ctx.is_null() {
+                return Err(libc::ENODEV);
+            }
+            if ctx == context.0.as_ptr() {
+                return Ok(held);
+            }
+            // SAFETY: `ctx` was not the terminator, so the next entry exists.
+            at = unsafe { at.add(1) };
+        }
+    }
+}
+
+impl Drop for DeviceRef {
+    fn drop(&mut self) {
+        // SAFETY: the list came from rdma_get_devices and is freed once (this drop).
+        unsafe { ffi::rdma_free_devices(self.list.as_ptr()) };
+    }
 }
 
 /// A protection domain on one device context.
@@ -589,8 +666,26 @@ impl Pd {
                 ptr,
                 context: ctx,
                 max_qp_wr: Cell::new(None),
+                device: OnceCell::new(),
             }),
         })
+    }
+
+    /// Keeps the PD's device context open for as long as the PD lives, whatever happens to the
+    /// ids on the device (see [`DeviceRef`]); done once, by the first region or SRQ. `ENODEV`
+    /// when librdmacm no longer lists the device.
+    pub(crate) fn hold_device(&self) -> Result<(), Errno> {
+        if self.inner.device.get().is_none() {
+            let held = DeviceRef::acquire(self.inner.context)?;
+            let _ = self.inner.device.set(held);
+        }
+        Ok(())
+    }
+
+    /// Whether the PD's device context is known to be open: a QP on it holds an id on the
+    /// device (which keeps it open), or the PD holds the device itself.
+    pub(crate) fn context_open(&self) -> bool {
+        self.users() > 0 || self.inner.device.get().is_some()
     }
 
     /// The device's `max_qp_wr` as remembered by [`Pd::remember_max_qp_wr`].
@@ -608,24 +703,29 @@ impl Pd {
         self.inner.context
     }
 
-    /// How many QPs use the PD.
+    /// How many QPs, memory regions and SRQs use the PD.
     pub(crate) fn users(&self) -> usize {
         Rc::strong_count(&self.inner) - 1
     }
 
-    /// `ibv_dealloc_pd`. Refused with `EBUSY` while QPs use it, and with `EINVAL` unless
-    /// `witness` is a live id on the PD's device (which proves the device context is open).
-    pub(crate) fn dealloc(self, witness: &Id) -> Result<(), (Pd, Errno)> {
+    /// `ibv_dealloc_pd`. Refused with `EBUSY` while QPs, regions or SRQs use it, and with
+    /// `EINVAL` unless the device context is known to be open: the PD holds the device
+    /// ([`hold_device`](Pd::hold_device)), or `witness` is a live id on the PD's device. The
+    /// device hold, if any, is let go only after the PD is gone.
+    pub(crate) fn dealloc(self, witness: Option<&Id>) -> Result<(), (Pd, Errno)> {
         if self.users() > 0 {
             return Err((self, libc::EBUSY));
         }
-        if witness.verbs() != Some(self.inner.context) {
+        let open = self.inner.device.get().is_some()
+            || witness.is_some_and(|w| w.verbs() == Some(self.inner.context));
+        if !open {
             return Err((self, libc::EINVAL));
         }
-        // SAFETY: the PD is alive, unused by any QP or MR of ours, and its context is open
-        // (the witness id is alive on it).
+        // SAFETY: the PD is alive, unused by any QP, MR or SRQ of ours, and its context is open
+        // (held by the PD, or the witness id is alive on it).
         let ret = unsafe { ffi::ibv_dealloc_pd(self.inner.ptr.as_ptr()) };
         if ret == 0 {
+            // Dropping the only reference drops the device hold, after the PD.
             Ok(())
         } else {
             // verbs returns the errno itself.
@@ -640,17 +740,36 @@ impl Pd {
 /// The most completions one [`Qp::poll`] retrieves.
 pub(crate) const POLL_BATCH: usize = 16;
 
-/// One completion as polled: the internal wr_id (slot), status and length.
+/// One completion as polled: the internal wr_id (slot), status, opcode, length and immediate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RawCompletion {
-    /// The wr_id the request was posted with (the slot index).
+    /// The wr_id the request was posted with (the slot index, or an SRQ's tagged slot).
     pub(crate) wr_id: u64,
     /// `ibv_wc_status` value.
     pub(crate) status: u32,
+    /// `ibv_wc_opcode` value (defined only for a success).
+    pub(crate) opcode: u32,
     /// `byte_len`.
     pub(crate) byte_len: u32,
+    /// `wc_flags`.
+    pub(crate) wc_flags: u32,
+    /// `imm_data`, in network byte order (meaningful with `IBV_WC_WITH_IMM`).
+    pub(crate) imm_data: u32,
     /// Who sent it (successful receives on a UD QP).
     pub(crate) sender: Option<cm_core::UdSender>,
+}
+
+impl RawCompletion {
+    /// The fields that decide what the completion hands out.
+    pub(crate) fn polled(&self) -> crate::onesided::Polled {
+        crate::onesided::Polled {
+            status: self.status,
+            opcode: self.opcode,
+            byte_len: self.byte_len,
+            wc_flags: self.wc_flags,
+            imm_data: self.imm_data,
+        }
+    }
 }
 
 /// The capabilities librdmacm wrote back.
@@ -684,6 +803,8 @@ pub(crate) struct Qp {
     slots: u32,
     id_anchor: Rc<()>,
     pd: Pd,
+    /// QPs on an SRQ: the SRQ's counted reference, held until the QP is destroyed.
+    _srq: Option<Rc<()>>,
     /// UD QPs only: their port and address handles.
     ud: Option<Box<datagram::UdState>>,
 }
@@ -705,16 +826,21 @@ fn undo_create(comp: NonNull<ffi::ibv_comp_channel>, cq: Option<NonNull<ffi::ibv
 impl Qp {
     /// Creates a CQ of `cqe` entries, then
     /// `rdma_create_qp(id, pd, attr)` with that CQ for both queues and `caps`' counts; returns
-    /// the QP and the caps librdmacm wrote back. `EINVAL` when the id has no device, already has
-    /// a QP, or `pd` belongs to another device.
+    /// the QP and the caps librdmacm wrote back. With `srq` the QP takes its receives from it
+    /// (`attr.srq`; its own receive queue gets no work requests). `EINVAL` when the id has no
+    /// device, already has a QP, or `pd` or `srq` belongs to another device.
     pub(crate) fn create(
         id: &Id,
         pd: &Pd,
         caps: &QpCaps,
         slots: u32,
         cqe: i32,
+        srq: Option<&Srq>,
     ) -> Result<(Qp, GrantedCaps), Errno> {
         if id.verbs() != Some(pd.context()) || id.has_qp() {
+            return Err(libc::EINVAL);
+        }
+        if srq.is_some_and(|s| s.context() != pd.context()) {
             return Err(libc::EINVAL);
         }
         // SAFETY: the id is alive; reading its QP type and port.
@@ -744,19 +870,21 @@ impl Qp {
             qp_context: ptr::null_mut(),
             send_cq: cq.as_ptr(),
             recv_cq: cq.as_ptr(),
-            srq: ptr::null_mut(),
+            srq: srq.map_or(ptr::null_mut(), Srq::raw),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
+                // A QP on an SRQ has no receive queue of its own (verbs ignores these then).
+                max_recv_wr: if srq.is_some() { 0 } else { caps.max_recv_wr },
                 max_send_sge: caps.max_send_sge,
-                max_recv_sge: caps.max_recv_sge,
+                max_recv_sge: if srq.is_some() { 0 } else { caps.max_recv_sge },
                 max_inline_data: caps.max_inline_data,
             },
             qp_type,
             sq_sig_all: 0,
         };
-        // SAFETY: the id is alive with a device and no QP; the PD belongs to its device; the
-        // attr is valid and names our CQ, so librdmacm creates no CQs of its own.
+        // SAFETY: the id is alive with a device and no QP; the PD (and the SRQ, if any) belong
+        // to its device and stay alive while the QP does (it holds both); the attr is valid and
+        // names our CQ, so librdmacm creates no CQs of its own.
         if let Err(err) = check(unsafe { ffi::rdma_create_qp(id.raw(), pd.inner.ptr.as_ptr(), &mut attr) }) {
             undo_create(comp, Some(cq));
             return Err(err);
@@ -785,6 +913,7 @@ impl Qp {
                 pd: Pd {
                     inner: Rc::clone(&pd.inner),
                 },
+                _srq: srq.map(Srq::anchor),
                 ud: ud.then(|| Box::new(datagram::UdState::new(port_num))),
             },
             granted,
@@ -876,6 +1005,102 @@ impl Qp {
         }
     }
 
+    /// Posts one send work request over memory regions with `slot` as the wr id: `shape`'s
+    /// opcode, flags, immediate and target, and one SGE per `(region, offset, len)` of `list`
+    /// (the region's address plus `offset`, `len` bytes, its lkey). `EINVAL`, with nothing
+    /// posted, for an entry outside its region or a region on another PD.
+    pub(crate) fn post_send_wr(
+        &mut self,
+        slot: u32,
+        shape: &WrShape,
+        list: &[(&Region, u64, u32)],
+    ) -> Result<(), Errno> {
+        let mut sges = Vec::with_capacity(list.len());
+        for &(region, offset, len) in list {
+            if !region.on(&self.pd)
+                || offset
+                    .checked_add(u64::from(len))
+                    .is_none_or(|end| end > region.len())
+            {
+                return Err(libc::EINVAL);
+            }
+            sges.push(ffi::ibv_sge {
+                addr: region.addr() + offset,
+                length: len,
+                lkey: region.lkey(),
+            });
+        }
+        // SAFETY: all-zero is a valid ibv_send_wr (integers, NULL pointers, plain unions).
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = u64::from(slot);
+        wr.next = ptr::null_mut();
+        wr.sg_list = if sges.is_empty() {
+            ptr::null_mut()
+        } else {
+            sges.as_mut_ptr()
+        };
+        wr.num_sge = i32::try_from(sges.len()).map_err(|_| libc::EINVAL)?;
+        wr.opcode = shape.opcode;
+        wr.send_flags = shape.send_flags;
+        if let Some(imm) = shape.imm_data {
+            wr.imm_data_invalidated_rkey_union.imm_data = imm;
+        }
+        match shape.target {
+            crate::onesided::Target::None => {}
+            crate::onesided::Target::Rdma { remote_addr, rkey } => {
+                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
+            crate::onesided::Target::Atomic {
+                remote_addr,
+                rkey,
+                compare_add,
+                swap,
+            } => {
+                wr.wr.atomic = ffi::atomic_t {
+                    remote_addr,
+                    compare_add,
+                    swap,
+                    rkey,
+                };
+            }
+        }
+        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is alive (destroyed only by consuming `self`); the WR and its SGEs
+        // live across the call (the provider copies them); every SGE lies inside a region
+        // registered on this QP's PD (checked above), whose memory stays allocated until it is
+        // deregistered, after which the device can no longer reach it (a request still naming
+        // it then fails on the key).
+        let ret = unsafe { ffi::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(ret)
+        }
+    }
+
+    /// The QP's `max_rd_atomic` (`ibv_query_qp`): how many RDMA READs and atomics it may have
+    /// in flight, which librdmacm set from the connection's initiator depth on the way to RTS.
+    pub(crate) fn max_rd_atomic(&self) -> Result<u8, Errno> {
+        // SAFETY: all-zero is a valid ibv_qp_attr and ibv_qp_init_attr (integers, NULL
+        // pointers, unions of them).
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC.0 as i32;
+        // SAFETY: the QP is alive; both out-pointers are valid for the call.
+        let ret = unsafe { ffi::ibv_query_qp(self.qp.as_ptr(), &mut attr, mask, &mut init) };
+        if ret != 0 {
+            // verbs returns the errno itself.
+            return Err(ret);
+        }
+        Ok(attr.max_rd_atomic)
+    }
+
+    /// The QP's address: what its asynchronous events name it by (never dereferenced there).
+    pub(crate) fn key(&self) -> usize {
+        self.qp.as_ptr() as usize
+    }
+
     /// Posts receive slot `slot` for `len` bytes (no SGE for 0; on a UD QP `len` bytes after
     /// the GRH), with `slot` as the wr id.
     pub(crate) fn post_recv(&mut self, slot: u32, len: u32) -> Result<(), Errno> {
@@ -938,7 +1163,11 @@ impl Qp {
             out.push(RawCompletion {
                 wr_id: wc.wr_id,
                 status: wc.status,
+                opcode: wc.opcode,
                 byte_len: wc.byte_len,
+                wc_flags: wc.wc_flags,
+                // SAFETY: both members of the union are u32s; any bit pattern is valid.
+                imm_data: unsafe { wc.imm_data_invalidated_rkey_union.imm_data },
                 sender,
             });
         }
@@ -1034,6 +1263,17 @@ impl Qp {
     /// leaks what remains, never freeing memory the device can reach, and is reported as the
     /// errno with the PD.
     pub(crate) fn destroy(self, id: &Id) -> Result<Pd, (Option<Qp>, Errno)> {
+        self.destroy_then(id, |_| {})
+    }
+
+    /// [`destroy`](Qp::destroy), handing every completion still in the CQ once the QP is gone
+    /// (none can come after) to `leftover`: a QP on an SRQ may have taken receives whose
+    /// completions nobody polled, and their SRQ slots must be freed.
+    pub(crate) fn destroy_then(
+        self,
+        id: &Id,
+        mut leftover: impl FnMut(&RawCompletion),
+    ) -> Result<Pd, (Option<Qp>, Errno)> {
         // SAFETY: the id is alive; reading its QP pointer.
         let attached = unsafe { (*id.raw()).qp };
         if !Rc::ptr_eq(&self.id_anchor, &id.anchor) || attached != self.qp.as_ptr() {
@@ -1052,6 +1292,30 @@ impl Qp {
         unsafe { ffi::rdma_destroy_qp(id.raw()) };
         if let Some(ud) = ud {
             ud.destroy();
+        }
+        let mut wcs: [MaybeUninit<ffi::ibv_wc>; POLL_BATCH] = [const { MaybeUninit::uninit() }; POLL_BATCH];
+        loop {
+            // SAFETY: the CQ is alive (destroyed below); `wcs` has room for POLL_BATCH entries.
+            let got = unsafe { ffi::ibv_poll_cq(cq.as_ptr(), POLL_BATCH as i32, wcs.as_mut_ptr().cast()) };
+            let got = usize::try_from(got).unwrap_or(0).min(POLL_BATCH);
+            for wc in &wcs[..got] {
+                // SAFETY: ibv_poll_cq initialised the first `got` entries.
+                let wc = unsafe { wc.assume_init_ref() };
+                leftover(&RawCompletion {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                    opcode: wc.opcode,
+                    byte_len: wc.byte_len,
+                    wc_flags: wc.wc_flags,
+                    // SAFETY: both members of the union are u32s; any bit pattern is valid.
+                    imm_data: unsafe { wc.imm_data_invalidated_rkey_union.imm_data },
+                    sender: None,
+                });
+            }
+            // Bounded: the QP is gone, so nothing adds to the CQ while it is emptied.
+            if got < POLL_BATCH {
+                break;
+            }
         }
         // SAFETY: the QP using the CQ is gone, and no CQ event is unacked (`rearm` acks every
         // event it takes before returning), so this does not wait.
@@ -1098,9 +1362,12 @@ impl RawSockAddr {
 //   call into them, one at a time (the libraries lock what they share internally, e.g. librdmacm's
 //   global id table and each channel's fd). `&mut self` on every call that touches them makes the
 //   calls one at a time.
-// * Every `Rc` clone (channel, id anchor, PD) lives inside the backend's own tables: no wrapper and
-//   no clone is ever handed out (callers get plain `Copy` handles), so all holders of a count move
-//   with the backend and no two threads can touch one count.
+// * Every `Rc` clone (channel, id anchor, PD, SRQ anchor) lives inside the backend's own tables: no
+//   wrapper and no clone is ever handed out (callers get plain `Copy` handles), so all holders of a
+//   count move with the backend and no two threads can touch one count.
+// * A held device list (`rdma_get_devices`) is freed with `rdma_free_devices`, which takes
+//   librdmacm's global lock: any thread may free it. Memory regions are plain heap memory.
+// * The asynchronous-event router every backend shares is behind a `Mutex`.
 // The backend is deliberately not `Sync` (see its docs).
 unsafe impl Send for crate::backend::HwBackend {}
 

@@ -11,7 +11,7 @@
 //! the first copy or its answer was lost, and each duplicate is answered by the receiver's state
 //! (`cm_dup_req_handler`, `cm_dup_rep_handler`, `cm_dreq_handler`). [`timeouts`] has the times. The machine does no I/O, holds no references and knows no
 //! time: it hands the effects, in order, to an [`Effector`] (the fabric, which carries each out
-//! where it is named: latency, loss, payloads, the trace; or a list, [`Effects`]), and the
+//! where it is named: latency, loss, payloads, the trace; or, in the tests, a list), and the
 //! tests below drive it directly.
 //!
 //! This is the IB CM's view of a connection, which moves when messages arrive and timers fire;
@@ -142,15 +142,19 @@ pub(crate) enum Effect {
 }
 
 /// The most effects one transition has.
+#[cfg(test)]
 const MAX_EFFECTS: usize = 4;
 
 /// The effects of one transition, in order, stored inline: a transition allocates nothing.
+/// What the table tests read; the fabric carries each effect out as it is named instead.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Effects {
     list: [Effect; MAX_EFFECTS],
     len: u8,
 }
 
+#[cfg(test)]
 impl Effects {
     /// No effect.
     pub(crate) const NONE: Effects = Effects {
@@ -165,25 +169,34 @@ impl Effects {
     }
 
     /// The effects in the order the fabric carries them out.
-    #[cfg(test)]
     pub(crate) fn as_slice(&self) -> &[Effect] {
         &self.list[..usize::from(self.len)]
     }
 }
 
 /// Where a transition's effects go, one at a time, in the order the fabric carries them out:
-/// a list ([`Effects`]) for the table tests and for the calls that ask first whether the input
-/// is taken, the fabric itself where it carries them out.
+/// a list (`Effects`) for the table tests, nowhere for the calls that ask first whether the
+/// input is taken ([`Exchange::takes`]), the fabric itself where it carries them out.
 pub(crate) trait Effector {
     /// The transition's next effect.
     fn effect(&mut self, effect: Effect);
 }
 
+#[cfg(test)]
 impl Effector for Effects {
     #[inline(always)]
     fn effect(&mut self, effect: Effect) {
         *self = self.with(effect);
     }
+}
+
+/// An effector that drops every effect: for asking only whether the exchange takes an input
+/// ([`Exchange::takes`]), with no list of effects built to be thrown away.
+struct Discard;
+
+impl Effector for Discard {
+    #[inline(always)]
+    fn effect(&mut self, _effect: Effect) {}
 }
 
 /// What moves the exchange.
@@ -363,14 +376,22 @@ impl Exchange {
     /// The transition for `input`, with the effects in a list; `None` when the input is refused
     /// (accept or reject without a pending request, establish without a REP to answer). An
     /// input that does not apply to the state (a late message, a DREQ on a closed exchange)
-    /// leaves it as it is, with no effect.
-    // Inlined into each caller: most pass a constant input (connect, accept, destroy...), so
-    // the match folds to the one transition.
-    #[inline(always)]
+    /// leaves it as it is, with no effect. The table tests read transitions through it.
+    #[cfg(test)]
     pub(crate) fn on(self, input: Input, p: Params) -> Option<(Exchange, Effects)> {
         let mut effects = Effects::NONE;
         let next = self.on_with(input, p, &mut effects)?;
         Some((next, effects))
+    }
+
+    /// Whether the exchange takes `input` in its state: what a call the exchange may refuse
+    /// (accept, reject, establish) asks before the fabric carries the transition out.
+    // Without building the effects: asked through `on`, the list of a call's effects was built
+    // and dropped wherever inlining left it unseen that nothing reads it (72 instructions a
+    // lifecycle, once the accept grew).
+    #[inline(always)]
+    pub(crate) fn takes(self, input: Input, p: Params) -> bool {
+        self.on_with(input, p, &mut Discard).is_some()
     }
 
     /// [`on`](Self::on) with each effect handed to `fx` as the transition names it, in order,

@@ -50,7 +50,7 @@ impl Fabric {
             queued: 0,
             last_arrival: SimTime::ZERO,
             pending_status: 0,
-            retry_count: 0,
+            retries: Retries::NEW,
             peer_lost: false,
             visible: true,
             qp: None,
@@ -212,9 +212,49 @@ impl Fabric {
     }
 
     pub(crate) fn create_qp(&mut self, host: u16, id: IdHandle, caps: QpCaps) -> R<QpCaps> {
+        self.create_qp_with(host, id, caps, None)
+    }
+
+    pub(crate) fn create_qp_on_srq(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        caps: QpCaps,
+        srq: cm_core::SrqHandle,
+    ) -> R<QpCaps> {
+        self.create_qp_with(host, id, caps, Some(srq))
+    }
+
+    /// `rdma_create_qp`, with `attr.srq` when `srq` names one. Always inlined: `create_qp`
+    /// (every connection's) then folds the SRQ's branches away and stays inlined where it was
+    /// before SRQs (out of line, a lifecycle cost 1 % more).
+    #[inline(always)]
+    fn create_qp_with(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        caps: QpCaps,
+        srq: Option<cm_core::SrqHandle>,
+    ) -> R<QpCaps> {
         let call = Call::CreateQp;
         let r = self.id_ref(host, id, call)?;
-        let next = self.slot(r).m.create_qp()?;
+        let m = self.slot(r).m;
+        let next = if srq.is_some() {
+            m.create_qp_on_srq()?
+        } else {
+            m.create_qp()?
+        };
+        if let Some(srq) = srq {
+            self.srq_ref(host, srq, call)?;
+            if !m.port_space().is_connected() {
+                // As the hardware backend: a UD receive puts a 40-byte GRH ahead of the
+                // payload, which buffers shared with RC QPs have no room for.
+                return Err(CmError::InvalidArgument {
+                    call,
+                    reason: "a shared receive queue serves connected (RC) QPs only here",
+                });
+            }
+        }
         let slot = self.slot(r);
         if slot.m.port_space().is_connected() && slot.cm.ended_early() {
             // The peer ended the exchange before the application saw it (e.g. a child whose
@@ -238,16 +278,33 @@ impl Fabric {
                 reason: "max_inline_data above the device maximum",
             });
         }
+        let srq = match srq {
+            Some(srq) => Some(self.srq_for_qp(host, srq)?),
+            None => None,
+        };
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         let slot = self.slot(r);
-        slot.qp = Some(Qp::new(qpn, caps));
+        slot.qp = Some(match srq {
+            Some(s) => Qp::on_srq(qpn, caps, s),
+            None => Qp::new(qpn, caps),
+        });
         slot.m = next;
+        if let Some(s) = srq {
+            self.join_srq(host, s, r);
+        }
         if !next.port_space().is_connected() {
             self.register_ud_qp(qpn, r);
         }
         self.hosts[host as usize].counts.qps += 1;
-        Ok(caps)
+        // A QP on an SRQ has no receive queue of its own.
+        Ok(match srq {
+            Some(_) => QpCaps {
+                max_recv_wr: 0,
+                ..caps
+            },
+            None => caps,
+        })
     }
 
     pub(crate) fn destroy_qp(&mut self, host: u16, id: IdHandle) -> R<()> {
@@ -260,8 +317,12 @@ impl Fabric {
             }
         }
         let slot = self.slot(r);
-        slot.qp = None;
+        let qp = slot.qp.take();
         slot.m = next;
+        if let Some(srq) = qp.as_ref().and_then(Qp::srq) {
+            let unpolled = qp.as_ref().map_or_else(Vec::new, Qp::srq_slots_unpolled);
+            self.leave_srq(host, srq, r, &unpolled);
+        }
         self.hosts[host as usize].counts.qps -= 1;
         Ok(())
     }
@@ -353,7 +414,8 @@ impl Fabric {
         slot.m = next;
         slot.remote = SlotRef::NONE;
         slot.remote_host = u16::MAX;
-        slot.retry_count = wire.retry_count;
+        // The RNR retries are the REP's, once it comes.
+        slot.retries = Retries::new(wire.retry_count, 7);
         let payload = self.new_payload(Payload {
             wire,
             private_data,
@@ -379,7 +441,7 @@ impl Fabric {
             retries: self.cm_retries,
         };
         // Only whether the exchange takes it: the transition is carried out below.
-        if self.slot(r).cm.on(Input::Accept, params).is_none() {
+        if !self.slot(r).cm.takes(Input::Accept, params) {
             // The request is gone (the active side gave up or was destroyed): the kernel
             // refuses, and librdmacm moves the QP to ERR after its RTR/RTS transitions.
             let failed = self.slot(r).m.qp_error();
@@ -391,7 +453,15 @@ impl Fabric {
         }
         let slot = self.slot(r);
         let ps = slot.m.port_space();
-        let qp_num = slot.qp.as_ref().map_or(param.qp_num & 0x00FF_FFFF, |q| q.qpn);
+        let qp_num = match slot.qp.as_mut() {
+            Some(qp) => {
+                // librdmacm moves the QP to RTR and RTS with the accept's resources.
+                qp.initiator_depth = depth;
+                qp.responder_resources = rr;
+                qp.qpn
+            }
+            None => param.qp_num & 0x00FF_FFFF,
+        };
         let wire = WireParam {
             responder_resources: depth,
             initiator_depth: rr,
@@ -427,7 +497,7 @@ impl Fabric {
         let connected = slot.m.port_space().is_connected();
         let params = Params { connected, retries };
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Reject, params).is_none() {
+        if !slot.cm.takes(Input::Reject, params) {
             return Err(CmError::Os {
                 call,
                 errno: errno::EINVAL,
@@ -647,9 +717,10 @@ impl Fabric {
         let outstanding = qp.outstanding(opcode);
         match post_gate(&mut slot.m, &qp.caps, opcode, len, outstanding, || Ok(false))? {
             Admission::Post => {
-                match opcode {
-                    WcOpcode::Send => qp.push_send(wr_id, data),
-                    WcOpcode::Recv => qp.push_recv(wr_id, len as u32),
+                if opcode.is_recv() {
+                    qp.push_recv(wr_id, len as u32);
+                } else {
+                    qp.push_send(wr_id, data);
                 }
                 Ok(true)
             }
@@ -677,11 +748,15 @@ impl Fabric {
                 .is_none_or(|q| !q.cq_is_empty())
         };
         self.run_until(deadline, ready);
-        Ok(self
-            .ids
-            .get_mut(r)
-            .and_then(|s| s.qp.as_mut())
-            .map_or(0, |q| q.poll(out, max)))
+        let Some(qp) = self.ids.get_mut(r).and_then(|s| s.qp.as_mut()) else {
+            return Ok(0);
+        };
+        // Receives a QP took from its SRQ give their slots back to the SRQ.
+        let srq = qp
+            .srq()
+            .and_then(|s| self.srqs.as_mut()?.get_mut(host, s))
+            .map(|s| &mut s.pool);
+        Ok(qp.poll(out, max, srq))
     }
 
     pub(crate) fn id_machine(&self, host: u16, id: IdHandle) -> R<IdMachine> {
@@ -702,6 +777,8 @@ impl Fabric {
                 total.qps += h.counts.qps;
                 total.unacked_events += h.counts.unacked;
                 total.queued_events += h.counts.queued;
+                total.mrs += h.counts.mrs;
+                total.srqs += h.counts.srqs;
             }
         }
         total

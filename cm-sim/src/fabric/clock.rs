@@ -41,6 +41,10 @@ pub(super) enum Action {
     },
     /// A datagram in flight (its index in the datagram pool) arrives.
     Datagram(u32),
+    /// A one-sided request or answer in flight (its index in the packet pool) arrives.
+    Rdma(u32),
+    /// The one-sided retry timer of the QP `qpn` of id `id` fires.
+    RdmaTimer { id: SlotRef, qpn: u32 },
 }
 
 /// A value drawn uniformly from `lo..=hi` (`lo <= hi`). The range `0..=u64::MAX` (a range

@@ -1,6 +1,7 @@
 //! The data path: sends landing in posted receives, receiver-not-ready and transport retries.
 
 use super::*;
+use crate::qp::NextStep;
 
 impl Fabric {
     /// Lands `sender`'s pending sends in its peer's posted receives while both allow it.
@@ -30,10 +31,23 @@ impl Fabric {
             if !sender_ready {
                 return;
             }
-            let receiver_ready = self.ids.get(remote).is_some_and(|r| {
-                matches!(r.m.qp(), Some(QpState::Rtr | QpState::Rts))
-                    && r.qp.as_ref().is_some_and(|q| q.has_recv())
-            });
+            // A QP that had work over regions: one-sided requests start here, and two-sided
+            // sends wait for those in flight (see `fabric/onesided.rs`).
+            match s.qp.as_ref().and_then(Qp::next_step) {
+                None | Some(NextStep::TwoSided) => {}
+                Some(NextStep::Wait) => return,
+                Some(NextStep::OneSided) => {
+                    self.start_one_sided(sender);
+                    continue;
+                }
+            }
+            if self.fail_head_locally(sender) {
+                return;
+            }
+            let receiver_ready = self
+                .ids
+                .get(remote)
+                .is_some_and(|r| matches!(r.m.qp(), Some(QpState::Rtr | QpState::Rts)) && self.has_recv(r));
             if self.path_broken(sender) {
                 self.arm_transport_retry(sender);
                 return;
@@ -42,18 +56,30 @@ impl Fabric {
                 self.arm_rnr(sender);
                 return;
             }
-            let send = self
+            if self
+                .slot(sender)
+                .qp
+                .as_ref()
+                .is_some_and(|q| q.head_wr().is_some())
+            {
+                if !self.land_wr(sender, remote) {
+                    return;
+                }
+                continue;
+            }
+            let mut send = self
                 .slot(sender)
                 .qp
                 .as_mut()
                 .and_then(|q| q.pop_send())
                 .expect("checked");
-            let landing = self
-                .slot(remote)
-                .qp
-                .as_mut()
-                .and_then(|q| q.land(&send))
-                .expect("checked");
+            let recv = self.take_recv(remote).expect("checked");
+            let landing =
+                self.slot(remote)
+                    .qp
+                    .as_mut()
+                    .expect("checked")
+                    .land_in(recv, send.take_data(), None, None);
             match landing {
                 Landing::Delivered => {
                     self.slot(sender)
@@ -80,10 +106,13 @@ impl Fabric {
     }
 
     /// The send at the head of `sender`'s queue found no receive: under a receiver-not-ready
-    /// retry limit, it gives up once the retries have run out (if it is still waiting then).
+    /// retry limit (the connection's, or a [`Fault::RnrRetries`] on the host), it gives up once
+    /// the retries have run out (if it is still waiting then). rxe NAKs each try and waits the
+    /// RNR timer before the next: `retries` waits, then `RNR_RETRY_EXC_ERR`.
     pub(super) fn arm_rnr(&mut self, sender: SlotRef) {
-        let host = self.slot(sender).host;
-        let Some(retries) = self.hosts[host as usize].rnr_retries else {
+        let slot = self.slot(sender);
+        let (host, own) = (slot.host, slot.retries.rnr());
+        let Some(retries) = self.hosts[host as usize].rnr_retries.or((own < 7).then_some(own)) else {
             return;
         };
         let timer = nanos(self.cfg.rnr_timer);
@@ -95,7 +124,7 @@ impl Fabric {
         }
         qp.rnr_armed = true;
         let sends_done = qp.sends_done;
-        let at = self.now.after_nanos(timer.saturating_mul(u64::from(retries) + 1));
+        let at = self.now.after_nanos(timer.saturating_mul(u64::from(retries)));
         self.schedule(
             at,
             Action::Rnr {
@@ -131,7 +160,7 @@ impl Fabric {
     /// again every local ACK timeout, `retry_count` times, then gives up.
     pub(super) fn arm_transport_retry(&mut self, sender: SlotRef) {
         let per_try = nanos(self.ack_timeout_of(sender));
-        let tries = u64::from(self.slot(sender).retry_count) + 1;
+        let tries = u64::from(self.slot(sender).retries.transport()) + 1;
         let Some(qp) = self.slot(sender).qp.as_mut() else {
             return;
         };
@@ -163,9 +192,7 @@ impl Fabric {
             self.deliver_sends(id);
             return;
         }
-        let qp = self.slot(id).qp.as_mut().expect("checked");
-        let send = qp.pop_send().expect("checked");
-        qp.complete_send(send, WcStatus::RetryExcErr);
+        self.give_up_head(id, WcStatus::RetryExcErr);
         self.stats.transport_retries_exceeded += 1;
         let next = self.slot(id).m.qp_error();
         self.set_machine(id, next);
@@ -186,6 +213,30 @@ impl Fabric {
         }
     }
 
+    /// The send at the head of `id`'s queue gives up with `status` (the caller moves the QP
+    /// to ERR); a work request over regions says so in the trace.
+    fn give_up_head(&mut self, id: SlotRef, status: WcStatus) {
+        let slot = self.slot(id);
+        let (host, peer) = (slot.host, slot.remote_host);
+        let qp = slot.qp.as_mut().expect("checked");
+        let send = qp.pop_send().expect("checked");
+        let op = send.wr.as_ref().map(|w| crate::trace::RdmaOp::of(&w.op));
+        qp.complete_send(send, status);
+        if let Some(op) = op {
+            self.trace.record(TraceRecord {
+                time: self.now,
+                host,
+                id: id.index,
+                what: TraceWhat::Rdma {
+                    op,
+                    step: crate::trace::RdmaStep::Completed,
+                    peer,
+                },
+                status: status as i32,
+            });
+        }
+    }
+
     pub(super) fn on_rnr(&mut self, id: SlotRef, sends_done: u64) {
         let Some(slot) = self.ids.get_mut(id) else { return };
         let rts = slot.m.qp() == Some(QpState::Rts);
@@ -193,8 +244,7 @@ impl Fabric {
         if !rts || !qp.rnr_armed || qp.sends_done != sends_done || !qp.has_pending_send() {
             return;
         }
-        let send = qp.pop_send().expect("checked");
-        qp.complete_send(send, WcStatus::RnrRetryExcErr);
+        self.give_up_head(id, WcStatus::RnrRetryExcErr);
         self.stats.rnr_retries_exceeded += 1;
         let next = self.slot(id).m.qp_error();
         self.set_machine(id, next);

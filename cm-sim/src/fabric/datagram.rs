@@ -269,14 +269,17 @@ impl Fabric {
         let Some(&r) = self.datagrams.as_ref().and_then(|g| g.by_qpn.get(&d.qp_num)) else {
             return;
         };
-        let Some(slot) = self.ids.get_mut(r) else { return };
+        let Some(slot) = self.ids.get(r) else { return };
         if slot.host != d.to_host || slot.m.port_space().is_connected() || slot.m.qp() != Some(QpState::Rts) {
             return;
         }
-        let Some(qp) = slot.qp.as_mut().filter(|q| q.qpn == d.qp_num) else {
+        if slot.qp.as_ref().is_none_or(|q| q.qpn != d.qp_num) {
             return;
-        };
-        if let Some(Landing::TooLong) = qp.land_datagram(d.data, d.from) {
+        }
+        // Its own receive queue's next receive, or its SRQ's.
+        let Some(recv) = self.take_recv(r) else { return };
+        let qp = self.slot(r).qp.as_mut().expect("checked");
+        if let Landing::TooLong = qp.land_datagram(recv, d.data, d.from) {
             // rxe (Linux 6.1) fails the receive and moves the receiver's QP to ERR; the sender
             // learns nothing (its send completed as it left).
             self.stats.length_errors += 1;

@@ -30,6 +30,8 @@ impl Fabric {
                 }
             }
             Action::Datagram(n) => self.on_datagram(n),
+            Action::Rdma(n) => self.on_rdma(n),
+            Action::RdmaTimer { id, qpn } => self.on_rdma_timer(id, qpn),
             Action::Timer { id, epoch, kind } => {
                 if self.ids.get_mut(id).is_some_and(|s| s.timers.fire(epoch)) {
                     self.on_timer(id, kind);
@@ -120,7 +122,10 @@ impl Fabric {
             .get(payload)
             .and_then(|p| p.dst.get())
             .expect("REQ carries its destination");
-        let retry_count = self.payloads.get(payload).map_or(0, |p| p.wire.retry_count);
+        let (retry_count, rnr_retry) = self
+            .payloads
+            .get(payload)
+            .map_or((0, 7), |p| (p.wire.retry_count, p.wire.rnr_retry_count));
         let listener = self.ports.listener(host, ps, dst.ip(), dst.port());
         let refuse = |no_listener: bool| match (ps.is_connected(), no_listener) {
             (true, true) => reason::INVALID_SERVICE_ID,
@@ -163,7 +168,7 @@ impl Fabric {
             queued: 0,
             last_arrival: SimTime::ZERO,
             pending_status: 0,
-            retry_count,
+            retries: Retries::new(retry_count, rnr_retry),
             peer_lost: false,
             visible: false,
             qp: None,

@@ -28,8 +28,6 @@ pub(super) struct ExternalQp {
     pub(super) responder_resources: u8,
     /// The RDMA reads and atomics this side issues (`max_rd_atomic`).
     pub(super) initiator_depth: u8,
-    /// Receiver-not-ready retries.
-    pub(super) rnr_retry_count: u8,
 }
 
 /// `RDMA_UDP_QKEY`, the QKey librdmacm's datagram ids use.
@@ -88,7 +86,6 @@ impl Fabric {
                 qpn: param.qp_num & 0x00FF_FFFF,
                 responder_resources,
                 initiator_depth,
-                rnr_retry_count: param.rnr_retry_count.min(7),
             },
         );
     }
@@ -115,8 +112,13 @@ impl Fabric {
             return Ok(attr);
         }
         let slot = self.slot(r);
-        let (wire, remote, retry_count, peer) =
-            (slot.cm.wire(), slot.remote, slot.retry_count, slot.peer.get());
+        let (wire, remote, retry_count, rnr_retry, peer) = (
+            slot.cm.wire(),
+            slot.remote,
+            slot.retries.transport(),
+            slot.retries.rnr(),
+            slot.peer.get(),
+        );
         let answered = matches!(
             wire,
             Wire::RepRcvd | Wire::ReqRcvd | Wire::RepSent | Wire::Established
@@ -137,9 +139,8 @@ impl Fabric {
         }
         let max = self.cfg.max_rd_atomic;
         let ext = self.external.get(&r).copied();
-        let (responder_resources, initiator_depth, rnr_retry) = ext.map_or((max, max, 7), |e| {
-            (e.responder_resources, e.initiator_depth, e.rnr_retry_count)
-        });
+        let (responder_resources, initiator_depth) =
+            ext.map_or((max, max), |e| (e.responder_resources, e.initiator_depth));
         let seed = self.seed.value;
         match qp_state {
             QpState::Init => {
@@ -203,7 +204,7 @@ impl Fabric {
         let params = self.params_of(r);
         let slot = self.slot(r);
         // Only whether the exchange takes it: the transition is carried out below.
-        if slot.cm.on(Input::Establish, params).is_none() {
+        if !slot.cm.takes(Input::Establish, params) {
             // The REJ (or the peer's timeout) came first: the IB CM has no RTU to send.
             return Err(CmError::Os {
                 call,

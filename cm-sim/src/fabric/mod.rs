@@ -15,7 +15,7 @@
 //! scans a queue.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::rc::Rc;
@@ -50,9 +50,12 @@ mod datagram;
 mod dispatch;
 mod external;
 mod handle;
+mod memory;
 mod multicast;
+mod onesided;
 mod options;
 mod retrieve;
+mod srq;
 mod storage;
 mod strike;
 mod time_control;
@@ -60,6 +63,7 @@ mod wire;
 
 use self::clock::*;
 pub use self::handle::SimFabric;
+pub use self::memory::RegionMemory;
 use self::storage::*;
 pub use self::time_control::Step;
 use self::wire::*;
@@ -134,6 +138,13 @@ pub(crate) struct Fabric {
     id_options: options::OptionTable,
     /// Multicast memberships, made with the first join (RC runs never have it).
     multicast: Option<Box<multicast::Multicast>>,
+    /// Memory regions, made with the first registration.
+    regions: Option<Box<memory::Regions>>,
+    /// Shared receive queues and their events, made with the first SRQ.
+    srqs: Option<Box<srq::Srqs>>,
+    /// One-sided requests and answers in flight, made with the first request, with the
+    /// random stream they draw from.
+    rdma: Option<Box<onesided::Wire>>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -170,6 +181,9 @@ impl Fabric {
             datagrams: None,
             id_options: options::OptionTable::default(),
             multicast: None,
+            regions: None,
+            srqs: None,
+            rdma: None,
             cfg,
         }
     }

@@ -75,7 +75,18 @@ impl Fabric {
                 let (seen, seen_status, next) =
                     before.on_connect_response_with(outcome, status, connected, &mut fx);
                 // Set after its effect (the RTU), which does not read it, as `transition` does.
-                self.slot(q.id).cm = next;
+                let wire = self.payloads.get(q.payload).map(|p| p.wire);
+                let slot = self.slot(q.id);
+                slot.cm = next;
+                if let Some(w) = wire {
+                    slot.retries = slot.retries.with_rnr(w.rnr_retry_count);
+                }
+                if let (Some(qp), Some(w)) = (slot.qp.as_mut(), wire) {
+                    // librdmacm moves the QP to RTR and RTS with what the REP granted: the
+                    // peer's responder resources are this side's initiator depth.
+                    qp.initiator_depth = w.initiator_depth;
+                    qp.responder_resources = w.responder_resources;
+                }
                 (event, status) = (seen, seen_status);
                 self.record_event(host, q.id, event, status);
                 q.id

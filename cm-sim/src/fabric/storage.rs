@@ -34,9 +34,8 @@ pub(super) struct IdSlot {
     pub(super) last_arrival: SimTime,
     /// Status of the `ADDR_ERROR` / `ROUTE_ERROR` a pending resolution timer delivers.
     pub(super) pending_status: i32,
-    /// The connection's transport retries (the REQ's `retry_count`, both sides use it): how
-    /// many times an unacknowledged send is sent again before it fails.
-    pub(super) retry_count: u8,
+    /// The connection's retry counts.
+    pub(super) retries: Retries,
     /// The peer's QP went away without a word on the wire (its host crashed or its device was
     /// removed): nothing sent to it will be acknowledged.
     pub(super) peer_lost: bool,
@@ -44,6 +43,38 @@ pub(super) struct IdSlot {
     pub(super) visible: bool,
     pub(super) qp: Option<Qp>,
     pub(super) listener: Option<Box<Listener>>,
+}
+
+/// A connection's two retry counts, 3 bits each, in the one byte a count took (an id's slot is
+/// most of the simulator's memory per connection):
+/// * transport retries, the REQ's `retry_count` (both sides use it): how many times an
+///   unacknowledged send is sent again before it fails;
+/// * receiver-not-ready retries (7: for ever), as the IB CM sets them: a child's from the REQ
+///   (`cm_req_handler`), the active side's from the REP (`cm_rep_handler`), so each side's
+///   count is the one its peer asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Retries(u8);
+
+impl Retries {
+    /// What a new id has: no transport retries, RNR retries for ever.
+    pub(super) const NEW: Retries = Retries::new(0, 7);
+
+    pub(super) const fn new(transport: u8, rnr: u8) -> Retries {
+        Retries((transport & 7) | (rnr & 7) << 4)
+    }
+
+    pub(super) const fn transport(self) -> u8 {
+        self.0 & 7
+    }
+
+    pub(super) const fn rnr(self) -> u8 {
+        self.0 >> 4
+    }
+
+    /// The same transport retries with `rnr` receiver-not-ready retries.
+    pub(super) const fn with_rnr(self, rnr: u8) -> Retries {
+        Retries::new(self.transport(), rnr)
+    }
 }
 
 /// An id's local or peer address in 16 bytes, where `Option<SocketAddr>` takes 32: every
@@ -162,6 +193,8 @@ pub(super) struct HostCounts {
     pub(super) qps: usize,
     pub(super) unacked: usize,
     pub(super) queued: usize,
+    pub(super) mrs: usize,
+    pub(super) srqs: usize,
 }
 
 pub(super) struct Host {
@@ -179,6 +212,9 @@ pub(super) struct Host {
     pub(super) crashed_at: SimTime,
     /// The RDMA device is registered.
     pub(super) device: bool,
+    /// Bumped by every removal of the device: regions and SRQs made before belong to the
+    /// device that went, which no QP of the one that came back uses.
+    pub(super) device_epoch: u32,
     /// Injected resolution failures still to come: (status, how many).
     pub(super) fail_addr: (i32, u32),
     pub(super) fail_route: (i32, u32),
@@ -200,6 +236,7 @@ impl Host {
             incarnation: 0,
             crashed_at: SimTime::ZERO,
             device: true,
+            device_epoch: 0,
             fail_addr: (0, 0),
             fail_route: (0, 0),
             backlog_cap: u32::MAX,

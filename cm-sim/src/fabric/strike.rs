@@ -213,6 +213,9 @@ impl Fabric {
                 }
             }
         }
+        // Its regions, SRQs and their events not retrieved go with it.
+        self.crash_regions(host);
+        self.crash_srqs(host);
         self.hosts[host as usize].counts = HostCounts::default();
     }
 
@@ -253,7 +256,9 @@ impl Fabric {
             return;
         }
         self.stats.device_removals += 1;
-        self.hosts[host as usize].device = false;
+        let h = &mut self.hosts[host as usize];
+        h.device = false;
+        h.device_epoch = h.device_epoch.wrapping_add(1);
         self.discard_queued_events(host);
         for r in self.ids_on(host) {
             let s = self.slot(r);
