@@ -59,6 +59,17 @@ pub(super) fn draw_between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> u64 {
     }
 }
 
+/// A data packet's one-way latency on a link: a draw from the fabric's range `latency`, then
+/// one from the link's `Delay` fault range `delay` (each drawn only when it is a range), from
+/// the generator of the packet's own kind (datagrams, one-sided RDMA), so that the CM
+/// messages' draws stay as they were.
+pub(super) fn packet_latency(rng: &mut ChaCha8Rng, latency: (u64, u64), delay: (u64, u64)) -> u64 {
+    let draw =
+        |rng: &mut ChaCha8Rng, (lo, hi): (u64, u64)| if hi > lo { draw_between(rng, lo, hi) } else { lo };
+    let base = draw(rng, latency);
+    base.saturating_add(draw(rng, delay))
+}
+
 /// Live ids from which the fabric reads ahead: their slots (176 bytes) then fill about 3 MB,
 /// more than a core's L2 cache here holds.
 const READ_AHEAD_IDS: usize = 16_384;

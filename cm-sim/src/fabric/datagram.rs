@@ -241,17 +241,9 @@ impl Fabric {
     /// A datagram's one-way latency: the fabric's range plus a `Delay` fault's, drawn for each
     /// datagram alone.
     fn datagram_latency(&mut self, from: u16, to: u16) -> u64 {
-        let (lo, hi) = self.latency_nanos;
-        let n = self.hosts.len();
-        let (dlo, dhi) = self.links[from as usize * n + to as usize].delay;
-        let rng = &mut self.datagrams().rng;
-        let base = if hi > lo { draw_between(rng, lo, hi) } else { lo };
-        let extra = if dhi > dlo {
-            draw_between(rng, dlo, dhi)
-        } else {
-            dlo
-        };
-        base.saturating_add(extra)
+        let (latency, n) = (self.latency_nanos, self.hosts.len());
+        let delay = self.links[from as usize * n + to as usize].delay;
+        packet_latency(&mut self.datagrams().rng, latency, delay)
     }
 
     /// Datagram `n` arrives: it lands in the destination QP's next receive, or is dropped.

@@ -413,17 +413,9 @@ impl Fabric {
     /// A one-sided packet's one-way latency: the fabric's range plus a `Delay` fault's, drawn
     /// from the one-sided stream.
     fn rdma_latency(&mut self, from: u16, to: u16) -> u64 {
-        let (lo, hi) = self.latency_nanos;
-        let n = self.hosts.len();
-        let (dlo, dhi) = self.links[from as usize * n + to as usize].delay;
-        let rng = &mut self.wire().rng;
-        let base = if hi > lo { draw_between(rng, lo, hi) } else { lo };
-        let extra = if dhi > dlo {
-            draw_between(rng, dlo, dhi)
-        } else {
-            dlo
-        };
-        base.saturating_add(extra)
+        let (latency, n) = (self.latency_nanos, self.hosts.len());
+        let delay = self.links[from as usize * n + to as usize].delay;
+        packet_latency(&mut self.wire().rng, latency, delay)
     }
 
     /// Packet `n` arrives.
