@@ -19,6 +19,29 @@ fn remote_region<B: CmBackend>(b: &mut B, id: IdHandle, len: usize) -> (MrHandle
     (mr, info.remote())
 }
 
+/// On `conn`: a region of `target_len` bytes with every access on the server's side (and
+/// what the client needs of it), and one of `local_len` bytes the client's NIC may write.
+fn regions<B: CmBackend>(
+    bed: &mut Bed<B>,
+    conn: &Conn,
+    target_len: usize,
+    local_len: usize,
+) -> (MrHandle, RemoteMr, MrHandle) {
+    let (target, remote) = remote_region(&mut bed.server, conn.child, target_len);
+    let local = bed
+        .client
+        .reg_mr(conn.client.id, local_len, Access::LOCAL_WRITE)
+        .expect("reg_mr");
+    (target, remote, local)
+}
+
+/// Deregisters the client's `local` and the server's `target` region, then tears `conn` down.
+fn release<B: CmBackend>(bed: &mut Bed<B>, conn: Conn, local: MrHandle, target: MrHandle) {
+    bed.client.dereg_mr(local).unwrap();
+    bed.server.dereg_mr(target).unwrap();
+    teardown(bed, conn);
+}
+
 /// The single completion of `id`'s next work, within the wait.
 #[track_caller]
 fn one<B: CmBackend>(b: &mut B, id: IdHandle) -> WorkCompletion {
@@ -114,11 +137,7 @@ fn a_region_is_zeroed_backend_memory_that_outlives_its_id() {
 fn write_read_compare_swap_and_fetch_add_reach_the_peers_region() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 4096);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 4096, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 4096, 4096);
     let id = conn.client.id;
 
     // WRITE: 64 bytes from the client's region to the server's.
@@ -247,20 +266,14 @@ fn write_read_compare_swap_and_fetch_add_reach_the_peers_region() {
         })
     ));
     bed.client.dereg_mr(ro).unwrap();
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 #[test]
 fn write_with_immediate_takes_the_peers_receive_and_send_with_immediate_carries_bytes() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 4096);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 4096, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 4096, 4096);
     bed.client.write_mr(local, 0, &[0x5A; 100]).unwrap();
     bed.server.post_recv(conn.child, 77, 16).unwrap();
     let sge = [Sge::new(local, 0, 100)];
@@ -311,20 +324,14 @@ fn write_with_immediate_takes_the_peers_receive_and_send_with_immediate_carries_
         (78, WcStatus::Success, WcOpcode::Recv, 4, Some(42))
     );
     assert_eq!(got.data, b"ping");
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 #[test]
 fn unsignalled_work_completes_silently_and_frees_its_slot_with_the_next_signalled_one() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 4096);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 4096, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 4096, 4096);
     let id = conn.client.id;
     let depth = QpCaps::new().max_send_wr;
     for round in 0..2u64 {
@@ -369,20 +376,14 @@ fn unsignalled_work_completes_silently_and_frees_its_slot_with_the_next_signalle
             assert_eq!(read_u64(&bed.server, target, i * 8), round * 100 + i);
         }
     }
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 #[test]
 fn a_bad_rkey_fails_the_write_with_remote_access_error_and_puts_both_qps_in_err() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 4096);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 4096, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 4096, 4096);
     bed.server.post_recv(conn.child, 10, 64).unwrap();
     let sge = [Sge::new(local, 0, 64)];
     let mut bad = remote.start();
@@ -435,20 +436,14 @@ fn a_bad_rkey_fails_the_write_with_remote_access_error_and_puts_both_qps_in_err(
         (flushed.wr_id, flushed.status, flushed.opcode),
         (2, WcStatus::WrFlushErr, WcOpcode::RdmaRead)
     );
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 #[test]
 fn a_write_with_immediate_and_a_bad_rkey_fails_the_receive_it_took() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 64, 64);
     bed.server.post_recv(conn.child, 20, 64).unwrap();
     bed.server.post_recv(conn.child, 21, 64).unwrap();
     let sge = [Sge::new(local, 0, 8)];
@@ -487,9 +482,7 @@ fn a_write_with_immediate_and_a_bad_rkey_fails_the_receive_it_took() {
         ],
         "the receive the WRITE took fails, the next is flushed"
     );
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 /// A client connection to `listener`'s address whose server side is a child on `srq`.
@@ -640,11 +633,7 @@ fn an_srq_feeds_two_connections_and_reports_its_limit_once() {
 fn a_read_with_the_rkey_of_a_deregistered_region_fails_at_the_peer() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 4096);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 4096, 64);
     bed.server.dereg_mr(target).unwrap();
     let sge = [Sge::new(local, 0, 64)];
     let read = SendOp::Read {
@@ -730,11 +719,7 @@ fn a_read_is_refused_at_post_when_the_peer_accepted_no_responder_resources() {
         ..ConnParam::new()
     };
     let conn = establish_with(&mut bed, &ConnParam::new(), &none);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 64, 64);
     let sge = [Sge::new(local, 0, 8)];
     // The REP's responder resources (0) became the client QP's max_rd_atomic: a READ or an
     // atomic could never be sent (rxe would hold it and everything after it).
@@ -775,20 +760,14 @@ fn a_read_is_refused_at_post_when_the_peer_accepted_no_responder_resources() {
         .post_send_wr(conn.client.id, &SendWr::new(2, write, &sge))
         .unwrap();
     assert_eq!(one(&mut bed.client, conn.client.id).status, WcStatus::Success);
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 #[test]
 fn a_write_with_immediate_waits_for_a_receive_and_fails_when_its_rnr_retries_run_out() {
     let mut bed = bed!();
     let conn = establish(&mut bed);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 64, 64);
     let sge = [Sge::new(local, 0, 8)];
     let op = SendOp::Write {
         remote: remote.start(),
@@ -808,9 +787,7 @@ fn a_write_with_immediate_waits_for_a_receive_and_fails_when_its_rnr_retries_run
         (5, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 8, Some(9))
     );
     assert_eq!(one(&mut bed.client, conn.client.id).status, WcStatus::Success);
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 
     // One RNR retry: the requester gives up. Its QP's count is the one the peer sent in the
     // REP (the IB CM sets the active side's `rnr_retry` from the REP, the passive side's from
@@ -821,11 +798,7 @@ fn a_write_with_immediate_waits_for_a_receive_and_fails_when_its_rnr_retries_run
         ..ConnParam::new()
     };
     let conn = establish_with(&mut bed, &ConnParam::new(), &once);
-    let (target, remote) = remote_region(&mut bed.server, conn.child, 64);
-    let local = bed
-        .client
-        .reg_mr(conn.client.id, 64, Access::LOCAL_WRITE)
-        .unwrap();
+    let (target, remote, local) = regions(&mut bed, &conn, 64, 64);
     let sge = [Sge::new(local, 0, 8)];
     let op = SendOp::Write {
         remote: remote.start(),
@@ -849,9 +822,7 @@ fn a_write_with_immediate_waits_for_a_receive_and_fails_when_its_rnr_retries_run
     let mut landed = [1u8; 8];
     bed.server.read_mr(target, 0, &mut landed).unwrap();
     assert_eq!(landed, [0; 8], "nothing of the refused WRITE was placed");
-    bed.client.dereg_mr(local).unwrap();
-    bed.server.dereg_mr(target).unwrap();
-    teardown(&mut bed, conn);
+    release(&mut bed, conn, local, target);
 }
 
 #[test]
