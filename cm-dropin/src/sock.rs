@@ -57,9 +57,30 @@ fn seqpacket() -> io::Result<OwnedFd> {
 pub struct SeqListener(OwnedFd);
 
 impl SeqListener {
-    /// Binds and listens at `path` (an existing socket file there is replaced). The file
-    /// appears only once the socket listens, so whoever sees it can connect.
-    pub fn bind(path: &Path) -> io::Result<SeqListener> {
+    /// Binds and listens at `path`, a socket file with permission bits `mode` (`0o600`: only
+    /// its owner may connect). Whatever is at `path` already is left alone and refused
+    /// (`AlreadyExists`) unless it is a socket nobody listens on any more (a daemon that was
+    /// killed), which is replaced: a regular file, a symbolic link or a running daemon's socket
+    /// is never taken over. The file appears only once the socket listens with its mode set, so
+    /// whoever sees it can connect, and nobody else could before.
+    pub fn bind(path: &Path, mode: u32) -> io::Result<SeqListener> {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let taken = |what: &str| io::Error::new(io::ErrorKind::AlreadyExists, what.to_string());
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_socket() => {
+                return Err(taken("exists and is not a socket; not replaced"))
+            }
+            Ok(_) => match SeqConn::connect(path) {
+                Ok(_) => return Err(taken("a daemon listens there already")),
+                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                },
+                Err(e) => return Err(io::Error::new(e.kind(), format!("a socket not ours: {e}"))),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".{}.tmp", std::process::id()));
         let tmp = std::path::PathBuf::from(tmp);
@@ -68,9 +89,17 @@ impl SeqListener {
         let (sun, len) = sockaddr_un(&tmp)?;
         // SAFETY: sun is a valid sockaddr_un of `len` meaningful bytes, alive for the call.
         cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sun as *const libc::sockaddr_un).cast(), len) })?;
-        // SAFETY: plain call on an fd we own.
-        cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
-        std::fs::rename(&tmp, path)?;
+        // Before listen: until then a connect to the file is refused whatever its mode.
+        let listening = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode & 0o777))
+            // SAFETY: plain call on an fd we own.
+            .and_then(|()| cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) }).map(drop))
+            // A link fails if anything appeared at `path` since the check: never replaced.
+            .and_then(|()| std::fs::hard_link(&tmp, path));
+        let _ = std::fs::remove_file(&tmp);
+        listening.map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => taken("appeared while the daemon started; not replaced"),
+            _ => e,
+        })?;
         Ok(SeqListener(fd))
     }
 
@@ -286,7 +315,7 @@ mod tests {
     #[test]
     fn datagrams_keep_their_boundaries_and_close_reads_as_end() {
         let dir = std::env::temp_dir().join(format!("cmsim-sock-test-{}", std::process::id()));
-        let l = SeqListener::bind(&dir).unwrap();
+        let l = SeqListener::bind(&dir, 0o600).unwrap();
         let c = SeqConn::connect(&dir).unwrap();
         let s = l.accept().unwrap();
         c.send(b"one").unwrap();
@@ -301,6 +330,81 @@ mod tests {
         drop(c);
         assert!(!s.recv(&mut buf).unwrap());
         let _ = std::fs::remove_file(&dir);
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("cmsim-sock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn the_socket_file_has_the_mode_asked_for_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        for mode in [0o600, 0o660] {
+            let path = scratch(&format!("mode-{mode:o}"));
+            // SAFETY: umask only sets this process's file-creation mask; it cannot fail.
+            let old = unsafe { libc::umask(0) };
+            let l = SeqListener::bind(&path, mode);
+            // SAFETY: as above, putting the mask back.
+            unsafe { libc::umask(old) };
+            let _l = l.unwrap();
+            let got = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(got, mode, "{}", path.display());
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+
+    #[test]
+    fn a_path_holding_a_file_or_a_live_socket_is_refused_and_left_alone() {
+        let file = scratch("file");
+        std::fs::write(&file, b"precious").unwrap();
+        let e = SeqListener::bind(&file, 0o600).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+        let _ = std::fs::remove_file(&file);
+
+        let link = scratch("link");
+        std::os::unix::fs::symlink("/nonexistent/target", &link).unwrap();
+        assert_eq!(
+            SeqListener::bind(&link, 0o600).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        let _ = std::fs::remove_file(&link);
+
+        let live = scratch("live");
+        let first = SeqListener::bind(&live, 0o600).unwrap();
+        let e = SeqListener::bind(&live, 0o600).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        // The refused one's probe came and went (the daemon reads its end as a client that
+        // left without a word), and the first daemon still serves its path.
+        let mut buf = Vec::new();
+        assert!(
+            !first.accept().unwrap().recv(&mut buf).unwrap(),
+            "the probe hung up"
+        );
+        let c = SeqConn::connect(&live).unwrap();
+        let s = first.accept().unwrap();
+        c.send(b"still here").unwrap();
+        assert!(s.recv(&mut buf).unwrap());
+        assert_eq!(buf, b"still here");
+        let _ = std::fs::remove_file(&live);
+    }
+
+    #[test]
+    fn a_socket_nobody_listens_on_is_replaced() {
+        let path = scratch("stale");
+        drop(SeqListener::bind(&path, 0o600).unwrap());
+        assert!(
+            std::fs::symlink_metadata(&path).is_ok(),
+            "a killed daemon leaves its file"
+        );
+        let l = SeqListener::bind(&path, 0o600).unwrap();
+        let c = SeqConn::connect(&path).unwrap();
+        let _s = l.accept().unwrap();
+        drop(c);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -21,6 +21,9 @@ use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric, SimHost};
 
 const USAGE: &str = "\
 usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
+  --socket-mode MODE     the socket file's permission bits, octal (default 600: only this
+                         user's programs may attach); PATH must not exist, or be the socket
+                         of a daemon that is gone
   --seed N               simulator seed (default: CM_SIM_SEED or drawn)
   --cm-timeouts R,L      the IB CM's response timeout and packet lifetime, IBA exponents
                          (4.096 us x 2^t; Linux 6.1's 20,18: 6.1 s a try, 16 tries; 12,8:
@@ -42,6 +45,7 @@ On exit prints seed: and trace-hash: lines on stdout.";
 
 struct Options {
     socket: PathBuf,
+    socket_mode: u32,
     hosts: Vec<String>,
     seed: Option<u64>,
     cm_timeouts: Option<(u8, u8)>,
@@ -142,6 +146,7 @@ fn parse_fault(line: &str) -> Result<(Duration, Fault), String> {
 fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         socket: PathBuf::new(),
+        socket_mode: 0o600,
         hosts: Vec::new(),
         seed: None,
         cm_timeouts: None,
@@ -156,6 +161,15 @@ fn parse_args() -> Result<Options, String> {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--socket" => o.socket = PathBuf::from(val()?),
+            "--socket-mode" => {
+                let v = val()?;
+                o.socket_mode = u32::from_str_radix(&v, 8)
+                    .ok()
+                    .filter(|&m| m <= 0o777)
+                    .ok_or_else(|| {
+                        format!("bad --socket-mode {v:?}: want octal permission bits, e.g. 600")
+                    })?;
+            }
             "--host" => o.hosts.push(val()?),
             "--seed" => o.seed = Some(cm_sim::parse_seed(&val()?).ok_or("bad --seed")?),
             "--cm-timeouts" => {
@@ -1421,8 +1435,14 @@ fn main() {
     if !opts.faults.is_empty() {
         b = b.faults(opts.faults.clone());
     }
-    let fabric = b.build();
-    let listener = match SeqListener::bind(&opts.socket) {
+    let fabric = match b.try_build() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cmsim-daemon: {e}");
+            std::process::exit(2);
+        }
+    };
+    let listener = match SeqListener::bind(&opts.socket, opts.socket_mode) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("cmsim-daemon: {}: {e}", opts.socket.display());

@@ -1,0 +1,149 @@
+//! `cmsim-daemon` as a command: what it refuses before it serves anyone (bad arguments, a
+//! socket path it must not take), each with a one-line message and exit status 2, and the
+//! socket it makes reachable only as asked. No rdma-core program is needed.
+
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
+
+/// A path of this test's own under the temporary directory, with nothing there.
+fn scratch(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("cmsim-daemon-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(DAEMON)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-daemon")
+}
+
+/// Waits at most 30 s for `child` to exit; its status and stderr.
+fn finish(mut child: Child) -> (ExitStatus, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .expect("piped")
+                .read_to_string(&mut err)
+                .expect("read stderr");
+            return (status, err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("cmsim-daemon did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs the daemon with `args`, which it must refuse: exit 2 and one line naming `about`.
+#[track_caller]
+fn refused(args: &[&str], about: &str) -> String {
+    let (status, err) = finish(spawn(args));
+    assert_eq!(status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "one line for {args:?}: {err}");
+    assert!(err.contains(about), "{args:?}: {err:?} does not name {about:?}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// Waits until `path` is a socket (the daemon listens).
+fn wait_for_socket(path: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        assert!(Instant::now() < deadline, "no socket at {}", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn hosts_the_fabric_cannot_have_are_a_usage_error_not_a_panic() {
+    let socket = scratch("hosts");
+    let s = socket.to_str().expect("utf-8 path");
+    refused(&["--socket", s, "--host", "notanip"], "notanip");
+    refused(
+        &["--socket", s, "--host", "10.0.0.1", "--host", "10.0.0.1"],
+        "10.0.0.1",
+    );
+    refused(&["--socket", s, "--host", "127.0.0.1"], "127.0.0.1");
+    refused(
+        &["--socket", s, "--host", "10.0.0.1", "--fault", "0:crash 3"],
+        "host 3",
+    );
+    refused(
+        &["--socket", s, "--host", "10.0.0.1", "--socket-mode", "999"],
+        "--socket-mode",
+    );
+    assert!(std::fs::symlink_metadata(&socket).is_err(), "nothing was made");
+}
+
+#[test]
+fn a_socket_path_holding_a_file_is_refused_and_the_file_kept() {
+    let path = scratch("file");
+    std::fs::write(&path, b"somebody's data").expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    refused(&["--socket", p, "--host", "10.0.0.1"], "not a socket");
+    assert_eq!(std::fs::read(&path).expect("still there"), b"somebody's data");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_second_daemon_on_a_running_ones_socket_is_refused_and_the_first_keeps_it() {
+    let path = scratch("second");
+    let p = path.to_str().expect("utf-8 path");
+    let first = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "5"]);
+    wait_for_socket(&path);
+    refused(&["--socket", p, "--host", "10.0.0.1"], "already");
+    assert!(
+        std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()),
+        "the first daemon's socket is still there"
+    );
+    // The first daemon ends at its own time limit (exit 3) and removes its socket then.
+    let (status, err) = finish(first);
+    assert_eq!(status.code(), Some(3), "{err}");
+    assert!(std::fs::symlink_metadata(&path).is_err(), "removed at exit");
+}
+
+#[test]
+fn the_socket_is_reachable_only_by_its_owner_unless_a_mode_is_asked_for() {
+    for (mode, want) in [(None, 0o600), (Some("660"), 0o660)] {
+        let path = scratch(&format!("mode-{want:o}"));
+        let p = path.to_str().expect("utf-8 path");
+        let mut args = vec!["--socket", p, "--host", "10.0.0.1", "--max-seconds", "2"];
+        if let Some(m) = mode {
+            args.extend(["--socket-mode", m]);
+        }
+        // Whatever the umask the daemon starts with.
+        let daemon = Command::new("sh")
+            .arg("-c")
+            .arg("umask 000; exec \"$@\"")
+            .arg("sh")
+            .arg(DAEMON)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cmsim-daemon under umask 000");
+        wait_for_socket(&path);
+        let got = std::fs::symlink_metadata(&path)
+            .expect("the socket")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(got, want, "mode {mode:?}");
+        let (status, err) = finish(daemon);
+        assert_eq!(status.code(), Some(3), "{err}");
+    }
+}
