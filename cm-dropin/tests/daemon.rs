@@ -147,3 +147,52 @@ fn the_socket_is_reachable_only_by_its_owner_unless_a_mode_is_asked_for() {
         assert_eq!(status.code(), Some(3), "{err}");
     }
 }
+
+/// A process attached to the daemon at `socket` on host `host`, by the wire protocol's hello.
+fn attach(socket: &std::path::Path, host: &str) -> cm_dropin::sock::SeqConn {
+    use cm_dropin::proto::{Dec, Enc, Op};
+    let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
+    let mut e = Enc::op(Op::Hello);
+    e.u32(std::process::id())
+        .bytes(host.as_bytes())
+        .bytes(b"daemon-test");
+    conn.send(&e.0).expect("hello");
+    let mut buf = Vec::new();
+    assert!(conn.recv(&mut buf).expect("hello's answer"));
+    assert_eq!(Dec::new(&buf).i32(), Ok(0), "attached");
+    conn
+}
+
+/// A request and its status (and the reply's rest).
+fn ask(conn: &cm_dropin::sock::SeqConn, req: &cm_dropin::proto::Enc) -> (i32, Vec<u8>) {
+    conn.send(&req.0).expect("send");
+    let mut buf = Vec::new();
+    assert!(conn.recv(&mut buf).expect("reply"), "the daemon answers");
+    let status = cm_dropin::proto::Dec::new(&buf).i32().expect("status");
+    (status, buf[4..].to_vec())
+}
+
+#[test]
+fn a_region_past_the_end_of_the_address_space_is_refused_and_the_daemon_goes_on() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("regmr");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "3"]);
+    wait_for_socket(&path);
+    let conn = attach(&path, "10.0.0.1");
+    let reg = |addr: u64, len: u64| {
+        let mut e = Enc::op(Op::RegMr);
+        e.u64(addr).u64(len).u32(7);
+        e
+    };
+    assert_eq!(ask(&conn, &reg(u64::MAX - 15, 64)).0, libc::EINVAL);
+    assert_eq!(ask(&conn, &reg(u64::MAX, 1)).0, libc::EINVAL);
+    let (status, rest) = ask(&conn, &reg(0x1000, 64));
+    assert_eq!(status, 0, "a region that fits is registered");
+    let key = u32::from_le_bytes(rest[..4].try_into().expect("a key"));
+    assert_ne!(key, 0);
+    drop(conn);
+    let (status, err) = finish(daemon);
+    assert_eq!(status.code(), Some(3), "it ran to its limit: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -360,6 +360,10 @@ impl Daemon {
         }
     }
 
+    fn free_key(&mut self) -> Option<u32> {
+        next_free_key(&mut self.next_key, |k| self.mrs.contains_key(&k), self.mrs.len())
+    }
+
     fn id_of(&self, proc: u64, token: u64) -> Result<(IdHandle, SimHost), i32> {
         match self.ids.get(&token) {
             Some(e) if e.proc == proc => Ok((e.handle, self.procs[&proc].host.clone())),
@@ -657,8 +661,12 @@ impl Daemon {
                 let addr = d.u64().map_err(bad)?;
                 let len = d.u64().map_err(bad)?;
                 let access = d.u32().map_err(bad)?;
-                self.next_key = self.next_key.wrapping_add(1).max(1);
-                let key = self.next_key;
+                if addr.checked_add(len).is_none() {
+                    // A range past the end of the address space: verbs' EINVAL, before any
+                    // later access could add past it.
+                    return Err(libc::EINVAL);
+                }
+                let key = self.free_key().ok_or(libc::ENOMEM)?;
                 self.mrs.insert(
                     key,
                     MrEntry {
@@ -915,7 +923,8 @@ impl Daemon {
             return Ok(Err(WcStatus::RemAccessErr));
         };
         let end = addr.checked_add(len as u64);
-        if mr.access & need == 0 || addr < mr.addr || end.is_none_or(|e| e > mr.addr + mr.len) {
+        let region_end = mr.addr.checked_add(mr.len);
+        if mr.access & need == 0 || addr < mr.addr || end.zip(region_end).is_none_or(|(e, r)| e > r) {
             return Ok(Err(WcStatus::RemAccessErr));
         }
         match self.procs.get(&mr.proc) {
@@ -1414,6 +1423,21 @@ impl Daemon {
     }
 }
 
+/// The key after `last` that no live region has (`taken`, `live` of them; 0 is never a key),
+/// and `last` moved to it: after 2^32 registrations the counter comes round, and a key still
+/// in use must not name a second region. `None` when every key is taken.
+fn next_free_key(last: &mut u32, taken: impl Fn(u32) -> bool, live: usize) -> Option<u32> {
+    if live >= u32::MAX as usize {
+        return None;
+    }
+    loop {
+        *last = last.wrapping_add(1).max(1);
+        if !taken(*last) {
+            return Some(*last);
+        }
+    }
+}
+
 fn main() {
     let opts = match parse_args() {
         Ok(o) => o,
@@ -1496,6 +1520,17 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn region_keys_skip_zero_and_live_keys_when_the_counter_comes_round() {
+        let mut last = u32::MAX - 1;
+        let live = [u32::MAX, 1, 2];
+        let taken = |k| live.contains(&k);
+        assert_eq!(next_free_key(&mut last, taken, live.len()), Some(3));
+        assert_eq!(last, 3);
+        assert_eq!(next_free_key(&mut last, taken, live.len()), Some(4));
+        assert_eq!(next_free_key(&mut last, |_| true, u32::MAX as usize), None);
+    }
 
     #[test]
     fn a_link_fault_to_star_names_every_other_host() {
