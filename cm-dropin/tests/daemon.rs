@@ -196,3 +196,69 @@ fn a_region_past_the_end_of_the_address_space_is_refused_and_the_daemon_goes_on(
     assert_eq!(status.code(), Some(3), "it ran to its limit: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn a_trace_file_that_cannot_be_written_is_refused_before_anyone_attaches() {
+    let socket = scratch("trace-dir");
+    let s = socket.to_str().expect("utf-8 path");
+    refused(
+        &[
+            "--socket",
+            s,
+            "--host",
+            "10.0.0.1",
+            "--trace",
+            "/nonexistent/dir/trace.txt",
+        ],
+        "/nonexistent/dir/trace.txt",
+    );
+    refused(
+        &[
+            "--socket",
+            s,
+            "--host",
+            "10.0.0.1",
+            "--trace-mermaid",
+            "/nonexistent/dir/t.mmd",
+        ],
+        "/nonexistent/dir/t.mmd",
+    );
+    assert!(std::fs::symlink_metadata(&socket).is_err(), "no socket was made");
+}
+
+#[test]
+fn sigint_and_sigterm_end_the_daemon_with_its_trace_written_and_its_socket_removed() {
+    for (signal, name) in [(libc::SIGINT, "int"), (libc::SIGTERM, "term")] {
+        let path = scratch(&format!("signal-{name}"));
+        let trace = scratch(&format!("signal-{name}.trace"));
+        let (p, t) = (path.to_str().expect("utf-8"), trace.to_str().expect("utf-8"));
+        let daemon = spawn(&[
+            "--socket",
+            p,
+            "--host",
+            "10.0.0.1",
+            "--max-seconds",
+            "60",
+            "--trace",
+            t,
+        ]);
+        wait_for_socket(&path);
+        // Something in the trace: a process that attaches and leaves.
+        drop(attach(&path, "10.0.0.1"));
+        // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
+        assert_eq!(unsafe { libc::kill(daemon.id() as libc::pid_t, signal) }, 0);
+        let (status, err) = finish(daemon);
+        assert_eq!(status.code(), Some(128 + signal), "{name}: {err}");
+        assert!(err.contains("stopped by signal"), "{err}");
+        assert!(
+            std::fs::symlink_metadata(&path).is_err(),
+            "{name}: the socket is removed"
+        );
+        let written = std::fs::read_to_string(&trace).expect("the trace was written");
+        assert!(
+            written.ends_with('\n'),
+            "{name}: a complete trace file: {written:?}"
+        );
+        let _ = std::fs::remove_file(&trace);
+    }
+}

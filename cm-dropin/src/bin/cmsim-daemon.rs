@@ -10,6 +10,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
@@ -1323,6 +1324,14 @@ impl Daemon {
     fn run(&mut self, opts: &Options) -> i32 {
         let mut buf = Vec::new();
         loop {
+            let signal = STOP_SIGNAL.load(Ordering::Relaxed);
+            if signal != 0 {
+                eprintln!(
+                    "cmsim-daemon: stopped by signal {signal}; {} still attached",
+                    self.procs.len()
+                );
+                return 128 + signal;
+            }
             if let Some(n) = opts.processes {
                 if self.attached_total >= n && self.procs.is_empty() {
                     return 0;
@@ -1423,6 +1432,28 @@ impl Daemon {
     }
 }
 
+/// The signal (SIGINT or SIGTERM) that asked the daemon to stop, 0 while none has: the loop
+/// sees it within its 1 ms tick and the daemon then ends as at any other end, writing its trace
+/// and removing its socket.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+fn catch_stop_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe, and lives
+        // for the whole program; `signal` replaces no handler anything else relies on.
+        unsafe {
+            libc::signal(
+                signal,
+                on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
+    }
+}
+
 /// The key after `last` that no live region has (`taken`, `live` of them; 0 is never a key),
 /// and `last` moved to it: after 2^32 registrations the counter comes round, and a key still
 /// in use must not name a second region. `None` when every key is taken.
@@ -1466,6 +1497,15 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // The trace files are made now: one that cannot be written is said before anyone attaches,
+    // not after the run.
+    for path in [&opts.trace, &opts.trace_mermaid].into_iter().flatten() {
+        if let Err(e) = std::fs::File::create(path) {
+            eprintln!("cmsim-daemon: {}: {e}", path.display());
+            std::process::exit(2);
+        }
+    }
+    catch_stop_signals();
     let listener = match SeqListener::bind(&opts.socket, opts.socket_mode) {
         Ok(l) => l,
         Err(e) => {
@@ -1500,16 +1540,24 @@ fn main() {
         attached_total: 0,
         debug: std::env::var_os("CMSIM_DEBUG").is_some(),
     };
-    let code = d.run(&opts);
+    let mut code = d.run(&opts);
     let _ = std::fs::remove_file(&opts.socket);
-    if let Some(path) = &opts.trace {
-        if let Err(e) = std::fs::write(path, d.fabric.trace_lines().join("\n") + "\n") {
+    // A run whose trace was asked for and lost did not succeed.
+    let written = |path: &PathBuf, text: String| match std::fs::write(path, text) {
+        Ok(()) => true,
+        Err(e) => {
             eprintln!("cmsim-daemon: {}: {e}", path.display());
+            false
+        }
+    };
+    if let Some(path) = &opts.trace {
+        if !written(path, d.fabric.trace_lines().join("\n") + "\n") {
+            code = code.max(1);
         }
     }
     if let Some(path) = &opts.trace_mermaid {
-        if let Err(e) = std::fs::write(path, d.fabric.trace_mermaid()) {
-            eprintln!("cmsim-daemon: {}: {e}", path.display());
+        if !written(path, d.fabric.trace_mermaid()) {
+            code = code.max(1);
         }
     }
     println!("seed: {}", d.fabric.seed());
