@@ -118,6 +118,15 @@ fn connect_daemon() -> Result<Client, c_int> {
     let mut d = Dec::new(&buf);
     match d.i32() {
         Ok(0) => {}
+        Ok(libc::ENODEV) => {
+            // Said here too, so that the program's own "no RDMA devices" line has a reason.
+            eprintln!(
+                "cmsim: the fabric daemon at {} has no simulated host with address {host:?} ({} names the host)",
+                socket.display(),
+                proto::HOST_ENV
+            );
+            return Err(libc::ENODEV);
+        }
         Ok(errno) => return Err(errno),
         Err(_) => return Err(libc::EPROTO),
     }

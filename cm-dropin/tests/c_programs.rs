@@ -281,6 +281,62 @@ fn runs_laying_the_libraries_out_at_once_all_succeed() {
     }
 }
 
+/// A host the fabric does not have: the program's own "no RDMA devices" is explained by a line
+/// naming the address; a wait for a listener that takes longer than a server's start says so.
+#[test]
+fn a_host_not_on_the_fabric_and_a_wait_for_a_listener_are_said_on_stderr() {
+    if !installed("cmtime") {
+        return;
+    }
+    let fabric = Fabric::start("nohost", 1, &[]);
+    let child = Command::new(RUN)
+        .arg("--socket")
+        .arg(&fabric.socket)
+        .args(["--host", "10.9.9.9", "--", "cmtime", "-b", "10.9.9.9"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    let out = wait(child, Duration::from_secs(30), "cmtime on a missing host");
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("no simulated host with address \"10.9.9.9\""),
+        "stderr: {}",
+        out.stderr
+    );
+    let err = std::env::temp_dir().join(format!("cmsim-wait-{}.err", std::process::id()));
+    let mut waiting = Command::new(RUN)
+        .arg("--socket")
+        .arg(&fabric.socket)
+        .args([
+            "--host",
+            CLIENT,
+            "--wait-for-listener",
+            "10.0.0.1:7999",
+            "--",
+            "true",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("start cmsim-run");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let said = loop {
+        let text = std::fs::read_to_string(&err).unwrap_or_default();
+        if text.contains("waiting") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = waiting.kill();
+    let _ = waiting.wait();
+    let _ = std::fs::remove_file(&err);
+    assert!(
+        said.contains("still waiting after 5 s (at most 30 s) until something listens at 10.0.0.1:7999"),
+        "stderr: {said}"
+    );
+}
+
 #[test]
 fn a_program_without_a_daemon_fails_with_a_message() {
     if !installed("cmtime") {

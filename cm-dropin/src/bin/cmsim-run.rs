@@ -86,9 +86,18 @@ fn lay_out(lib_dir: Option<PathBuf>) -> Result<PathBuf, String> {
 
 /// Asks the daemon every 10 ms whether something listens at `addr`, for at most 30 s.
 fn wait_for_listener(socket: &Path, addr: SocketAddr) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(30);
+    let mut said = false;
     loop {
-        match probe(socket, addr) {
+        let answer = probe(socket, addr);
+        if !said && !matches!(answer, Ok(true)) && start.elapsed() >= Duration::from_secs(5) {
+            // Said once a wait is longer than a server takes to start, so that a wait for one
+            // that never comes is not silent (and a program's own stderr stays its own).
+            eprintln!("cmsim-run: still waiting after 5 s (at most 30 s) until something listens at {addr}");
+            said = true;
+        }
+        match answer {
             Ok(true) => return Ok(()),
             Ok(false) if Instant::now() > deadline => {
                 return Err(format!("nothing listens at {addr} after 30 s"))
