@@ -187,7 +187,9 @@ impl AsRawFd for SeqConn {
 }
 
 /// Receives one datagram from a socket fd (`flags` as for recv(2)); `Ok(false)` when the peer
-/// closed. Fails with `WouldBlock` on a non-blocking fd with nothing queued.
+/// closed. A datagram of no bytes is one (`Ok(true)`, `buf` empty, which no message decodes
+/// as): recv(2) answers it with 0 as it answers the end, so the end is told by the peer having
+/// hung up. Fails with `WouldBlock` on a non-blocking fd with nothing queued.
 pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<bool> {
     // Reused buffers keep their capacity: no zeroing and no allocation per message.
     buf.clear();
@@ -199,7 +201,7 @@ pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<b
         match cvt_size(r) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
-            Ok(0) => return Ok(false),
+            Ok(0) => return Ok(!hung_up(fd)),
             Ok(n) => {
                 // SAFETY: the kernel initialised the first n bytes of the spare capacity.
                 unsafe { buf.set_len(n) };
@@ -207,6 +209,18 @@ pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<b
             }
         }
     }
+}
+
+/// Whether the peer of the connected socket `fd` has closed its end (or shut down writing).
+fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: p is one valid pollfd for the duration of the call; a zero timeout never blocks.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r < 0 || p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
 /// Whether the application set `O_NONBLOCK` on `fd`.
@@ -327,6 +341,13 @@ mod tests {
         assert_eq!(buf, b"second");
         let e = recv_fd(s.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        // A datagram of no bytes is a message, not the end.
+        c.send(b"").unwrap();
+        c.send(b"after").unwrap();
+        assert!(s.recv(&mut buf).unwrap(), "an empty datagram is not the end");
+        assert!(buf.is_empty());
+        assert!(s.recv(&mut buf).unwrap());
+        assert_eq!(buf, b"after");
         drop(c);
         assert!(!s.recv(&mut buf).unwrap());
         let _ = std::fs::remove_file(&dir);

@@ -262,3 +262,31 @@ fn sigint_and_sigterm_end_the_daemon_with_its_trace_written_and_its_socket_remov
         let _ = std::fs::remove_file(&trace);
     }
 }
+
+#[test]
+fn an_empty_message_is_answered_as_malformed_and_its_process_stays_attached() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("empty");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&[
+        "--socket",
+        p,
+        "--host",
+        "10.0.0.1",
+        "--processes",
+        "1",
+        "--max-seconds",
+        "20",
+    ]);
+    wait_for_socket(&path);
+    let conn = attach(&path, "10.0.0.1");
+    assert_eq!(ask(&conn, &Enc(Vec::new())).0, libc::EPROTO);
+    let mut reg = Enc::op(Op::RegMr);
+    reg.u64(0x1000).u64(64).u32(7);
+    assert_eq!(ask(&conn, &reg).0, 0, "still attached: served");
+    drop(conn);
+    // --processes 1: the daemon ends once its one process has gone, and only then.
+    let (status, err) = finish(daemon);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("attached as host").count(), 1, "{err}");
+}
