@@ -290,3 +290,42 @@ fn an_empty_message_is_answered_as_malformed_and_its_process_stays_attached() {
     assert_eq!(status.code(), Some(0), "{err}");
     assert_eq!(err.matches("attached as host").count(), 1, "{err}");
 }
+
+#[test]
+fn silent_connections_are_closed_in_time_and_cannot_crowd_out_a_program() {
+    let path = scratch("silent");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
+    wait_for_socket(&path);
+    // More connections that never say a word than the daemon keeps.
+    let silent: Vec<_> = (0..300)
+        .map(|_| cm_dropin::sock::SeqConn::connect(&path).expect("connect"))
+        .collect();
+    let started = Instant::now();
+    drop(attach(&path, "10.0.0.1"));
+    // The first silent one is closed by the daemon: its recv sees the end, within the 5 s
+    // allowed for a first message and a margin.
+    use std::os::fd::AsRawFd;
+    // Past the daemon's 128 the oldest went at once, as the others came.
+    let first = cm_dropin::sock::poll(&[(silent[0].as_raw_fd(), false)], 2_000).expect("poll");
+    assert!(
+        first[0].closed || first[0].readable,
+        "the oldest silent one is closed at once"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let ready = cm_dropin::sock::poll(&[(silent[299].as_raw_fd(), false)], 15_000).expect("poll");
+    assert!(ready[0].readable || ready[0].closed, "closed within 15 s");
+    let mut buf = Vec::new();
+    assert!(!silent[299].recv(&mut buf).expect("recv"), "closed, not answered");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4),
+        "not before its time: {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(15), "{waited:?}");
+    drop(silent);
+    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
+    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+    let (status, err) = finish(daemon);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+}

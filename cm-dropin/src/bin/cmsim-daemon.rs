@@ -277,6 +277,13 @@ const IBV_WC_WITH_IMM: u32 = 2;
 /// The Global Routing Header a UD receive buffer starts with.
 const GRH_LEN: usize = 40;
 
+/// How long a connection may take to say its first message (a program's hello, a channel's
+/// attach, a probe): the library sends it right after connecting.
+const FIRST_MESSAGE_WITHIN: Duration = Duration::from_secs(5);
+/// Connections that have not said their first message yet, at most: past it the oldest is
+/// closed, so idle connections cannot crowd out programs.
+const MAX_SILENT: usize = 128;
+
 /// A completion channel: a socket the daemon writes one datagram per completion event into.
 struct CompChan {
     proc: u64,
@@ -295,8 +302,9 @@ struct ChanEntry {
 struct Daemon {
     fabric: SimFabric,
     listener: SeqListener,
-    /// Connections accepted but not yet identified by their first datagram.
-    fresh: Vec<SeqConn>,
+    /// Connections accepted but not yet identified by their first datagram, with when they
+    /// came.
+    fresh: Vec<(SeqConn, Instant)>,
     procs: HashMap<u64, Proc>,
     ids: HashMap<u64, IdEntry>,
     id_tokens: HashMap<(usize, IdHandle), u64>,
@@ -1346,8 +1354,11 @@ impl Daemon {
             }
             // What to watch, in a fixed order: listener, fresh, control sockets, channel sockets.
             let mut fds: Vec<(RawFd, bool)> = vec![(self.listener.as_raw_fd(), false)];
+            // Silent too long: closed (the peer reads the end).
+            self.fresh
+                .retain(|(_, since)| since.elapsed() < FIRST_MESSAGE_WITHIN);
             let nfresh = self.fresh.len();
-            fds.extend(self.fresh.iter().map(|c| (c.as_raw_fd(), false)));
+            fds.extend(self.fresh.iter().map(|(c, _)| (c.as_raw_fd(), false)));
             let mut procs: Vec<u64> = self.procs.keys().copied().collect();
             procs.sort_unstable();
             fds.extend(procs.iter().map(|p| (self.procs[p].ctrl.as_raw_fd(), false)));
@@ -1378,17 +1389,20 @@ impl Daemon {
                 .map(|r| r.readable || r.closed)
                 .collect();
             let mut keep = Vec::new();
-            for (i, c) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
+            for (i, (c, since)) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
                 if fresh_ready.get(i).copied().unwrap_or(false) {
                     self.on_fresh(c);
                 } else {
-                    keep.push(c);
+                    keep.push((c, since));
                 }
             }
             self.fresh = keep;
             if ready[0].readable {
                 if let Ok(c) = self.listener.accept() {
-                    self.fresh.push(c);
+                    if self.fresh.len() >= MAX_SILENT {
+                        self.fresh.remove(0);
+                    }
+                    self.fresh.push((c, Instant::now()));
                 }
             }
             for (i, p) in procs.iter().enumerate() {
