@@ -329,3 +329,79 @@ fn silent_connections_are_closed_in_time_and_cannot_crowd_out_a_program() {
     let (status, err) = finish(daemon);
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
 }
+
+/// The process token a hello's answer names.
+fn attach_with_token(socket: &std::path::Path, host: &str) -> (cm_dropin::sock::SeqConn, u64) {
+    use cm_dropin::proto::{Dec, Enc, Op};
+    let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
+    let mut e = Enc::op(Op::Hello);
+    e.u32(std::process::id())
+        .bytes(host.as_bytes())
+        .bytes(b"daemon-test");
+    conn.send(&e.0).expect("hello");
+    let mut buf = Vec::new();
+    assert!(conn.recv(&mut buf).expect("hello's answer"));
+    let mut d = Dec::new(&buf);
+    assert_eq!(d.i32(), Ok(0), "attached");
+    (conn, d.u64().expect("the process's token"))
+}
+
+#[test]
+fn only_the_process_an_event_went_to_may_ack_it_and_tokens_cannot_be_guessed() {
+    use cm_dropin::proto::{Dec, Enc, Op, CHAN_ATTACHED, CHAN_EVENT};
+    use std::os::fd::AsRawFd;
+    let path = scratch("ack");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
+    wait_for_socket(&path);
+    let (a, a_token) = attach_with_token(&path, "10.0.0.1");
+    let (b, b_token) = attach_with_token(&path, "10.0.0.1");
+    // Successive processes' tokens are not neighbours: the low 36 bits are random (this fails
+    // by chance once in 2^36 runs).
+    assert_ne!(
+        b_token.wrapping_sub(a_token),
+        1 << 36,
+        "{a_token:#x} {b_token:#x}"
+    );
+    assert_ne!(b_token.wrapping_sub(a_token), 1, "{a_token:#x} {b_token:#x}");
+
+    let one = |conn: &cm_dropin::sock::SeqConn, e: &Enc| {
+        let (status, rest) = ask(conn, e);
+        assert_eq!(status, 0, "{:?}", Dec::new(&e.0).u32());
+        u64::from_le_bytes(rest[..8].try_into().expect("a token"))
+    };
+    let ch = one(&a, &Enc::op(Op::CreateChannel));
+    let sock = cm_dropin::sock::SeqConn::connect(&path).expect("connect the channel");
+    let mut attach = Enc::op(Op::AttachChannel);
+    attach.u64(a_token).u64(ch);
+    sock.send(&attach.0).expect("attach");
+    let mut buf = Vec::new();
+    assert!(sock.recv(&mut buf).expect("attached"));
+    assert_eq!(buf, [CHAN_ATTACHED]);
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(ch).u32(0x0106);
+    let id = one(&a, &create);
+    let mut resolve = Enc::op(Op::ResolveAddr);
+    resolve
+        .u64(id)
+        .addr(None)
+        .addr(Some("10.0.0.1:7471".parse().expect("address")))
+        .u32(1000);
+    assert_eq!(ask(&a, &resolve).0, 0);
+    let ready = cm_dropin::sock::poll(&[(sock.as_raw_fd(), false)], 10_000).expect("poll");
+    assert!(ready[0].readable, "ADDR_RESOLVED within 10 s");
+    assert!(sock.recv(&mut buf).expect("the event"));
+    let mut d = Dec::new(&buf);
+    assert_eq!(d.u8(), Ok(CHAN_EVENT));
+    let n = d.event().expect("an event").event_no;
+    let mut ack = Enc::op(Op::AckEvent);
+    ack.u64(n);
+    assert_eq!(ask(&b, &ack).0, libc::EINVAL, "another process's ack is refused");
+    assert_eq!(ask(&a, &ack).0, 0, "and the event is still the owner's to ack");
+    assert_eq!(ask(&a, &ack).0, libc::EINVAL, "once");
+    drop((a, b, sock));
+    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
+    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+    let (status, err) = finish(daemon);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+}

@@ -323,10 +323,16 @@ struct Daemon {
     /// Listening ids (token → bound address), for the wrapper's probe.
     listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
-    events: HashMap<u64, (u64, CmEvent)>,
+    /// Events handed out and not acked: the process they went to, the id they count against,
+    /// the event.
+    events: HashMap<u64, (u64, u64, CmEvent)>,
     /// Per counted id token, its forwarded and unacked events.
     outstanding: HashMap<u64, HashSet<u64>>,
     next_token: u64,
+    next_id: u64,
+    /// Seeded from the operating system: tokens are not part of the simulation, whose seed
+    /// stays the run's alone.
+    token_rng: rand_chacha::ChaCha8Rng,
     started: Instant,
     attached_total: usize,
     /// `CMSIM_DEBUG` set: log every forwarded event and every request.
@@ -356,9 +362,28 @@ fn errno_of(e: &CmError) -> i32 {
 }
 
 impl Daemon {
+    /// An id's token, which is also its QP's number (`qp_num`, 24 bits on the wire): counted.
+    /// Ids are checked against their owner on every use, so knowing another's number is not
+    /// reaching it.
+    fn id_token(&mut self) -> u64 {
+        // Past 2^24 ids the count comes round: 0 and ids still alive are skipped.
+        loop {
+            self.next_id = (self.next_id + 1) & 0x00FF_FFFF;
+            if self.next_id != 0 && !self.ids.contains_key(&self.next_id) {
+                return self.next_id;
+            }
+        }
+    }
+
+    /// A new name for a process, channel, CQ or event: unguessable, so that a process cannot
+    /// name another's (each is also checked against its owner). The high 28
+    /// bits count, so that tokens sort in the order they were made (the loop serves processes
+    /// and channels in that order, as before, for the first 2^28 tokens); the low 36 are
+    /// random: 2^36 requests to hit one by chance.
     fn token(&mut self) -> u64 {
-        self.next_token += 1;
-        self.next_token
+        use rand_chacha::rand_core::RngCore;
+        self.next_token = self.next_token.wrapping_add(1);
+        (self.next_token << 36) | (self.token_rng.next_u64() & ((1 << 36) - 1))
     }
 
     fn sync_clock(&mut self) {
@@ -849,7 +874,7 @@ impl Daemon {
             }
             Op::AckEvent => {
                 let n = d.u64().map_err(bad)?;
-                self.ack_event(n)
+                self.ack_event(proc, n)
             }
             Op::QueryAddrs => {
                 let t = d.u64().map_err(bad)?;
@@ -1012,7 +1037,7 @@ impl Daemon {
     }
 
     fn register_id(&mut self, proc: u64, host: usize, id: IdHandle) -> u64 {
-        let t = self.token();
+        let t = self.id_token();
         self.ids.insert(
             t,
             IdEntry {
@@ -1050,8 +1075,13 @@ impl Daemon {
         self.outstanding.remove(&t);
     }
 
-    fn ack_event(&mut self, n: u64) -> Result<(), i32> {
-        let Some((counted, ev)) = self.events.remove(&n) else {
+    fn ack_event(&mut self, proc: u64, n: u64) -> Result<(), i32> {
+        // Only the process the event went to may ack it: another's ack is refused and leaves
+        // the event outstanding.
+        if self.events.get(&n).is_none_or(|&(to, _, _)| to != proc) {
+            return Err(libc::EINVAL);
+        }
+        let Some((_, counted, ev)) = self.events.remove(&n) else {
             return Err(libc::EINVAL);
         };
         if let Some(set) = self.outstanding.get_mut(&counted) {
@@ -1078,7 +1108,10 @@ impl Daemon {
         let mut nos = nos;
         nos.sort_unstable();
         for n in nos {
-            let _ = self.ack_event(n);
+            // The daemon acks on the owner's behalf (its id or process is going).
+            if let Some(&(to, _, _)) = self.events.get(&n) {
+                let _ = self.ack_event(to, n);
+            }
         }
     }
 
@@ -1198,7 +1231,7 @@ impl Daemon {
             );
         }
         self.outstanding.entry(counted).or_default().insert(n);
-        self.events.insert(n, (counted, ev));
+        self.events.insert(n, (proc, counted, ev));
         let mut e = Enc::default();
         e.event(&wire);
         e.0
@@ -1455,6 +1488,19 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
     STOP_SIGNAL.store(signal, Ordering::Relaxed);
 }
 
+/// A generator seeded from the kernel's randomness (`/dev/urandom`).
+fn token_rng() -> rand_chacha::ChaCha8Rng {
+    use rand_chacha::rand_core::SeedableRng;
+    let mut seed = [0u8; 32];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut seed)) {
+        Ok(()) => rand_chacha::ChaCha8Rng::from_seed(seed),
+        Err(e) => {
+            eprintln!("cmsim-daemon: /dev/urandom: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn catch_stop_signals() {
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe, and lives
@@ -1550,6 +1596,8 @@ fn main() {
         events: HashMap::new(),
         outstanding: HashMap::new(),
         next_token: 0,
+        next_id: 0,
+        token_rng: token_rng(),
         started: Instant::now(),
         attached_total: 0,
         debug: std::env::var_os("CMSIM_DEBUG").is_some(),
