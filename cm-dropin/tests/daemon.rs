@@ -48,6 +48,16 @@ fn finish(mut child: Child) -> (ExitStatus, String) {
     }
 }
 
+/// Ends `daemon` with `signal`, which it must take as a stop (exit 128 + the signal); its stderr.
+#[track_caller]
+fn stop(daemon: Child, signal: libc::c_int) -> String {
+    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
+    assert_eq!(unsafe { libc::kill(daemon.id() as libc::pid_t, signal) }, 0);
+    let (status, err) = finish(daemon);
+    assert_eq!(status.code(), Some(128 + signal), "signal {signal}: {err}");
+    err
+}
+
 /// Runs the daemon with `args`, which it must refuse: exit 2 and one line naming `about`.
 #[track_caller]
 fn refused(args: &[&str], about: &str) -> String {
@@ -150,17 +160,7 @@ fn the_socket_is_reachable_only_by_its_owner_unless_a_mode_is_asked_for() {
 
 /// A process attached to the daemon at `socket` on host `host`, by the wire protocol's hello.
 fn attach(socket: &std::path::Path, host: &str) -> cm_dropin::sock::SeqConn {
-    use cm_dropin::proto::{Dec, Enc, Op};
-    let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
-    let mut e = Enc::op(Op::Hello);
-    e.u32(std::process::id())
-        .bytes(host.as_bytes())
-        .bytes(b"daemon-test");
-    conn.send(&e.0).expect("hello");
-    let mut buf = Vec::new();
-    assert!(conn.recv(&mut buf).expect("hello's answer"));
-    assert_eq!(Dec::new(&buf).i32(), Ok(0), "attached");
-    conn
+    attach_with_token(socket, host).0
 }
 
 /// A request and its status (and the reply's rest).
@@ -245,11 +245,8 @@ fn sigint_and_sigterm_end_the_daemon_with_its_trace_written_and_its_socket_remov
         wait_for_socket(&path);
         // Something in the trace: a process that attaches and leaves.
         drop(attach(&path, "10.0.0.1"));
-        // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
-        assert_eq!(unsafe { libc::kill(daemon.id() as libc::pid_t, signal) }, 0);
-        let (status, err) = finish(daemon);
-        assert_eq!(status.code(), Some(128 + signal), "{name}: {err}");
-        assert!(err.contains("stopped by signal"), "{err}");
+        let err = stop(daemon, signal);
+        assert!(err.contains("stopped by signal"), "{name}: {err}");
         assert!(
             std::fs::symlink_metadata(&path).is_err(),
             "{name}: the socket is removed"
@@ -324,13 +321,10 @@ fn silent_connections_are_closed_in_time_and_cannot_crowd_out_a_program() {
     );
     assert!(waited < Duration::from_secs(15), "{waited:?}");
     drop(silent);
-    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
-    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
-    let (status, err) = finish(daemon);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    stop(daemon, libc::SIGTERM);
 }
 
-/// The process token a hello's answer names.
+/// [`attach`], with the process token the hello's answer names.
 fn attach_with_token(socket: &std::path::Path, host: &str) -> (cm_dropin::sock::SeqConn, u64) {
     use cm_dropin::proto::{Dec, Enc, Op};
     let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
@@ -400,8 +394,5 @@ fn only_the_process_an_event_went_to_may_ack_it_and_tokens_cannot_be_guessed() {
     assert_eq!(ask(&a, &ack).0, 0, "and the event is still the owner's to ack");
     assert_eq!(ask(&a, &ack).0, libc::EINVAL, "once");
     drop((a, b, sock));
-    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
-    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
-    let (status, err) = finish(daemon);
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    stop(daemon, libc::SIGTERM);
 }
