@@ -66,6 +66,28 @@ struct Client {
     ctrl: SeqConn,
     proc: u64,
     socket: PathBuf,
+    /// The process that said the hello. A forked child inherits the socket but is not that
+    /// process (the daemon refuses its requests on it): it says a hello of its own.
+    pid: u32,
+}
+
+/// The connection to the daemon, made (or, in a forked child, made again) when needed.
+fn client(guard: &mut Option<Client>) -> Result<&Client, c_int> {
+    let pid = std::process::id();
+    if let Some(old) = guard.as_ref() {
+        if old.pid != pid {
+            eprintln!(
+                "cmsim: process {pid}, forked from {}, attaches to the fabric as a process of its own: its parent's ids, channels and regions are not its",
+                old.pid
+            );
+            // Dropping closes this process's copy of the parent's socket only.
+            *guard = None;
+        }
+    }
+    if guard.is_none() {
+        *guard = Some(connect_daemon()?);
+    }
+    Ok(guard.as_ref().expect("connected above"))
 }
 
 static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
@@ -135,26 +157,25 @@ fn connect_daemon() -> Result<Client, c_int> {
     let _addr = d.addr().map_err(|_| libc::EPROTO)?;
     // The daemon places RDMA READ/WRITE data in this process's memory, as a NIC would.
     sock::allow_ptracer(d.u32().map_err(|_| libc::EPROTO)?);
-    Ok(Client { ctrl, proc, socket })
+    Ok(Client {
+        ctrl,
+        proc,
+        socket,
+        pid: std::process::id(),
+    })
 }
 
 /// The daemon's socket path and this process's number (connecting first if needed).
 pub(crate) fn daemon_address() -> Result<(PathBuf, u64), c_int> {
     let mut guard = lock(&CLIENT);
-    if guard.is_none() {
-        *guard = Some(connect_daemon()?);
-    }
-    let c = guard.as_ref().expect("connected above");
+    let c = client(&mut guard)?;
     Ok((c.socket.clone(), c.proc))
 }
 
 /// One request and its reply; the control socket is held only for this exchange.
 pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     let mut guard = lock(&CLIENT);
-    if guard.is_none() {
-        *guard = Some(connect_daemon()?);
-    }
-    let client = guard.as_ref().expect("connected above");
+    let client = client(&mut guard)?;
     client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)?;
     let mut buf = Vec::new();
     if !matches!(client.ctrl.recv(&mut buf), Ok(true)) {

@@ -251,7 +251,17 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
         let signaled = (w.send_flags & IBV_SEND_SIGNALED != 0) as u8;
         // SAFETY: sg_list holds num_sge entries.
         let list = unsafe { sges(w.sg_list, w.num_sge) };
+        let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
         let errno = match w.opcode {
+            // As rxe's post_send: a message past the port's max_msg_sz is refused, not cut
+            // (one message is one datagram to the daemon, whose size this bounds).
+            _ if total > u64::from(proto::MAX_MESSAGE) => {
+                eprintln!(
+                    "cmsim: ibv_post_send: {total} bytes exceed the simulated port's max_msg_sz ({}): EINVAL",
+                    proto::MAX_MESSAGE
+                );
+                libc::EINVAL
+            }
             // SAFETY: qp came from rdma_create_qp.
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM if unsafe { (*qp).qp_type } == IBV_QPT_UD => {
                 let mut data = Vec::new();
@@ -329,6 +339,7 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
 /// An RDMA READ: the daemon reads the remote region, this library places the bytes, and only
 /// then is the completion queued, so whoever polls it sees the data in place.
 unsafe fn rdma_read(token: u64, w: &IbvSendWr, local: &[(u64, u32)], signaled: u8) -> c_int {
+    // post_send has refused a total past max_msg_sz, so this sum fits.
     let len: u32 = local.iter().map(|s| s.1).sum();
     let mut e = Enc::op(Op::RdmaRead);
     e.u64(token).u64(w.remote_addr).u32(w.rkey).u32(len);

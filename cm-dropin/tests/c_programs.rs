@@ -572,6 +572,207 @@ fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_sile
 }
 
 #[test]
+fn sends_writes_and_reads_of_max_msg_sz_arrive_whole_and_one_byte_more_is_einval() {
+    let Some(sizes) = compile_c("sizes") else {
+        return;
+    };
+    let sizes = sizes.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "sizes",
+        &[&sizes, "server", SERVER],
+        &[&sizes, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&sizes);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+/// Runs `tests/c/fork.c` in `mode` on a fabric of its own; the program's output, the
+/// daemon's, and the parent's and child's pids as it printed them.
+fn fork_run(mode: &str) -> Option<(Output, Output, u32, u32)> {
+    let fork = compile_c("fork")?;
+    let fork = fork.to_string_lossy().into_owned();
+    let fabric = Fabric::start(&format!("fork-{mode}"), 2, &[]);
+    let run = fabric.spawn(SERVER, &[&fork, mode, SERVER]);
+    let out = wait(run, Duration::from_secs(30), "fork");
+    let daemon = fabric.finish();
+    let _ = std::fs::remove_file(&fork);
+    let pid = |who: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(who)?.strip_prefix(' ')?.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("no `{who} PID` line in\n{}\n{}", out.stdout, out.stderr))
+    };
+    let (parent, child) = (pid("parent"), pid("child"));
+    Some((out, daemon, parent, child))
+}
+
+#[test]
+fn a_forked_child_is_a_process_of_its_own_and_cannot_act_on_its_parents_socket() {
+    let Some((out, daemon, parent, child)) = fork_run("child-calls") else {
+        return;
+    };
+    assert!(out.stdout.contains("child: ok"), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("parent: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "process {child}, forked from {parent}, attaches to the fabric"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        daemon
+            .stderr
+            .contains(&format!("[{parent}]@{SERVER}'s socket from pid {child} refused")),
+        "{}",
+        daemon.stderr
+    );
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+#[test]
+fn a_parent_that_exits_is_detached_at_once_though_its_child_holds_its_sockets() {
+    let Some((out, daemon, parent, child)) = fork_run("parent-exits") else {
+        return;
+    };
+    assert!(out.stdout.contains("child: ok"), "{}\n{}", out.stdout, out.stderr);
+    let at = |what: String| {
+        daemon
+            .stderr
+            .find(&what)
+            .unwrap_or_else(|| panic!("no `{what}` in\n{}", daemon.stderr))
+    };
+    // Before its child (which slept a second holding the sockets) attached: the exit itself
+    // was seen, not the last socket's close, so its region was revoked then.
+    assert!(
+        at(format!("[{parent}]@{SERVER} detached")) < at(format!("[{child}]@{SERVER} attached")),
+        "{}",
+        daemon.stderr
+    );
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+/// Sends `signal` to the program `child` runs (cmsim-run executes it, so the pid is its).
+fn signal(child: &Child, signal: libc::c_int) {
+    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+}
+
+/// The state letter of `child`'s process (`/proc/PID/stat`: R, S, T, Z...).
+fn state(child: &Child) -> char {
+    // Stopping takes effect at the next return to user space; a moment is enough.
+    std::thread::sleep(Duration::from_millis(50));
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("stat");
+    let after_name = &stat[stat.rfind(')').expect("(comm)") + 1..];
+    after_name.trim_start().chars().next().expect("a state")
+}
+
+/// A process of the test's own on the fabric at `socket`: attaches and makes a channel, which
+/// must take less than `within`.
+fn served_within(socket: &Path, within: Duration) {
+    use cm_dropin::proto::{Dec, Enc, Op};
+    let started = Instant::now();
+    let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
+    let mut e = Enc::op(Op::Hello);
+    e.u32(std::process::id())
+        .bytes(SERVER.as_bytes())
+        .bytes(b"bystander");
+    conn.send(&e.0).expect("hello");
+    let mut buf = Vec::new();
+    assert!(conn.recv(&mut buf).expect("hello's answer"));
+    assert_eq!(Dec::new(&buf).i32(), Ok(0));
+    conn.send(&Enc::op(Op::CreateChannel).0).expect("request");
+    assert!(conn.recv(&mut buf).expect("reply"));
+    assert_eq!(Dec::new(&buf).i32(), Ok(0));
+    assert!(started.elapsed() < within, "served in {:?}", started.elapsed());
+}
+
+#[test]
+fn a_program_stopped_mid_run_holds_up_no_one_and_finishes_when_continued() {
+    if !installed("cmtime") {
+        return;
+    }
+    let fabric = Fabric::start("stopped", 3, &[]);
+    // 5 000 connections: several seconds in a debug build, so the stop comes mid-run.
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "5000"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "5000"]);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&client, libc::SIGSTOP);
+    if state(&client) != 'T' {
+        let out = wait(client, Duration::from_secs(5), "cmtime client");
+        panic!("not stopped mid-run: {}\n{}", out.stdout, out.stderr);
+    }
+    served_within(&fabric.socket, Duration::from_secs(2));
+    // Longer than the daemon waits for a reply to be read: a stopped program has at most one
+    // reply per thread waiting, which its socket holds, so it is not taken for one that
+    // stopped reading.
+    std::thread::sleep(Duration::from_secs(6));
+    signal(&client, libc::SIGCONT);
+    let out = wait(client, Duration::from_secs(90), "cmtime client");
+    let server_out = stop(server);
+    assert!(
+        out.status.success(),
+        "client: {}\n{}\nserver: {}",
+        out.stdout,
+        out.stderr,
+        server_out.stderr
+    );
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with("connect")),
+        "{}",
+        out.stdout
+    );
+    let daemon = fabric.finish();
+    assert!(!daemon.stderr.contains("cut off"), "{}", daemon.stderr);
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+#[test]
+fn a_program_killed_mid_run_is_detached_and_the_fabric_goes_on() {
+    if !installed("cmtime") {
+        return;
+    }
+    // Both pairs and the bystander.
+    let fabric = Fabric::start("killed", 5, &[]);
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "5000"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "5000"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let server_pid = server.id();
+    assert!(
+        matches!(state(&server), 'S' | 'R'),
+        "killed mid-run, not finished already"
+    );
+    signal(&server, libc::SIGKILL);
+    let _ = wait(server, Duration::from_secs(10), "killed server");
+    served_within(&fabric.socket, Duration::from_secs(2));
+    let _ = stop(client);
+    // A second pair on the same fabric, after the first's ends.
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "20"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "20"]);
+    let out = wait(client, Duration::from_secs(60), "second cmtime client");
+    let _ = stop(server);
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let daemon = fabric.finish();
+    assert!(
+        daemon
+            .stderr
+            .contains(&format!("cmtime[{server_pid}]@{SERVER} detached")),
+        "{}",
+        daemon.stderr
+    );
+    assert!(!daemon.stderr.contains("panicked"), "{}", daemon.stderr);
+}
+
+#[test]
 fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
     if !installed("rping") {
         return;

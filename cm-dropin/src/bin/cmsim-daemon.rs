@@ -17,7 +17,7 @@ use cm_core::{
     ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, PortSpace, QpCaps, WcOpcode, WcStatus,
 };
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
-use cm_dropin::sock::{self, SeqConn, SeqListener};
+use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
 use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric, SimHost};
 
 const USAGE: &str = "\
@@ -215,14 +215,23 @@ fn parse_args() -> Result<Options, String> {
 /// One attached process.
 struct Proc {
     ctrl: SeqConn,
-    /// The process's pid, for reading and writing its registered memory.
+    /// The process's pid as the kernel named it when it connected, for reading and writing its
+    /// registered memory. Every request is checked to come from it.
     pid: u32,
+    /// The process itself: readable once it exits, even while a forked child still holds the
+    /// control socket, and never another process that later gets the same pid.
+    pidfd: ProcessFd,
     host: SimHost,
     name: String,
     ids: HashSet<u64>,
     channels: HashSet<u64>,
-    /// Sockets of destroyed channels, closed when the process goes.
+    /// The daemon's ends of destroyed channels, kept until the program's end closes: a
+    /// thread still blocked reading a destroyed channel keeps blocking, as on librdmacm,
+    /// instead of reading the end (cmtime's event thread does this at exit).
     closed: Vec<SeqConn>,
+    /// A reply the socket had no room for, and since when: the process is not served again
+    /// until it has read it, and is cut off when it has not within [`REPLY_READ_WITHIN`].
+    unsent: Option<(Vec<u8>, Instant)>,
 }
 
 struct IdEntry {
@@ -283,6 +292,11 @@ const FIRST_MESSAGE_WITHIN: Duration = Duration::from_secs(5);
 /// Connections that have not said their first message yet, at most: past it the oldest is
 /// closed, so idle connections cannot crowd out programs.
 const MAX_SILENT: usize = 128;
+/// How long a reply may wait for its process to read it. The library reads each reply as
+/// soon as it has sent the request, so only a process that stopped reading (a hostile client,
+/// or one stopped with requests it never waits for) gets here; it is cut off so that its
+/// socket and state are not held for ever.
+const REPLY_READ_WITHIN: Duration = Duration::from_secs(5);
 
 /// A completion channel: a socket the daemon writes one datagram per completion event into.
 struct CompChan {
@@ -335,6 +349,11 @@ struct Daemon {
     token_rng: rand_chacha::ChaCha8Rng,
     started: Instant,
     attached_total: usize,
+    /// An fd held in reserve: given up when the daemon has no other, to accept and close a
+    /// connection it has no room for.
+    spare_fd: Option<std::fs::File>,
+    /// Running out of fds has been said on stderr (once: it may recur on every accept).
+    said_out_of_fds: bool,
     /// `CMSIM_DEBUG` set: log every forwarded event and every request.
     debug: bool,
 }
@@ -453,9 +472,9 @@ impl Daemon {
                 };
                 let mut host = self.procs[&proc].host.clone();
                 cm(host.destroy_event_channel(handle))?;
-                // The application's end stays open until the process goes: a thread still
-                // blocked reading it must keep blocking (as on a closed librdmacm channel), not
-                // see end-of-file.
+                // The daemon's end goes when the program's does (watched in the loop): a
+                // program that makes and destroys channels all its life must not use up the
+                // daemon's fds.
                 if let Some(sock) = self.channels.remove(&t).and_then(|c| c.sock) {
                     self.procs
                         .get_mut(&proc)
@@ -683,6 +702,9 @@ impl Daemon {
                 let wr_id = d.u64().map_err(bad)?;
                 let signaled = d.u8().map_err(bad)? != 0;
                 let data = d.bytes().map_err(bad)?;
+                if data.len() > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
                 let (id, mut host) = self.id_of(proc, t)?;
                 cm(host.post_send(id, wr_id, data))?;
                 if let Some(e) = self.ids.get_mut(&t) {
@@ -781,6 +803,9 @@ impl Daemon {
                 let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
                 let data = d.bytes().map_err(bad)?.to_vec();
                 let group = d.bytes().map_err(bad)?.to_vec();
+                if data.len() > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
                 self.id_of(proc, t)?;
                 if !self.ids.get(&t).is_some_and(|e| e.has_qp && e.ud) {
                     return Err(libc::EINVAL);
@@ -943,7 +968,7 @@ impl Daemon {
         len: usize,
         need: u32,
     ) -> Result<Result<u32, WcStatus>, i32> {
-        let (id, host) = self.id_of(proc, t)?;
+        let (id, mut host) = self.id_of(proc, t)?;
         if !self.ids.get(&t).is_some_and(|e| e.has_qp) {
             return Err(libc::EINVAL);
         }
@@ -953,17 +978,37 @@ impl Daemon {
             // Posting a send before RTS is the caller's error, as ibv_post_send's EINVAL.
             Ok(_) => return Err(libc::EINVAL),
         }
+        if len > proto::MAX_MESSAGE as usize {
+            // The library refuses these before sending; a client that does not is refused
+            // here, before the daemon would hold the bytes.
+            return Err(libc::EINVAL);
+        }
         let Some(mr) = self.mrs.get(&rkey) else {
             return Ok(Err(WcStatus::RemAccessErr));
         };
+        // An rkey is valid only at the other end of the QP: the region must be the connected
+        // peer's, as a key of another protection domain is a remote access error on a NIC.
+        let peer_proc = host
+            .get_local_addr(id)
+            .ok()
+            .flatten()
+            .zip(host.get_peer_addr(id).ok().flatten())
+            .and_then(|(l, p)| self.endpoints.get(&(p, l)))
+            .and_then(|peer| self.ids.get(peer))
+            .map(|e| e.proc);
+        if peer_proc != Some(mr.proc) {
+            return Ok(Err(WcStatus::RemAccessErr));
+        }
         let end = addr.checked_add(len as u64);
         let region_end = mr.addr.checked_add(mr.len);
         if mr.access & need == 0 || addr < mr.addr || end.zip(region_end).is_none_or(|(e, r)| e > r) {
             return Ok(Err(WcStatus::RemAccessErr));
         }
         match self.procs.get(&mr.proc) {
-            Some(p) => Ok(Ok(p.pid)),
-            None => Ok(Err(WcStatus::RemAccessErr)),
+            // An exited owner's pid may already be another process's: its memory is not
+            // touched, whether or not the loop has seen the exit yet.
+            Some(p) if !p.pidfd.exited() => Ok(Ok(p.pid)),
+            _ => Ok(Err(WcStatus::RemAccessErr)),
         }
     }
 
@@ -1271,11 +1316,50 @@ impl Daemon {
         eprintln!("cmsim-daemon: {} detached", p.name);
     }
 
+    /// Checks a hello's stated pid against the kernel's word: the process that connected
+    /// (`SO_PEERCRED`) and the one that sent the hello (`SCM_CREDENTIALS`) must both be it,
+    /// so no process can have the daemon act on (and reach the memory of) another. Returns the
+    /// process's pidfd, or the errno the hello is refused with.
+    fn check_hello(
+        &mut self,
+        conn: &SeqConn,
+        stated: u32,
+        sender: Option<u32>,
+        name: &str,
+    ) -> Result<ProcessFd, i32> {
+        let connected = sock::peer(conn.as_raw_fd()).map(|p| p.pid).ok();
+        if connected != Some(stated) || sender != Some(stated) {
+            eprintln!(
+                "cmsim-daemon: {name}: hello refused: it says pid {stated}, the kernel says pid {} connected and pid {} sent it",
+                connected.map_or("?".into(), |p| p.to_string()),
+                sender.map_or("?".into(), |p| p.to_string()),
+            );
+            return Err(libc::EPERM);
+        }
+        let mut opened = ProcessFd::open(stated);
+        if matches!(&opened, Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+            && !self.fresh.is_empty()
+        {
+            // Out of fds: a program is worth more than the oldest connection that said nothing.
+            self.fresh.remove(0);
+            opened = ProcessFd::open(stated);
+        }
+        opened.map_err(|e| {
+            eprintln!("cmsim-daemon: {name}: hello refused: pidfd_open: {e}");
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                libc::ESRCH
+            } else {
+                libc::EAGAIN
+            }
+        })
+    }
+
     fn on_fresh(&mut self, conn: SeqConn) {
         let mut buf = Vec::new();
-        if !matches!(conn.recv(&mut buf), Ok(true)) {
-            return;
-        }
+        let sender = match sock::recv_from(conn.as_raw_fd(), &mut buf, 0) {
+            Ok(Received::Message { sender }) => sender,
+            _ => return,
+        };
         let mut d = Dec::new(&buf);
         match d.u32().ok().and_then(Op::from_u32) {
             Some(Op::Hello) => {
@@ -1283,6 +1367,15 @@ impl Daemon {
                 let host = d.str().unwrap_or("").to_string();
                 let argv0 = d.str().unwrap_or("?").to_string();
                 let name = format!("{argv0}[{pid}]@{host}");
+                let pidfd = match self.check_hello(&conn, pid, sender, &name) {
+                    Ok(fd) => fd,
+                    Err(errno) => {
+                        let mut e = Enc::default();
+                        e.i32(errno);
+                        let _ = conn.try_send(&e.0);
+                        return;
+                    }
+                };
                 let sim_host = if host.is_empty() {
                     Some(self.fabric.host(0))
                 } else {
@@ -1295,24 +1388,26 @@ impl Daemon {
                     None => {
                         eprintln!("cmsim-daemon: {name}: no simulated host has address {host}");
                         e.i32(libc::ENODEV);
-                        let _ = conn.send(&e.0);
+                        let _ = conn.try_send(&e.0);
                     }
                     Some(h) => {
                         let t = self.token();
                         e.i32(0).u64(t).u32(h.index() as u32);
                         e.addr(Some(SocketAddr::new(h.addr(), 0))).u32(std::process::id());
-                        if conn.send(&e.0).is_ok() {
+                        if conn.try_send(&e.0).is_ok() {
                             eprintln!("cmsim-daemon: {name} attached as host {}", h.index());
                             self.procs.insert(
                                 t,
                                 Proc {
                                     ctrl: conn,
                                     pid,
+                                    pidfd,
                                     host: h,
                                     name,
                                     ids: HashSet::new(),
                                     channels: HashSet::new(),
                                     closed: Vec::new(),
+                                    unsent: None,
                                 },
                             );
                             self.attached_total += 1;
@@ -1329,16 +1424,19 @@ impl Daemon {
                 });
                 let mut e = Enc::default();
                 e.i32(0).u8(found as u8);
-                let _ = conn.send(&e.0);
+                let _ = conn.try_send(&e.0);
             }
             Some(Op::AttachCompChannel) => {
                 let proc = d.u64().unwrap_or(0);
                 let ct = d.u64().unwrap_or(0);
+                if !self.sent_by_owner(proc, sender) {
+                    return;
+                }
                 if let Some(c) = self.comp_channels.get_mut(&ct) {
                     if c.proc == proc && c.sock.is_none() {
                         let mut e = Enc::default();
                         e.u8(proto::CHAN_ATTACHED);
-                        if conn.send(&e.0).is_ok() {
+                        if conn.try_send(&e.0).is_ok() {
                             c.sock = Some(conn);
                             flush(&c.sock, &mut c.pending);
                         }
@@ -1348,17 +1446,144 @@ impl Daemon {
             Some(Op::AttachChannel) => {
                 let proc = d.u64().unwrap_or(0);
                 let ct = d.u64().unwrap_or(0);
+                if !self.sent_by_owner(proc, sender) {
+                    return;
+                }
                 if let Some(c) = self.channels.get_mut(&ct) {
                     if c.proc == proc && c.sock.is_none() {
                         let mut e = Enc::default();
                         e.u8(proto::CHAN_ATTACHED);
-                        if conn.send(&e.0).is_ok() {
+                        if conn.try_send(&e.0).is_ok() {
                             c.sock = Some(conn);
                         }
                     }
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Whether a datagram naming process `proc` came from that process (a channel socket's
+    /// attach): a token learnt another way does not let a process take over another's channel.
+    fn sent_by_owner(&self, proc: u64, sender: Option<u32>) -> bool {
+        match self.procs.get(&proc) {
+            Some(p) if sender == Some(p.pid) => true,
+            Some(p) => {
+                eprintln!(
+                    "cmsim-daemon: a channel attach for {} from pid {} refused",
+                    p.name,
+                    sender.map_or("?".into(), |s| s.to_string())
+                );
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Accepts a connection. When the daemon has no fd left, the oldest connection that has
+    /// not said its first message makes room (or, with none, the new one is closed at once,
+    /// so the listener does not stay readable and spin the loop).
+    fn accept(&mut self) {
+        match self.listener.accept() {
+            Ok(c) => {
+                // The kernel's pid with every request: see `check_hello` and `serve_process`.
+                if sock::pass_credentials(c.as_raw_fd()).is_err() {
+                    return;
+                }
+                if self.fresh.len() >= MAX_SILENT {
+                    self.fresh.remove(0);
+                }
+                self.fresh.push((c, Instant::now()));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                if !self.fresh.is_empty() {
+                    self.fresh.remove(0);
+                } else {
+                    self.spare_fd = None;
+                    if let Ok(c) = self.listener.accept() {
+                        drop(c);
+                    }
+                    self.spare_fd = std::fs::File::open("/dev/null").ok();
+                }
+                if !self.said_out_of_fds {
+                    eprintln!("cmsim-daemon: accept: {e}; the oldest silent connection (or the new one) is closed to make room");
+                    self.said_out_of_fds = true;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Serves what process `p` has queued, so one slow poll round does not serialise a
+    /// multi-threaded caller, until its socket has no room for a reply: then it waits (only
+    /// this process does) until it reads.
+    fn serve_process(&mut self, p: u64, buf: &mut Vec<u8>) {
+        while let Some(proc) = self.procs.get(&p) {
+            if proc.unsent.is_some() {
+                return;
+            }
+            let sender = match sock::recv_from(proc.ctrl.as_raw_fd(), buf, libc::MSG_DONTWAIT) {
+                Ok(Received::Message { sender }) => sender,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Ok(Received::End) | Err(_) => {
+                    self.detach(p);
+                    return;
+                }
+            };
+            if sender != Some(proc.pid) {
+                // A forked child writing on its parent's socket (the library attaches a child
+                // as a process of its own, so only a program that bypasses it gets here): it
+                // is not its parent. Not answered either: the answer would be read by the
+                // parent as the reply to its own next request.
+                eprintln!(
+                    "cmsim-daemon: a request on {}'s socket from pid {} refused",
+                    proc.name,
+                    sender.map_or("?".into(), |s| s.to_string())
+                );
+                continue;
+            }
+            let mut reply = self.handle_request(p, buf);
+            if self.debug {
+                let op = Dec::new(buf).u32().ok().and_then(Op::from_u32);
+                let status = Dec::new(&reply).i32().unwrap_or(-1);
+                eprintln!(
+                    "cmsim-daemon: <- {} {op:?} = {status}",
+                    self.procs.get(&p).map_or("?", |p| p.name.as_str())
+                );
+            }
+            if reply.len() > sock::MAX_DATAGRAM {
+                // Never a reply the caller cannot receive: it would wait for it for ever.
+                let mut e = Enc::default();
+                e.i32(libc::EMSGSIZE);
+                reply = e.0;
+            }
+            let Some(proc) = self.procs.get_mut(&p) else {
+                return;
+            };
+            match proc.ctrl.try_send(&reply) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    proc.unsent = Some((reply, Instant::now()));
+                    return;
+                }
+                Err(_) => {
+                    self.detach(p);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends process `p`'s waiting reply if its socket has room now.
+    fn send_unsent(&mut self, p: u64) {
+        let Some(proc) = self.procs.get_mut(&p) else {
+            return;
+        };
+        let Some((reply, _)) = &proc.unsent else { return };
+        match proc.ctrl.try_send(reply) {
+            Ok(()) => proc.unsent = None,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => self.detach(p),
         }
     }
 
@@ -1386,15 +1611,54 @@ impl Daemon {
                 return 3;
             }
             // What to watch, in a fixed order: listener, fresh, control sockets, channel sockets.
-            let mut fds: Vec<(RawFd, bool)> = vec![(self.listener.as_raw_fd(), false)];
+            let mut fds: Vec<(RawFd, Interest)> = vec![(self.listener.as_raw_fd(), Interest::Read)];
             // Silent too long: closed (the peer reads the end).
             self.fresh
                 .retain(|(_, since)| since.elapsed() < FIRST_MESSAGE_WITHIN);
             let nfresh = self.fresh.len();
-            fds.extend(self.fresh.iter().map(|(c, _)| (c.as_raw_fd(), false)));
+            fds.extend(self.fresh.iter().map(|(c, _)| (c.as_raw_fd(), Interest::Read)));
+            // A process that has not read its reply for too long is cut off.
+            let stalled: Vec<u64> = self
+                .procs
+                .iter()
+                .filter(|(_, p)| {
+                    p.unsent
+                        .as_ref()
+                        .is_some_and(|(_, since)| since.elapsed() >= REPLY_READ_WITHIN)
+                })
+                .map(|(t, _)| *t)
+                .collect();
+            for p in stalled {
+                eprintln!(
+                    "cmsim-daemon: {} has not read its replies for {REPLY_READ_WITHIN:?}: cut off",
+                    self.procs[&p].name
+                );
+                self.detach(p);
+            }
             let mut procs: Vec<u64> = self.procs.keys().copied().collect();
             procs.sort_unstable();
-            fds.extend(procs.iter().map(|p| (self.procs[p].ctrl.as_raw_fd(), false)));
+            // A process with a reply waiting is watched for room, not for more requests.
+            fds.extend(procs.iter().map(|p| {
+                let waiting = self.procs[p].unsent.is_some();
+                (
+                    self.procs[p].ctrl.as_raw_fd(),
+                    if waiting { Interest::Write } else { Interest::Read },
+                )
+            }));
+            fds.extend(
+                procs
+                    .iter()
+                    .map(|p| (self.procs[p].pidfd.as_raw_fd(), Interest::Read)),
+            );
+            let closed: Vec<(u64, usize)> = procs
+                .iter()
+                .flat_map(|p| (0..self.procs[p].closed.len()).map(move |i| (*p, i)))
+                .collect();
+            fds.extend(
+                closed
+                    .iter()
+                    .map(|(p, i)| (self.procs[p].closed[*i].as_raw_fd(), Interest::HangUp)),
+            );
             let mut chans: Vec<u64> = self
                 .channels
                 .iter()
@@ -1402,11 +1666,14 @@ impl Daemon {
                 .map(|(t, _)| *t)
                 .collect();
             chans.sort_unstable();
-            fds.extend(
-                chans
-                    .iter()
-                    .filter_map(|t| self.channels[t].sock.as_ref().map(|s| (s.as_raw_fd(), true))),
-            );
+            fds.extend(chans.iter().filter_map(|t| {
+                self.channels[t]
+                    .sock
+                    .as_ref()
+                    .map(|s| (s.as_raw_fd(), Interest::Write))
+            }));
+            // (Channel sockets are only ever written: their ends in the programs say nothing
+            // after the attach, and whatever they send is never read, nor waited for.)
             // The fabric has timers (CM timeouts, timewait) this loop cannot see: a short tick
             // keeps the virtual clock close to the wall clock.
             let ready = match sock::poll(&fds, 1) {
@@ -1421,56 +1688,47 @@ impl Daemon {
                 .iter()
                 .map(|r| r.readable || r.closed)
                 .collect();
-            let mut keep = Vec::new();
-            for (i, (c, since)) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
+            // The ready ones leave `fresh` first: the others stay in it while these are
+            // served, as the connections to close should the daemon run out of fds.
+            let mut spoken = Vec::new();
+            for (i, entry) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
                 if fresh_ready.get(i).copied().unwrap_or(false) {
-                    self.on_fresh(c);
+                    spoken.push(entry.0);
                 } else {
-                    keep.push((c, since));
+                    self.fresh.push(entry);
                 }
             }
-            self.fresh = keep;
+            for c in spoken {
+                self.on_fresh(c);
+            }
             if ready[0].readable {
-                if let Ok(c) = self.listener.accept() {
-                    if self.fresh.len() >= MAX_SILENT {
-                        self.fresh.remove(0);
+                self.accept();
+            }
+            let nprocs = procs.len();
+            // Destroyed channels whose program end has closed: their sockets go (highest index
+            // first, so the others keep theirs).
+            let base = 1 + nfresh + 2 * nprocs;
+            for (k, (p, i)) in closed.iter().enumerate().rev() {
+                if ready[base + k].closed {
+                    if let Some(proc) = self.procs.get_mut(p) {
+                        proc.closed.swap_remove(*i);
                     }
-                    self.fresh.push((c, Instant::now()));
                 }
             }
             for (i, p) in procs.iter().enumerate() {
-                let r = ready[1 + nfresh + i];
-                if !(r.readable || r.closed) {
+                // The process exited: gone at once, whoever still holds its socket (a forked
+                // child), so its regions are no longer anyone's to reach.
+                let exited = ready[1 + nfresh + nprocs + i];
+                if exited.readable || exited.closed {
+                    self.detach(*p);
                     continue;
                 }
-                // Serve everything the process queued, so one slow poll round does not
-                // serialise a multi-threaded caller.
-                while let Some(proc) = self.procs.get(p) {
-                    match sock::recv_fd(proc.ctrl.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT) {
-                        Ok(true) => {
-                            let reply = self.handle_request(*p, &buf);
-                            if self.debug {
-                                let op = Dec::new(&buf).u32().ok().and_then(Op::from_u32);
-                                let status = Dec::new(&reply).i32().unwrap_or(-1);
-                                eprintln!(
-                                    "cmsim-daemon: <- {} {op:?} = {status}",
-                                    self.procs.get(p).map_or("?", |p| p.name.as_str())
-                                );
-                            }
-                            if let Some(proc) = self.procs.get(p) {
-                                let _ = proc.ctrl.send(&reply);
-                            }
-                        }
-                        Ok(false) => {
-                            self.detach(*p);
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(_) => {
-                            self.detach(*p);
-                            break;
-                        }
-                    }
+                let r = ready[1 + nfresh + i];
+                if r.writable {
+                    self.send_unsent(*p);
+                }
+                if r.readable || r.closed || r.writable {
+                    self.serve_process(*p, &mut buf);
                 }
             }
             self.pump_events();
@@ -1566,6 +1824,7 @@ fn main() {
         }
     }
     catch_stop_signals();
+    sock::raise_fd_limit();
     let listener = match SeqListener::bind(&opts.socket, opts.socket_mode) {
         Ok(l) => l,
         Err(e) => {
@@ -1600,6 +1859,8 @@ fn main() {
         token_rng: token_rng(),
         started: Instant::now(),
         attached_total: 0,
+        spare_fd: std::fs::File::open("/dev/null").ok(),
+        said_out_of_fds: false,
         debug: std::env::var_os("CMSIM_DEBUG").is_some(),
     };
     let mut code = d.run(&opts);
