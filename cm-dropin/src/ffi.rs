@@ -1607,7 +1607,6 @@ unsupported_int!(
     ibv_get_device_index,
     ibv_query_ece,
     _ibv_query_gid_ex,
-    ibv_is_fork_initialized,
     ibv_query_qp_data_in_order,
     raccept,
     rbind,
