@@ -525,13 +525,16 @@ fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
     assert!(fabric.finish().status.success());
 }
 
-/// Compiles `tests/c/<name>.c` against the installed rdma-core headers; None (with a message)
-/// when there is no C compiler or no headers.
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers into a file of its own;
+/// None (with a message) when there is no C compiler or no headers.
 fn compile_c(name: &str) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(format!("{name}.c"));
-    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}", std::process::id()));
+    // Tests run in parallel and several compile the same program: each gets its own file.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
     let status = Command::new("cc")
         .arg("-Wall")
         .arg("-Werror")
@@ -929,5 +932,165 @@ fn mckey_sends_to_a_multicast_group_and_the_member_receives() {
         assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
     }
     assert!(r.stdout.contains("receiving data transfers"), "{}", r.stdout);
+    assert!(fabric.finish().status.success());
+}
+
+/// Runs `program` on `SERVER` with no daemon behind the socket.
+fn run_without_daemon(program: &[&str]) -> Output {
+    let child = Command::new(RUN)
+        .args(["--socket", "/nonexistent/cmsim.sock", "--host", SERVER, "--"])
+        .args(program)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    wait(child, Duration::from_secs(30), program[0])
+}
+
+#[test]
+fn refused_calls_answer_the_error_of_their_c_return_type_and_name_themselves_on_stderr() {
+    let Some(symbols) = compile_c("symbols") else {
+        return;
+    };
+    let symbols = symbols.to_string_lossy().into_owned();
+    let o = run_without_daemon(&[&symbols, "refused"]);
+    let _ = std::fs::remove_file(&symbols);
+    assert_eq!(o.stdout, "refused: ok\n", "{}", o.stderr);
+    assert!(o.status.success());
+    // In the order symbols.c calls them: one line each, and nothing else.
+    let enosys = [
+        "rbind",
+        "rgetpeername",
+        "rselect",
+        "riounmap",
+        "rdma_notify",
+        "rdma_create_srq",
+        "rdma_reject_ece",
+        "rdma_set_local_ece",
+        "ibv_query_gid",
+        "ibv_get_async_event",
+        "ibv_close_device",
+        "ibv_read_sysfs_file",
+        "rrecv",
+        "rsend",
+        "rread",
+        "rreadv",
+        "rrecvfrom",
+        "rrecvmsg",
+        "rsendto",
+        "rsendmsg",
+        "rwrite",
+        "rwritev",
+        "riomap",
+        "riowrite",
+        "ibv_query_device",
+        "ibv_modify_qp",
+        "ibv_attach_mcast",
+        "ibv_resize_cq",
+        "ibv_query_srq",
+        "_ibv_query_gid_ex",
+    ];
+    let enosys_after = [
+        "ibv_query_device_ex",
+        "_ibv_query_gid_table",
+        "ibv_resolve_eth_l2_from_gid",
+        "ibv_rereg_mr",
+        "ibv_get_device_list",
+        "ibv_open_device",
+        "ibv_create_qp",
+        "ibv_create_srq",
+        "ibv_import_pd",
+        "ibv_get_sysfs_path",
+        "ibv_get_device_guid",
+        "ibv_query_qp_data_in_order",
+        "ibv_ack_async_event",
+        "ibv_free_device_list",
+        "ibv_unimport_pd",
+        "rdma_destroy_srq",
+    ];
+    let want: Vec<String> = enosys
+        .iter()
+        .map(|n| format!("cmsim: {n} is not supported on the simulator (ENOSYS)"))
+        .chain(std::iter::once(
+            "cmsim: ibv_query_ece is not supported on the simulator (EOPNOTSUPP)".to_string(),
+        ))
+        .chain(
+            enosys_after
+                .iter()
+                .map(|n| format!("cmsim: {n} is not supported on the simulator (ENOSYS)")),
+        )
+        .collect();
+    let got: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(got, want, "stderr: {}", o.stderr);
+}
+
+#[test]
+fn served_names_rates_and_struct_copies_give_rdma_core_v44s_values() {
+    let Some(symbols) = compile_c("symbols") else {
+        return;
+    };
+    let symbols = symbols.to_string_lossy().into_owned();
+    let served = run_without_daemon(&[&symbols, "served"]);
+    let dropin = run_without_daemon(&[&symbols, "dump"]);
+    assert_eq!(served.stdout, "served: ok\n", "{}", served.stderr);
+    assert!(served.status.success());
+    // Served calls say nothing; rdma_get_devices without a daemon says why it has no device.
+    assert!(
+        served
+            .stderr
+            .starts_with("cmsim: cannot reach the fabric daemon at /nonexistent/cmsim.sock")
+            && served.stderr.lines().count() == 1,
+        "stderr: {}",
+        served.stderr
+    );
+    assert!(dropin.status.success(), "{}", dropin.stderr);
+    assert!(dropin.stderr.is_empty(), "{}", dropin.stderr);
+    let v44 = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libibverbs.so.1")
+        .is_ok_and(|p| p.to_string_lossy().ends_with(".44.0"));
+    if !v44 {
+        let _ = std::fs::remove_file(&symbols);
+        eprintln!("skipped the comparison: rdma-core v44's libibverbs.so.1 is not installed");
+        return;
+    }
+    // The same program on rdma-core's own libraries, which it was linked against.
+    let native = Command::new(&symbols)
+        .arg("dump")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start symbols");
+    let native = wait(native, Duration::from_secs(30), "symbols dump");
+    let _ = std::fs::remove_file(&symbols);
+    assert!(native.status.success(), "{}", native.stderr);
+    assert!(native.stdout.lines().count() > 100, "{}", native.stdout);
+    let diff: Vec<(&str, &str)> = native
+        .stdout
+        .lines()
+        .zip(dropin.stdout.lines())
+        .filter(|(n, d)| n != d)
+        .collect();
+    assert!(
+        diff.is_empty() && native.stdout.lines().count() == dropin.stdout.lines().count(),
+        "rdma-core and the drop-in differ (rdma-core, drop-in): {diff:#?}"
+    );
+}
+
+#[test]
+fn a_program_on_a_fabric_host_gets_the_simulated_device_and_its_ids_ports() {
+    let Some(symbols) = compile_c("symbols") else {
+        return;
+    };
+    let symbols = symbols.to_string_lossy().into_owned();
+    let fabric = Fabric::start("symbols", 1, &[]);
+    let o = wait(
+        fabric.spawn(SERVER, &[&symbols, "devices", SERVER]),
+        Duration::from_secs(30),
+        "symbols devices",
+    );
+    let _ = std::fs::remove_file(&symbols);
+    assert_eq!(o.stdout, "devices: ok\n", "{}", o.stderr);
+    assert!(o.status.success());
+    assert!(o.stderr.is_empty(), "stderr: {}", o.stderr);
     assert!(fabric.finish().status.success());
 }
