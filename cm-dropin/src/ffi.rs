@@ -141,10 +141,7 @@ fn connect_daemon() -> Result<Client, c_int> {
     let host = std::env::var(proto::HOST_ENV).unwrap_or_default();
     let argv0 = std::env::args().next().unwrap_or_default();
     let argv0 = argv0.rsplit('/').next().unwrap_or("?").to_string();
-    let mut e = Enc::op(Op::Hello);
-    e.u32(std::process::id())
-        .bytes(host.as_bytes())
-        .bytes(argv0.as_bytes());
+    let e = Enc::hello(std::process::id(), &host, &argv0);
     ctrl.send(&e.0).map_err(|_| libc::ENODEV)?;
     let mut buf = Vec::new();
     if !matches!(ctrl.recv(&mut buf), Ok(true)) {
@@ -159,6 +156,14 @@ fn connect_daemon() -> Result<Client, c_int> {
                 "cmsim: the fabric daemon at {} has no simulated host with address {host:?} ({} names the host)",
                 socket.display(),
                 proto::HOST_ENV
+            );
+            return Err(libc::ENODEV);
+        }
+        Ok(libc::EPROTONOSUPPORT) => {
+            eprintln!(
+                "cmsim: the fabric daemon at {} speaks another protocol than this library (version {}): run the cmsim-daemon and cmsim-run of one build",
+                socket.display(),
+                proto::PROTOCOL_VERSION
             );
             return Err(libc::ENODEV);
         }

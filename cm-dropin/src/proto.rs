@@ -8,6 +8,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+/// The version of this protocol, said in every hello: a library and a daemon of different
+/// builds refuse each other with a message instead of misreading each other's messages.
+/// Raised whenever a message's layout changes.
+pub const PROTOCOL_VERSION: u32 = 2;
+
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
 /// Environment variable: the simulated host (one of its addresses) the process runs on.
@@ -17,8 +22,10 @@ pub const HOST_ENV: &str = "CMSIM_HOST";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Op {
-    /// `pid: u32, host: str, argv0: str` → `proc: u64, host_index: u32, host_addr: addr,
-    /// daemon_pid: u32`.
+    /// `pid: u32, host: str, argv0: str, version: u32` ([`PROTOCOL_VERSION`]) → `proc: u64,
+    /// host_index: u32, host_addr: addr, daemon_pid: u32`; `EPROTONOSUPPORT` for another
+    /// version (or none), `EPERM` for a pid that is not the sender's. Build it with
+    /// [`Enc::hello`].
     Hello = 1,
     /// → `channel: u64`.
     CreateChannel,
@@ -264,6 +271,17 @@ pub struct Malformed;
 pub struct Enc(pub Vec<u8>);
 
 impl Enc {
+    /// The hello of process `pid` on the simulated host `host` (empty: host 0), named
+    /// `argv0` in the daemon's messages, speaking [`PROTOCOL_VERSION`].
+    pub fn hello(pid: u32, host: &str, argv0: &str) -> Enc {
+        let mut e = Enc::op(Op::Hello);
+        e.u32(pid)
+            .bytes(host.as_bytes())
+            .bytes(argv0.as_bytes())
+            .u32(PROTOCOL_VERSION);
+        e
+    }
+
     /// A request for `op`.
     pub fn op(op: Op) -> Enc {
         let mut e = Enc(Vec::with_capacity(64));

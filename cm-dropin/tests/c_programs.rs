@@ -685,11 +685,8 @@ fn served_within(socket: &Path, within: Duration) {
     use cm_dropin::proto::{Dec, Enc, Op};
     let started = Instant::now();
     let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
-    let mut e = Enc::op(Op::Hello);
-    e.u32(std::process::id())
-        .bytes(SERVER.as_bytes())
-        .bytes(b"bystander");
-    conn.send(&e.0).expect("hello");
+    conn.send(&Enc::hello(std::process::id(), SERVER, "bystander").0)
+        .expect("hello");
     let mut buf = Vec::new();
     assert!(conn.recv(&mut buf).expect("hello's answer"));
     assert_eq!(Dec::new(&buf).i32(), Ok(0));

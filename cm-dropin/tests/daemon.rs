@@ -331,13 +331,10 @@ fn silent_connections_are_closed_in_time_and_cannot_crowd_out_a_program() {
 
 /// [`attach`], with the process token the hello's answer names.
 fn attach_with_token(socket: &std::path::Path, host: &str) -> (cm_dropin::sock::SeqConn, u64) {
-    use cm_dropin::proto::{Dec, Enc, Op};
+    use cm_dropin::proto::{Dec, Enc};
     let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
-    let mut e = Enc::op(Op::Hello);
-    e.u32(std::process::id())
-        .bytes(host.as_bytes())
-        .bytes(b"daemon-test");
-    conn.send(&e.0).expect("hello");
+    conn.send(&Enc::hello(std::process::id(), host, "daemon-test").0)
+        .expect("hello");
     let mut buf = Vec::new();
     assert!(conn.recv(&mut buf).expect("hello's answer"));
     let mut d = Dec::new(&buf);
@@ -432,7 +429,7 @@ fn attached_channel(
 
 #[test]
 fn a_hello_that_names_another_process_is_refused() {
-    use cm_dropin::proto::{Dec, Enc, Op};
+    use cm_dropin::proto::{Dec, Enc};
     let path = scratch("forged-pid");
     let p = path.to_str().expect("utf-8 path");
     let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
@@ -440,9 +437,8 @@ fn a_hello_that_names_another_process_is_refused() {
     // init, and the daemon itself (whose heap holds other programs' messages).
     for pid in [1, daemon.id()] {
         let conn = cm_dropin::sock::SeqConn::connect(&path).expect("connect");
-        let mut e = Enc::op(Op::Hello);
-        e.u32(pid).bytes(b"10.0.0.1").bytes(b"forger");
-        conn.send(&e.0).expect("hello");
+        conn.send(&Enc::hello(pid, "10.0.0.1", "forger").0)
+            .expect("hello");
         let mut buf = Vec::new();
         assert!(conn.recv(&mut buf).expect("an answer"));
         assert_eq!(Dec::new(&buf).i32(), Ok(libc::EPERM), "a hello naming pid {pid}");
@@ -653,4 +649,39 @@ fn a_daemon_out_of_fds_makes_room_for_a_program_from_its_silent_connections() {
     drop((conn, silent));
     let err = stop(daemon, libc::SIGTERM);
     assert!(err.contains("accept: "), "{err}");
+}
+
+#[test]
+fn a_hello_of_another_protocol_version_is_refused_with_its_own_errno() {
+    use cm_dropin::proto::{Dec, Enc, Op, PROTOCOL_VERSION};
+    let path = scratch("version");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
+    wait_for_socket(&path);
+    let mut old = Enc::op(Op::Hello);
+    old.u32(std::process::id()).bytes(b"10.0.0.1").bytes(b"old");
+    let mut newer = Enc::op(Op::Hello);
+    newer
+        .u32(std::process::id())
+        .bytes(b"10.0.0.1")
+        .bytes(b"newer")
+        .u32(PROTOCOL_VERSION + 1);
+    for hello in [old, newer] {
+        let conn = cm_dropin::sock::SeqConn::connect(&path).expect("connect");
+        conn.send(&hello.0).expect("hello");
+        let mut buf = Vec::new();
+        assert!(conn.recv(&mut buf).expect("an answer"));
+        assert_eq!(Dec::new(&buf).i32(), Ok(libc::EPROTONOSUPPORT));
+    }
+    let (conn, _) = attach_with_token(&path, "10.0.0.1");
+    drop(conn);
+    let err = stop(daemon, libc::SIGTERM);
+    assert!(err.contains("it speaks protocol (none), this daemon"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "it speaks protocol {}, this daemon {PROTOCOL_VERSION}",
+            PROTOCOL_VERSION + 1
+        )),
+        "{err}"
+    );
 }

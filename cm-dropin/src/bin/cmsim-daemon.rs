@@ -1367,6 +1367,18 @@ impl Daemon {
                 let host = d.str().unwrap_or("").to_string();
                 let argv0 = d.str().unwrap_or("?").to_string();
                 let name = format!("{argv0}[{pid}]@{host}");
+                let version = d.u32().ok();
+                if version != Some(proto::PROTOCOL_VERSION) {
+                    eprintln!(
+                        "cmsim-daemon: {name}: hello refused: it speaks protocol {}, this daemon {}",
+                        version.map_or("(none)".into(), |v| v.to_string()),
+                        proto::PROTOCOL_VERSION
+                    );
+                    let mut e = Enc::default();
+                    e.i32(libc::EPROTONOSUPPORT);
+                    let _ = conn.try_send(&e.0);
+                    return;
+                }
                 let pidfd = match self.check_hello(&conn, pid, sender, &name) {
                     Ok(fd) => fd,
                     Err(errno) => {
