@@ -291,33 +291,35 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     .bytes(&group);
                 rpc(&e).err().unwrap_or(0)
             }
-            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE => {
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
                 let mut data = Vec::new();
                 for s in &list {
                     // SAFETY: each SGE names memory of the caller's, readable for its length.
                     let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
                     data.extend_from_slice(bytes);
                 }
-                let mut e;
-                if w.opcode == IBV_WR_RDMA_WRITE {
-                    e = Enc::op(Op::RdmaWrite);
-                    e.u64(token)
-                        .u64(w.wr_id)
-                        .u8(signaled)
-                        .u64(w.remote_addr)
-                        .u32(w.rkey)
-                        .bytes(&data);
-                } else {
-                    e = Enc::op(Op::PostSend);
-                    e.u64(token).u64(w.wr_id).u8(signaled).bytes(&data);
-                }
+                let mut e = Enc::op(Op::PostSend);
+                e.u64(token).u64(w.wr_id).u8(signaled).bytes(&data);
                 rpc(&e).err().unwrap_or(0)
             }
-            IBV_WR_RDMA_READ => {
-                let pairs: Vec<(u64, u32)> = list.iter().map(|s| (s.addr, s.length)).collect();
-                // SAFETY: the SGEs name the caller's registered buffers, writable for their
-                // lengths until the READ completes.
-                unsafe { rdma_read(token, w, &pairs, signaled) }
+            // The simulator carries these out over the registered regions the entries name,
+            // reaching this process's memory as a NIC would, in the QP's order and virtual time.
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ => {
+                let mut e = Enc::op(if w.opcode == IBV_WR_RDMA_WRITE {
+                    Op::RdmaWrite
+                } else {
+                    Op::RdmaRead
+                });
+                e.u64(token)
+                    .u64(w.wr_id)
+                    .u8(signaled)
+                    .u64(w.remote_addr)
+                    .u32(w.rkey)
+                    .u32(list.len() as u32);
+                for s in &list {
+                    e.u64(s.addr).u32(s.length).u32(s.lkey);
+                }
+                rpc(&e).err().unwrap_or(0)
             }
             _ => {
                 unsupported("ibv_post_send with an atomic or WRITE_WITH_IMM opcode");
@@ -334,32 +336,6 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
         cur = w.next;
     }
     0
-}
-
-/// An RDMA READ: the daemon reads the remote region, this library places the bytes, and only
-/// then is the completion queued, so whoever polls it sees the data in place.
-unsafe fn rdma_read(token: u64, w: &IbvSendWr, local: &[(u64, u32)], signaled: u8) -> c_int {
-    // post_send has refused a total past max_msg_sz, so this sum fits.
-    let len: u32 = local.iter().map(|s| s.1).sum();
-    let mut e = Enc::op(Op::RdmaRead);
-    e.u64(token).u64(w.remote_addr).u32(w.rkey).u32(len);
-    let buf = match rpc(&e) {
-        Ok(b) => b,
-        Err(errno) => return errno,
-    };
-    let mut d = Dec::new(&buf);
-    let (Ok(status), Ok(data)) = (d.u32(), d.bytes()) else {
-        return libc::EPROTO;
-    };
-    // SAFETY: forwarded from the caller.
-    unsafe { scatter(local, data) };
-    let mut e = Enc::op(Op::RdmaReadDone);
-    e.u64(token)
-        .u64(w.wr_id)
-        .u8(signaled)
-        .u32(status)
-        .u32(data.len() as u32);
-    rpc(&e).err().unwrap_or(0)
 }
 
 /// `ibv_destroy_qp` on a QP `rdma_create_qp` made (rping destroys its QP this way).

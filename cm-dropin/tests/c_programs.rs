@@ -575,7 +575,7 @@ fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_sile
 }
 
 #[test]
-fn sends_writes_and_reads_of_max_msg_sz_arrive_whole_and_one_byte_more_is_einval() {
+fn messages_up_to_max_msg_sz_arrive_whole_one_byte_more_is_einval_and_a_foreign_rkey_is_rem_access_err() {
     let Some(sizes) = compile_c("sizes") else {
         return;
     };
@@ -780,6 +780,7 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
     // The server RDMA READs the client's ping buffer and RDMA WRITEs it back into the client's
     // sink; -V makes the client compare the two every time. The completion channel and its
     // thread carry every completion, and the disconnect's flush ends that thread.
+    let trace = std::env::temp_dir().join(format!("cmsim-rping-{}.trace", std::process::id()));
     let (s, c, d) = finishing_pair(
         "rping",
         &[
@@ -788,9 +789,23 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
         &[
             "rping", "-c", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-V", "-v",
         ],
-        &[],
+        &["--trace", trace.to_str().expect("utf-8 path")],
     );
     assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    // Carried out by the simulator, in its trace: each READ and WRITE sent, executed at the
+    // peer and completed.
+    let lines = std::fs::read_to_string(&trace).expect("the trace");
+    let _ = std::fs::remove_file(&trace);
+    for op in ["RDMA_READ", "RDMA_WRITE"] {
+        for step in [
+            format!("{SERVER} id#2 {op} sent to {CLIENT} status=0"),
+            format!("{CLIENT} id#1 {op} executed from {SERVER} status=0"),
+            format!("{SERVER} id#2 {op} completed with {CLIENT} status=0"),
+        ] {
+            let n = lines.lines().filter(|l| l.ends_with(&step)).count();
+            assert_eq!(n, 20, "{step}:\n{lines}");
+        }
+    }
     assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
     let pings: Vec<&str> = c
         .stdout
@@ -815,6 +830,31 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
         c.stderr
     );
     assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn a_partition_under_rping_fails_its_rdma_with_retry_exceeded_as_on_a_fabric() {
+    if !installed("rping") {
+        return;
+    }
+    // RDMA READ and WRITE are the simulator's: a partition 800 ms in (rping pings without end)
+    // makes the server's next one exhaust its transport retries.
+    let fabric = Fabric::start("rping-partition", 2, &["--fault", "800:partition 0 1"]);
+    let server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471", "-S", "1000"]);
+    let client = fabric.spawn(
+        CLIENT,
+        &["rping", "-c", "-a", SERVER, "-p", "7471", "-S", "1000", "-V"],
+    );
+    let s = wait(server, Duration::from_secs(60), "rping server");
+    let _ = stop(client);
+    assert!(
+        s.stdout.contains("cq completion failed status 12")
+            || s.stderr.contains("cq completion failed status 12"),
+        "IBV_WC_RETRY_EXC_ERR expected:\n{}\n{}",
+        s.stdout,
+        s.stderr
+    );
+    assert!(!s.status.success());
 }
 
 #[test]

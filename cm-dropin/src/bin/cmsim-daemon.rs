@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, PortSpace, QpCaps, WcOpcode, WcStatus,
+    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, PortSpace, QpCaps,
+    RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
 use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
-use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric, SimHost};
+use cm_sim::{Fault, FaultSchedule, MsgKind, RegionMemory, SimFabric, SimHost};
 
 const USAGE: &str = "\
 usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
@@ -219,8 +220,9 @@ struct Proc {
     /// registered memory. Every request is checked to come from it.
     pid: u32,
     /// The process itself: readable once it exits, even while a forked child still holds the
-    /// control socket, and never another process that later gets the same pid.
-    pidfd: ProcessFd,
+    /// control socket, and never another process that later gets the same pid. Shared with
+    /// the simulator's view of its regions.
+    pidfd: std::rc::Rc<ProcessFd>,
     host: SimHost,
     name: String,
     ids: HashSet<u64>,
@@ -273,12 +275,53 @@ struct MrEntry {
     addr: u64,
     len: u64,
     access: u32,
+    /// The region as the simulator knows it, once a work request has needed it (registering
+    /// takes an id bound to the device, which `ibv_reg_mr` does not have): its handle, the
+    /// address the simulator gave it and its rkey there.
+    sim: Option<(MrHandle, u64, u32)>,
 }
 
-const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
-const IBV_ACCESS_REMOTE_READ: u32 = 4;
-const IBV_WC_RDMA_WRITE: u32 = 1;
-const IBV_WC_RDMA_READ: u32 = 2;
+/// A program's registered memory as the simulator reads and writes it for RDMA READ and
+/// WRITE: the process's own bytes, reached as a NIC reaches them, without a thread of its
+/// (`process_vm_readv`/`writev`), and never once the process has exited (its pid may be
+/// another's by then).
+struct ProcessMemory {
+    pid: u32,
+    pidfd: std::rc::Rc<ProcessFd>,
+    addr: u64,
+    len: u64,
+}
+
+impl RegionMemory for ProcessMemory {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        // Memory the process unmapped (or a process gone) reads as zeros: the simulator's
+        // model has no local protection error to report it with.
+        match (
+            self.pidfd.exited(),
+            sock::read_process(self.pid, self.addr + offset, out.len()),
+        ) {
+            (false, Ok(bytes)) => out.copy_from_slice(&bytes),
+            _ => out.fill(0),
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if !self.pidfd.exited() {
+            let _ = sock::write_process(self.pid, self.addr + offset, data);
+        }
+    }
+}
+
+/// Scatter/gather entries one request may name, at most (what a QP's caps allow is checked by
+/// the simulator; this bounds what a malformed request makes the daemon hold).
+const MAX_SGE: usize = 64;
+/// A remote address no region has: `REM_ACCESS_ERR` at any peer (the simulator's keys are
+/// never 0).
+const NOWHERE: RemoteAddr = RemoteAddr { addr: 0, rkey: 0 };
 const IBV_WC_RECV: u32 = 128;
 const IBV_QPT_UD: u32 = 4;
 const IBV_WC_GRH: u32 = 1;
@@ -722,6 +765,11 @@ impl Daemon {
                     // later access could add past it.
                     return Err(libc::EINVAL);
                 }
+                // verbs' own refusals: remote write or atomic without local write.
+                Access::from_bits(access & Access::ALL.bits())
+                    .ok_or(libc::EINVAL)?
+                    .check()
+                    .map_err(|_| libc::EINVAL)?;
                 let key = self.free_key().ok_or(libc::ENOMEM)?;
                 self.mrs.insert(
                     key,
@@ -730,6 +778,7 @@ impl Daemon {
                         addr,
                         len,
                         access,
+                        sim: None,
                     },
                 );
                 reply.u32(key);
@@ -739,61 +788,52 @@ impl Daemon {
                 let key = d.u32().map_err(bad)?;
                 match self.mrs.get(&key) {
                     Some(m) if m.proc == proc => {
-                        self.mrs.remove(&key);
+                        self.forget_region(key);
                         Ok(())
                     }
                     _ => Err(libc::EINVAL),
                 }
             }
-            Op::RdmaWrite => {
+            Op::RdmaWrite | Op::RdmaRead => {
                 let t = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
                 let signaled = d.u8().map_err(bad)? != 0;
                 let remote_addr = d.u64().map_err(bad)?;
                 let rkey = d.u32().map_err(bad)?;
-                let data = d.bytes().map_err(bad)?;
-                let status = match self.rdma_target(
-                    proc,
-                    t,
-                    rkey,
-                    remote_addr,
-                    data.len(),
-                    IBV_ACCESS_REMOTE_WRITE,
-                )? {
-                    Ok(pid) => match sock::write_process(pid, remote_addr, data) {
-                        Ok(()) => WcStatus::Success,
-                        Err(_) => WcStatus::RemAccessErr,
-                    },
-                    Err(status) => status,
+                let n = d.u32().map_err(bad)? as usize;
+                // More entries than any QP takes is malformed, not an allocation.
+                if n > MAX_SGE {
+                    return Err(libc::EINVAL);
+                }
+                let mut local = Vec::with_capacity(n);
+                for _ in 0..n {
+                    local.push((
+                        d.u64().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                    ));
+                }
+                let (id, mut host) = self.id_of(proc, t)?;
+                let sq_sig_all = match self.ids.get(&t) {
+                    Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
+                    _ => return Err(libc::EINVAL),
                 };
-                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_WRITE, status, data.len() as u32);
-                Ok(())
-            }
-            Op::RdmaRead => {
-                let t = d.u64().map_err(bad)?;
-                let remote_addr = d.u64().map_err(bad)?;
-                let rkey = d.u32().map_err(bad)?;
-                let len = d.u32().map_err(bad)? as usize;
-                let (status, data) =
-                    match self.rdma_target(proc, t, rkey, remote_addr, len, IBV_ACCESS_REMOTE_READ)? {
-                        Ok(pid) => match sock::read_process(pid, remote_addr, len) {
-                            Ok(data) => (WcStatus::Success, data),
-                            Err(_) => (WcStatus::RemAccessErr, Vec::new()),
-                        },
-                        Err(status) => (status, Vec::new()),
-                    };
-                reply.u32(status as u32).bytes(&data);
-                Ok(())
-            }
-            Op::RdmaReadDone => {
-                let t = d.u64().map_err(bad)?;
-                let wr_id = d.u64().map_err(bad)?;
-                let signaled = d.u8().map_err(bad)? != 0;
-                let status = WcStatus::from_raw(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
-                let len = d.u32().map_err(bad)?;
-                self.id_of(proc, t)?;
-                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_READ, status, len);
-                Ok(())
+                let mut sges = Vec::with_capacity(n);
+                for (addr, len, lkey) in local {
+                    let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+                    let base = self.mrs[&key].addr;
+                    let (handle, _, _) = self.sim_region(key, proc, id).ok_or(libc::EINVAL)?;
+                    sges.push(Sge::new(handle, addr - base, len));
+                }
+                let remote = self.remote_of(t, id, rkey, remote_addr);
+                let op = if op == Op::RdmaWrite {
+                    SendOp::Write { remote, imm: None }
+                } else {
+                    SendOp::Read { remote }
+                };
+                let mut wr = SendWr::new(wr_id, op, &sges);
+                wr.signaled = signaled || sq_sig_all;
+                cm(host.post_send_wr(id, &wr))
             }
             Op::PostSendUd => {
                 let t = d.u64().map_err(bad)?;
@@ -939,7 +979,8 @@ impl Daemon {
                         wc.byte_len = len;
                     }
                 }
-                let target = if is_send { e.send_cq } else { e.recv_cq };
+                let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                let target = if requester { e.send_cq } else { e.recv_cq };
                 if let Some(c) = self.cqs.get_mut(&target) {
                     c.fresh = true;
                     c.ready.push_back(WireWc {
@@ -956,59 +997,95 @@ impl Daemon {
         }
     }
 
-    /// Checks an RDMA READ/WRITE on QP `t`: the process whose memory `rkey` names, or the
-    /// completion status it fails with (`WR_FLUSH_ERR` on a QP in error, `REM_ACCESS_ERR` for
-    /// a key, range or permission the region does not grant). The outer error is the call's.
-    fn rdma_target(
-        &self,
-        proc: u64,
-        t: u64,
-        rkey: u32,
-        addr: u64,
-        len: usize,
-        need: u32,
-    ) -> Result<Result<u32, WcStatus>, i32> {
-        let (id, mut host) = self.id_of(proc, t)?;
-        if !self.ids.get(&t).is_some_and(|e| e.has_qp) {
-            return Err(libc::EINVAL);
-        }
-        match host.id_machine(id).map(|m| m.qp()) {
-            Ok(Some(cm_core::QpState::Rts)) => {}
-            Ok(Some(cm_core::QpState::Err)) | Err(_) => return Ok(Err(WcStatus::WrFlushErr)),
-            // Posting a send before RTS is the caller's error, as ibv_post_send's EINVAL.
-            Ok(_) => return Err(libc::EINVAL),
-        }
-        if len > proto::MAX_MESSAGE as usize {
-            // The library refuses these before sending; a client that does not is refused
-            // here, before the daemon would hold the bytes.
-            return Err(libc::EINVAL);
-        }
-        let Some(mr) = self.mrs.get(&rkey) else {
-            return Ok(Err(WcStatus::RemAccessErr));
+    /// The key of process `proc`'s region that holds `len` bytes at `addr` for a local entry:
+    /// the one `lkey` names, or, for inline data (whose `lkey` verbs ignores), any of its
+    /// regions that holds them.
+    fn local_key(&self, proc: u64, addr: u64, len: u32, lkey: u32) -> Option<u32> {
+        let holds = |m: &MrEntry| {
+            m.proc == proc
+                && addr >= m.addr
+                && addr
+                    .checked_add(u64::from(len))
+                    .is_some_and(|end| end <= m.addr.saturating_add(m.len))
         };
-        // An rkey is valid only at the other end of the QP: the region must be the connected
-        // peer's, as a key of another protection domain is a remote access error on a NIC.
-        let peer_proc = host
+        if self.mrs.get(&lkey).is_some_and(holds) {
+            return Some(lkey);
+        }
+        let mut keys: Vec<u32> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| holds(m))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        keys.first().copied()
+    }
+
+    /// The simulator's handle, address and rkey for region `key` of process `owner`,
+    /// registering it on first use through `via`, an id of that process (bound to the device
+    /// of its host, as registering needs).
+    fn sim_region(&mut self, key: u32, owner: u64, via: IdHandle) -> Option<(MrHandle, u64, u32)> {
+        let m = self.mrs.get(&key).filter(|m| m.proc == owner)?;
+        if let Some(known) = m.sim {
+            return Some(known);
+        }
+        let p = self.procs.get(&owner)?;
+        let mut host = p.host.clone();
+        let access = Access::from_bits(m.access & Access::ALL.bits())?;
+        let memory = ProcessMemory {
+            pid: p.pid,
+            pidfd: p.pidfd.clone(),
+            addr: m.addr,
+            len: m.len,
+        };
+        let handle = host.reg_mr_with(via, Box::new(memory), access).ok()?;
+        let info = host.mr_info(handle).ok()?;
+        let known = (handle, info.addr, info.rkey);
+        self.mrs.get_mut(&key)?.sim = Some(known);
+        Some(known)
+    }
+
+    /// Where a READ or WRITE on QP `t` goes in the simulator: the region `rkey` names at the
+    /// QP's connected peer, at `remote_addr`'s offset in it. A key of anyone else's (or of
+    /// nobody's) names nothing there, so the peer's NIC answers `REM_ACCESS_ERR`, and an
+    /// address before the region's start wraps to one past every region's end.
+    fn remote_of(&mut self, t: u64, id: IdHandle, rkey: u32, remote_addr: u64) -> RemoteAddr {
+        let Some(mut host) = self
+            .ids
+            .get(&t)
+            .and_then(|e| self.procs.get(&e.proc))
+            .map(|p| p.host.clone())
+        else {
+            return NOWHERE;
+        };
+        let peer = host
             .get_local_addr(id)
             .ok()
             .flatten()
             .zip(host.get_peer_addr(id).ok().flatten())
             .and_then(|(l, p)| self.endpoints.get(&(p, l)))
             .and_then(|peer| self.ids.get(peer))
-            .map(|e| e.proc);
-        if peer_proc != Some(mr.proc) {
-            return Ok(Err(WcStatus::RemAccessErr));
+            .map(|e| (e.proc, e.handle));
+        let Some((owner, peer_id)) = peer else {
+            return NOWHERE;
+        };
+        let Some(base) = self.mrs.get(&rkey).filter(|m| m.proc == owner).map(|m| m.addr) else {
+            return NOWHERE;
+        };
+        match self.sim_region(rkey, owner, peer_id) {
+            Some((_, sim_addr, sim_rkey)) => RemoteAddr {
+                addr: sim_addr.wrapping_add(remote_addr.wrapping_sub(base)),
+                rkey: sim_rkey,
+            },
+            None => NOWHERE,
         }
-        let end = addr.checked_add(len as u64);
-        let region_end = mr.addr.checked_add(mr.len);
-        if mr.access & need == 0 || addr < mr.addr || end.zip(region_end).is_none_or(|(e, r)| e > r) {
-            return Ok(Err(WcStatus::RemAccessErr));
-        }
-        match self.procs.get(&mr.proc) {
-            // An exited owner's pid may already be another process's: its memory is not
-            // touched, whether or not the loop has seen the exit yet.
-            Some(p) if !p.pidfd.exited() => Ok(Ok(p.pid)),
-            _ => Ok(Err(WcStatus::RemAccessErr)),
+    }
+
+    /// Drops region `key`, from the simulator too.
+    fn forget_region(&mut self, key: u32) {
+        let Some(m) = self.mrs.remove(&key) else { return };
+        if let (Some((handle, _, _)), Some(p)) = (m.sim, self.procs.get(&m.proc)) {
+            let _ = p.host.clone().dereg_mr(handle);
         }
     }
 
@@ -1303,7 +1380,16 @@ impl Daemon {
             self.forget_id(t);
         }
         self.cqs.retain(|_, c| c.proc != proc);
-        self.mrs.retain(|_, m| m.proc != proc);
+        let mut keys: Vec<u32> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| m.proc == proc)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            self.forget_region(key);
+        }
         self.comp_channels.retain(|_, c| c.proc != proc);
         let Some(p) = self.procs.remove(&proc) else { return };
         let mut chans: Vec<u64> = p.channels.iter().copied().collect();
@@ -1413,7 +1499,7 @@ impl Daemon {
                                 Proc {
                                     ctrl: conn,
                                     pid,
-                                    pidfd,
+                                    pidfd: std::rc::Rc::new(pidfd),
                                     host: h,
                                     name,
                                     ids: HashSet::new(),

@@ -1,7 +1,8 @@
 /*
  * Messages of every size up to the port's max_msg_sz: a SEND, an RDMA WRITE and an RDMA READ
  * of exactly max_msg_sz bytes arrive whole, and one byte more is refused at post time with
- * EINVAL (as rxe's post_send does), never a hang or a cut message.
+ * EINVAL (as rxe's post_send does), never a hang or a cut message; a WRITE with a key the
+ * peer never gave is REM_ACCESS_ERR, and the QP flushes after it.
  *
  *   sizes server ADDR    registers a region for the client's WRITE and READ, receives
  *   sizes client ADDR    sends, writes, reads, checks, then tries one byte past the limit
@@ -164,6 +165,12 @@ int main(int argc, char **argv)
 			return fail("rdma_post_recv");
 		if (wait_recv(id, &wc))
 			return fail("rdma_get_recv_comp");
+		/* Then it tries a key that is not this region's, and disconnects: this receive
+		 * completes (flushed) when the connection goes. */
+		if (rdma_post_recv(id, (void *)6, &region, sizeof region, ctl_mr))
+			return fail("rdma_post_recv");
+		if (wait_recv(id, &wc))
+			return fail("rdma_get_recv_comp");
 	} else {
 		if (rdma_post_recv(id, (void *)1, &region, sizeof region, ctl_mr))
 			return fail("rdma_post_recv");
@@ -220,6 +227,18 @@ int main(int argc, char **argv)
 		if (wait_send(id, &wc))
 			return fail("rdma_get_send_comp");
 		bad |= check(wc.status == IBV_WC_SUCCESS, "the QP works after the refused posts");
+
+		/* A key the peer never gave: its NIC refuses it, and the QP goes to ERR. */
+		if (rdma_post_write(id, (void *)11, buf, 16, mr, 0, remote.addr, remote.rkey ^ 0x40000000u))
+			return fail("rdma_post_write");
+		if (wait_send(id, &wc))
+			return fail("rdma_get_send_comp");
+		bad |= check(wc.status == IBV_WC_REM_ACCESS_ERR, "a WRITE with a key not the peer's is REM_ACCESS_ERR");
+		if (rdma_post_send(id, (void *)12, &region, sizeof region, ctl_mr, 0) == 0) {
+			if (wait_send(id, &wc))
+				return fail("rdma_get_send_comp");
+			bad |= check(wc.status == IBV_WC_WR_FLUSH_ERR, "after it, the QP flushes");
+		}
 	}
 	rdma_disconnect(id);
 	printf("%s: %s\n", argv[1], bad ? "FAILED" : "ok");
