@@ -1291,31 +1291,21 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     r
 }
 
-/// `rdma_event_str`.
+/// `rdma_event_str`: cm-core's names, NUL-terminated once. rdma-core v44 names the first 16
+/// event types (through `TIMEWAIT_EXIT`); later numbers are `UNKNOWN EVENT` there, and here.
 #[no_mangle]
 pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
-    const NAMES: [&CStr; 16] = [
-        c"RDMA_CM_EVENT_ADDR_RESOLVED",
-        c"RDMA_CM_EVENT_ADDR_ERROR",
-        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
-        c"RDMA_CM_EVENT_ROUTE_ERROR",
-        c"RDMA_CM_EVENT_CONNECT_REQUEST",
-        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
-        c"RDMA_CM_EVENT_CONNECT_ERROR",
-        c"RDMA_CM_EVENT_UNREACHABLE",
-        c"RDMA_CM_EVENT_REJECTED",
-        c"RDMA_CM_EVENT_ESTABLISHED",
-        c"RDMA_CM_EVENT_DISCONNECTED",
-        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
-        c"RDMA_CM_EVENT_MULTICAST_JOIN",
-        c"RDMA_CM_EVENT_MULTICAST_ERROR",
-        c"RDMA_CM_EVENT_ADDR_CHANGE",
-        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
-    ];
-    NAMES
+    const V44_NAMED: usize = 16;
+    static NAMES: OnceLock<Vec<std::ffi::CString>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        cm_core::CmEventType::ALL[..V44_NAMED]
+            .iter()
+            .map(|t| std::ffi::CString::new(t.name()).expect("event names have no NUL"))
+            .collect()
+    });
+    names
         .get(event as usize)
-        .copied()
-        .unwrap_or(c"UNKNOWN EVENT")
+        .map_or(c"UNKNOWN EVENT", |n| n.as_c_str())
         .as_ptr()
 }
 
