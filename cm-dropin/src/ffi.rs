@@ -208,6 +208,14 @@ pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     Ok(buf)
 }
 
+/// A message the daemon does not answer (an ack), sent in order with the requests: the caller
+/// does not wait a round trip for it.
+pub(crate) fn tell(e: &Enc) -> Result<(), c_int> {
+    let mut guard = lock(&CLIENT);
+    let client = client(&mut guard)?;
+    client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)
+}
+
 pub(crate) fn rpc_status(e: &Enc) -> c_int {
     match rpc(e) {
         Ok(_) => 0,
@@ -1139,7 +1147,7 @@ unsafe fn is_sync(id: *mut RdmaCmId) -> bool {
 fn ack_wire(w: &WireEvent) {
     let mut e = Enc::op(Op::AckEvent);
     e.u64(w.event_no);
-    let _ = rpc(&e);
+    let _ = tell(&e);
 }
 
 /// librdmacm's `ucma_complete`: a synchronous call waits for the id's next event and turns
@@ -1277,9 +1285,14 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     let r = if ev.event_no == LOCAL_EVENT {
         0
     } else {
+        // librdmacm's ack is the library's alone and cannot fail for an event it gave out; the
+        // daemon is told (it holds the id's accounting) without a round trip.
         let mut e = Enc::op(Op::AckEvent);
         e.u64(ev.event_no);
-        rpc_status(&e)
+        match tell(&e) {
+            Ok(()) => 0,
+            Err(errno) => fail(errno),
+        }
     };
     let (m, cv) = registry();
     let mut reg = lock(m);

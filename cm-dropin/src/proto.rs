@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -58,7 +58,8 @@ pub enum Op {
     Reject,
     /// `id: u64`.
     Disconnect,
-    /// `event: u64` (no reply is awaited by librdmacm's semantics, but one is sent).
+    /// `event: u64`. Not answered: an ack that is refused (another process's event, or one
+    /// acked already) is said on the daemon's stderr and leaves the event as it was.
     AckEvent,
     /// `id: u64` → `local: addr, peer: addr`.
     QueryAddrs,

@@ -937,10 +937,8 @@ impl Daemon {
                 let (id, mut host) = self.id_of(proc, t)?;
                 cm(host.disconnect(id))
             }
-            Op::AckEvent => {
-                let n = d.u64().map_err(bad)?;
-                self.ack_event(proc, n)
-            }
+            // Served without a reply, in `serve_process`.
+            Op::AckEvent => Err(libc::EPROTO),
             Op::QueryAddrs => {
                 let t = d.u64().map_err(bad)?;
                 let (id, mut host) = self.id_of(proc, t)?;
@@ -1638,6 +1636,22 @@ impl Daemon {
                     proc.name,
                     sender.map_or("?".into(), |s| s.to_string())
                 );
+                continue;
+            }
+            if Dec::new(buf).u32().ok() == Some(Op::AckEvent as u32) {
+                // Acks are not answered: the library does not wait a round trip for them.
+                let mut d = Dec::new(buf);
+                let _ = d.u32();
+                let refused = match d.u64() {
+                    Ok(n) => self.ack_event(p, n).err().map(|_| n.to_string()),
+                    Err(_) => Some("(malformed)".to_string()),
+                };
+                if let (Some(n), Some(proc)) = (refused, self.procs.get(&p)) {
+                    eprintln!(
+                        "cmsim-daemon: {}: ack of event {n} refused: not an event it was given, or acked already",
+                        proc.name
+                    );
+                }
                 continue;
             }
             let mut reply = self.handle_request(p, buf);
