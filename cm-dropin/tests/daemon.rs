@@ -163,9 +163,17 @@ fn attach(socket: &std::path::Path, host: &str) -> cm_dropin::sock::SeqConn {
     attach_with_token(socket, host).0
 }
 
-/// A request and its status (and the reply's rest).
+/// A request and its status (and the reply's rest), answered within 10 s.
+#[track_caller]
 fn ask(conn: &cm_dropin::sock::SeqConn, req: &cm_dropin::proto::Enc) -> (i32, Vec<u8>) {
+    use std::os::fd::AsRawFd;
     conn.send(&req.0).expect("send");
+    let ready = cm_dropin::sock::poll(&[(conn.as_raw_fd(), false)], 10_000).expect("poll");
+    assert!(
+        ready[0].readable || ready[0].closed,
+        "no answer within 10 s to op {:?}",
+        cm_dropin::proto::Dec::new(&req.0).u32()
+    );
     let mut buf = Vec::new();
     assert!(conn.recv(&mut buf).expect("reply"), "the daemon answers");
     let status = cm_dropin::proto::Dec::new(&buf).i32().expect("status");
@@ -395,4 +403,69 @@ fn only_the_process_an_event_went_to_may_ack_it_and_tokens_cannot_be_guessed() {
     assert_eq!(ask(&a, &ack).0, libc::EINVAL, "once");
     drop((a, b, sock));
     stop(daemon, libc::SIGTERM);
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc/PID/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+#[test]
+fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memory() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("groups");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
+    wait_for_socket(&path);
+    let conn = attach(&path, "10.0.0.1");
+    let token = |e: &Enc| {
+        let (status, rest) = ask(&conn, e);
+        assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
+        u64::from_le_bytes(rest[..8].try_into().expect("a token"))
+    };
+    let ch = token(&Enc::op(Op::CreateChannel));
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(ch).u32(0x0106);
+    // A group is named by whatever bytes the request carries: 128 KiB each here, so that 200
+    // of them kept would be 25 MiB.
+    let group = |i: u32| {
+        let mut g = vec![i as u8; 128 * 1024];
+        g[..4].copy_from_slice(&i.to_le_bytes());
+        g
+    };
+    let member = |op: Op, id: u64, i: u32| {
+        let mut e = Enc::op(op);
+        e.u64(id).bytes(&group(i));
+        assert_eq!(ask(&conn, &e).0, 0, "{op:?} {i}");
+    };
+    let id = token(&create);
+    let before = rss_kib(daemon.id());
+    // Leaves of groups never joined, and joins by ids that are then destroyed.
+    for i in 0..100 {
+        member(Op::LeaveMcast, id, i);
+    }
+    for i in 100..200 {
+        let id = token(&create);
+        member(Op::JoinMcast, id, i);
+        let mut destroy = Enc::op(Op::DestroyId);
+        destroy.u64(id);
+        assert_eq!(ask(&conn, &destroy).0, 0);
+    }
+    // And joins that are left again.
+    for i in 200..300 {
+        member(Op::JoinMcast, id, i);
+        member(Op::LeaveMcast, id, i);
+    }
+    let grown = rss_kib(daemon.id()).saturating_sub(before);
+    drop(conn);
+    let err = stop(daemon, libc::SIGTERM);
+    assert!(
+        grown < 8 * 1024,
+        "the daemon grew by {grown} KiB over 300 groups nobody stayed in: {err}"
+    );
 }
