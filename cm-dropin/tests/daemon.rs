@@ -469,3 +469,180 @@ fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memor
         "the daemon grew by {grown} KiB over 300 groups nobody stayed in: {err}"
     );
 }
+
+/// A channel of the process `token` on `conn`, with its socket attached.
+fn open_channel(
+    socket: &std::path::Path,
+    conn: &cm_dropin::sock::SeqConn,
+    token: u64,
+) -> (u64, cm_dropin::sock::SeqConn) {
+    use cm_dropin::proto::{Enc, Op, CHAN_ATTACHED};
+    let (status, rest) = ask(conn, &Enc::op(Op::CreateChannel));
+    assert_eq!(status, 0);
+    let ch = u64::from_le_bytes(rest[..8].try_into().expect("a token"));
+    let sock = cm_dropin::sock::SeqConn::connect(socket).expect("connect the channel");
+    let mut attach = Enc::op(Op::AttachChannel);
+    attach.u64(token).u64(ch);
+    sock.send(&attach.0).expect("attach");
+    assert_eq!(next_datagram(&sock), [CHAN_ATTACHED]);
+    (ch, sock)
+}
+
+/// The next datagram on `sock`, within 10 s.
+#[track_caller]
+fn next_datagram(sock: &cm_dropin::sock::SeqConn) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let ready = cm_dropin::sock::poll(&[(sock.as_raw_fd(), false)], 10_000).expect("poll");
+    assert!(ready[0].readable, "a datagram within 10 s");
+    let mut buf = Vec::new();
+    assert!(sock.recv(&mut buf).expect("recv"));
+    buf
+}
+
+/// The next event on channel socket `sock`, which must be `want`; acked on `conn`.
+#[track_caller]
+fn expect_event(
+    conn: &cm_dropin::sock::SeqConn,
+    sock: &cm_dropin::sock::SeqConn,
+    want: u32,
+) -> cm_dropin::proto::WireEvent {
+    use cm_dropin::proto::{Dec, Enc, Op, CHAN_EVENT};
+    let buf = next_datagram(sock);
+    let mut d = Dec::new(&buf);
+    assert_eq!(d.u8(), Ok(CHAN_EVENT));
+    let ev = d.event().expect("an event");
+    assert_eq!(ev.event, want, "{ev:?}");
+    let mut ack = Enc::op(Op::AckEvent);
+    ack.u64(ev.event_no);
+    assert_eq!(ask(conn, &ack).0, 0);
+    ev
+}
+
+/// Two processes, on hosts 10.0.0.1 and 10.0.0.2, with a connection between them: each one's
+/// control connection and connected id, and the channel sockets, which must stay open.
+fn connected_pair(
+    socket: &std::path::Path,
+    port: u16,
+) -> (
+    (cm_dropin::sock::SeqConn, u64),
+    (cm_dropin::sock::SeqConn, u64),
+    Vec<cm_dropin::sock::SeqConn>,
+) {
+    use cm_dropin::proto::{Enc, Op, WireParam};
+    let one = |conn: &cm_dropin::sock::SeqConn, e: &Enc| {
+        let (status, rest) = ask(conn, e);
+        assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
+        rest
+    };
+    let token = |conn: &cm_dropin::sock::SeqConn, e: &Enc| {
+        u64::from_le_bytes(one(conn, e)[..8].try_into().expect("a token"))
+    };
+    let qp = |conn: &cm_dropin::sock::SeqConn, id: u64| {
+        let mut cq = Enc::op(Op::CreateCq);
+        cq.u32(16).u64(0);
+        let cq = token(conn, &cq);
+        let mut e = Enc::op(Op::CreateQp);
+        e.u64(id)
+            .u32(16)
+            .u32(16)
+            .u32(1)
+            .u32(1)
+            .u32(0)
+            .u64(cq)
+            .u64(cq)
+            .u8(1)
+            .u32(2);
+        one(conn, &e);
+    };
+    let param = WireParam {
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..WireParam::default()
+    };
+    let addr: std::net::SocketAddr = format!("10.0.0.1:{port}").parse().expect("address");
+    let (server, s_token) = attach_with_token(socket, "10.0.0.1");
+    let (client, c_token) = attach_with_token(socket, "10.0.0.2");
+    let (s_ch, s_sock) = open_channel(socket, &server, s_token);
+    let (c_ch, c_sock) = open_channel(socket, &client, c_token);
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(s_ch).u32(0x0106);
+    let listener = token(&server, &create);
+    let mut bind = Enc::op(Op::BindAddr);
+    bind.u64(listener).addr(Some(addr));
+    one(&server, &bind);
+    let mut listen = Enc::op(Op::Listen);
+    listen.u64(listener).i32(1);
+    one(&server, &listen);
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(c_ch).u32(0x0106);
+    let id = token(&client, &create);
+    let mut resolve = Enc::op(Op::ResolveAddr);
+    resolve.u64(id).addr(None).addr(Some(addr)).u32(1000);
+    one(&client, &resolve);
+    expect_event(&client, &c_sock, 0);
+    let mut route = Enc::op(Op::ResolveRoute);
+    route.u64(id).u32(1000);
+    one(&client, &route);
+    expect_event(&client, &c_sock, 2);
+    qp(&client, id);
+    let mut connect = Enc::op(Op::Connect);
+    connect.u64(id).param(&param);
+    one(&client, &connect);
+    let child = expect_event(&server, &s_sock, 4).id;
+    qp(&server, child);
+    let mut accept = Enc::op(Op::Accept);
+    accept.u64(child).param(&param);
+    one(&server, &accept);
+    expect_event(&client, &c_sock, 9);
+    expect_event(&server, &s_sock, 9);
+    ((server, child), (client, id), vec![s_sock, c_sock])
+}
+
+#[test]
+fn an_rdma_read_longer_than_a_message_is_refused_where_it_went_unanswered() {
+    use cm_dropin::proto::{Dec, Enc, Op, MAX_MESSAGE};
+    let path = scratch("long-read");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&[
+        "--socket",
+        p,
+        "--host",
+        "10.0.0.1",
+        "--host",
+        "10.0.0.2",
+        "--max-seconds",
+        "60",
+    ]);
+    wait_for_socket(&path);
+    let ((server, child), (client, _), _channels) = connected_pair(&path, 7900);
+    // The client's memory, which the daemon reads as a NIC would (this process's pid is in
+    // the hello).
+    let memory: Vec<u8> = (0..2 * MAX_MESSAGE as usize).map(|i| (i % 251) as u8).collect();
+    let mut reg = Enc::op(Op::RegMr);
+    reg.u64(memory.as_ptr() as u64)
+        .u64(memory.len() as u64)
+        .u32(1 | 4);
+    let (status, rest) = ask(&client, &reg);
+    assert_eq!(status, 0);
+    let key = u32::from_le_bytes(rest[..4].try_into().expect("a key"));
+    let read = |len: u32| {
+        let mut e = Enc::op(Op::RdmaRead);
+        e.u64(child).u64(memory.as_ptr() as u64).u32(key).u32(len);
+        ask(&server, &e)
+    };
+    let (status, rest) = read(MAX_MESSAGE);
+    assert_eq!(status, 0, "a READ of a whole message");
+    let mut d = Dec::new(&rest);
+    assert_eq!(d.u32(), Ok(0), "completes");
+    assert_eq!(d.bytes(), Ok(&memory[..MAX_MESSAGE as usize]));
+    for len in [MAX_MESSAGE + 1, 2 * MAX_MESSAGE, u32::MAX] {
+        assert_eq!(
+            read(len).0,
+            libc::EINVAL,
+            "a READ of {len} bytes is refused, and answered"
+        );
+    }
+    assert_eq!(read(16).0, 0, "and the daemon goes on");
+    drop((server, client));
+    stop(daemon, libc::SIGTERM);
+}

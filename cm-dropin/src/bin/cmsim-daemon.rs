@@ -752,6 +752,12 @@ impl Daemon {
                 let remote_addr = d.u64().map_err(bad)?;
                 let rkey = d.u32().map_err(bad)?;
                 let len = d.u32().map_err(bad)? as usize;
+                // The bytes come back in this reply, one datagram: a READ is at most a
+                // message long, as a send is (a longer one's reply could not be sent, and the
+                // caller waited for ever).
+                if len > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
                 let (status, data) =
                     match self.rdma_target(proc, t, rkey, remote_addr, len, IBV_ACCESS_REMOTE_READ)? {
                         Ok(pid) => match sock::read_process(pid, remote_addr, len) {
