@@ -163,9 +163,18 @@ fn attach(socket: &std::path::Path, host: &str) -> cm_dropin::sock::SeqConn {
     attach_with_token(socket, host).0
 }
 
-/// A request and its status (and the reply's rest).
+/// A request and its status (and the reply's rest), answered within 10 s.
+#[track_caller]
 fn ask(conn: &cm_dropin::sock::SeqConn, req: &cm_dropin::proto::Enc) -> (i32, Vec<u8>) {
+    use std::os::fd::AsRawFd;
     conn.send(&req.0).expect("send");
+    let ready =
+        cm_dropin::sock::poll(&[(conn.as_raw_fd(), cm_dropin::sock::Interest::Read)], 10_000).expect("poll");
+    assert!(
+        ready[0].readable || ready[0].closed,
+        "no answer within 10 s to op {:?}",
+        cm_dropin::proto::Dec::new(&req.0).u32()
+    );
     let mut buf = Vec::new();
     assert!(conn.recv(&mut buf).expect("reply"), "the daemon answers");
     let status = cm_dropin::proto::Dec::new(&buf).i32().expect("status");
@@ -705,4 +714,270 @@ fn a_hello_of_another_protocol_version_is_refused_with_its_own_errno() {
         )),
         "{err}"
     );
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc/PID/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+#[test]
+fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memory() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("groups");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
+    wait_for_socket(&path);
+    let conn = attach(&path, "10.0.0.1");
+    let token = |e: &Enc| {
+        let (status, rest) = ask(&conn, e);
+        assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
+        u64::from_le_bytes(rest[..8].try_into().expect("a token"))
+    };
+    let ch = token(&Enc::op(Op::CreateChannel));
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(ch).u32(0x0106);
+    // A group is named by whatever bytes the request carries: 128 KiB each here, so that 200
+    // of them kept would be 25 MiB.
+    let group = |i: u32| {
+        let mut g = vec![i as u8; 128 * 1024];
+        g[..4].copy_from_slice(&i.to_le_bytes());
+        g
+    };
+    let member = |op: Op, id: u64, i: u32| {
+        let mut e = Enc::op(op);
+        e.u64(id).bytes(&group(i));
+        assert_eq!(ask(&conn, &e).0, 0, "{op:?} {i}");
+    };
+    let id = token(&create);
+    let before = rss_kib(daemon.id());
+    // Leaves of groups never joined, and joins by ids that are then destroyed.
+    for i in 0..100 {
+        member(Op::LeaveMcast, id, i);
+    }
+    for i in 100..200 {
+        let id = token(&create);
+        member(Op::JoinMcast, id, i);
+        let mut destroy = Enc::op(Op::DestroyId);
+        destroy.u64(id);
+        assert_eq!(ask(&conn, &destroy).0, 0);
+    }
+    // And joins that are left again.
+    for i in 200..300 {
+        member(Op::JoinMcast, id, i);
+        member(Op::LeaveMcast, id, i);
+    }
+    let grown = rss_kib(daemon.id()).saturating_sub(before);
+    drop(conn);
+    let err = stop(daemon, libc::SIGTERM);
+    assert!(
+        grown < 8 * 1024,
+        "the daemon grew by {grown} KiB over 300 groups nobody stayed in: {err}"
+    );
+}
+
+/// A channel of the process `token` on `conn`, with its socket attached.
+fn open_channel(
+    socket: &std::path::Path,
+    conn: &cm_dropin::sock::SeqConn,
+    token: u64,
+) -> (u64, cm_dropin::sock::SeqConn) {
+    use cm_dropin::proto::{Enc, Op, CHAN_ATTACHED};
+    let (status, rest) = ask(conn, &Enc::op(Op::CreateChannel));
+    assert_eq!(status, 0);
+    let ch = u64::from_le_bytes(rest[..8].try_into().expect("a token"));
+    let sock = cm_dropin::sock::SeqConn::connect(socket).expect("connect the channel");
+    let mut attach = Enc::op(Op::AttachChannel);
+    attach.u64(token).u64(ch);
+    sock.send(&attach.0).expect("attach");
+    assert_eq!(next_datagram(&sock), [CHAN_ATTACHED]);
+    (ch, sock)
+}
+
+/// The next datagram on `sock`, within 10 s.
+#[track_caller]
+fn next_datagram(sock: &cm_dropin::sock::SeqConn) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let ready =
+        cm_dropin::sock::poll(&[(sock.as_raw_fd(), cm_dropin::sock::Interest::Read)], 10_000).expect("poll");
+    assert!(ready[0].readable, "a datagram within 10 s");
+    let mut buf = Vec::new();
+    assert!(sock.recv(&mut buf).expect("recv"));
+    buf
+}
+
+/// The next event on channel socket `sock`, which must be `want`; acked on `conn`.
+#[track_caller]
+fn expect_event(
+    conn: &cm_dropin::sock::SeqConn,
+    sock: &cm_dropin::sock::SeqConn,
+    want: u32,
+) -> cm_dropin::proto::WireEvent {
+    use cm_dropin::proto::{Dec, Enc, Op, CHAN_EVENT};
+    let buf = next_datagram(sock);
+    let mut d = Dec::new(&buf);
+    assert_eq!(d.u8(), Ok(CHAN_EVENT));
+    let ev = d.event().expect("an event");
+    assert_eq!(ev.event, want, "{ev:?}");
+    // Acks are not answered.
+    let mut ack = Enc::op(Op::AckEvent);
+    ack.u64(ev.event_no);
+    conn.send(&ack.0).expect("ack");
+    ev
+}
+
+/// Two processes, on hosts 10.0.0.1 and 10.0.0.2, with a connection between them: each one's
+/// control connection and connected id, and the channel sockets, which must stay open.
+fn connected_pair(
+    socket: &std::path::Path,
+    port: u16,
+) -> (
+    (cm_dropin::sock::SeqConn, u64),
+    (cm_dropin::sock::SeqConn, u64),
+    Vec<cm_dropin::sock::SeqConn>,
+) {
+    use cm_dropin::proto::{Enc, Op, WireParam};
+    let one = |conn: &cm_dropin::sock::SeqConn, e: &Enc| {
+        let (status, rest) = ask(conn, e);
+        assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
+        rest
+    };
+    let token = |conn: &cm_dropin::sock::SeqConn, e: &Enc| {
+        u64::from_le_bytes(one(conn, e)[..8].try_into().expect("a token"))
+    };
+    let qp = |conn: &cm_dropin::sock::SeqConn, id: u64| {
+        let mut cq = Enc::op(Op::CreateCq);
+        cq.u32(16).u64(0);
+        let cq = token(conn, &cq);
+        let mut e = Enc::op(Op::CreateQp);
+        e.u64(id)
+            .u32(16)
+            .u32(16)
+            .u32(1)
+            .u32(1)
+            .u32(0)
+            .u64(cq)
+            .u64(cq)
+            .u8(1)
+            .u32(2);
+        one(conn, &e);
+    };
+    // One READ in flight each way, as rping asks.
+    let param = WireParam {
+        retry_count: 7,
+        rnr_retry_count: 7,
+        responder_resources: 1,
+        initiator_depth: 1,
+        ..WireParam::default()
+    };
+    let addr: std::net::SocketAddr = format!("10.0.0.1:{port}").parse().expect("address");
+    let (server, s_token) = attach_with_token(socket, "10.0.0.1");
+    let (client, c_token) = attach_with_token(socket, "10.0.0.2");
+    let (s_ch, s_sock) = open_channel(socket, &server, s_token);
+    let (c_ch, c_sock) = open_channel(socket, &client, c_token);
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(s_ch).u32(0x0106);
+    let listener = token(&server, &create);
+    let mut bind = Enc::op(Op::BindAddr);
+    bind.u64(listener).addr(Some(addr));
+    one(&server, &bind);
+    let mut listen = Enc::op(Op::Listen);
+    listen.u64(listener).i32(1);
+    one(&server, &listen);
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(c_ch).u32(0x0106);
+    let id = token(&client, &create);
+    let mut resolve = Enc::op(Op::ResolveAddr);
+    resolve.u64(id).addr(None).addr(Some(addr)).u32(1000);
+    one(&client, &resolve);
+    expect_event(&client, &c_sock, 0);
+    let mut route = Enc::op(Op::ResolveRoute);
+    route.u64(id).u32(1000);
+    one(&client, &route);
+    expect_event(&client, &c_sock, 2);
+    qp(&client, id);
+    let mut connect = Enc::op(Op::Connect);
+    connect.u64(id).param(&param);
+    one(&client, &connect);
+    let child = expect_event(&server, &s_sock, 4).id;
+    qp(&server, child);
+    let mut accept = Enc::op(Op::Accept);
+    accept.u64(child).param(&param);
+    one(&server, &accept);
+    expect_event(&client, &c_sock, 9);
+    expect_event(&server, &s_sock, 9);
+    ((server, child), (client, id), vec![s_sock, c_sock])
+}
+
+#[test]
+fn an_rdma_read_longer_than_a_message_is_refused_where_it_went_unanswered() {
+    use cm_dropin::proto::{Enc, Op, MAX_MESSAGE};
+    let path = scratch("long-read");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&[
+        "--socket",
+        p,
+        "--host",
+        "10.0.0.1",
+        "--host",
+        "10.0.0.2",
+        "--max-seconds",
+        "60",
+    ]);
+    wait_for_socket(&path);
+    let ((server, child), (client, _), _channels) = connected_pair(&path, 7900);
+    // The client's memory, which the simulator reads as a NIC would (this process's pid is in
+    // the hello), and the server's, where the READ lands.
+    let memory: Vec<u8> = (0..2 * MAX_MESSAGE as usize).map(|i| (i % 251) as u8).collect();
+    let landing = vec![0u8; 2 * MAX_MESSAGE as usize];
+    let register = |conn: &cm_dropin::sock::SeqConn, at: &[u8], access: u32| {
+        let mut reg = Enc::op(Op::RegMr);
+        reg.u64(at.as_ptr() as u64).u64(at.len() as u64).u32(access);
+        let (status, rest) = ask(conn, &reg);
+        assert_eq!(status, 0);
+        u32::from_le_bytes(rest[..4].try_into().expect("a key"))
+    };
+    let key = register(&client, &memory, 1 | 4);
+    let local = register(&server, &landing, 1);
+    let read = |len: u32| {
+        let mut e = Enc::op(Op::RdmaRead);
+        e.u64(child)
+            .u64(1)
+            .u8(1)
+            .u64(memory.as_ptr() as u64)
+            .u32(key)
+            .u32(1)
+            .u64(landing.as_ptr() as u64)
+            .u32(len)
+            .u32(local);
+        ask(&server, &e)
+    };
+    assert_eq!(read(MAX_MESSAGE).0, 0, "a READ of a whole message");
+    // The simulator writes the bytes into this process's memory, from the daemon.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let landed = || {
+        // SAFETY: `landing` is alive and its bytes initialised; they are read volatile since
+        // another process writes them behind the compiler's back.
+        (0..MAX_MESSAGE as usize)
+            .all(|i| unsafe { std::ptr::read_volatile(landing.as_ptr().add(i)) } == memory[i])
+    };
+    while !landed() {
+        assert!(Instant::now() < deadline, "the READ's bytes within 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for len in [MAX_MESSAGE + 1, 2 * MAX_MESSAGE, u32::MAX] {
+        assert_eq!(
+            read(len).0,
+            libc::EINVAL,
+            "a READ of {len} bytes is refused, and answered"
+        );
+    }
+    assert_eq!(read(16).0, 0, "and the daemon goes on");
+    drop((server, client));
+    stop(daemon, libc::SIGTERM);
 }

@@ -813,6 +813,12 @@ impl Daemon {
                         d.u32().map_err(bad)?,
                     ));
                 }
+                // The port's max_msg_sz, as the library checks before sending (a client that
+                // does not is refused here).
+                let total: u64 = local.iter().map(|&(_, len, _)| u64::from(len)).sum();
+                if total > u64::from(proto::MAX_MESSAGE) {
+                    return Err(libc::EINVAL);
+                }
                 let (id, mut host) = self.id_of(proc, t)?;
                 let sq_sig_all = match self.ids.get(&t) {
                     Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
@@ -866,10 +872,17 @@ impl Daemon {
                 let t = d.u64().map_err(bad)?;
                 let group = d.bytes().map_err(bad)?.to_vec();
                 self.id_of(proc, t)?;
-                let members = self.groups.entry(group).or_default();
-                members.retain(|m| *m != t);
                 if op == Op::JoinMcast {
+                    let members = self.groups.entry(group).or_default();
+                    members.retain(|m| *m != t);
                     members.push(t);
+                } else if let Some(members) = self.groups.get_mut(&group) {
+                    members.retain(|m| *m != t);
+                    // A group nobody is in is forgotten: a leave makes no entry, and keys
+                    // (the client's bytes, of any length) are not kept for ever.
+                    if members.is_empty() {
+                        self.groups.remove(&group);
+                    }
                 }
                 Ok(())
             }
@@ -1183,9 +1196,10 @@ impl Daemon {
     fn forget_id(&mut self, t: u64) {
         self.listening.remove(&t);
         self.endpoints.retain(|_, v| *v != t);
-        for members in self.groups.values_mut() {
+        self.groups.retain(|_, members| {
             members.retain(|m| *m != t);
-        }
+            !members.is_empty()
+        });
         if let Some(e) = self.ids.remove(&t) {
             self.id_tokens.remove(&(e.host, e.handle));
             if let Some(p) = self.procs.get_mut(&e.proc) {
