@@ -731,7 +731,7 @@ fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memor
     use cm_dropin::proto::{Enc, Op};
     let path = scratch("groups");
     let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "120"]);
     wait_for_socket(&path);
     let conn = attach(&path, "10.0.0.1");
     let token = |e: &Enc| {
@@ -741,44 +741,154 @@ fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memor
     };
     let ch = token(&Enc::op(Op::CreateChannel));
     let mut create = Enc::op(Op::CreateId);
-    create.u64(ch).u32(0x0106);
-    // A group is named by whatever bytes the request carries: 128 KiB each here, so that 200
-    // of them kept would be 25 MiB.
+    create.u64(ch).u32(0x0111);
+    // Group GIDs, all different: ff0e::<i>.
     let group = |i: u32| {
-        let mut g = vec![i as u8; 128 * 1024];
-        g[..4].copy_from_slice(&i.to_le_bytes());
+        let mut g = [0u8; 16];
+        g[0] = 0xff;
+        g[1] = 0x0e;
+        g[12..].copy_from_slice(&i.to_be_bytes());
         g
     };
     let member = |op: Op, id: u64, i: u32| {
         let mut e = Enc::op(op);
         e.u64(id).bytes(&group(i));
-        assert_eq!(ask(&conn, &e).0, 0, "{op:?} {i}");
+        ask(&conn, &e).0
     };
     let id = token(&create);
-    let before = rss_kib(daemon.id());
-    // Leaves of groups never joined, and joins by ids that are then destroyed.
-    for i in 0..100 {
-        member(Op::LeaveMcast, id, i);
+    // More groups than the device holds (rxe's 8 192), each named and gone again: leaves of
+    // groups never joined, joins left again, and joins by ids that are then destroyed.
+    for i in 0..9_000 {
+        assert_eq!(member(Op::LeaveMcast, id, i), 0);
     }
-    for i in 100..200 {
-        let id = token(&create);
-        member(Op::JoinMcast, id, i);
+    for i in 9_000..18_000 {
+        assert_eq!(member(Op::JoinMcast, id, i), 0, "join {i}");
+        assert_eq!(member(Op::LeaveMcast, id, i), 0);
+    }
+    for i in 18_000..18_100 {
+        let gone = token(&create);
+        assert_eq!(member(Op::JoinMcast, gone, i), 0);
         let mut destroy = Enc::op(Op::DestroyId);
-        destroy.u64(id);
+        destroy.u64(gone);
         assert_eq!(ask(&conn, &destroy).0, 0);
     }
-    // And joins that are left again.
-    for i in 200..300 {
-        member(Op::JoinMcast, id, i);
-        member(Op::LeaveMcast, id, i);
+    // None of them is kept: a full device's worth of groups can still be joined, and no more.
+    for i in 20_000..20_000 + 8_192 {
+        assert_eq!(member(Op::JoinMcast, id, i), 0, "join {i}");
     }
-    let grown = rss_kib(daemon.id()).saturating_sub(before);
-    drop(conn);
-    let err = stop(daemon, libc::SIGTERM);
-    assert!(
-        grown < 8 * 1024,
-        "the daemon grew by {grown} KiB over 300 groups nobody stayed in: {err}"
+    assert_eq!(
+        member(Op::JoinMcast, id, 30_000),
+        libc::ENOMEM,
+        "past rxe's 8 192 groups"
     );
+    drop(conn);
+    stop(daemon, libc::SIGTERM);
+}
+
+#[test]
+fn a_multicast_group_is_named_by_a_gid_and_takes_at_most_rxes_56_qps() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("group-attach");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
+    wait_for_socket(&path);
+    let conn = attach(&path, "10.0.0.1");
+    let token = |e: &Enc| {
+        let (status, rest) = ask(&conn, e);
+        assert_eq!(status, 0);
+        u64::from_le_bytes(rest[..8].try_into().expect("a token"))
+    };
+    let ch = token(&Enc::op(Op::CreateChannel));
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(ch).u32(0x0111);
+    let join = |id: u64, group: &[u8]| {
+        let mut e = Enc::op(Op::JoinMcast);
+        e.u64(id).bytes(group);
+        ask(&conn, &e).0
+    };
+    let id = token(&create);
+    for not_a_gid in [&[][..], &[0xff; 15][..], &[0xff; 17][..], &[0xff; 128 * 1024][..]] {
+        assert_eq!(join(id, not_a_gid), libc::EINVAL, "{} bytes", not_a_gid.len());
+    }
+    let gid = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3];
+    for n in 0..56 {
+        assert_eq!(join(token(&create), &gid), 0, "member {n}");
+    }
+    assert_eq!(join(token(&create), &gid), libc::ENOMEM, "a 57th QP");
+    drop(conn);
+    stop(daemon, libc::SIGTERM);
+}
+
+#[test]
+fn a_ud_qp_takes_no_more_receives_than_its_queue_holds() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("ud-recvs");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
+    wait_for_socket(&path);
+    let conn = attach(&path, "10.0.0.1");
+    let one = |e: &Enc| {
+        let (status, rest) = ask(&conn, e);
+        assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
+        rest
+    };
+    let token = |e: &Enc| u64::from_le_bytes(one(e)[..8].try_into().expect("a token"));
+    let ch = token(&Enc::op(Op::CreateChannel));
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(ch).u32(0x0111);
+    let id = token(&create);
+    let mut bind = Enc::op(Op::BindAddr);
+    bind.u64(id).addr(Some("10.0.0.1:0".parse().expect("address")));
+    one(&bind);
+    let mut cq = Enc::op(Op::CreateCq);
+    cq.u32(16).u64(0);
+    let cq = token(&cq);
+    let mut qp = Enc::op(Op::CreateQp);
+    qp.u64(id)
+        .u32(4)
+        .u32(4)
+        .u32(1)
+        .u32(1)
+        .u32(0)
+        .u64(cq)
+        .u64(cq)
+        .u8(1)
+        .u32(4); // IBV_QPT_UD
+    let caps = one(&qp);
+    let max_recv_wr = u32::from_le_bytes(caps[4..8].try_into().expect("max_recv_wr"));
+    assert!(max_recv_wr >= 4, "{max_recv_wr}");
+    let post = |wr_id: u64| {
+        let mut e = Enc::op(Op::PostRecv);
+        e.u64(id).u64(wr_id).u32(2048);
+        ask(&conn, &e).0
+    };
+    for wr_id in 0..u64::from(max_recv_wr) {
+        assert_eq!(post(wr_id), 0, "receive {wr_id}");
+    }
+    assert_eq!(post(99), libc::ENOMEM, "one past the queue's {max_recv_wr}");
+    drop(conn);
+    stop(daemon, libc::SIGTERM);
+}
+
+#[test]
+fn a_hello_cut_short_is_refused_as_malformed() {
+    use cm_dropin::proto::{Dec, Enc};
+    let path = scratch("short-hello");
+    let p = path.to_str().expect("utf-8 path");
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
+    wait_for_socket(&path);
+    let whole = Enc::hello(std::process::id(), "10.0.0.1", "short");
+    // The op and the pid, then the op, pid and half the host's length.
+    for cut in [8, 10] {
+        let conn = cm_dropin::sock::SeqConn::connect(&path).expect("connect");
+        conn.send(&whole.0[..cut]).expect("hello");
+        let mut buf = Vec::new();
+        assert!(conn.recv(&mut buf).expect("an answer"));
+        assert_eq!(Dec::new(&buf).i32(), Ok(libc::EPROTO), "a hello of {cut} bytes");
+    }
+    drop(attach(&path, "10.0.0.1"));
+    let err = stop(daemon, libc::SIGTERM);
+    assert!(err.contains("a malformed hello refused"), "{err}");
 }
 
 /// A channel of the process `token` on `conn`, with its socket attached.

@@ -254,6 +254,9 @@ struct IdEntry {
     ud: bool,
     /// A UD QP's posted receives: `wr_id` and buffer length, in order.
     ud_recvs: VecDeque<(u64, u32)>,
+    /// The QP's receive queue depth (`max_recv_wr` as created): a UD QP's posted receives
+    /// stop there (`ENOMEM`, as verbs' full queue).
+    max_recv_wr: u32,
 }
 
 /// A completion queue: the QPs that report into it and the completions not polled yet.
@@ -316,6 +319,11 @@ impl RegionMemory for ProcessMemory {
     }
 }
 
+/// Multicast groups the device holds, and QPs one group may have attached: rxe's
+/// `RXE_MAX_MCAST_GRP` and `RXE_MAX_MCAST_QP_ATTACH` (Linux 6.1), so that joins cannot grow the
+/// daemon without end.
+const MAX_MCAST_GROUPS: usize = 8192;
+const MAX_MCAST_ATTACH: usize = 56;
 /// Scatter/gather entries one request may name, at most (what a QP's caps allow is checked by
 /// the simulator; this bounds what a malformed request makes the daemon hold).
 const MAX_SGE: usize = 64;
@@ -610,6 +618,7 @@ impl Daemon {
                     e.sends.clear();
                     e.ud = ud;
                     e.ud_recvs.clear();
+                    e.max_recv_wr = got.max_recv_wr;
                 }
                 for cq in [send_cq, recv_cq] {
                     if let Some(c) = self.cqs.get_mut(&cq) {
@@ -872,7 +881,19 @@ impl Daemon {
                 let t = d.u64().map_err(bad)?;
                 let group = d.bytes().map_err(bad)?.to_vec();
                 self.id_of(proc, t)?;
+                // A group is named by its GID.
+                if group.len() != 16 {
+                    return Err(libc::EINVAL);
+                }
                 if op == Op::JoinMcast {
+                    // rxe's limits: groups on the device, and QPs attached to one group.
+                    let full = match self.groups.get(&group) {
+                        None => self.groups.len() >= MAX_MCAST_GROUPS,
+                        Some(members) => !members.contains(&t) && members.len() >= MAX_MCAST_ATTACH,
+                    };
+                    if full {
+                        return Err(libc::ENOMEM);
+                    }
                     let members = self.groups.entry(group).or_default();
                     members.retain(|m| *m != t);
                     members.push(t);
@@ -895,6 +916,9 @@ impl Daemon {
                     .get_mut(&t)
                     .filter(|e| e.proc == proc && e.has_qp && e.ud)
                 {
+                    if e.ud_recvs.len() >= e.max_recv_wr as usize {
+                        return Err(libc::ENOMEM);
+                    }
                     e.ud_recvs.push_back((wr_id, len));
                     return Ok(());
                 }
@@ -1184,6 +1208,7 @@ impl Daemon {
                 sends: VecDeque::new(),
                 ud: false,
                 ud_recvs: VecDeque::new(),
+                max_recv_wr: 0,
             },
         );
         self.id_tokens.insert((host, id), t);
@@ -1461,9 +1486,17 @@ impl Daemon {
         let mut d = Dec::new(&buf);
         match d.u32().ok().and_then(Op::from_u32) {
             Some(Op::Hello) => {
-                let pid = d.u32().unwrap_or(0);
-                let host = d.str().unwrap_or("").to_string();
-                let argv0 = d.str().unwrap_or("?").to_string();
+                let (pid, host, argv0) = match (d.u32(), d.str(), d.str()) {
+                    (Ok(pid), Ok(host), Ok(argv0)) => (pid, host.to_string(), argv0.to_string()),
+                    _ => {
+                        // Cut short, or a name that is not text: not a hello to guess at.
+                        eprintln!("cmsim-daemon: a malformed hello refused");
+                        let mut e = Enc::default();
+                        e.i32(libc::EPROTO);
+                        let _ = conn.try_send(&e.0);
+                        return;
+                    }
+                };
                 let name = format!("{argv0}[{pid}]@{host}");
                 let version = d.u32().ok();
                 if version != Some(proto::PROTOCOL_VERSION) {
