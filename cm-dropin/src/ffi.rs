@@ -1494,22 +1494,24 @@ struct AddrinfoPriv {
     dst: SockaddrStorage,
 }
 
-fn resolve_node(node: Option<&str>, port: u16, passive: bool) -> Result<SocketAddr, c_int> {
-    let Some(node) = node else {
-        return if passive {
-            Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
-        } else {
-            Err(libc::EINVAL)
-        };
-    };
-    if let Ok(ip) = node.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
+/// A host name the system resolver knows, as an address literal for cm-core's numeric
+/// [`getaddrinfo`](cm_core::getaddrinfo); literals (and no node) pass as they are.
+fn numeric_node(node: Option<&str>) -> Result<Option<String>, c_int> {
+    let Some(node) = node else { return Ok(None) };
+    if node
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .is_ok()
+    {
+        return Ok(Some(node.to_string()));
     }
     use std::net::ToSocketAddrs;
-    (node, port)
+    (node, 0)
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
+        .map(|a| Some(a.ip().to_string()))
         .ok_or(libc::EADDRNOTAVAIL)
 }
 
@@ -1533,19 +1535,32 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             hints.as_ref(),
         )
     };
-    let port = match service.as_deref().map(str::parse::<u16>) {
-        None => 0,
-        Some(Ok(p)) => p,
-        Some(Err(_)) => return fail(libc::EINVAL),
-    };
     let flags = hints.map_or(0, |h| h.ai_flags);
     let passive = flags & RAI_PASSIVE != 0;
     if flags & RAI_NUMERICHOST != 0 && node.as_deref().is_some_and(|n| n.parse::<IpAddr>().is_err()) {
         return fail(libc::EINVAL);
     }
-    let addr = match resolve_node(node.as_deref(), port, passive) {
-        Ok(a) => a,
+    // The rules (ports, the wildcard of a passive lookup, families) are cm-core's; names are
+    // the system resolver's, which cm-core does not ask.
+    let node = match numeric_node(node.as_deref()) {
+        Ok(n) => n,
         Err(e) => return fail(e),
+    };
+    let core_hints = cm_core::AddrHints {
+        passive,
+        port_space: cm_core::PortSpace::Tcp,
+        ipv6: match hints.map_or(0, |h| h.ai_family) {
+            libc::AF_INET => Some(false),
+            libc::AF_INET6 => Some(true),
+            _ => None,
+        },
+    };
+    let addr = match cm_core::getaddrinfo(node.as_deref(), service.as_deref(), &core_hints) {
+        Ok(infos) => match infos.first().and_then(|i| i.src.or(i.dst)) {
+            Some(a) => a,
+            None => return fail(libc::EADDRNOTAVAIL),
+        },
+        Err(e) => return fail(e.errno()),
     };
     let mut ai = Box::new(AddrinfoPriv {
         public: RdmaAddrinfo {

@@ -556,6 +556,18 @@ fn compile_c(name: &str) -> Option<PathBuf> {
 }
 
 #[test]
+fn rdma_getaddrinfo_follows_cm_cores_rules_and_resolves_names_through_the_system() {
+    let Some(prog) = compile_c("addrinfo") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let out = run_without_daemon(&[&prog]);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(out.stdout, "ok\n", "{}", out.stderr);
+    assert!(out.status.success());
+}
+
+#[test]
 fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_silent() {
     let Some(echo) = compile_c("echo") else {
         return;
