@@ -437,26 +437,6 @@ fn open_fds(daemon: &Child) -> usize {
         .count()
 }
 
-/// A channel of process `proc`'s, its socket attached.
-fn attached_channel(
-    socket: &std::path::Path,
-    conn: &cm_dropin::sock::SeqConn,
-    proc: u64,
-) -> (u64, cm_dropin::sock::SeqConn) {
-    use cm_dropin::proto::{Enc, Op, CHAN_ATTACHED};
-    let (status, rest) = ask(conn, &Enc::op(Op::CreateChannel));
-    assert_eq!(status, 0, "CreateChannel");
-    let ch = u64::from_le_bytes(rest[..8].try_into().expect("a token"));
-    let sock = cm_dropin::sock::SeqConn::connect(socket).expect("connect the channel");
-    let mut attach = Enc::op(Op::AttachChannel);
-    attach.u64(proc).u64(ch);
-    sock.send(&attach.0).expect("attach");
-    let mut buf = Vec::new();
-    assert!(sock.recv(&mut buf).expect("attached"));
-    assert_eq!(buf, [CHAN_ATTACHED]);
-    (ch, sock)
-}
-
 #[test]
 fn a_hello_that_names_another_process_is_refused() {
     use cm_dropin::proto::{Dec, Enc};
@@ -627,7 +607,7 @@ fn destroyed_channels_give_their_sockets_back() {
     let (conn, proc) = attach_with_token(&path, "10.0.0.1");
     let before = open_fds(&daemon);
     for _ in 0..2_000 {
-        let (ch, sock) = attached_channel(&path, &conn, proc);
+        let (ch, sock) = open_channel(&path, &conn, proc);
         let mut destroy = Enc::op(Op::DestroyChannel);
         destroy.u64(ch);
         assert_eq!(ask(&conn, &destroy).0, 0);
