@@ -1629,7 +1629,9 @@ impl Daemon {
     fn accept(&mut self) {
         match self.listener.accept() {
             Ok(c) => {
-                // The kernel's pid with every request: see `check_hello` and `serve_process`.
+                // The kernel's pid with every request (see `check_hello` and
+                // `serve_process`): taken over from the listener, and asked for again here
+                // should a kernel not pass it on.
                 if sock::pass_credentials(c.as_raw_fd()).is_err() {
                     return;
                 }
@@ -1984,7 +1986,13 @@ fn main() {
     }
     catch_stop_signals();
     sock::raise_fd_limit();
-    let listener = match SeqListener::bind(&opts.socket, opts.socket_mode) {
+    // The kernel's pid with every datagram, asked for on the listener: each connection takes
+    // it over as it is accepted, so the first datagrams are named too. Asked for only once
+    // accepted, a hello sent between the accept and the asking read as pid 0's and was
+    // refused as naming another process.
+    let listener = match SeqListener::bind(&opts.socket, opts.socket_mode)
+        .and_then(|l| sock::pass_credentials(l.as_raw_fd()).map(|()| l))
+    {
         Ok(l) => l,
         Err(e) => {
             eprintln!("cmsim-daemon: {}: {e}", opts.socket.display());
