@@ -696,16 +696,6 @@ fn a_hello_of_another_protocol_version_is_refused_with_its_own_errno() {
     );
 }
 
-/// The resident memory of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("/proc/PID/status")
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("a VmRSS line")
-}
-
 #[test]
 fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memory() {
     use cm_dropin::proto::{Enc, Op};
