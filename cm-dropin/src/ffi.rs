@@ -139,7 +139,11 @@ fn connect_daemon() -> Result<Client, c_int> {
         libc::ENODEV
     })?;
     let host = std::env::var(proto::HOST_ENV).unwrap_or_default();
-    let argv0 = std::env::args().next().unwrap_or_default();
+    // args_os: a name that is not UTF-8 is shown lossily, where `args` would panic.
+    let argv0 = std::env::args_os()
+        .next()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let argv0 = argv0.rsplit('/').next().unwrap_or("?").to_string();
     let e = Enc::hello(std::process::id(), &host, &argv0);
     ctrl.send(&e.0).map_err(|_| libc::ENODEV)?;

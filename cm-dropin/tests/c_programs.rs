@@ -655,6 +655,29 @@ fn a_forked_child_is_a_process_of_its_own_and_cannot_act_on_its_parents_socket()
 }
 
 #[test]
+fn a_program_whose_name_is_not_utf8_attaches_under_its_name_shown_lossily() {
+    let Some(fork) = compile_c("fork") else {
+        return;
+    };
+    let fork = fork.to_string_lossy().into_owned();
+    let fabric = Fabric::start("argv0", 2, &[]);
+    // argv[0] is the byte 0xff and "fork": what a program may be called, though not UTF-8.
+    let script = format!("exec -a \"$(printf '\\377')fork\" \"$0\" child-calls {SERVER}");
+    let run = fabric.spawn(SERVER, &["bash", "-c", &script, &fork]);
+    let out = wait(run, Duration::from_secs(30), "fork");
+    let daemon = fabric.finish();
+    let _ = std::fs::remove_file(&fork);
+    assert!(
+        out.stdout.contains("parent: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(daemon.stderr.contains("\u{fffd}fork["), "{}", daemon.stderr);
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+#[test]
 fn a_parent_that_exits_is_detached_at_once_though_its_child_holds_its_sockets() {
     let Some((out, daemon, parent, child)) = fork_run("parent-exits") else {
         return;

@@ -2298,7 +2298,12 @@ fn junk_first(g: &mut Gen, st: &mut Stats) -> Result<(), String> {
             ))
         }
         Some(Op::Hello) if status == Ok(0) => return Ok(()),
-        Some(Op::Hello) if matches!(status, Ok(libc::ENODEV | libc::EPERM | libc::EPROTONOSUPPORT)) => {}
+        // Refused: cut short or not text (EPROTO), another's pid, another version, no such host.
+        Some(Op::Hello)
+            if matches!(
+                status,
+                Ok(libc::EPROTO | libc::ENODEV | libc::EPERM | libc::EPROTONOSUPPORT)
+            ) => {}
         Some(Op::ProbeListener) if reply.len() == 5 && status == Ok(0) && reply[4] <= 1 => {}
         Some(Op::AttachChannel | Op::AttachCompChannel) if reply == [CHAN_ATTACHED] => {
             return Err(format!(

@@ -1486,8 +1486,11 @@ impl Daemon {
         let mut d = Dec::new(&buf);
         match d.u32().ok().and_then(Op::from_u32) {
             Some(Op::Hello) => {
-                let (pid, host, argv0) = match (d.u32(), d.str(), d.str()) {
-                    (Ok(pid), Ok(host), Ok(argv0)) => (pid, host.to_string(), argv0.to_string()),
+                // A program's name is whatever bytes its argv[0] holds: shown, not checked.
+                let (pid, host, argv0) = match (d.u32(), d.str(), d.bytes()) {
+                    (Ok(pid), Ok(host), Ok(argv0)) => {
+                        (pid, host.to_string(), String::from_utf8_lossy(argv0).into_owned())
+                    }
                     _ => {
                         // Cut short, or a name that is not text: not a hello to guess at.
                         eprintln!("cmsim-daemon: a malformed hello refused");
