@@ -56,16 +56,51 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Reports a call this library does not implement: ENOSYS and one line on stderr.
+/// Reports a call this library does not implement: one line on stderr naming it and `errno`,
+/// which is also set. Returns `errno`, for the calls that answer it as their value.
+pub(crate) fn refuse(name: &str, errno: c_int) -> c_int {
+    let what = match errno {
+        libc::ENOSYS => "ENOSYS".to_string(),
+        libc::EOPNOTSUPP => "EOPNOTSUPP".to_string(),
+        other => format!("errno {other}"),
+    };
+    eprintln!("cmsim: {name} is not supported on the simulator ({what})");
+    set_errno(errno);
+    errno
+}
+
+/// Reports a call this library does not implement: ENOSYS and one line on stderr; returns -1.
 pub(crate) fn unsupported(name: &str) -> c_int {
-    eprintln!("cmsim: {name} is not supported on the simulator (ENOSYS)");
-    fail(libc::ENOSYS)
+    refuse(name, libc::ENOSYS);
+    -1
 }
 
 struct Client {
     ctrl: SeqConn,
     proc: u64,
     socket: PathBuf,
+    /// The process that said the hello. A forked child inherits the socket but is not that
+    /// process (the daemon refuses its requests on it): it says a hello of its own.
+    pid: u32,
+}
+
+/// The connection to the daemon, made (or, in a forked child, made again) when needed.
+fn client(guard: &mut Option<Client>) -> Result<&Client, c_int> {
+    let pid = std::process::id();
+    if let Some(old) = guard.as_ref() {
+        if old.pid != pid {
+            eprintln!(
+                "cmsim: process {pid}, forked from {}, attaches to the fabric as a process of its own: its parent's ids, channels and regions are not its",
+                old.pid
+            );
+            // Dropping closes this process's copy of the parent's socket only.
+            *guard = None;
+        }
+    }
+    if guard.is_none() {
+        *guard = Some(connect_daemon()?);
+    }
+    Ok(guard.as_ref().expect("connected above"))
 }
 
 static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
@@ -104,12 +139,13 @@ fn connect_daemon() -> Result<Client, c_int> {
         libc::ENODEV
     })?;
     let host = std::env::var(proto::HOST_ENV).unwrap_or_default();
-    let argv0 = std::env::args().next().unwrap_or_default();
+    // args_os: a name that is not UTF-8 is shown lossily, where `args` would panic.
+    let argv0 = std::env::args_os()
+        .next()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let argv0 = argv0.rsplit('/').next().unwrap_or("?").to_string();
-    let mut e = Enc::op(Op::Hello);
-    e.u32(std::process::id())
-        .bytes(host.as_bytes())
-        .bytes(argv0.as_bytes());
+    let e = Enc::hello(std::process::id(), &host, &argv0);
     ctrl.send(&e.0).map_err(|_| libc::ENODEV)?;
     let mut buf = Vec::new();
     if !matches!(ctrl.recv(&mut buf), Ok(true)) {
@@ -127,6 +163,14 @@ fn connect_daemon() -> Result<Client, c_int> {
             );
             return Err(libc::ENODEV);
         }
+        Ok(libc::EPROTONOSUPPORT) => {
+            eprintln!(
+                "cmsim: the fabric daemon at {} speaks another protocol than this library (version {}): run the cmsim-daemon and cmsim-run of one build",
+                socket.display(),
+                proto::PROTOCOL_VERSION
+            );
+            return Err(libc::ENODEV);
+        }
         Ok(errno) => return Err(errno),
         Err(_) => return Err(libc::EPROTO),
     }
@@ -135,26 +179,25 @@ fn connect_daemon() -> Result<Client, c_int> {
     let _addr = d.addr().map_err(|_| libc::EPROTO)?;
     // The daemon places RDMA READ/WRITE data in this process's memory, as a NIC would.
     sock::allow_ptracer(d.u32().map_err(|_| libc::EPROTO)?);
-    Ok(Client { ctrl, proc, socket })
+    Ok(Client {
+        ctrl,
+        proc,
+        socket,
+        pid: std::process::id(),
+    })
 }
 
 /// The daemon's socket path and this process's number (connecting first if needed).
 pub(crate) fn daemon_address() -> Result<(PathBuf, u64), c_int> {
     let mut guard = lock(&CLIENT);
-    if guard.is_none() {
-        *guard = Some(connect_daemon()?);
-    }
-    let c = guard.as_ref().expect("connected above");
+    let c = client(&mut guard)?;
     Ok((c.socket.clone(), c.proc))
 }
 
 /// One request and its reply; the control socket is held only for this exchange.
 pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     let mut guard = lock(&CLIENT);
-    if guard.is_none() {
-        *guard = Some(connect_daemon()?);
-    }
-    let client = guard.as_ref().expect("connected above");
+    let client = client(&mut guard)?;
     client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)?;
     let mut buf = Vec::new();
     if !matches!(client.ctrl.recv(&mut buf), Ok(true)) {
@@ -167,6 +210,14 @@ pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
     }
     buf.drain(..4);
     Ok(buf)
+}
+
+/// A message the daemon does not answer (an ack), sent in order with the requests: the caller
+/// does not wait a round trip for it.
+pub(crate) fn tell(e: &Enc) -> Result<(), c_int> {
+    let mut guard = lock(&CLIENT);
+    let client = client(&mut guard)?;
+    client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)
 }
 
 pub(crate) fn rpc_status(e: &Enc) -> c_int {
@@ -1100,7 +1151,7 @@ unsafe fn is_sync(id: *mut RdmaCmId) -> bool {
 fn ack_wire(w: &WireEvent) {
     let mut e = Enc::op(Op::AckEvent);
     e.u64(w.event_no);
-    let _ = rpc(&e);
+    let _ = tell(&e);
 }
 
 /// librdmacm's `ucma_complete`: a synchronous call waits for the id's next event and turns
@@ -1238,9 +1289,14 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     let r = if ev.event_no == LOCAL_EVENT {
         0
     } else {
+        // librdmacm's ack is the library's alone and cannot fail for an event it gave out; the
+        // daemon is told (it holds the id's accounting) without a round trip.
         let mut e = Enc::op(Op::AckEvent);
         e.u64(ev.event_no);
-        rpc_status(&e)
+        match tell(&e) {
+            Ok(()) => 0,
+            Err(errno) => fail(errno),
+        }
     };
     let (m, cv) = registry();
     let mut reg = lock(m);
@@ -1252,31 +1308,21 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     r
 }
 
-/// `rdma_event_str`.
+/// `rdma_event_str`: cm-core's names, NUL-terminated once. rdma-core v44 names the first 16
+/// event types (through `TIMEWAIT_EXIT`); later numbers are `UNKNOWN EVENT` there, and here.
 #[no_mangle]
 pub extern "C" fn rdma_event_str(event: u32) -> *const c_char {
-    const NAMES: [&CStr; 16] = [
-        c"RDMA_CM_EVENT_ADDR_RESOLVED",
-        c"RDMA_CM_EVENT_ADDR_ERROR",
-        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
-        c"RDMA_CM_EVENT_ROUTE_ERROR",
-        c"RDMA_CM_EVENT_CONNECT_REQUEST",
-        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
-        c"RDMA_CM_EVENT_CONNECT_ERROR",
-        c"RDMA_CM_EVENT_UNREACHABLE",
-        c"RDMA_CM_EVENT_REJECTED",
-        c"RDMA_CM_EVENT_ESTABLISHED",
-        c"RDMA_CM_EVENT_DISCONNECTED",
-        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
-        c"RDMA_CM_EVENT_MULTICAST_JOIN",
-        c"RDMA_CM_EVENT_MULTICAST_ERROR",
-        c"RDMA_CM_EVENT_ADDR_CHANGE",
-        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
-    ];
-    NAMES
+    const V44_NAMED: usize = 16;
+    static NAMES: OnceLock<Vec<std::ffi::CString>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        cm_core::CmEventType::ALL[..V44_NAMED]
+            .iter()
+            .map(|t| std::ffi::CString::new(t.name()).expect("event names have no NUL"))
+            .collect()
+    });
+    names
         .get(event as usize)
-        .copied()
-        .unwrap_or(c"UNKNOWN EVENT")
+        .map_or(c"UNKNOWN EVENT", |n| n.as_c_str())
         .as_ptr()
 }
 
@@ -1452,22 +1498,24 @@ struct AddrinfoPriv {
     dst: SockaddrStorage,
 }
 
-fn resolve_node(node: Option<&str>, port: u16, passive: bool) -> Result<SocketAddr, c_int> {
-    let Some(node) = node else {
-        return if passive {
-            Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
-        } else {
-            Err(libc::EINVAL)
-        };
-    };
-    if let Ok(ip) = node.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
+/// A host name the system resolver knows, as an address literal for cm-core's numeric
+/// [`getaddrinfo`](cm_core::getaddrinfo); literals (and no node) pass as they are.
+fn numeric_node(node: Option<&str>) -> Result<Option<String>, c_int> {
+    let Some(node) = node else { return Ok(None) };
+    if node
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .is_ok()
+    {
+        return Ok(Some(node.to_string()));
     }
     use std::net::ToSocketAddrs;
-    (node, port)
+    (node, 0)
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
+        .map(|a| Some(a.ip().to_string()))
         .ok_or(libc::EADDRNOTAVAIL)
 }
 
@@ -1491,19 +1539,32 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             hints.as_ref(),
         )
     };
-    let port = match service.as_deref().map(str::parse::<u16>) {
-        None => 0,
-        Some(Ok(p)) => p,
-        Some(Err(_)) => return fail(libc::EINVAL),
-    };
     let flags = hints.map_or(0, |h| h.ai_flags);
     let passive = flags & RAI_PASSIVE != 0;
     if flags & RAI_NUMERICHOST != 0 && node.as_deref().is_some_and(|n| n.parse::<IpAddr>().is_err()) {
         return fail(libc::EINVAL);
     }
-    let addr = match resolve_node(node.as_deref(), port, passive) {
-        Ok(a) => a,
+    // The rules (ports, the wildcard of a passive lookup, families) are cm-core's; names are
+    // the system resolver's, which cm-core does not ask.
+    let node = match numeric_node(node.as_deref()) {
+        Ok(n) => n,
         Err(e) => return fail(e),
+    };
+    let core_hints = cm_core::AddrHints {
+        passive,
+        port_space: cm_core::PortSpace::Tcp,
+        ipv6: match hints.map_or(0, |h| h.ai_family) {
+            libc::AF_INET => Some(false),
+            libc::AF_INET6 => Some(true),
+            _ => None,
+        },
+    };
+    let addr = match cm_core::getaddrinfo(node.as_deref(), service.as_deref(), &core_hints) {
+        Ok(infos) => match infos.first().and_then(|i| i.src.or(i.dst)) {
+            Some(a) => a,
+            None => return fail(libc::EADDRNOTAVAIL),
+        },
+        Err(e) => return fail(e.errno()),
     };
     let mut ai = Box::new(AddrinfoPriv {
         public: RdmaAddrinfo {
@@ -1571,14 +1632,160 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut RdmaAddrinfo) {
     }
 }
 
+// ---- addresses, ports, devices ---------------------------------------------------------
+
+/// librdmacm's `ucma_get_port`: the port of a socket address in network order (0 for a family
+/// without one). For `AF_IB` it is the low 16 bits of the service id.
+unsafe fn port_of(addr: *const SockaddrStorage) -> u16 {
+    // SAFETY: addr points at a sockaddr_storage of this library's id.
+    let b = unsafe { &(*addr).0 };
+    match u16::from_ne_bytes([b[0], b[1]]) as c_int {
+        libc::AF_INET | libc::AF_INET6 => u16::from_ne_bytes([b[2], b[3]]),
+        AF_IB => {
+            // sockaddr_ib: sib_sid, big-endian, at offset 24.
+            let sid = u64::from_be_bytes(b[24..32].try_into().expect("8 bytes"));
+            (sid as u16).to_be()
+        }
+        _ => 0,
+    }
+}
+
+/// `AF_IB`: the family of `struct sockaddr_ib`.
+const AF_IB: c_int = 27;
+
+/// `rdma_get_src_port`: the id's local port, in network order (0 while it has none).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_src_port(id: *mut RdmaCmId) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: id came from this library; its route holds the addresses set_addrs wrote.
+    unsafe { port_of(&(*id).route.addr.src) }
+}
+
+/// `rdma_get_dst_port`: the id's peer's port, in network order (0 while it has none).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_dst_port(id: *mut RdmaCmId) -> u16 {
+    if id.is_null() {
+        return 0;
+    }
+    // SAFETY: as in rdma_get_src_port.
+    unsafe { port_of(&(*id).route.addr.dst) }
+}
+
+/// `rdma_get_local_addr`: `&id->route.addr.src_addr` (an inline function in `rdma_cma.h`;
+/// librdmacm's map names it, so it is exported for programs that look it up).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_local_addr(id: *mut RdmaCmId) -> *mut libc::sockaddr {
+    if id.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: id came from this library; only the field's address is taken.
+    unsafe { ptr::addr_of_mut!((*id).route.addr.src) as *mut libc::sockaddr }
+}
+
+/// `rdma_get_peer_addr`: `&id->route.addr.dst_addr` (an inline function in `rdma_cma.h`, as
+/// `rdma_get_local_addr`).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_peer_addr(id: *mut RdmaCmId) -> *mut libc::sockaddr {
+    if id.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: as in rdma_get_local_addr.
+    unsafe { ptr::addr_of_mut!((*id).route.addr.dst) as *mut libc::sockaddr }
+}
+
+/// `rdma_join_multicast`: as librdmacm does, `rdma_join_multicast_ex` with the address and
+/// a full-member join.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_join_multicast(
+    id: *mut RdmaCmId,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
+) -> c_int {
+    /// `struct rdma_cm_join_mc_attr_ex`.
+    #[repr(C)]
+    struct JoinAttr {
+        comp_mask: u32,
+        join_flags: u32,
+        addr: *mut libc::sockaddr,
+    }
+    // RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS; RDMA_MC_JOIN_FLAG_FULLMEMBER.
+    let mut attr = JoinAttr {
+        comp_mask: 1 | 2,
+        join_flags: 0,
+        addr,
+    };
+    // SAFETY: id and addr are the caller's, as rdma_join_multicast_ex takes them; attr lives
+    // for the call.
+    unsafe { rdma_join_multicast_ex(id, ptr::addr_of_mut!(attr) as *mut c_void, context) }
+}
+
+/// `rdma_get_devices`: the one simulated device's context, the one every id is bound to (as
+/// librdmacm's list holds the contexts its ids use). A process whose host is not on the fabric
+/// (or without a daemon) has none: NULL, `*num_devices` 0 and the reason in errno.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut c_void {
+    let list = match daemon_address() {
+        Ok(_) => Box::into_raw(Box::new([device_context(), ptr::null_mut()])) as *mut *mut c_void,
+        Err(errno) => {
+            set_errno(errno);
+            ptr::null_mut()
+        }
+    };
+    if !num_devices.is_null() {
+        // SAFETY: num_devices is the caller's int.
+        unsafe { *num_devices = if list.is_null() { 0 } else { 1 } };
+    }
+    list
+}
+
+/// `rdma_free_devices`: frees a list of `rdma_get_devices` (the contexts live on).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut c_void) {
+    if !list.is_null() {
+        // SAFETY: list came from rdma_get_devices, a boxed two-entry array, given back once.
+        drop(unsafe { Box::from_raw(list as *mut [*mut c_void; 2]) });
+    }
+}
+
 // ---- everything else --------------------------------------------------------------------
 
+/// Not served: each macro below exports the named calls with the answer their C return type
+/// gives for an error, and one line on stderr naming the call (see [`refuse`]). The functions
+/// take no parameters: under the C calling convention the caller's arguments are ignored.
 macro_rules! unsupported_int {
     ($($name:ident),* $(,)?) => {$(
         /// Not supported on the simulator: returns -1 with errno `ENOSYS` and says so on stderr.
         #[no_mangle]
         pub extern "C" fn $name() -> c_int {
             unsupported(stringify!($name))
+        }
+    )*};
+}
+
+/// `ssize_t` calls: -1 (all 64 bits of it) with errno `ENOSYS`.
+macro_rules! unsupported_ssize {
+    ($($name:ident),* $(,)?) => {$(
+        /// Not supported on the simulator: returns -1 (`ssize_t`) with errno `ENOSYS` and says
+        /// so on stderr.
+        #[no_mangle]
+        pub extern "C" fn $name() -> libc::ssize_t {
+            unsupported(stringify!($name)) as libc::ssize_t
+        }
+    )*};
+}
+
+/// `int` calls that return the errno value itself (most verbs): that value, errno set too.
+macro_rules! unsupported_errno {
+    ($errno:ident: $($name:ident),* $(,)?) => {$(
+        #[doc = concat!(
+            "Not supported on the simulator: returns `", stringify!($errno),
+            "` (the verb's errno value; errno is set too) and says so on stderr."
+        )]
+        #[no_mangle]
+        pub extern "C" fn $name() -> c_int {
+            refuse(stringify!($name), libc::$errno)
         }
     )*};
 }
@@ -1594,35 +1801,78 @@ macro_rules! unsupported_ptr {
     )*};
 }
 
-// Calls the rdma-core programs import but this library does not serve yet. The loader binds
-// every import at start (BIND_NOW), so each must exist; calling one is an error, never a crash.
+/// `void` calls: nothing to return; the line on stderr says the call did nothing.
+macro_rules! unsupported_void {
+    ($($name:ident),* $(,)?) => {$(
+        /// Not supported on the simulator: does nothing but say so on stderr (and set errno to
+        /// `ENOSYS`).
+        #[no_mangle]
+        pub extern "C" fn $name() {
+            unsupported(stringify!($name));
+        }
+    )*};
+}
+
+// The public calls of librdmacm's and libibverbs' version nodes (rdma-core v44's maps, the list
+// in public-symbols.txt) that this library does not serve. The loader binds every import at
+// start (BIND_NOW), so each must exist; calling one is an error, never a crash.
 unsupported_int!(
     rdma_create_qp_ex,
     rdma_migrate_id,
     rdma_establish,
     rdma_init_qp_attr,
     rdma_get_remote_ece,
-    ibv_modify_qp,
-    ibv_get_pkey_index,
-    ibv_get_device_index,
-    ibv_query_ece,
-    _ibv_query_gid_ex,
-    ibv_is_fork_initialized,
-    ibv_query_qp_data_in_order,
+    rdma_set_local_ece,
+    rdma_reject_ece,
+    rdma_notify,
+    rdma_create_srq,
+    rdma_create_srq_ex,
     raccept,
     rbind,
     rclose,
     rconnect,
     rfcntl,
+    rgetpeername,
+    rgetsockname,
     rgetsockopt,
+    riounmap,
     rlisten,
     rpoll,
-    rrecv,
-    rsend,
+    rselect,
     rsetsockopt,
     rshutdown,
     rsocket,
+    // -1 on error, as their man pages say.
+    ibv_get_pkey_index,
+    ibv_get_device_index,
+    ibv_close_device,
+    ibv_get_async_event,
+    ibv_init_ah_from_wc,
+    ibv_query_gid,
+    ibv_query_pkey,
+    // The simulated device has no sysfs directory: a path into /sys would lead to the host's
+    // own devices, which this library stands in for.
+    ibv_read_sysfs_file,
 );
+
+unsupported_ssize!(rread, rreadv, rrecv, rrecvfrom, rrecvmsg, rsend, rsendmsg, rsendto, rwrite, rwritev);
+
+unsupported_errno!(ENOSYS:
+    ibv_modify_qp,
+    ibv_query_device,
+    ibv_query_device_ex,
+    _ibv_query_gid_ex,
+    ibv_attach_mcast,
+    ibv_detach_mcast,
+    ibv_resize_cq,
+    ibv_modify_srq,
+    ibv_query_srq,
+    ibv_destroy_srq,
+);
+
+// ECE: EOPNOTSUPP is these verbs' documented answer for "not supported", and librdmacm itself
+// takes it to mean "no ECE".
+unsupported_errno!(EOPNOTSUPP: ibv_query_ece, ibv_set_ece);
 
 unsupported_ptr!(
     ibv_create_qp,
@@ -1630,4 +1880,87 @@ unsupported_ptr!(
     ibv_reg_mr_iova,
     ibv_reg_mr_iova2,
     ibv_reg_dmabuf_mr,
+    ibv_create_srq,
+    ibv_open_device,
+    ibv_import_device,
+    ibv_import_pd,
+    ibv_import_mr,
+    ibv_import_dm,
+    // A `const char *`; see ibv_read_sysfs_file.
+    ibv_get_sysfs_path,
 );
+
+unsupported_void!(
+    rdma_destroy_srq,
+    ibv_ack_async_event,
+    ibv_free_device_list,
+    ibv_unimport_pd,
+    ibv_unimport_mr,
+    ibv_unimport_dm,
+);
+
+/// `riomap` (`off_t`): not supported on the simulator; -1 with errno `ENOSYS`.
+#[no_mangle]
+pub extern "C" fn riomap() -> libc::off_t {
+    unsupported("riomap") as libc::off_t
+}
+
+/// `riowrite` (`size_t`, -1 cast to it on error): not supported on the simulator;
+/// `(size_t)-1` with errno `ENOSYS`.
+#[no_mangle]
+pub extern "C" fn riowrite() -> libc::size_t {
+    unsupported("riowrite");
+    libc::size_t::MAX
+}
+
+/// `_ibv_query_gid_table` (behind the inline `ibv_query_gid_table`; a count or a negative
+/// errno): not supported on the simulator; `-ENOSYS`.
+#[no_mangle]
+pub extern "C" fn _ibv_query_gid_table() -> libc::ssize_t {
+    -(refuse("_ibv_query_gid_table", libc::ENOSYS) as libc::ssize_t)
+}
+
+/// `ibv_resolve_eth_l2_from_gid` (0 or a negative errno): not supported on the simulator;
+/// `-ENOSYS`.
+#[no_mangle]
+pub extern "C" fn ibv_resolve_eth_l2_from_gid() -> c_int {
+    -refuse("ibv_resolve_eth_l2_from_gid", libc::ENOSYS)
+}
+
+/// `ibv_rereg_mr`: not supported on the simulator; `IBV_REREG_MR_ERR_CMD` (-4, what libibverbs
+/// answers when the provider refuses) with errno `ENOSYS`. The region stays as it was.
+#[no_mangle]
+pub extern "C" fn ibv_rereg_mr() -> c_int {
+    const IBV_REREG_MR_ERR_CMD: c_int = -4;
+    refuse("ibv_rereg_mr", libc::ENOSYS);
+    IBV_REREG_MR_ERR_CMD
+}
+
+/// `ibv_get_device_guid` (`__be64`; libibverbs answers 0 when it cannot read the GUID): the
+/// simulated device has no node GUID; 0 with errno `ENOSYS`.
+#[no_mangle]
+pub extern "C" fn ibv_get_device_guid() -> u64 {
+    refuse("ibv_get_device_guid", libc::ENOSYS);
+    0
+}
+
+/// `ibv_get_device_list`: not supported on the simulator (programs reach the simulated device
+/// through librdmacm's ids and `rdma_get_devices`); NULL, `*num_devices` 0, errno `ENOSYS`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut c_void {
+    if !num_devices.is_null() {
+        // SAFETY: num_devices is the caller's int.
+        unsafe { *num_devices = 0 };
+    }
+    unsupported("ibv_get_device_list");
+    ptr::null_mut()
+}
+
+/// `ibv_query_qp_data_in_order` (1 when RDMA WRITE data lands in order, 0 otherwise): not
+/// supported on the simulator, where RDMA WRITE happens outside the fabric; 0, the answer that
+/// promises nothing, and a line on stderr.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order() -> c_int {
+    refuse("ibv_query_qp_data_in_order", libc::ENOSYS);
+    0
+}

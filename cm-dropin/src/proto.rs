@@ -8,6 +8,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+/// The version of this protocol, said in every hello: a library and a daemon of different
+/// builds refuse each other with a message instead of misreading each other's messages.
+/// Raised whenever a message's layout changes.
+pub const PROTOCOL_VERSION: u32 = 4;
+
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
 /// Environment variable: the simulated host (one of its addresses) the process runs on.
@@ -17,8 +22,10 @@ pub const HOST_ENV: &str = "CMSIM_HOST";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Op {
-    /// `pid: u32, host: str, argv0: str` → `proc: u64, host_index: u32, host_addr: addr,
-    /// daemon_pid: u32`.
+    /// `pid: u32, host: str, argv0: str, version: u32` ([`PROTOCOL_VERSION`]) → `proc: u64,
+    /// host_index: u32, host_addr: addr, daemon_pid: u32`; `EPROTONOSUPPORT` for another
+    /// version (or none), `EPERM` for a pid that is not the sender's. Build it with
+    /// [`Enc::hello`].
     Hello = 1,
     /// → `channel: u64`.
     CreateChannel,
@@ -51,7 +58,8 @@ pub enum Op {
     Reject,
     /// `id: u64`.
     Disconnect,
-    /// `event: u64` (no reply is awaited by librdmacm's semantics, but one is sent).
+    /// `event: u64`. Not answered: an ack that is refused (another process's event, or one
+    /// acked already) is said on the daemon's stderr and leaves the event as it was.
     AckEvent,
     /// `id: u64` → `local: addr, peer: addr`.
     QueryAddrs,
@@ -80,14 +88,14 @@ pub enum Op {
     RegMr,
     /// `key: u32`.
     DeregMr,
-    /// `id: u64, wr_id: u64, signaled: u8, remote_addr: u64, rkey: u32, data: bytes`: the
-    /// daemon writes `data` into the memory `rkey` names and completes the request.
+    /// `id: u64, wr_id: u64, signaled: u8, remote_addr: u64, rkey: u32, n: u32, n x (addr:
+    /// u64, len: u32, lkey: u32)`: an RDMA WRITE of the caller's registered memory (the
+    /// entries; inline data must lie in a registered region too) into the region `rkey`
+    /// names at the QP's peer, carried out by the simulator.
     RdmaWrite,
-    /// `id: u64, remote_addr: u64, rkey: u32, len: u32` → `status: u32, data: bytes`: the
-    /// bytes the memory holds; the caller places them, then reports [`Op::RdmaReadDone`].
+    /// As [`Op::RdmaWrite`]: an RDMA READ of the peer's region into the entries, which the
+    /// simulator writes in the caller's memory before the completion is queued.
     RdmaRead,
-    /// `id: u64, wr_id: u64, signaled: u8, status: u32, len: u32`: completes an RDMA READ.
-    RdmaReadDone,
     /// `id: u64, wr_id: u64, signaled: u8, remote_qpn: u32, imm: u8 + u32, data: bytes,
     /// group: bytes`: a UD send to the QP numbered `remote_qpn` (delivered if it has a receive
     /// posted, as UD does), or to every member of `group` (a GID) for the multicast QPN.
@@ -166,7 +174,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 36] = [
+        const ALL: [Op; 35] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -199,7 +207,6 @@ impl Op {
             DeregMr,
             RdmaWrite,
             RdmaRead,
-            RdmaReadDone,
             PostSendUd,
             JoinMcast,
             LeaveMcast,
@@ -264,6 +271,17 @@ pub struct Malformed;
 pub struct Enc(pub Vec<u8>);
 
 impl Enc {
+    /// The hello of process `pid` on the simulated host `host` (empty: host 0), named
+    /// `argv0` in the daemon's messages, speaking [`PROTOCOL_VERSION`].
+    pub fn hello(pid: u32, host: &str, argv0: &str) -> Enc {
+        let mut e = Enc::op(Op::Hello);
+        e.u32(pid)
+            .bytes(host.as_bytes())
+            .bytes(argv0.as_bytes())
+            .u32(PROTOCOL_VERSION);
+        e
+    }
+
     /// A request for `op`.
     pub fn op(op: Op) -> Enc {
         let mut e = Enc(Vec::with_capacity(64));
@@ -483,10 +501,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=36 {
+        for v in 1..=35 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(37), None);
+        assert_eq!(Op::from_u32(36), None);
     }
 }

@@ -211,6 +211,156 @@ pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<b
     }
 }
 
+/// What [`recv_from`] received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Received {
+    /// One datagram (possibly empty), with the process that sent it as the kernel names it
+    /// (`SCM_CREDENTIALS`; `None` when the socket was not set to [`pass_credentials`]).
+    Message {
+        /// The sending process's pid (its thread group), which the kernel checks: a process
+        /// cannot claim another's without `CAP_SYS_ADMIN`.
+        sender: Option<u32>,
+    },
+    /// The peer closed.
+    End,
+}
+
+/// Receives one datagram as [`recv_fd`] does, and with it the pid of the process that sent
+/// it: whoever holds a socket (a forked child holds its parent's) is told apart by that.
+pub fn recv_from(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<Received> {
+    buf.clear();
+    buf.reserve(MAX_DATAGRAM);
+    // u64s: the control buffer must be aligned for cmsghdr; 64 bytes hold one ucred (32).
+    let mut control = [0u64; 8];
+    loop {
+        let spare = buf.spare_capacity_mut();
+        let mut iov = libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: spare.len(),
+        };
+        // SAFETY: msghdr is plain old data; all-zero is a valid empty value, filled in below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: msg points at iov (writable spare capacity) and control (writable, its size
+        // given), both alive for the call.
+        let r = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+        let n = match cvt_size(r) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+            Ok(n) => n,
+        };
+        let mut sender = None;
+        // SAFETY: msg was filled by recvmsg: CMSG_FIRSTHDR/NXTHDR walk the control bytes the
+        // kernel wrote (msg_controllen), and an SCM_CREDENTIALS entry holds one ucred, read
+        // unaligned since CMSG_DATA promises no alignment for it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                    let cred = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::ucred);
+                    sender = Some(cred.pid as u32);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 && hung_up(fd) {
+            return Ok(Received::End);
+        }
+        // SAFETY: the kernel initialised the first n bytes of the spare capacity.
+        unsafe { buf.set_len(n) };
+        return Ok(Received::Message { sender });
+    }
+}
+
+/// Has the kernel attach the sender's credentials to every datagram `fd` receives
+/// (`SO_PASSCRED`), for [`recv_from`].
+pub fn pass_credentials(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: the option value is one c_int, alive for the call.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+/// The process at the other end of a connected Unix socket, as the kernel recorded it when it
+/// connected (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its pid.
+    pub pid: u32,
+    /// Its effective uid.
+    pub uid: u32,
+}
+
+/// The connecting process of `fd` ([`Peer`]).
+pub fn peer(fd: RawFd) -> io::Result<Peer> {
+    // SAFETY: ucred is plain old data; all-zero is valid, and getsockopt fills it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred is writable for len bytes, len is its size; both alive for the call.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(Peer {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+    })
+}
+
+/// A pidfd: names one process for as long as the daemon holds it, whatever pid the kernel
+/// later gives to another (`pidfd_open`), and becomes readable when that process exits.
+#[derive(Debug)]
+pub struct ProcessFd(OwnedFd);
+
+impl ProcessFd {
+    /// Opens a pidfd for the live process `pid`.
+    pub fn open(pid: u32) -> io::Result<ProcessFd> {
+        // SAFETY: pidfd_open takes a pid and flags, no pointers; a non-negative result is a
+        // new fd we own.
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0 as libc::c_uint) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: r is an fd just returned to us by the kernel, owned by nobody else.
+        Ok(ProcessFd(unsafe { OwnedFd::from_raw_fd(r as RawFd) }))
+    }
+
+    /// Whether the process has exited (its pid may name another process now).
+    pub fn exited(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: p is one valid pollfd for the duration of the call; a zero timeout never
+        // blocks.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r != 0 && (r < 0 || p.revents != 0)
+    }
+}
+
+impl AsRawFd for ProcessFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 /// Whether the peer of the connected socket `fd` has closed its end (or shut down writing).
 fn hung_up(fd: RawFd) -> bool {
     let mut p = libc::pollfd {
@@ -276,6 +426,20 @@ pub fn write_process(pid: u32, addr: u64, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Raises this process's soft limit on open fds to its hard limit: the daemon holds sockets
+/// for every program's channels, and the default soft limit (1024) is an accident of history.
+pub fn raise_fd_limit() {
+    // SAFETY: rlimit is plain old data; getrlimit fills it and setrlimit reads it, each alive
+    // for its call.
+    unsafe {
+        let mut l: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
 /// Lets process `pid` (the daemon) read and write this process's memory under Yama's
 /// `ptrace_scope = 1`; without Yama the call fails harmlessly.
 pub fn allow_ptracer(pid: u32) {
@@ -294,13 +458,28 @@ pub struct Ready {
     pub closed: bool,
 }
 
-/// Waits up to `timeout_ms` (−1: forever) for `fds` (fd, want-write); returns their readiness.
-pub fn poll(fds: &[(RawFd, bool)], timeout_ms: i32) -> io::Result<Vec<Ready>> {
+/// What [`poll`] waits for on one fd. Hang-ups and errors are reported whichever it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interest {
+    /// Data (or end of file) to read.
+    Read,
+    /// Space to write.
+    Write,
+    /// Only the peer closing: what a socket nothing is read from or written to waits for.
+    HangUp,
+}
+
+/// Waits up to `timeout_ms` (−1: forever) for `fds`; returns their readiness.
+pub fn poll(fds: &[(RawFd, Interest)], timeout_ms: i32) -> io::Result<Vec<Ready>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&(fd, write)| libc::pollfd {
+        .map(|&(fd, interest)| libc::pollfd {
             fd,
-            events: libc::POLLIN | if write { libc::POLLOUT } else { 0 },
+            events: match interest {
+                Interest::Read => libc::POLLIN,
+                Interest::Write => libc::POLLOUT,
+                Interest::HangUp => 0,
+            },
             revents: 0,
         })
         .collect();
@@ -325,6 +504,42 @@ pub fn poll(fds: &[(RawFd, bool)], timeout_ms: i32) -> io::Result<Vec<Ready>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_names_the_sender_of_each_datagram_and_the_connecting_process() {
+        let path = scratch("creds");
+        let listener = SeqListener::bind(&path, 0o600).expect("bind");
+        let client = SeqConn::connect(&path).expect("connect");
+        let server = listener.accept().expect("accept");
+        let me = std::process::id();
+        assert_eq!(peer(server.as_raw_fd()).expect("SO_PEERCRED").pid, me);
+        pass_credentials(server.as_raw_fd()).expect("SO_PASSCRED");
+        client.send(b"hi").expect("send");
+        let mut buf = Vec::new();
+        assert_eq!(
+            recv_from(server.as_raw_fd(), &mut buf, 0).expect("recv"),
+            Received::Message { sender: Some(me) }
+        );
+        assert_eq!(buf, b"hi");
+        drop(client);
+        assert_eq!(
+            recv_from(server.as_raw_fd(), &mut buf, 0).expect("recv"),
+            Received::End
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_pidfd_becomes_readable_when_its_process_exits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("sleep");
+        let fd = ProcessFd::open(child.id()).expect("pidfd_open");
+        assert!(!fd.exited());
+        child.wait().expect("wait");
+        assert!(fd.exited());
+    }
 
     #[test]
     fn datagrams_keep_their_boundaries_and_close_reads_as_end() {

@@ -9,7 +9,7 @@
 #![allow(clippy::missing_safety_doc)] // the safety contract of each function is libibverbs' C one
 
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -251,7 +251,17 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
         let signaled = (w.send_flags & IBV_SEND_SIGNALED != 0) as u8;
         // SAFETY: sg_list holds num_sge entries.
         let list = unsafe { sges(w.sg_list, w.num_sge) };
+        let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
         let errno = match w.opcode {
+            // As rxe's post_send: a message past the port's max_msg_sz is refused, not cut
+            // (one message is one datagram to the daemon, whose size this bounds).
+            _ if total > u64::from(proto::MAX_MESSAGE) => {
+                eprintln!(
+                    "cmsim: ibv_post_send: {total} bytes exceed the simulated port's max_msg_sz ({}): EINVAL",
+                    proto::MAX_MESSAGE
+                );
+                libc::EINVAL
+            }
             // SAFETY: qp came from rdma_create_qp.
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM if unsafe { (*qp).qp_type } == IBV_QPT_UD => {
                 let mut data = Vec::new();
@@ -281,33 +291,35 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     .bytes(&group);
                 rpc(&e).err().unwrap_or(0)
             }
-            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE => {
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
                 let mut data = Vec::new();
                 for s in &list {
                     // SAFETY: each SGE names memory of the caller's, readable for its length.
                     let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
                     data.extend_from_slice(bytes);
                 }
-                let mut e;
-                if w.opcode == IBV_WR_RDMA_WRITE {
-                    e = Enc::op(Op::RdmaWrite);
-                    e.u64(token)
-                        .u64(w.wr_id)
-                        .u8(signaled)
-                        .u64(w.remote_addr)
-                        .u32(w.rkey)
-                        .bytes(&data);
-                } else {
-                    e = Enc::op(Op::PostSend);
-                    e.u64(token).u64(w.wr_id).u8(signaled).bytes(&data);
-                }
+                let mut e = Enc::op(Op::PostSend);
+                e.u64(token).u64(w.wr_id).u8(signaled).bytes(&data);
                 rpc(&e).err().unwrap_or(0)
             }
-            IBV_WR_RDMA_READ => {
-                let pairs: Vec<(u64, u32)> = list.iter().map(|s| (s.addr, s.length)).collect();
-                // SAFETY: the SGEs name the caller's registered buffers, writable for their
-                // lengths until the READ completes.
-                unsafe { rdma_read(token, w, &pairs, signaled) }
+            // The simulator carries these out over the registered regions the entries name,
+            // reaching this process's memory as a NIC would, in the QP's order and virtual time.
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ => {
+                let mut e = Enc::op(if w.opcode == IBV_WR_RDMA_WRITE {
+                    Op::RdmaWrite
+                } else {
+                    Op::RdmaRead
+                });
+                e.u64(token)
+                    .u64(w.wr_id)
+                    .u8(signaled)
+                    .u64(w.remote_addr)
+                    .u32(w.rkey)
+                    .u32(list.len() as u32);
+                for s in &list {
+                    e.u64(s.addr).u32(s.length).u32(s.lkey);
+                }
+                rpc(&e).err().unwrap_or(0)
             }
             _ => {
                 unsupported("ibv_post_send with an atomic or WRITE_WITH_IMM opcode");
@@ -324,31 +336,6 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
         cur = w.next;
     }
     0
-}
-
-/// An RDMA READ: the daemon reads the remote region, this library places the bytes, and only
-/// then is the completion queued, so whoever polls it sees the data in place.
-unsafe fn rdma_read(token: u64, w: &IbvSendWr, local: &[(u64, u32)], signaled: u8) -> c_int {
-    let len: u32 = local.iter().map(|s| s.1).sum();
-    let mut e = Enc::op(Op::RdmaRead);
-    e.u64(token).u64(w.remote_addr).u32(w.rkey).u32(len);
-    let buf = match rpc(&e) {
-        Ok(b) => b,
-        Err(errno) => return errno,
-    };
-    let mut d = Dec::new(&buf);
-    let (Ok(status), Ok(data)) = (d.u32(), d.bytes()) else {
-        return libc::EPROTO;
-    };
-    // SAFETY: forwarded from the caller.
-    unsafe { scatter(local, data) };
-    let mut e = Enc::op(Op::RdmaReadDone);
-    e.u64(token)
-        .u64(w.wr_id)
-        .u8(signaled)
-        .u32(status)
-        .u32(data.len() as u32);
-    rpc(&e).err().unwrap_or(0)
 }
 
 /// `ibv_destroy_qp` on a QP `rdma_create_qp` made (rping destroys its QP this way).
@@ -817,4 +804,539 @@ pub(crate) fn default_pd() -> *mut c_void {
     static PD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: ibv_alloc_pd only records the context.
     *PD.get_or_init(|| unsafe { ibv_alloc_pd(crate::ffi::device_context()) } as usize) as *mut c_void
+}
+
+// ---- pure calls: names, rates, fork, the kernel-struct copies -------------------------------
+
+/// `ibv_wc_status_str`: libibverbs' text for a completion status (`enum_strs.c`).
+#[no_mangle]
+pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
+    const NAMES: [&CStr; 24] = [
+        c"success",
+        c"local length error",
+        c"local QP operation error",
+        c"local EE context operation error",
+        c"local protection error",
+        c"Work Request Flushed Error",
+        c"memory management operation error",
+        c"bad response error",
+        c"local access error",
+        c"remote invalid request error",
+        c"remote access error",
+        c"remote operation error",
+        c"transport retry counter exceeded",
+        c"RNR retry counter exceeded",
+        c"local RDD violation error",
+        c"remote invalid RD request",
+        c"aborted error",
+        c"invalid EE context number",
+        c"invalid EE context state",
+        c"fatal error",
+        c"response timeout error",
+        c"general error",
+        c"TM error",
+        c"TM software rendezvous",
+    ];
+    name_of(&NAMES, status)
+}
+
+/// `ibv_event_type_str`: libibverbs' text for an asynchronous event type (`enum_strs.c`).
+#[no_mangle]
+pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
+    const NAMES: [&CStr; 20] = [
+        c"CQ error",
+        c"local work queue catastrophic error",
+        c"invalid request local work queue error",
+        c"local access violation work queue error",
+        c"communication established",
+        c"send queue drained",
+        c"path migrated",
+        c"path migration request error",
+        c"local catastrophic error",
+        c"port active",
+        c"port error",
+        c"LID change",
+        c"P_Key change",
+        c"SM change",
+        c"SRQ catastrophic error",
+        c"SRQ limit reached",
+        c"last WQE reached",
+        c"client reregistration",
+        c"GID table change",
+        c"WQ fatal",
+    ];
+    name_of(&NAMES, event)
+}
+
+/// `ibv_node_type_str`: libibverbs' text for a node type (`enum_strs.c`; the types start at 1).
+#[no_mangle]
+pub extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
+    const NAMES: [&CStr; 7] = [
+        c"InfiniBand channel adapter",
+        c"InfiniBand switch",
+        c"InfiniBand router",
+        c"iWARP NIC",
+        c"usNIC",
+        c"usNIC UDP",
+        c"unspecified",
+    ];
+    name_of(&NAMES, node_type.wrapping_sub(1))
+}
+
+/// `ibv_port_state_str`: libibverbs' text for a port state (`enum_strs.c`).
+#[no_mangle]
+pub extern "C" fn ibv_port_state_str(port_state: c_int) -> *const c_char {
+    const NAMES: [&CStr; 6] = [
+        c"no state change (NOP)",
+        c"down",
+        c"init",
+        c"armed",
+        c"active",
+        c"active defer",
+    ];
+    name_of(&NAMES, port_state)
+}
+
+/// Entry `i` of a name table, or libibverbs' `"unknown"` past either end.
+fn name_of(names: &[&'static CStr], i: c_int) -> *const c_char {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| names.get(i))
+        .copied()
+        .unwrap_or(c"unknown")
+        .as_ptr()
+}
+
+/// `enum ibv_rate` → (its multiple of 2.5 Gb/s, if it has one; its Mb/s), from libibverbs'
+/// `verbs.c`.
+const RATES: [(c_int, Option<c_int>, c_int); 23] = [
+    (2, Some(1), 2500),
+    (5, Some(2), 5000),
+    (3, Some(4), 10000),
+    (6, Some(8), 20000),
+    (4, Some(12), 30000),
+    (7, Some(16), 40000),
+    (8, Some(24), 60000),
+    (9, Some(32), 80000),
+    (10, Some(48), 120000),
+    (11, None, 14062),
+    (12, None, 56250),
+    (13, None, 112500),
+    (14, None, 168750),
+    (15, None, 25781),
+    (16, None, 103125),
+    (17, None, 206250),
+    (18, None, 309375),
+    (19, Some(11), 28125),
+    (20, Some(20), 53125),
+    (21, Some(160), 425000),
+    (22, Some(240), 637500),
+    (23, Some(320), 850000),
+    (24, Some(480), 1275000),
+];
+
+/// `IBV_RATE_MAX`: what the conversions to a rate answer for a value without one.
+const IBV_RATE_MAX: c_int = 0;
+
+/// `ibv_rate_to_mult`: the rate as a multiple of 2.5 Gb/s; -1 for a rate that is none.
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
+    RATES.iter().find(|r| r.0 == rate).and_then(|r| r.1).unwrap_or(-1)
+}
+
+/// `mult_to_ibv_rate`: the rate of a multiple of 2.5 Gb/s; `IBV_RATE_MAX` for none.
+#[no_mangle]
+pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
+    RATES
+        .iter()
+        .find(|r| r.1 == Some(mult))
+        .map_or(IBV_RATE_MAX, |r| r.0)
+}
+
+/// `ibv_rate_to_mbps`: the rate in Mb/s; -1 for a rate that is none.
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
+}
+
+/// `mbps_to_ibv_rate`: the rate of exactly that many Mb/s; `IBV_RATE_MAX` for none.
+#[no_mangle]
+pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
+    RATES.iter().find(|r| r.2 == mbps).map_or(IBV_RATE_MAX, |r| r.0)
+}
+
+/// `IBV_FORK_UNNEEDED` of `enum ibv_fork_status`.
+const IBV_FORK_UNNEEDED: c_int = 2;
+
+/// `ibv_fork_init`: 0, nothing to do. libibverbs marks registered memory `MADV_DONTFORK` so
+/// that a fork's copy-on-write cannot move a page the device has pinned; here no device pins
+/// anything: sends are copied when posted, receives are scattered by this library in the
+/// process, and RDMA READ/WRITE reach the memory through the process itself at the time of the
+/// post, so whatever page copy-on-write leaves the parent is the one they reach. This is the
+/// case libibverbs reports as `IBV_FORK_UNNEEDED` (a kernel that copies DMA pages on fork), in
+/// which its `ibv_fork_init` returns 0 too.
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED` (see [`ibv_fork_init`]).
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    IBV_FORK_UNNEEDED
+}
+
+/// `ibv_dontfork_range`: 0, nothing to protect (see [`ibv_fork_init`]); libibverbs too returns
+/// 0 without fork support set up.
+#[no_mangle]
+pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+/// `ibv_dofork_range`: 0, as [`ibv_dontfork_range`].
+#[no_mangle]
+pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+/// `ibv_register_driver`: nothing, as in libibverbs, where the driver interface has been
+/// private since rdma-core 13 and this is an empty stub kept for old providers that call it.
+#[no_mangle]
+pub extern "C" fn ibv_register_driver(_name: *const c_char, _init_func: *mut c_void) {}
+
+/// `ibv_get_device_name`: the device's name (the simulated device's is `cmsim0`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char {
+    if device.is_null() {
+        fail(libc::EINVAL);
+        return ptr::null();
+    }
+    // SAFETY: the only devices a program can reach are this library's (`context->device`);
+    // the name is NUL-terminated within its 64 bytes and lives as long as the process.
+    unsafe { (*device).name.as_ptr() as *const c_char }
+}
+
+/// `struct ibv_global_route` (8-aligned, as its `union ibv_gid` is).
+#[repr(C, align(8))]
+#[allow(dead_code)] // a C layout: read and written only by the copies below
+struct IbvGlobalRoute {
+    dgid: [u8; 16],
+    flow_label: u32,
+    sgid_index: u8,
+    hop_limit: u8,
+    traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct IbvAhAttr {
+    grh: IbvGlobalRoute,
+    dlid: u16,
+    sl: u8,
+    src_path_bits: u8,
+    static_rate: u8,
+    is_global: u8,
+    port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct IbvQpAttr {
+    qp_state: u32,
+    cur_qp_state: u32,
+    path_mtu: u32,
+    path_mig_state: u32,
+    qkey: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+    dest_qp_num: u32,
+    qp_access_flags: u32,
+    cap: IbvQpCap,
+    ah_attr: IbvAhAttr,
+    alt_ah_attr: IbvAhAttr,
+    pkey_index: u16,
+    alt_pkey_index: u16,
+    en_sqd_async_notify: u8,
+    sq_draining: u8,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
+    min_rnr_timer: u8,
+    port_num: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    alt_port_num: u8,
+    alt_timeout: u8,
+    rate_limit: u32,
+}
+
+/// `struct ib_uverbs_global_route` (`rdma/ib_user_verbs.h`).
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct UverbsGlobalRoute {
+    dgid: [u8; 16],
+    flow_label: u32,
+    sgid_index: u8,
+    hop_limit: u8,
+    traffic_class: u8,
+    reserved: u8,
+}
+
+/// `struct ib_uverbs_ah_attr`.
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct UverbsAhAttr {
+    grh: UverbsGlobalRoute,
+    dlid: u16,
+    sl: u8,
+    src_path_bits: u8,
+    static_rate: u8,
+    is_global: u8,
+    port_num: u8,
+    reserved: u8,
+}
+
+/// `struct ib_uverbs_qp_attr`.
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct UverbsQpAttr {
+    qp_attr_mask: u32,
+    qp_state: u32,
+    cur_qp_state: u32,
+    path_mtu: u32,
+    path_mig_state: u32,
+    qkey: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+    dest_qp_num: u32,
+    qp_access_flags: u32,
+    ah_attr: UverbsAhAttr,
+    alt_ah_attr: UverbsAhAttr,
+    max_send_wr: u32,
+    max_recv_wr: u32,
+    max_send_sge: u32,
+    max_recv_sge: u32,
+    max_inline_data: u32,
+    pkey_index: u16,
+    alt_pkey_index: u16,
+    en_sqd_async_notify: u8,
+    sq_draining: u8,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
+    min_rnr_timer: u8,
+    port_num: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    alt_port_num: u8,
+    alt_timeout: u8,
+    reserved: [u8; 5],
+}
+
+/// `struct ib_user_path_rec` (`rdma/ib_user_sa.h`).
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct UserPathRec {
+    dgid: [u8; 16],
+    sgid: [u8; 16],
+    dlid: u16,
+    slid: u16,
+    raw_traffic: u32,
+    flow_label: u32,
+    reversible: u32,
+    mtu: u32,
+    pkey: u16,
+    hop_limit: u8,
+    traffic_class: u8,
+    numb_path: u8,
+    sl: u8,
+    mtu_selector: u8,
+    rate_selector: u8,
+    rate: u8,
+    packet_life_time_selector: u8,
+    packet_life_time: u8,
+    preference: u8,
+}
+
+/// `struct ibv_sa_path_rec` (`infiniband/sa.h`).
+#[repr(C)]
+#[allow(dead_code)] // as IbvGlobalRoute
+struct SaPathRec {
+    dgid: [u8; 16],
+    sgid: [u8; 16],
+    dlid: u16,
+    slid: u16,
+    raw_traffic: i32,
+    flow_label: u32,
+    hop_limit: u8,
+    traffic_class: u8,
+    reversible: i32,
+    numb_path: u8,
+    pkey: u16,
+    sl: u8,
+    mtu_selector: u8,
+    mtu: u8,
+    rate_selector: u8,
+    rate: u8,
+    packet_life_time_selector: u8,
+    packet_life_time: u8,
+    preference: u8,
+}
+
+// The sizes and offsets printed with `offsetof` from the installed v44 headers.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<IbvAhAttr>() == 32);
+    assert!(offset_of!(IbvAhAttr, dlid) == 24);
+    assert!(offset_of!(IbvAhAttr, port_num) == 30);
+    assert!(size_of::<IbvQpAttr>() == 144);
+    assert!(offset_of!(IbvQpAttr, ah_attr) == 56);
+    assert!(offset_of!(IbvQpAttr, alt_ah_attr) == 88);
+    assert!(offset_of!(IbvQpAttr, pkey_index) == 120);
+    assert!(offset_of!(IbvQpAttr, rate_limit) == 136);
+    assert!(size_of::<UverbsAhAttr>() == 32);
+    assert!(size_of::<UverbsQpAttr>() == 144);
+    assert!(offset_of!(UverbsQpAttr, ah_attr) == 40);
+    assert!(offset_of!(UverbsQpAttr, max_send_wr) == 104);
+    assert!(offset_of!(UverbsQpAttr, pkey_index) == 124);
+    assert!(size_of::<UserPathRec>() == 64);
+    assert!(offset_of!(UserPathRec, pkey) == 52);
+    assert!(offset_of!(UserPathRec, preference) == 63);
+    assert!(size_of::<SaPathRec>() == 64);
+    assert!(offset_of!(SaPathRec, raw_traffic) == 36);
+    assert!(offset_of!(SaPathRec, flow_label) == 40);
+    assert!(offset_of!(SaPathRec, reversible) == 48);
+    assert!(offset_of!(SaPathRec, pkey) == 54);
+    assert!(offset_of!(SaPathRec, sl) == 56);
+    assert!(offset_of!(SaPathRec, preference) == 63);
+};
+
+/// libibverbs' `ibv_copy_ah_attr_from_kern`, field by field (`marshall.c`).
+fn copy_ah_from_kern(d: &mut IbvAhAttr, s: &UverbsAhAttr) {
+    d.grh.dgid = s.grh.dgid;
+    d.grh.flow_label = s.grh.flow_label;
+    d.grh.sgid_index = s.grh.sgid_index;
+    d.grh.hop_limit = s.grh.hop_limit;
+    d.grh.traffic_class = s.grh.traffic_class;
+    d.dlid = s.dlid;
+    d.sl = s.sl;
+    d.src_path_bits = s.src_path_bits;
+    d.static_rate = s.static_rate;
+    d.is_global = s.is_global;
+    d.port_num = s.port_num;
+}
+
+/// `ibv_copy_ah_attr_from_kern`: the kernel's address vector into libibverbs' (a helper
+/// libibverbs exports for rdma-core's other libraries).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(dst: *mut c_void, src: *const c_void) {
+    if dst.is_null() || src.is_null() {
+        return;
+    }
+    // SAFETY: dst and src are the caller's structs of these layouts.
+    copy_ah_from_kern(unsafe { &mut *(dst as *mut IbvAhAttr) }, unsafe {
+        &*(src as *const UverbsAhAttr)
+    });
+}
+
+/// `ibv_copy_qp_attr_from_kern`: the kernel's QP attributes into libibverbs' (`qp_state` and
+/// `rate_limit` are left as they were, as libibverbs leaves them).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(dst: *mut c_void, src: *const c_void) {
+    if dst.is_null() || src.is_null() {
+        return;
+    }
+    // SAFETY: dst and src are the caller's structs of these layouts.
+    let (d, s) = unsafe { (&mut *(dst as *mut IbvQpAttr), &*(src as *const UverbsQpAttr)) };
+    d.cur_qp_state = s.cur_qp_state;
+    d.path_mtu = s.path_mtu;
+    d.path_mig_state = s.path_mig_state;
+    d.qkey = s.qkey;
+    d.rq_psn = s.rq_psn;
+    d.sq_psn = s.sq_psn;
+    d.dest_qp_num = s.dest_qp_num;
+    d.qp_access_flags = s.qp_access_flags;
+    d.cap = IbvQpCap {
+        max_send_wr: s.max_send_wr,
+        max_recv_wr: s.max_recv_wr,
+        max_send_sge: s.max_send_sge,
+        max_recv_sge: s.max_recv_sge,
+        max_inline_data: s.max_inline_data,
+    };
+    copy_ah_from_kern(&mut d.ah_attr, &s.ah_attr);
+    copy_ah_from_kern(&mut d.alt_ah_attr, &s.alt_ah_attr);
+    d.pkey_index = s.pkey_index;
+    d.alt_pkey_index = s.alt_pkey_index;
+    d.en_sqd_async_notify = s.en_sqd_async_notify;
+    d.sq_draining = s.sq_draining;
+    d.max_rd_atomic = s.max_rd_atomic;
+    d.max_dest_rd_atomic = s.max_dest_rd_atomic;
+    d.min_rnr_timer = s.min_rnr_timer;
+    d.port_num = s.port_num;
+    d.timeout = s.timeout;
+    d.retry_cnt = s.retry_cnt;
+    d.rnr_retry = s.rnr_retry;
+    d.alt_port_num = s.alt_port_num;
+    d.alt_timeout = s.alt_timeout;
+}
+
+/// `ibv_copy_path_rec_from_kern`: the kernel's path record into libibverbs' (the C integer
+/// conversions of `marshall.c`: `mtu` truncated to 8 bits, the flags reinterpreted as `int`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut c_void, src: *const c_void) {
+    if dst.is_null() || src.is_null() {
+        return;
+    }
+    // SAFETY: dst and src are the caller's structs of these layouts.
+    let (d, s) = unsafe { (&mut *(dst as *mut SaPathRec), &*(src as *const UserPathRec)) };
+    d.dgid = s.dgid;
+    d.sgid = s.sgid;
+    d.dlid = s.dlid;
+    d.slid = s.slid;
+    d.raw_traffic = s.raw_traffic as i32;
+    d.flow_label = s.flow_label;
+    d.hop_limit = s.hop_limit;
+    d.traffic_class = s.traffic_class;
+    d.reversible = s.reversible as i32;
+    d.numb_path = s.numb_path;
+    d.pkey = s.pkey;
+    d.sl = s.sl;
+    d.mtu_selector = s.mtu_selector;
+    d.mtu = s.mtu as u8;
+    d.rate_selector = s.rate_selector;
+    d.rate = s.rate;
+    d.packet_life_time = s.packet_life_time;
+    d.preference = s.preference;
+    d.packet_life_time_selector = s.packet_life_time_selector;
+}
+
+/// `ibv_copy_path_rec_to_kern`: libibverbs' path record into the kernel's.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(dst: *mut c_void, src: *const c_void) {
+    if dst.is_null() || src.is_null() {
+        return;
+    }
+    // SAFETY: dst and src are the caller's structs of these layouts.
+    let (d, s) = unsafe { (&mut *(dst as *mut UserPathRec), &*(src as *const SaPathRec)) };
+    d.dgid = s.dgid;
+    d.sgid = s.sgid;
+    d.dlid = s.dlid;
+    d.slid = s.slid;
+    d.raw_traffic = s.raw_traffic as u32;
+    d.flow_label = s.flow_label;
+    d.hop_limit = s.hop_limit;
+    d.traffic_class = s.traffic_class;
+    d.reversible = s.reversible as u32;
+    d.numb_path = s.numb_path;
+    d.pkey = s.pkey;
+    d.sl = s.sl;
+    d.mtu_selector = s.mtu_selector;
+    d.mtu = u32::from(s.mtu);
+    d.rate_selector = s.rate_selector;
+    d.rate = s.rate;
+    d.packet_life_time = s.packet_life_time;
+    d.preference = s.preference;
+    d.packet_life_time_selector = s.packet_life_time_selector;
 }

@@ -525,13 +525,16 @@ fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
     assert!(fabric.finish().status.success());
 }
 
-/// Compiles `tests/c/<name>.c` against the installed rdma-core headers; None (with a message)
-/// when there is no C compiler or no headers.
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers into a file of its own;
+/// None (with a message) when there is no C compiler or no headers.
 fn compile_c(name: &str) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(format!("{name}.c"));
-    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}", std::process::id()));
+    // Tests run in parallel and several compile the same program: each gets its own file.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
     let status = Command::new("cc")
         .arg("-Wall")
         .arg("-Werror")
@@ -550,6 +553,18 @@ fn compile_c(name: &str) -> Option<PathBuf> {
             None
         }
     }
+}
+
+#[test]
+fn rdma_getaddrinfo_follows_cm_cores_rules_and_resolves_names_through_the_system() {
+    let Some(prog) = compile_c("addrinfo") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let out = run_without_daemon(&[&prog]);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(out.stdout, "ok\n", "{}", out.stderr);
+    assert!(out.status.success());
 }
 
 #[test]
@@ -572,6 +587,227 @@ fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_sile
 }
 
 #[test]
+fn messages_up_to_max_msg_sz_arrive_whole_one_byte_more_is_einval_and_a_foreign_rkey_is_rem_access_err() {
+    let Some(sizes) = compile_c("sizes") else {
+        return;
+    };
+    let sizes = sizes.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "sizes",
+        &[&sizes, "server", SERVER],
+        &[&sizes, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&sizes);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+/// Runs `tests/c/fork.c` in `mode` on a fabric of its own; the program's output, the
+/// daemon's, and the parent's and child's pids as it printed them.
+fn fork_run(mode: &str) -> Option<(Output, Output, u32, u32)> {
+    let fork = compile_c("fork")?;
+    let fork = fork.to_string_lossy().into_owned();
+    let fabric = Fabric::start(&format!("fork-{mode}"), 2, &[]);
+    let run = fabric.spawn(SERVER, &[&fork, mode, SERVER]);
+    let out = wait(run, Duration::from_secs(30), "fork");
+    let daemon = fabric.finish();
+    let _ = std::fs::remove_file(&fork);
+    let pid = |who: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(who)?.strip_prefix(' ')?.parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("no `{who} PID` line in\n{}\n{}", out.stdout, out.stderr))
+    };
+    let (parent, child) = (pid("parent"), pid("child"));
+    Some((out, daemon, parent, child))
+}
+
+#[test]
+fn a_forked_child_is_a_process_of_its_own_and_cannot_act_on_its_parents_socket() {
+    let Some((out, daemon, parent, child)) = fork_run("child-calls") else {
+        return;
+    };
+    assert!(out.stdout.contains("child: ok"), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("parent: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "process {child}, forked from {parent}, attaches to the fabric"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        daemon
+            .stderr
+            .contains(&format!("[{parent}]@{SERVER}'s socket from pid {child} refused")),
+        "{}",
+        daemon.stderr
+    );
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+#[test]
+fn a_program_whose_name_is_not_utf8_attaches_under_its_name_shown_lossily() {
+    let Some(fork) = compile_c("fork") else {
+        return;
+    };
+    let fork = fork.to_string_lossy().into_owned();
+    let fabric = Fabric::start("argv0", 2, &[]);
+    // argv[0] is the byte 0xff and "fork": what a program may be called, though not UTF-8.
+    let script = format!("exec -a \"$(printf '\\377')fork\" \"$0\" child-calls {SERVER}");
+    let run = fabric.spawn(SERVER, &["bash", "-c", &script, &fork]);
+    let out = wait(run, Duration::from_secs(30), "fork");
+    let daemon = fabric.finish();
+    let _ = std::fs::remove_file(&fork);
+    assert!(
+        out.stdout.contains("parent: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(daemon.stderr.contains("\u{fffd}fork["), "{}", daemon.stderr);
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+#[test]
+fn a_parent_that_exits_is_detached_at_once_though_its_child_holds_its_sockets() {
+    let Some((out, daemon, parent, child)) = fork_run("parent-exits") else {
+        return;
+    };
+    assert!(out.stdout.contains("child: ok"), "{}\n{}", out.stdout, out.stderr);
+    let at = |what: String| {
+        daemon
+            .stderr
+            .find(&what)
+            .unwrap_or_else(|| panic!("no `{what}` in\n{}", daemon.stderr))
+    };
+    // Before its child (which slept a second holding the sockets) attached: the exit itself
+    // was seen, not the last socket's close, so its region was revoked then.
+    assert!(
+        at(format!("[{parent}]@{SERVER} detached")) < at(format!("[{child}]@{SERVER} attached")),
+        "{}",
+        daemon.stderr
+    );
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+/// Sends `signal` to the program `child` runs (cmsim-run executes it, so the pid is its).
+fn signal(child: &Child, signal: libc::c_int) {
+    // SAFETY: kill has no memory arguments; the pid is our own child's, not yet reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+}
+
+/// The state letter of `child`'s process (`/proc/PID/stat`: R, S, T, Z...).
+fn state(child: &Child) -> char {
+    // Stopping takes effect at the next return to user space; a moment is enough.
+    std::thread::sleep(Duration::from_millis(50));
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("stat");
+    let after_name = &stat[stat.rfind(')').expect("(comm)") + 1..];
+    after_name.trim_start().chars().next().expect("a state")
+}
+
+/// A process of the test's own on the fabric at `socket`: attaches and makes a channel, which
+/// must take less than `within`.
+fn served_within(socket: &Path, within: Duration) {
+    use cm_dropin::proto::{Dec, Enc, Op};
+    let started = Instant::now();
+    let conn = cm_dropin::sock::SeqConn::connect(socket).expect("connect");
+    conn.send(&Enc::hello(std::process::id(), SERVER, "bystander").0)
+        .expect("hello");
+    let mut buf = Vec::new();
+    assert!(conn.recv(&mut buf).expect("hello's answer"));
+    assert_eq!(Dec::new(&buf).i32(), Ok(0));
+    conn.send(&Enc::op(Op::CreateChannel).0).expect("request");
+    assert!(conn.recv(&mut buf).expect("reply"));
+    assert_eq!(Dec::new(&buf).i32(), Ok(0));
+    assert!(started.elapsed() < within, "served in {:?}", started.elapsed());
+}
+
+#[test]
+fn a_program_stopped_mid_run_holds_up_no_one_and_finishes_when_continued() {
+    if !installed("cmtime") {
+        return;
+    }
+    let fabric = Fabric::start("stopped", 3, &[]);
+    // 5 000 connections: several seconds in a debug build, so the stop comes mid-run.
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "5000"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "5000"]);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&client, libc::SIGSTOP);
+    if state(&client) != 'T' {
+        let out = wait(client, Duration::from_secs(5), "cmtime client");
+        panic!("not stopped mid-run: {}\n{}", out.stdout, out.stderr);
+    }
+    served_within(&fabric.socket, Duration::from_secs(2));
+    // Longer than the daemon waits for a reply to be read: a stopped program has at most one
+    // reply per thread waiting, which its socket holds, so it is not taken for one that
+    // stopped reading.
+    std::thread::sleep(Duration::from_secs(6));
+    signal(&client, libc::SIGCONT);
+    let out = wait(client, Duration::from_secs(90), "cmtime client");
+    let server_out = stop(server);
+    assert!(
+        out.status.success(),
+        "client: {}\n{}\nserver: {}",
+        out.stdout,
+        out.stderr,
+        server_out.stderr
+    );
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with("connect")),
+        "{}",
+        out.stdout
+    );
+    let daemon = fabric.finish();
+    assert!(!daemon.stderr.contains("cut off"), "{}", daemon.stderr);
+    assert!(daemon.status.success(), "{}", daemon.stderr);
+}
+
+#[test]
+fn a_program_killed_mid_run_is_detached_and_the_fabric_goes_on() {
+    if !installed("cmtime") {
+        return;
+    }
+    // Both pairs and the bystander.
+    let fabric = Fabric::start("killed", 5, &[]);
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "5000"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "5000"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let server_pid = server.id();
+    assert!(
+        matches!(state(&server), 'S' | 'R'),
+        "killed mid-run, not finished already"
+    );
+    signal(&server, libc::SIGKILL);
+    let _ = wait(server, Duration::from_secs(10), "killed server");
+    served_within(&fabric.socket, Duration::from_secs(2));
+    let _ = stop(client);
+    // A second pair on the same fabric, after the first's ends.
+    let server = fabric.spawn(SERVER, &["cmtime", "-b", SERVER, "-c", "20"]);
+    let client = fabric.spawn(CLIENT, &["cmtime", "-s", SERVER, "-b", CLIENT, "-c", "20"]);
+    let out = wait(client, Duration::from_secs(60), "second cmtime client");
+    let _ = stop(server);
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let daemon = fabric.finish();
+    assert!(
+        daemon
+            .stderr
+            .contains(&format!("cmtime[{server_pid}]@{SERVER} detached")),
+        "{}",
+        daemon.stderr
+    );
+    assert!(!daemon.stderr.contains("panicked"), "{}", daemon.stderr);
+}
+
+#[test]
 fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
     if !installed("rping") {
         return;
@@ -579,6 +815,7 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
     // The server RDMA READs the client's ping buffer and RDMA WRITEs it back into the client's
     // sink; -V makes the client compare the two every time. The completion channel and its
     // thread carry every completion, and the disconnect's flush ends that thread.
+    let trace = std::env::temp_dir().join(format!("cmsim-rping-{}.trace", std::process::id()));
     let (s, c, d) = finishing_pair(
         "rping",
         &[
@@ -587,9 +824,23 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
         &[
             "rping", "-c", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-V", "-v",
         ],
-        &[],
+        &["--trace", trace.to_str().expect("utf-8 path")],
     );
     assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    // Carried out by the simulator, in its trace: each READ and WRITE sent, executed at the
+    // peer and completed.
+    let lines = std::fs::read_to_string(&trace).expect("the trace");
+    let _ = std::fs::remove_file(&trace);
+    for op in ["RDMA_READ", "RDMA_WRITE"] {
+        for step in [
+            format!("{SERVER} id#2 {op} sent to {CLIENT} status=0"),
+            format!("{CLIENT} id#1 {op} executed from {SERVER} status=0"),
+            format!("{SERVER} id#2 {op} completed with {CLIENT} status=0"),
+        ] {
+            let n = lines.lines().filter(|l| l.ends_with(&step)).count();
+            assert_eq!(n, 20, "{step}:\n{lines}");
+        }
+    }
     assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
     let pings: Vec<&str> = c
         .stdout
@@ -614,6 +865,31 @@ fn rping_pings_with_rdma_read_and_write_and_validates_the_data() {
         c.stderr
     );
     assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn a_partition_under_rping_fails_its_rdma_with_retry_exceeded_as_on_a_fabric() {
+    if !installed("rping") {
+        return;
+    }
+    // RDMA READ and WRITE are the simulator's: a partition 800 ms in (rping pings without end)
+    // makes the server's next one exhaust its transport retries.
+    let fabric = Fabric::start("rping-partition", 2, &["--fault", "800:partition 0 1"]);
+    let server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471", "-S", "1000"]);
+    let client = fabric.spawn(
+        CLIENT,
+        &["rping", "-c", "-a", SERVER, "-p", "7471", "-S", "1000", "-V"],
+    );
+    let s = wait(server, Duration::from_secs(60), "rping server");
+    let _ = stop(client);
+    assert!(
+        s.stdout.contains("cq completion failed status 12")
+            || s.stderr.contains("cq completion failed status 12"),
+        "IBV_WC_RETRY_EXC_ERR expected:\n{}\n{}",
+        s.stdout,
+        s.stderr
+    );
+    assert!(!s.status.success());
 }
 
 #[test]
@@ -728,5 +1004,165 @@ fn mckey_sends_to_a_multicast_group_and_the_member_receives() {
         assert!(o.stderr.is_empty(), "{who} stderr: {}", o.stderr);
     }
     assert!(r.stdout.contains("receiving data transfers"), "{}", r.stdout);
+    assert!(fabric.finish().status.success());
+}
+
+/// Runs `program` on `SERVER` with no daemon behind the socket.
+fn run_without_daemon(program: &[&str]) -> Output {
+    let child = Command::new(RUN)
+        .args(["--socket", "/nonexistent/cmsim.sock", "--host", SERVER, "--"])
+        .args(program)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run");
+    wait(child, Duration::from_secs(30), program[0])
+}
+
+#[test]
+fn refused_calls_answer_the_error_of_their_c_return_type_and_name_themselves_on_stderr() {
+    let Some(symbols) = compile_c("symbols") else {
+        return;
+    };
+    let symbols = symbols.to_string_lossy().into_owned();
+    let o = run_without_daemon(&[&symbols, "refused"]);
+    let _ = std::fs::remove_file(&symbols);
+    assert_eq!(o.stdout, "refused: ok\n", "{}", o.stderr);
+    assert!(o.status.success());
+    // In the order symbols.c calls them: one line each, and nothing else.
+    let enosys = [
+        "rbind",
+        "rgetpeername",
+        "rselect",
+        "riounmap",
+        "rdma_notify",
+        "rdma_create_srq",
+        "rdma_reject_ece",
+        "rdma_set_local_ece",
+        "ibv_query_gid",
+        "ibv_get_async_event",
+        "ibv_close_device",
+        "ibv_read_sysfs_file",
+        "rrecv",
+        "rsend",
+        "rread",
+        "rreadv",
+        "rrecvfrom",
+        "rrecvmsg",
+        "rsendto",
+        "rsendmsg",
+        "rwrite",
+        "rwritev",
+        "riomap",
+        "riowrite",
+        "ibv_query_device",
+        "ibv_modify_qp",
+        "ibv_attach_mcast",
+        "ibv_resize_cq",
+        "ibv_query_srq",
+        "_ibv_query_gid_ex",
+    ];
+    let enosys_after = [
+        "ibv_query_device_ex",
+        "_ibv_query_gid_table",
+        "ibv_resolve_eth_l2_from_gid",
+        "ibv_rereg_mr",
+        "ibv_get_device_list",
+        "ibv_open_device",
+        "ibv_create_qp",
+        "ibv_create_srq",
+        "ibv_import_pd",
+        "ibv_get_sysfs_path",
+        "ibv_get_device_guid",
+        "ibv_query_qp_data_in_order",
+        "ibv_ack_async_event",
+        "ibv_free_device_list",
+        "ibv_unimport_pd",
+        "rdma_destroy_srq",
+    ];
+    let want: Vec<String> = enosys
+        .iter()
+        .map(|n| format!("cmsim: {n} is not supported on the simulator (ENOSYS)"))
+        .chain(std::iter::once(
+            "cmsim: ibv_query_ece is not supported on the simulator (EOPNOTSUPP)".to_string(),
+        ))
+        .chain(
+            enosys_after
+                .iter()
+                .map(|n| format!("cmsim: {n} is not supported on the simulator (ENOSYS)")),
+        )
+        .collect();
+    let got: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(got, want, "stderr: {}", o.stderr);
+}
+
+#[test]
+fn served_names_rates_and_struct_copies_give_rdma_core_v44s_values() {
+    let Some(symbols) = compile_c("symbols") else {
+        return;
+    };
+    let symbols = symbols.to_string_lossy().into_owned();
+    let served = run_without_daemon(&[&symbols, "served"]);
+    let dropin = run_without_daemon(&[&symbols, "dump"]);
+    assert_eq!(served.stdout, "served: ok\n", "{}", served.stderr);
+    assert!(served.status.success());
+    // Served calls say nothing; rdma_get_devices without a daemon says why it has no device.
+    assert!(
+        served
+            .stderr
+            .starts_with("cmsim: cannot reach the fabric daemon at /nonexistent/cmsim.sock")
+            && served.stderr.lines().count() == 1,
+        "stderr: {}",
+        served.stderr
+    );
+    assert!(dropin.status.success(), "{}", dropin.stderr);
+    assert!(dropin.stderr.is_empty(), "{}", dropin.stderr);
+    let v44 = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libibverbs.so.1")
+        .is_ok_and(|p| p.to_string_lossy().ends_with(".44.0"));
+    if !v44 {
+        let _ = std::fs::remove_file(&symbols);
+        eprintln!("skipped the comparison: rdma-core v44's libibverbs.so.1 is not installed");
+        return;
+    }
+    // The same program on rdma-core's own libraries, which it was linked against.
+    let native = Command::new(&symbols)
+        .arg("dump")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start symbols");
+    let native = wait(native, Duration::from_secs(30), "symbols dump");
+    let _ = std::fs::remove_file(&symbols);
+    assert!(native.status.success(), "{}", native.stderr);
+    assert!(native.stdout.lines().count() > 100, "{}", native.stdout);
+    let diff: Vec<(&str, &str)> = native
+        .stdout
+        .lines()
+        .zip(dropin.stdout.lines())
+        .filter(|(n, d)| n != d)
+        .collect();
+    assert!(
+        diff.is_empty() && native.stdout.lines().count() == dropin.stdout.lines().count(),
+        "rdma-core and the drop-in differ (rdma-core, drop-in): {diff:#?}"
+    );
+}
+
+#[test]
+fn a_program_on_a_fabric_host_gets_the_simulated_device_and_its_ids_ports() {
+    let Some(symbols) = compile_c("symbols") else {
+        return;
+    };
+    let symbols = symbols.to_string_lossy().into_owned();
+    let fabric = Fabric::start("symbols", 1, &[]);
+    let o = wait(
+        fabric.spawn(SERVER, &[&symbols, "devices", SERVER]),
+        Duration::from_secs(30),
+        "symbols devices",
+    );
+    let _ = std::fs::remove_file(&symbols);
+    assert_eq!(o.stdout, "devices: ok\n", "{}", o.stderr);
+    assert!(o.status.success());
+    assert!(o.stderr.is_empty(), "stderr: {}", o.stderr);
     assert!(fabric.finish().status.success());
 }

@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, PortSpace, QpCaps, WcOpcode, WcStatus,
+    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, PortSpace, QpCaps,
+    RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
-use cm_dropin::sock::{self, SeqConn, SeqListener};
-use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric, SimHost};
+use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
+use cm_sim::{Fault, FaultSchedule, MsgKind, RegionMemory, SimFabric, SimHost};
 
 const USAGE: &str = "\
 usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
@@ -215,14 +216,24 @@ fn parse_args() -> Result<Options, String> {
 /// One attached process.
 struct Proc {
     ctrl: SeqConn,
-    /// The process's pid, for reading and writing its registered memory.
+    /// The process's pid as the kernel named it when it connected, for reading and writing its
+    /// registered memory. Every request is checked to come from it.
     pid: u32,
+    /// The process itself: readable once it exits, even while a forked child still holds the
+    /// control socket, and never another process that later gets the same pid. Shared with
+    /// the simulator's view of its regions.
+    pidfd: std::rc::Rc<ProcessFd>,
     host: SimHost,
     name: String,
     ids: HashSet<u64>,
     channels: HashSet<u64>,
-    /// Sockets of destroyed channels, closed when the process goes.
+    /// The daemon's ends of destroyed channels, kept until the program's end closes: a
+    /// thread still blocked reading a destroyed channel keeps blocking, as on librdmacm,
+    /// instead of reading the end (cmtime's event thread does this at exit).
     closed: Vec<SeqConn>,
+    /// A reply the socket had no room for, and since when: the process is not served again
+    /// until it has read it, and is cut off when it has not within [`REPLY_READ_WITHIN`].
+    unsent: Option<(Vec<u8>, Instant)>,
 }
 
 struct IdEntry {
@@ -243,6 +254,9 @@ struct IdEntry {
     ud: bool,
     /// A UD QP's posted receives: `wr_id` and buffer length, in order.
     ud_recvs: VecDeque<(u64, u32)>,
+    /// The QP's receive queue depth (`max_recv_wr` as created): a UD QP's posted receives
+    /// stop there (`ENOMEM`, as verbs' full queue).
+    max_recv_wr: u32,
 }
 
 /// A completion queue: the QPs that report into it and the completions not polled yet.
@@ -264,12 +278,58 @@ struct MrEntry {
     addr: u64,
     len: u64,
     access: u32,
+    /// The region as the simulator knows it, once a work request has needed it (registering
+    /// takes an id bound to the device, which `ibv_reg_mr` does not have): its handle, the
+    /// address the simulator gave it and its rkey there.
+    sim: Option<(MrHandle, u64, u32)>,
 }
 
-const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
-const IBV_ACCESS_REMOTE_READ: u32 = 4;
-const IBV_WC_RDMA_WRITE: u32 = 1;
-const IBV_WC_RDMA_READ: u32 = 2;
+/// A program's registered memory as the simulator reads and writes it for RDMA READ and
+/// WRITE: the process's own bytes, reached as a NIC reaches them, without a thread of its
+/// (`process_vm_readv`/`writev`), and never once the process has exited (its pid may be
+/// another's by then).
+struct ProcessMemory {
+    pid: u32,
+    pidfd: std::rc::Rc<ProcessFd>,
+    addr: u64,
+    len: u64,
+}
+
+impl RegionMemory for ProcessMemory {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        // Memory the process unmapped (or a process gone) reads as zeros: the simulator's
+        // model has no local protection error to report it with.
+        match (
+            self.pidfd.exited(),
+            sock::read_process(self.pid, self.addr + offset, out.len()),
+        ) {
+            (false, Ok(bytes)) => out.copy_from_slice(&bytes),
+            _ => out.fill(0),
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if !self.pidfd.exited() {
+            let _ = sock::write_process(self.pid, self.addr + offset, data);
+        }
+    }
+}
+
+/// Multicast groups the device holds, and QPs one group may have attached: rxe's
+/// `RXE_MAX_MCAST_GRP` and `RXE_MAX_MCAST_QP_ATTACH` (Linux 6.1), so that joins cannot grow the
+/// daemon without end.
+const MAX_MCAST_GROUPS: usize = 8192;
+const MAX_MCAST_ATTACH: usize = 56;
+/// Scatter/gather entries one request may name, at most (what a QP's caps allow is checked by
+/// the simulator; this bounds what a malformed request makes the daemon hold).
+const MAX_SGE: usize = 64;
+/// A remote address no region has: `REM_ACCESS_ERR` at any peer (the simulator's keys are
+/// never 0).
+const NOWHERE: RemoteAddr = RemoteAddr { addr: 0, rkey: 0 };
 const IBV_WC_RECV: u32 = 128;
 const IBV_QPT_UD: u32 = 4;
 const IBV_WC_GRH: u32 = 1;
@@ -283,6 +343,11 @@ const FIRST_MESSAGE_WITHIN: Duration = Duration::from_secs(5);
 /// Connections that have not said their first message yet, at most: past it the oldest is
 /// closed, so idle connections cannot crowd out programs.
 const MAX_SILENT: usize = 128;
+/// How long a reply may wait for its process to read it. The library reads each reply as
+/// soon as it has sent the request, so only a process that stopped reading (a hostile client,
+/// or one stopped with requests it never waits for) gets here; it is cut off so that its
+/// socket and state are not held for ever.
+const REPLY_READ_WITHIN: Duration = Duration::from_secs(5);
 
 /// A completion channel: a socket the daemon writes one datagram per completion event into.
 struct CompChan {
@@ -335,6 +400,11 @@ struct Daemon {
     token_rng: rand_chacha::ChaCha8Rng,
     started: Instant,
     attached_total: usize,
+    /// An fd held in reserve: given up when the daemon has no other, to accept and close a
+    /// connection it has no room for.
+    spare_fd: Option<std::fs::File>,
+    /// Running out of fds has been said on stderr (once: it may recur on every accept).
+    said_out_of_fds: bool,
     /// `CMSIM_DEBUG` set: log every forwarded event and every request.
     debug: bool,
 }
@@ -453,9 +523,9 @@ impl Daemon {
                 };
                 let mut host = self.procs[&proc].host.clone();
                 cm(host.destroy_event_channel(handle))?;
-                // The application's end stays open until the process goes: a thread still
-                // blocked reading it must keep blocking (as on a closed librdmacm channel), not
-                // see end-of-file.
+                // The daemon's end goes when the program's does (watched in the loop): a
+                // program that makes and destroys channels all its life must not use up the
+                // daemon's fds.
                 if let Some(sock) = self.channels.remove(&t).and_then(|c| c.sock) {
                     self.procs
                         .get_mut(&proc)
@@ -548,6 +618,7 @@ impl Daemon {
                     e.sends.clear();
                     e.ud = ud;
                     e.ud_recvs.clear();
+                    e.max_recv_wr = got.max_recv_wr;
                 }
                 for cq in [send_cq, recv_cq] {
                     if let Some(c) = self.cqs.get_mut(&cq) {
@@ -683,6 +754,9 @@ impl Daemon {
                 let wr_id = d.u64().map_err(bad)?;
                 let signaled = d.u8().map_err(bad)? != 0;
                 let data = d.bytes().map_err(bad)?;
+                if data.len() > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
                 let (id, mut host) = self.id_of(proc, t)?;
                 cm(host.post_send(id, wr_id, data))?;
                 if let Some(e) = self.ids.get_mut(&t) {
@@ -700,6 +774,11 @@ impl Daemon {
                     // later access could add past it.
                     return Err(libc::EINVAL);
                 }
+                // verbs' own refusals: remote write or atomic without local write.
+                Access::from_bits(access & Access::ALL.bits())
+                    .ok_or(libc::EINVAL)?
+                    .check()
+                    .map_err(|_| libc::EINVAL)?;
                 let key = self.free_key().ok_or(libc::ENOMEM)?;
                 self.mrs.insert(
                     key,
@@ -708,6 +787,7 @@ impl Daemon {
                         addr,
                         len,
                         access,
+                        sim: None,
                     },
                 );
                 reply.u32(key);
@@ -717,61 +797,58 @@ impl Daemon {
                 let key = d.u32().map_err(bad)?;
                 match self.mrs.get(&key) {
                     Some(m) if m.proc == proc => {
-                        self.mrs.remove(&key);
+                        self.forget_region(key);
                         Ok(())
                     }
                     _ => Err(libc::EINVAL),
                 }
             }
-            Op::RdmaWrite => {
+            Op::RdmaWrite | Op::RdmaRead => {
                 let t = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
                 let signaled = d.u8().map_err(bad)? != 0;
                 let remote_addr = d.u64().map_err(bad)?;
                 let rkey = d.u32().map_err(bad)?;
-                let data = d.bytes().map_err(bad)?;
-                let status = match self.rdma_target(
-                    proc,
-                    t,
-                    rkey,
-                    remote_addr,
-                    data.len(),
-                    IBV_ACCESS_REMOTE_WRITE,
-                )? {
-                    Ok(pid) => match sock::write_process(pid, remote_addr, data) {
-                        Ok(()) => WcStatus::Success,
-                        Err(_) => WcStatus::RemAccessErr,
-                    },
-                    Err(status) => status,
+                let n = d.u32().map_err(bad)? as usize;
+                // More entries than any QP takes is malformed, not an allocation.
+                if n > MAX_SGE {
+                    return Err(libc::EINVAL);
+                }
+                let mut local = Vec::with_capacity(n);
+                for _ in 0..n {
+                    local.push((
+                        d.u64().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                    ));
+                }
+                // The port's max_msg_sz, as the library checks before sending (a client that
+                // does not is refused here).
+                let total: u64 = local.iter().map(|&(_, len, _)| u64::from(len)).sum();
+                if total > u64::from(proto::MAX_MESSAGE) {
+                    return Err(libc::EINVAL);
+                }
+                let (id, mut host) = self.id_of(proc, t)?;
+                let sq_sig_all = match self.ids.get(&t) {
+                    Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
+                    _ => return Err(libc::EINVAL),
                 };
-                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_WRITE, status, data.len() as u32);
-                Ok(())
-            }
-            Op::RdmaRead => {
-                let t = d.u64().map_err(bad)?;
-                let remote_addr = d.u64().map_err(bad)?;
-                let rkey = d.u32().map_err(bad)?;
-                let len = d.u32().map_err(bad)? as usize;
-                let (status, data) =
-                    match self.rdma_target(proc, t, rkey, remote_addr, len, IBV_ACCESS_REMOTE_READ)? {
-                        Ok(pid) => match sock::read_process(pid, remote_addr, len) {
-                            Ok(data) => (WcStatus::Success, data),
-                            Err(_) => (WcStatus::RemAccessErr, Vec::new()),
-                        },
-                        Err(status) => (status, Vec::new()),
-                    };
-                reply.u32(status as u32).bytes(&data);
-                Ok(())
-            }
-            Op::RdmaReadDone => {
-                let t = d.u64().map_err(bad)?;
-                let wr_id = d.u64().map_err(bad)?;
-                let signaled = d.u8().map_err(bad)? != 0;
-                let status = WcStatus::from_raw(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
-                let len = d.u32().map_err(bad)?;
-                self.id_of(proc, t)?;
-                self.complete_rdma(t, wr_id, signaled, IBV_WC_RDMA_READ, status, len);
-                Ok(())
+                let mut sges = Vec::with_capacity(n);
+                for (addr, len, lkey) in local {
+                    let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+                    let base = self.mrs[&key].addr;
+                    let (handle, _, _) = self.sim_region(key, proc, id).ok_or(libc::EINVAL)?;
+                    sges.push(Sge::new(handle, addr - base, len));
+                }
+                let remote = self.remote_of(t, id, rkey, remote_addr);
+                let op = if op == Op::RdmaWrite {
+                    SendOp::Write { remote, imm: None }
+                } else {
+                    SendOp::Read { remote }
+                };
+                let mut wr = SendWr::new(wr_id, op, &sges);
+                wr.signaled = signaled || sq_sig_all;
+                cm(host.post_send_wr(id, &wr))
             }
             Op::PostSendUd => {
                 let t = d.u64().map_err(bad)?;
@@ -781,6 +858,9 @@ impl Daemon {
                 let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
                 let data = d.bytes().map_err(bad)?.to_vec();
                 let group = d.bytes().map_err(bad)?.to_vec();
+                if data.len() > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
                 self.id_of(proc, t)?;
                 if !self.ids.get(&t).is_some_and(|e| e.has_qp && e.ud) {
                     return Err(libc::EINVAL);
@@ -801,10 +881,29 @@ impl Daemon {
                 let t = d.u64().map_err(bad)?;
                 let group = d.bytes().map_err(bad)?.to_vec();
                 self.id_of(proc, t)?;
-                let members = self.groups.entry(group).or_default();
-                members.retain(|m| *m != t);
+                // A group is named by its GID.
+                if group.len() != 16 {
+                    return Err(libc::EINVAL);
+                }
                 if op == Op::JoinMcast {
+                    // rxe's limits: groups on the device, and QPs attached to one group.
+                    let full = match self.groups.get(&group) {
+                        None => self.groups.len() >= MAX_MCAST_GROUPS,
+                        Some(members) => !members.contains(&t) && members.len() >= MAX_MCAST_ATTACH,
+                    };
+                    if full {
+                        return Err(libc::ENOMEM);
+                    }
+                    let members = self.groups.entry(group).or_default();
+                    members.retain(|m| *m != t);
                     members.push(t);
+                } else if let Some(members) = self.groups.get_mut(&group) {
+                    members.retain(|m| *m != t);
+                    // A group nobody is in is forgotten: a leave makes no entry, and keys
+                    // (the client's bytes, of any length) are not kept for ever.
+                    if members.is_empty() {
+                        self.groups.remove(&group);
+                    }
                 }
                 Ok(())
             }
@@ -817,6 +916,9 @@ impl Daemon {
                     .get_mut(&t)
                     .filter(|e| e.proc == proc && e.has_qp && e.ud)
                 {
+                    if e.ud_recvs.len() >= e.max_recv_wr as usize {
+                        return Err(libc::ENOMEM);
+                    }
                     e.ud_recvs.push_back((wr_id, len));
                     return Ok(());
                 }
@@ -872,10 +974,8 @@ impl Daemon {
                 let (id, mut host) = self.id_of(proc, t)?;
                 cm(host.disconnect(id))
             }
-            Op::AckEvent => {
-                let n = d.u64().map_err(bad)?;
-                self.ack_event(proc, n)
-            }
+            // Served without a reply, in `serve_process`.
+            Op::AckEvent => Err(libc::EPROTO),
             Op::QueryAddrs => {
                 let t = d.u64().map_err(bad)?;
                 let (id, mut host) = self.id_of(proc, t)?;
@@ -914,7 +1014,8 @@ impl Daemon {
                         wc.byte_len = len;
                     }
                 }
-                let target = if is_send { e.send_cq } else { e.recv_cq };
+                let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                let target = if requester { e.send_cq } else { e.recv_cq };
                 if let Some(c) = self.cqs.get_mut(&target) {
                     c.fresh = true;
                     c.ready.push_back(WireWc {
@@ -931,39 +1032,95 @@ impl Daemon {
         }
     }
 
-    /// Checks an RDMA READ/WRITE on QP `t`: the process whose memory `rkey` names, or the
-    /// completion status it fails with (`WR_FLUSH_ERR` on a QP in error, `REM_ACCESS_ERR` for
-    /// a key, range or permission the region does not grant). The outer error is the call's.
-    fn rdma_target(
-        &self,
-        proc: u64,
-        t: u64,
-        rkey: u32,
-        addr: u64,
-        len: usize,
-        need: u32,
-    ) -> Result<Result<u32, WcStatus>, i32> {
-        let (id, host) = self.id_of(proc, t)?;
-        if !self.ids.get(&t).is_some_and(|e| e.has_qp) {
-            return Err(libc::EINVAL);
-        }
-        match host.id_machine(id).map(|m| m.qp()) {
-            Ok(Some(cm_core::QpState::Rts)) => {}
-            Ok(Some(cm_core::QpState::Err)) | Err(_) => return Ok(Err(WcStatus::WrFlushErr)),
-            // Posting a send before RTS is the caller's error, as ibv_post_send's EINVAL.
-            Ok(_) => return Err(libc::EINVAL),
-        }
-        let Some(mr) = self.mrs.get(&rkey) else {
-            return Ok(Err(WcStatus::RemAccessErr));
+    /// The key of process `proc`'s region that holds `len` bytes at `addr` for a local entry:
+    /// the one `lkey` names, or, for inline data (whose `lkey` verbs ignores), any of its
+    /// regions that holds them.
+    fn local_key(&self, proc: u64, addr: u64, len: u32, lkey: u32) -> Option<u32> {
+        let holds = |m: &MrEntry| {
+            m.proc == proc
+                && addr >= m.addr
+                && addr
+                    .checked_add(u64::from(len))
+                    .is_some_and(|end| end <= m.addr.saturating_add(m.len))
         };
-        let end = addr.checked_add(len as u64);
-        let region_end = mr.addr.checked_add(mr.len);
-        if mr.access & need == 0 || addr < mr.addr || end.zip(region_end).is_none_or(|(e, r)| e > r) {
-            return Ok(Err(WcStatus::RemAccessErr));
+        if self.mrs.get(&lkey).is_some_and(holds) {
+            return Some(lkey);
         }
-        match self.procs.get(&mr.proc) {
-            Some(p) => Ok(Ok(p.pid)),
-            None => Ok(Err(WcStatus::RemAccessErr)),
+        let mut keys: Vec<u32> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| holds(m))
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        keys.first().copied()
+    }
+
+    /// The simulator's handle, address and rkey for region `key` of process `owner`,
+    /// registering it on first use through `via`, an id of that process (bound to the device
+    /// of its host, as registering needs).
+    fn sim_region(&mut self, key: u32, owner: u64, via: IdHandle) -> Option<(MrHandle, u64, u32)> {
+        let m = self.mrs.get(&key).filter(|m| m.proc == owner)?;
+        if let Some(known) = m.sim {
+            return Some(known);
+        }
+        let p = self.procs.get(&owner)?;
+        let mut host = p.host.clone();
+        let access = Access::from_bits(m.access & Access::ALL.bits())?;
+        let memory = ProcessMemory {
+            pid: p.pid,
+            pidfd: p.pidfd.clone(),
+            addr: m.addr,
+            len: m.len,
+        };
+        let handle = host.reg_mr_with(via, Box::new(memory), access).ok()?;
+        let info = host.mr_info(handle).ok()?;
+        let known = (handle, info.addr, info.rkey);
+        self.mrs.get_mut(&key)?.sim = Some(known);
+        Some(known)
+    }
+
+    /// Where a READ or WRITE on QP `t` goes in the simulator: the region `rkey` names at the
+    /// QP's connected peer, at `remote_addr`'s offset in it. A key of anyone else's (or of
+    /// nobody's) names nothing there, so the peer's NIC answers `REM_ACCESS_ERR`, and an
+    /// address before the region's start wraps to one past every region's end.
+    fn remote_of(&mut self, t: u64, id: IdHandle, rkey: u32, remote_addr: u64) -> RemoteAddr {
+        let Some(mut host) = self
+            .ids
+            .get(&t)
+            .and_then(|e| self.procs.get(&e.proc))
+            .map(|p| p.host.clone())
+        else {
+            return NOWHERE;
+        };
+        let peer = host
+            .get_local_addr(id)
+            .ok()
+            .flatten()
+            .zip(host.get_peer_addr(id).ok().flatten())
+            .and_then(|(l, p)| self.endpoints.get(&(p, l)))
+            .and_then(|peer| self.ids.get(peer))
+            .map(|e| (e.proc, e.handle));
+        let Some((owner, peer_id)) = peer else {
+            return NOWHERE;
+        };
+        let Some(base) = self.mrs.get(&rkey).filter(|m| m.proc == owner).map(|m| m.addr) else {
+            return NOWHERE;
+        };
+        match self.sim_region(rkey, owner, peer_id) {
+            Some((_, sim_addr, sim_rkey)) => RemoteAddr {
+                addr: sim_addr.wrapping_add(remote_addr.wrapping_sub(base)),
+                rkey: sim_rkey,
+            },
+            None => NOWHERE,
+        }
+    }
+
+    /// Drops region `key`, from the simulator too.
+    fn forget_region(&mut self, key: u32) {
+        let Some(m) = self.mrs.remove(&key) else { return };
+        if let (Some((handle, _, _)), Some(p)) = (m.sim, self.procs.get(&m.proc)) {
+            let _ = p.host.clone().dereg_mr(handle);
         }
     }
 
@@ -1051,6 +1208,7 @@ impl Daemon {
                 sends: VecDeque::new(),
                 ud: false,
                 ud_recvs: VecDeque::new(),
+                max_recv_wr: 0,
             },
         );
         self.id_tokens.insert((host, id), t);
@@ -1063,9 +1221,10 @@ impl Daemon {
     fn forget_id(&mut self, t: u64) {
         self.listening.remove(&t);
         self.endpoints.retain(|_, v| *v != t);
-        for members in self.groups.values_mut() {
+        self.groups.retain(|_, members| {
             members.retain(|m| *m != t);
-        }
+            !members.is_empty()
+        });
         if let Some(e) = self.ids.remove(&t) {
             self.id_tokens.remove(&(e.host, e.handle));
             if let Some(p) = self.procs.get_mut(&e.proc) {
@@ -1258,7 +1417,16 @@ impl Daemon {
             self.forget_id(t);
         }
         self.cqs.retain(|_, c| c.proc != proc);
-        self.mrs.retain(|_, m| m.proc != proc);
+        let mut keys: Vec<u32> = self
+            .mrs
+            .iter()
+            .filter(|(_, m)| m.proc == proc)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        for key in keys {
+            self.forget_region(key);
+        }
         self.comp_channels.retain(|_, c| c.proc != proc);
         let Some(p) = self.procs.remove(&proc) else { return };
         let mut chans: Vec<u64> = p.channels.iter().copied().collect();
@@ -1271,18 +1439,89 @@ impl Daemon {
         eprintln!("cmsim-daemon: {} detached", p.name);
     }
 
+    /// Checks a hello's stated pid against the kernel's word: the process that connected
+    /// (`SO_PEERCRED`) and the one that sent the hello (`SCM_CREDENTIALS`) must both be it,
+    /// so no process can have the daemon act on (and reach the memory of) another. Returns the
+    /// process's pidfd, or the errno the hello is refused with.
+    fn check_hello(
+        &mut self,
+        conn: &SeqConn,
+        stated: u32,
+        sender: Option<u32>,
+        name: &str,
+    ) -> Result<ProcessFd, i32> {
+        let connected = sock::peer(conn.as_raw_fd()).map(|p| p.pid).ok();
+        if connected != Some(stated) || sender != Some(stated) {
+            eprintln!(
+                "cmsim-daemon: {name}: hello refused: it says pid {stated}, the kernel says pid {} connected and pid {} sent it",
+                connected.map_or("?".into(), |p| p.to_string()),
+                sender.map_or("?".into(), |p| p.to_string()),
+            );
+            return Err(libc::EPERM);
+        }
+        let mut opened = ProcessFd::open(stated);
+        if matches!(&opened, Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+            && !self.fresh.is_empty()
+        {
+            // Out of fds: a program is worth more than the oldest connection that said nothing.
+            self.fresh.remove(0);
+            opened = ProcessFd::open(stated);
+        }
+        opened.map_err(|e| {
+            eprintln!("cmsim-daemon: {name}: hello refused: pidfd_open: {e}");
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                libc::ESRCH
+            } else {
+                libc::EAGAIN
+            }
+        })
+    }
+
     fn on_fresh(&mut self, conn: SeqConn) {
         let mut buf = Vec::new();
-        if !matches!(conn.recv(&mut buf), Ok(true)) {
-            return;
-        }
+        let sender = match sock::recv_from(conn.as_raw_fd(), &mut buf, 0) {
+            Ok(Received::Message { sender }) => sender,
+            _ => return,
+        };
         let mut d = Dec::new(&buf);
         match d.u32().ok().and_then(Op::from_u32) {
             Some(Op::Hello) => {
-                let pid = d.u32().unwrap_or(0);
-                let host = d.str().unwrap_or("").to_string();
-                let argv0 = d.str().unwrap_or("?").to_string();
+                // A program's name is whatever bytes its argv[0] holds: shown, not checked.
+                let (pid, host, argv0) = match (d.u32(), d.str(), d.bytes()) {
+                    (Ok(pid), Ok(host), Ok(argv0)) => {
+                        (pid, host.to_string(), String::from_utf8_lossy(argv0).into_owned())
+                    }
+                    _ => {
+                        // Cut short, or a name that is not text: not a hello to guess at.
+                        eprintln!("cmsim-daemon: a malformed hello refused");
+                        let mut e = Enc::default();
+                        e.i32(libc::EPROTO);
+                        let _ = conn.try_send(&e.0);
+                        return;
+                    }
+                };
                 let name = format!("{argv0}[{pid}]@{host}");
+                let version = d.u32().ok();
+                if version != Some(proto::PROTOCOL_VERSION) {
+                    eprintln!(
+                        "cmsim-daemon: {name}: hello refused: it speaks protocol {}, this daemon {}",
+                        version.map_or("(none)".into(), |v| v.to_string()),
+                        proto::PROTOCOL_VERSION
+                    );
+                    let mut e = Enc::default();
+                    e.i32(libc::EPROTONOSUPPORT);
+                    let _ = conn.try_send(&e.0);
+                    return;
+                }
+                let pidfd = match self.check_hello(&conn, pid, sender, &name) {
+                    Ok(fd) => fd,
+                    Err(errno) => {
+                        let mut e = Enc::default();
+                        e.i32(errno);
+                        let _ = conn.try_send(&e.0);
+                        return;
+                    }
+                };
                 let sim_host = if host.is_empty() {
                     Some(self.fabric.host(0))
                 } else {
@@ -1295,24 +1534,26 @@ impl Daemon {
                     None => {
                         eprintln!("cmsim-daemon: {name}: no simulated host has address {host}");
                         e.i32(libc::ENODEV);
-                        let _ = conn.send(&e.0);
+                        let _ = conn.try_send(&e.0);
                     }
                     Some(h) => {
                         let t = self.token();
                         e.i32(0).u64(t).u32(h.index() as u32);
                         e.addr(Some(SocketAddr::new(h.addr(), 0))).u32(std::process::id());
-                        if conn.send(&e.0).is_ok() {
+                        if conn.try_send(&e.0).is_ok() {
                             eprintln!("cmsim-daemon: {name} attached as host {}", h.index());
                             self.procs.insert(
                                 t,
                                 Proc {
                                     ctrl: conn,
                                     pid,
+                                    pidfd: std::rc::Rc::new(pidfd),
                                     host: h,
                                     name,
                                     ids: HashSet::new(),
                                     channels: HashSet::new(),
                                     closed: Vec::new(),
+                                    unsent: None,
                                 },
                             );
                             self.attached_total += 1;
@@ -1329,16 +1570,19 @@ impl Daemon {
                 });
                 let mut e = Enc::default();
                 e.i32(0).u8(found as u8);
-                let _ = conn.send(&e.0);
+                let _ = conn.try_send(&e.0);
             }
             Some(Op::AttachCompChannel) => {
                 let proc = d.u64().unwrap_or(0);
                 let ct = d.u64().unwrap_or(0);
+                if !self.sent_by_owner(proc, sender) {
+                    return;
+                }
                 if let Some(c) = self.comp_channels.get_mut(&ct) {
                     if c.proc == proc && c.sock.is_none() {
                         let mut e = Enc::default();
                         e.u8(proto::CHAN_ATTACHED);
-                        if conn.send(&e.0).is_ok() {
+                        if conn.try_send(&e.0).is_ok() {
                             c.sock = Some(conn);
                             flush(&c.sock, &mut c.pending);
                         }
@@ -1348,17 +1592,162 @@ impl Daemon {
             Some(Op::AttachChannel) => {
                 let proc = d.u64().unwrap_or(0);
                 let ct = d.u64().unwrap_or(0);
+                if !self.sent_by_owner(proc, sender) {
+                    return;
+                }
                 if let Some(c) = self.channels.get_mut(&ct) {
                     if c.proc == proc && c.sock.is_none() {
                         let mut e = Enc::default();
                         e.u8(proto::CHAN_ATTACHED);
-                        if conn.send(&e.0).is_ok() {
+                        if conn.try_send(&e.0).is_ok() {
                             c.sock = Some(conn);
                         }
                     }
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Whether a datagram naming process `proc` came from that process (a channel socket's
+    /// attach): a token learnt another way does not let a process take over another's channel.
+    fn sent_by_owner(&self, proc: u64, sender: Option<u32>) -> bool {
+        match self.procs.get(&proc) {
+            Some(p) if sender == Some(p.pid) => true,
+            Some(p) => {
+                eprintln!(
+                    "cmsim-daemon: a channel attach for {} from pid {} refused",
+                    p.name,
+                    sender.map_or("?".into(), |s| s.to_string())
+                );
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Accepts a connection. When the daemon has no fd left, the oldest connection that has
+    /// not said its first message makes room (or, with none, the new one is closed at once,
+    /// so the listener does not stay readable and spin the loop).
+    fn accept(&mut self) {
+        match self.listener.accept() {
+            Ok(c) => {
+                // The kernel's pid with every request (see `check_hello` and
+                // `serve_process`): taken over from the listener, and asked for again here
+                // should a kernel not pass it on.
+                if sock::pass_credentials(c.as_raw_fd()).is_err() {
+                    return;
+                }
+                if self.fresh.len() >= MAX_SILENT {
+                    self.fresh.remove(0);
+                }
+                self.fresh.push((c, Instant::now()));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                if !self.fresh.is_empty() {
+                    self.fresh.remove(0);
+                } else {
+                    self.spare_fd = None;
+                    if let Ok(c) = self.listener.accept() {
+                        drop(c);
+                    }
+                    self.spare_fd = std::fs::File::open("/dev/null").ok();
+                }
+                if !self.said_out_of_fds {
+                    eprintln!("cmsim-daemon: accept: {e}; the oldest silent connection (or the new one) is closed to make room");
+                    self.said_out_of_fds = true;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Serves what process `p` has queued, so one slow poll round does not serialise a
+    /// multi-threaded caller, until its socket has no room for a reply: then it waits (only
+    /// this process does) until it reads.
+    fn serve_process(&mut self, p: u64, buf: &mut Vec<u8>) {
+        while let Some(proc) = self.procs.get(&p) {
+            if proc.unsent.is_some() {
+                return;
+            }
+            let sender = match sock::recv_from(proc.ctrl.as_raw_fd(), buf, libc::MSG_DONTWAIT) {
+                Ok(Received::Message { sender }) => sender,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Ok(Received::End) | Err(_) => {
+                    self.detach(p);
+                    return;
+                }
+            };
+            if sender != Some(proc.pid) {
+                // A forked child writing on its parent's socket (the library attaches a child
+                // as a process of its own, so only a program that bypasses it gets here): it
+                // is not its parent. Not answered either: the answer would be read by the
+                // parent as the reply to its own next request.
+                eprintln!(
+                    "cmsim-daemon: a request on {}'s socket from pid {} refused",
+                    proc.name,
+                    sender.map_or("?".into(), |s| s.to_string())
+                );
+                continue;
+            }
+            if Dec::new(buf).u32().ok() == Some(Op::AckEvent as u32) {
+                // Acks are not answered: the library does not wait a round trip for them.
+                let mut d = Dec::new(buf);
+                let _ = d.u32();
+                let refused = match d.u64() {
+                    Ok(n) => self.ack_event(p, n).err().map(|_| n.to_string()),
+                    Err(_) => Some("(malformed)".to_string()),
+                };
+                if let (Some(n), Some(proc)) = (refused, self.procs.get(&p)) {
+                    eprintln!(
+                        "cmsim-daemon: {}: ack of event {n} refused: not an event it was given, or acked already",
+                        proc.name
+                    );
+                }
+                continue;
+            }
+            let mut reply = self.handle_request(p, buf);
+            if self.debug {
+                let op = Dec::new(buf).u32().ok().and_then(Op::from_u32);
+                let status = Dec::new(&reply).i32().unwrap_or(-1);
+                eprintln!(
+                    "cmsim-daemon: <- {} {op:?} = {status}",
+                    self.procs.get(&p).map_or("?", |p| p.name.as_str())
+                );
+            }
+            if reply.len() > sock::MAX_DATAGRAM {
+                // Never a reply the caller cannot receive: it would wait for it for ever.
+                let mut e = Enc::default();
+                e.i32(libc::EMSGSIZE);
+                reply = e.0;
+            }
+            let Some(proc) = self.procs.get_mut(&p) else {
+                return;
+            };
+            match proc.ctrl.try_send(&reply) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    proc.unsent = Some((reply, Instant::now()));
+                    return;
+                }
+                Err(_) => {
+                    self.detach(p);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends process `p`'s waiting reply if its socket has room now.
+    fn send_unsent(&mut self, p: u64) {
+        let Some(proc) = self.procs.get_mut(&p) else {
+            return;
+        };
+        let Some((reply, _)) = &proc.unsent else { return };
+        match proc.ctrl.try_send(reply) {
+            Ok(()) => proc.unsent = None,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => self.detach(p),
         }
     }
 
@@ -1386,15 +1775,54 @@ impl Daemon {
                 return 3;
             }
             // What to watch, in a fixed order: listener, fresh, control sockets, channel sockets.
-            let mut fds: Vec<(RawFd, bool)> = vec![(self.listener.as_raw_fd(), false)];
+            let mut fds: Vec<(RawFd, Interest)> = vec![(self.listener.as_raw_fd(), Interest::Read)];
             // Silent too long: closed (the peer reads the end).
             self.fresh
                 .retain(|(_, since)| since.elapsed() < FIRST_MESSAGE_WITHIN);
             let nfresh = self.fresh.len();
-            fds.extend(self.fresh.iter().map(|(c, _)| (c.as_raw_fd(), false)));
+            fds.extend(self.fresh.iter().map(|(c, _)| (c.as_raw_fd(), Interest::Read)));
+            // A process that has not read its reply for too long is cut off.
+            let stalled: Vec<u64> = self
+                .procs
+                .iter()
+                .filter(|(_, p)| {
+                    p.unsent
+                        .as_ref()
+                        .is_some_and(|(_, since)| since.elapsed() >= REPLY_READ_WITHIN)
+                })
+                .map(|(t, _)| *t)
+                .collect();
+            for p in stalled {
+                eprintln!(
+                    "cmsim-daemon: {} has not read its replies for {REPLY_READ_WITHIN:?}: cut off",
+                    self.procs[&p].name
+                );
+                self.detach(p);
+            }
             let mut procs: Vec<u64> = self.procs.keys().copied().collect();
             procs.sort_unstable();
-            fds.extend(procs.iter().map(|p| (self.procs[p].ctrl.as_raw_fd(), false)));
+            // A process with a reply waiting is watched for room, not for more requests.
+            fds.extend(procs.iter().map(|p| {
+                let waiting = self.procs[p].unsent.is_some();
+                (
+                    self.procs[p].ctrl.as_raw_fd(),
+                    if waiting { Interest::Write } else { Interest::Read },
+                )
+            }));
+            fds.extend(
+                procs
+                    .iter()
+                    .map(|p| (self.procs[p].pidfd.as_raw_fd(), Interest::Read)),
+            );
+            let closed: Vec<(u64, usize)> = procs
+                .iter()
+                .flat_map(|p| (0..self.procs[p].closed.len()).map(move |i| (*p, i)))
+                .collect();
+            fds.extend(
+                closed
+                    .iter()
+                    .map(|(p, i)| (self.procs[p].closed[*i].as_raw_fd(), Interest::HangUp)),
+            );
             let mut chans: Vec<u64> = self
                 .channels
                 .iter()
@@ -1402,11 +1830,14 @@ impl Daemon {
                 .map(|(t, _)| *t)
                 .collect();
             chans.sort_unstable();
-            fds.extend(
-                chans
-                    .iter()
-                    .filter_map(|t| self.channels[t].sock.as_ref().map(|s| (s.as_raw_fd(), true))),
-            );
+            fds.extend(chans.iter().filter_map(|t| {
+                self.channels[t]
+                    .sock
+                    .as_ref()
+                    .map(|s| (s.as_raw_fd(), Interest::Write))
+            }));
+            // (Channel sockets are only ever written: their ends in the programs say nothing
+            // after the attach, and whatever they send is never read, nor waited for.)
             // The fabric has timers (CM timeouts, timewait) this loop cannot see: a short tick
             // keeps the virtual clock close to the wall clock.
             let ready = match sock::poll(&fds, 1) {
@@ -1421,56 +1852,47 @@ impl Daemon {
                 .iter()
                 .map(|r| r.readable || r.closed)
                 .collect();
-            let mut keep = Vec::new();
-            for (i, (c, since)) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
+            // The ready ones leave `fresh` first: the others stay in it while these are
+            // served, as the connections to close should the daemon run out of fds.
+            let mut spoken = Vec::new();
+            for (i, entry) in std::mem::take(&mut self.fresh).into_iter().enumerate() {
                 if fresh_ready.get(i).copied().unwrap_or(false) {
-                    self.on_fresh(c);
+                    spoken.push(entry.0);
                 } else {
-                    keep.push((c, since));
+                    self.fresh.push(entry);
                 }
             }
-            self.fresh = keep;
+            for c in spoken {
+                self.on_fresh(c);
+            }
             if ready[0].readable {
-                if let Ok(c) = self.listener.accept() {
-                    if self.fresh.len() >= MAX_SILENT {
-                        self.fresh.remove(0);
+                self.accept();
+            }
+            let nprocs = procs.len();
+            // Destroyed channels whose program end has closed: their sockets go (highest index
+            // first, so the others keep theirs).
+            let base = 1 + nfresh + 2 * nprocs;
+            for (k, (p, i)) in closed.iter().enumerate().rev() {
+                if ready[base + k].closed {
+                    if let Some(proc) = self.procs.get_mut(p) {
+                        proc.closed.swap_remove(*i);
                     }
-                    self.fresh.push((c, Instant::now()));
                 }
             }
             for (i, p) in procs.iter().enumerate() {
-                let r = ready[1 + nfresh + i];
-                if !(r.readable || r.closed) {
+                // The process exited: gone at once, whoever still holds its socket (a forked
+                // child), so its regions are no longer anyone's to reach.
+                let exited = ready[1 + nfresh + nprocs + i];
+                if exited.readable || exited.closed {
+                    self.detach(*p);
                     continue;
                 }
-                // Serve everything the process queued, so one slow poll round does not
-                // serialise a multi-threaded caller.
-                while let Some(proc) = self.procs.get(p) {
-                    match sock::recv_fd(proc.ctrl.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT) {
-                        Ok(true) => {
-                            let reply = self.handle_request(*p, &buf);
-                            if self.debug {
-                                let op = Dec::new(&buf).u32().ok().and_then(Op::from_u32);
-                                let status = Dec::new(&reply).i32().unwrap_or(-1);
-                                eprintln!(
-                                    "cmsim-daemon: <- {} {op:?} = {status}",
-                                    self.procs.get(p).map_or("?", |p| p.name.as_str())
-                                );
-                            }
-                            if let Some(proc) = self.procs.get(p) {
-                                let _ = proc.ctrl.send(&reply);
-                            }
-                        }
-                        Ok(false) => {
-                            self.detach(*p);
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(_) => {
-                            self.detach(*p);
-                            break;
-                        }
-                    }
+                let r = ready[1 + nfresh + i];
+                if r.writable {
+                    self.send_unsent(*p);
+                }
+                if r.readable || r.closed || r.writable {
+                    self.serve_process(*p, &mut buf);
                 }
             }
             self.pump_events();
@@ -1566,7 +1988,14 @@ fn main() {
         }
     }
     catch_stop_signals();
-    let listener = match SeqListener::bind(&opts.socket, opts.socket_mode) {
+    sock::raise_fd_limit();
+    // The kernel's pid with every datagram, asked for on the listener: each connection takes
+    // it over as it is accepted, so the first datagrams are named too. Asked for only once
+    // accepted, a hello sent between the accept and the asking read as pid 0's and was
+    // refused as naming another process.
+    let listener = match SeqListener::bind(&opts.socket, opts.socket_mode)
+        .and_then(|l| sock::pass_credentials(l.as_raw_fd()).map(|()| l))
+    {
         Ok(l) => l,
         Err(e) => {
             eprintln!("cmsim-daemon: {}: {e}", opts.socket.display());
@@ -1600,6 +2029,8 @@ fn main() {
         token_rng: token_rng(),
         started: Instant::now(),
         attached_total: 0,
+        spare_fd: std::fs::File::open("/dev/null").ok(),
+        said_out_of_fds: false,
         debug: std::env::var_os("CMSIM_DEBUG").is_some(),
     };
     let mut code = d.run(&opts);
