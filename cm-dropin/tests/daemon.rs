@@ -696,19 +696,29 @@ fn a_hello_of_another_protocol_version_is_refused_with_its_own_errno() {
     );
 }
 
-#[test]
-fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memory() {
-    use cm_dropin::proto::{Enc, Op};
-    let path = scratch("groups");
+/// A daemon of one host, 10.0.0.1, for the test `name` (its socket under the temporary
+/// directory), and a process attached to it.
+fn one_host_daemon(name: &str) -> (Child, cm_dropin::sock::SeqConn) {
+    let path = scratch(name);
     let p = path.to_str().expect("utf-8 path");
     let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "120"]);
     wait_for_socket(&path);
-    let conn = attach(&path, "10.0.0.1");
-    let token = |e: &Enc| {
-        let (status, rest) = ask(&conn, e);
-        assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
-        u64::from_le_bytes(rest[..8].try_into().expect("a token"))
-    };
+    (daemon, attach(&path, "10.0.0.1"))
+}
+
+/// The token a request that must succeed answers with.
+#[track_caller]
+fn token_of(conn: &cm_dropin::sock::SeqConn, e: &cm_dropin::proto::Enc) -> u64 {
+    let (status, rest) = ask(conn, e);
+    assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
+    u64::from_le_bytes(rest[..8].try_into().expect("a token"))
+}
+
+#[test]
+fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memory() {
+    use cm_dropin::proto::{Enc, Op};
+    let (daemon, conn) = one_host_daemon("groups");
+    let token = |e: &Enc| token_of(&conn, e);
     let ch = token(&Enc::op(Op::CreateChannel));
     let mut create = Enc::op(Op::CreateId);
     create.u64(ch).u32(0x0111);
@@ -758,16 +768,8 @@ fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memor
 #[test]
 fn a_multicast_group_is_named_by_a_gid_and_takes_at_most_rxes_56_qps() {
     use cm_dropin::proto::{Enc, Op};
-    let path = scratch("group-attach");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
-    wait_for_socket(&path);
-    let conn = attach(&path, "10.0.0.1");
-    let token = |e: &Enc| {
-        let (status, rest) = ask(&conn, e);
-        assert_eq!(status, 0);
-        u64::from_le_bytes(rest[..8].try_into().expect("a token"))
-    };
+    let (daemon, conn) = one_host_daemon("group-attach");
+    let token = |e: &Enc| token_of(&conn, e);
     let ch = token(&Enc::op(Op::CreateChannel));
     let mut create = Enc::op(Op::CreateId);
     create.u64(ch).u32(0x0111);
@@ -792,17 +794,13 @@ fn a_multicast_group_is_named_by_a_gid_and_takes_at_most_rxes_56_qps() {
 #[test]
 fn a_ud_qp_takes_no_more_receives_than_its_queue_holds() {
     use cm_dropin::proto::{Enc, Op};
-    let path = scratch("ud-recvs");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
-    wait_for_socket(&path);
-    let conn = attach(&path, "10.0.0.1");
+    let (daemon, conn) = one_host_daemon("ud-recvs");
     let one = |e: &Enc| {
         let (status, rest) = ask(&conn, e);
         assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
         rest
     };
-    let token = |e: &Enc| u64::from_le_bytes(one(e)[..8].try_into().expect("a token"));
+    let token = |e: &Enc| token_of(&conn, e);
     let ch = token(&Enc::op(Op::CreateChannel));
     let mut create = Enc::op(Op::CreateId);
     create.u64(ch).u32(0x0111);
