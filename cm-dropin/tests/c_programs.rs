@@ -872,15 +872,17 @@ fn a_partition_under_rping_fails_its_rdma_with_retry_exceeded_as_on_a_fabric() {
     if !installed("rping") {
         return;
     }
-    // RDMA READ and WRITE are the simulator's: a partition 800 ms in (rping pings without end)
-    // makes the server's next one exhaust its transport retries.
-    let fabric = Fabric::start("rping-partition", 2, &["--fault", "800:partition 0 1"]);
+    // RDMA READ and WRITE are the simulator's: a partition 8 s in (rping pings without end)
+    // makes the server's next one exhaust its transport retries. The 8 s leave room for the pair
+    // to connect on a loaded machine first (at 800 ms a slow start lost the REQ instead, and
+    // the server waited for a request for ever).
+    let fabric = Fabric::start("rping-partition", 2, &["--fault", "8000:partition 0 1"]);
     let server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471", "-S", "1000"]);
     let client = fabric.spawn(
         CLIENT,
         &["rping", "-c", "-a", SERVER, "-p", "7471", "-S", "1000", "-V"],
     );
-    let s = wait(server, Duration::from_secs(60), "rping server");
+    let s = wait(server, Duration::from_secs(90), "rping server");
     let _ = stop(client);
     assert!(
         s.stdout.contains("cq completion failed status 12")
