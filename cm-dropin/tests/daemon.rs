@@ -184,10 +184,7 @@ fn ask(conn: &cm_dropin::sock::SeqConn, req: &cm_dropin::proto::Enc) -> (i32, Ve
 #[test]
 fn a_region_past_the_end_of_the_address_space_is_refused_and_the_daemon_goes_on() {
     use cm_dropin::proto::{Enc, Op};
-    let path = scratch("regmr");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "3"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("regmr", "3");
     let conn = attach(&path, "10.0.0.1");
     let reg = |addr: u64, len: u64| {
         let mut e = Enc::op(Op::RegMr);
@@ -299,10 +296,7 @@ fn an_empty_message_is_answered_as_malformed_and_its_process_stays_attached() {
 
 #[test]
 fn silent_connections_are_closed_in_time_and_cannot_crowd_out_a_program() {
-    let path = scratch("silent");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("silent", "30");
     // More connections that never say a word than the daemon keeps.
     let silent: Vec<_> = (0..300)
         .map(|_| cm_dropin::sock::SeqConn::connect(&path).expect("connect"))
@@ -360,10 +354,7 @@ fn attach_named(socket: &std::path::Path, host: &str, name: &str) -> (cm_dropin:
 fn only_the_process_an_event_went_to_may_ack_it_and_tokens_cannot_be_guessed() {
     use cm_dropin::proto::{Dec, Enc, Op, CHAN_ATTACHED, CHAN_EVENT};
     use std::os::fd::AsRawFd;
-    let path = scratch("ack");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("ack", "30");
     let (a, a_token) = attach_with_token(&path, "10.0.0.1");
     let (b, b_token) = attach_named(&path, "10.0.0.1", "other");
     // Successive processes' tokens are not neighbours: the low 36 bits are random (this fails
@@ -440,10 +431,7 @@ fn open_fds(daemon: &Child) -> usize {
 #[test]
 fn a_hello_that_names_another_process_is_refused() {
     use cm_dropin::proto::{Dec, Enc};
-    let path = scratch("forged-pid");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("forged-pid", "30");
     // init, and the daemon itself (whose heap holds other programs' messages).
     for pid in [1, daemon.id()] {
         let conn = cm_dropin::sock::SeqConn::connect(&path).expect("connect");
@@ -490,10 +478,7 @@ fn forged_attach_helper() {
 #[test]
 fn a_channel_attach_from_another_process_is_refused_though_it_names_the_tokens() {
     use cm_dropin::proto::{Enc, Op, CHAN_ATTACHED};
-    let path = scratch("forged-attach");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("forged-attach", "30");
     let (conn, proc) = attach_with_token(&path, "10.0.0.1");
     let (status, rest) = ask(&conn, &Enc::op(Op::CreateChannel));
     assert_eq!(status, 0);
@@ -507,7 +492,7 @@ fn a_channel_attach_from_another_process_is_refused_though_it_names_the_tokens()
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("CMSIM_FORGE_ATTACH", format!("{p},{proc},{ch}"))
+        .env("CMSIM_FORGE_ATTACH", format!("{},{proc},{ch}", path.display()))
         .output()
         .expect("run the helper");
     let said = String::from_utf8_lossy(&out.stdout);
@@ -528,10 +513,7 @@ fn a_channel_attach_from_another_process_is_refused_though_it_names_the_tokens()
 #[test]
 fn a_client_that_never_reads_its_replies_is_cut_off_and_the_others_are_served_meanwhile() {
     use cm_dropin::proto::{Enc, Op};
-    let path = scratch("never-reads");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("never-reads", "60");
     let (flooder, _) = attach_with_token(&path, "10.0.0.1");
     // Requests (each answered EINVAL) until the socket takes no more: the daemon has stopped
     // reading them, since their replies have nowhere to go.
@@ -600,10 +582,7 @@ fn a_client_that_never_reads_its_replies_is_cut_off_and_the_others_are_served_me
 #[test]
 fn destroyed_channels_give_their_sockets_back() {
     use cm_dropin::proto::{Enc, Op};
-    let path = scratch("channel-fds");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "60"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("channel-fds", "60");
     let (conn, proc) = attach_with_token(&path, "10.0.0.1");
     let before = open_fds(&daemon);
     for _ in 0..2_000 {
@@ -664,10 +643,7 @@ fn a_daemon_out_of_fds_makes_room_for_a_program_from_its_silent_connections() {
 #[test]
 fn a_hello_of_another_protocol_version_is_refused_with_its_own_errno() {
     use cm_dropin::proto::{Dec, Enc, Op, PROTOCOL_VERSION};
-    let path = scratch("version");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("version", "30");
     let mut old = Enc::op(Op::Hello);
     old.u32(std::process::id()).bytes(b"10.0.0.1").bytes(b"old");
     let mut newer = Enc::op(Op::Hello);
@@ -696,14 +672,21 @@ fn a_hello_of_another_protocol_version_is_refused_with_its_own_errno() {
     );
 }
 
-/// A daemon of one host, 10.0.0.1, for the test `name` (its socket under the temporary
-/// directory), and a process attached to it.
-fn one_host_daemon(name: &str) -> (Child, cm_dropin::sock::SeqConn) {
+/// A daemon of one host, 10.0.0.1, listening at a socket of the test `name`'s under the
+/// temporary directory, that gives up after `max_seconds`; and the socket's path.
+fn one_host(name: &str, max_seconds: &str) -> (Child, PathBuf) {
     let path = scratch(name);
     let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "120"]);
+    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", max_seconds]);
     wait_for_socket(&path);
-    (daemon, attach(&path, "10.0.0.1"))
+    (daemon, path)
+}
+
+/// [`one_host`], with a process attached to it.
+fn one_host_daemon(name: &str) -> (Child, cm_dropin::sock::SeqConn) {
+    let (daemon, path) = one_host(name, "120");
+    let conn = attach(&path, "10.0.0.1");
+    (daemon, conn)
 }
 
 /// The token a request that must succeed answers with.
@@ -841,10 +824,7 @@ fn a_ud_qp_takes_no_more_receives_than_its_queue_holds() {
 #[test]
 fn a_hello_cut_short_is_refused_as_malformed() {
     use cm_dropin::proto::{Dec, Enc};
-    let path = scratch("short-hello");
-    let p = path.to_str().expect("utf-8 path");
-    let daemon = spawn(&["--socket", p, "--host", "10.0.0.1", "--max-seconds", "30"]);
-    wait_for_socket(&path);
+    let (daemon, path) = one_host("short-hello", "30");
     let whole = Enc::hello(std::process::id(), "10.0.0.1", "short");
     // The op and the pid, then the op, pid and half the host's length.
     for cut in [8, 10] {
