@@ -873,25 +873,37 @@ fn a_partition_under_rping_fails_its_rdma_with_retry_exceeded_as_on_a_fabric() {
         return;
     }
     // RDMA READ and WRITE are the simulator's: a partition 8 s in (rping pings without end)
-    // makes the server's next one exhaust its transport retries. The 8 s leave room for the pair
-    // to connect on a loaded machine first (at 800 ms a slow start lost the REQ instead, and
-    // the server waited for a request for ever).
+    // makes the operation in flight exhaust its transport retries: the server's READ or WRITE,
+    // or the client's SEND, whichever side was working when it struck (the other waits for
+    // a message for ever, as on a fabric). The 8 s leave room for the pair to connect first
+    // on a loaded machine.
     let fabric = Fabric::start("rping-partition", 2, &["--fault", "8000:partition 0 1"]);
-    let server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471", "-S", "1000"]);
-    let client = fabric.spawn(
+    let mut server = fabric.spawn(SERVER, &["rping", "-s", "-a", SERVER, "-p", "7471", "-S", "1000"]);
+    let mut client = fabric.spawn(
         CLIENT,
         &["rping", "-c", "-a", SERVER, "-p", "7471", "-S", "1000", "-V"],
     );
-    let s = wait(server, Duration::from_secs(90), "rping server");
-    let _ = stop(client);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (failed, waiting) = loop {
+        assert!(Instant::now() < deadline, "neither rping ended within 90 s");
+        if server.try_wait().expect("try_wait").is_some() {
+            break (server, client);
+        }
+        if client.try_wait().expect("try_wait").is_some() {
+            break (client, server);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = wait(failed, Duration::from_secs(10), "the rping that failed");
+    let _ = stop(waiting);
     assert!(
-        s.stdout.contains("cq completion failed status 12")
-            || s.stderr.contains("cq completion failed status 12"),
+        out.stdout.contains("cq completion failed status 12")
+            || out.stderr.contains("cq completion failed status 12"),
         "IBV_WC_RETRY_EXC_ERR expected:\n{}\n{}",
-        s.stdout,
-        s.stderr
+        out.stdout,
+        out.stderr
     );
-    assert!(!s.status.success());
+    assert!(!out.status.success());
 }
 
 #[test]
