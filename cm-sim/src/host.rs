@@ -52,6 +52,39 @@ impl SimHost {
         self.fabric.host_addrs(self.index())[0]
     }
 
+    /// The number of the QP the id holds (`ibv_qp.qp_num`), or `None` before
+    /// [`create_qp`](CmBackend::create_qp) and after [`destroy_qp`](CmBackend::destroy_qp).
+    /// Datagrams are addressed by it; the C drop-in shows it to programs.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for an id this host does not
+    /// know.
+    pub fn qp_num(&self, id: IdHandle) -> Result<Option<u32>> {
+        self.fabric.inner().borrow().qp_num(self.host, id)
+    }
+
+    /// [`post_send_to`](CmBackend::post_send_to) with immediate data
+    /// (`IBV_WR_SEND_WITH_IMM`): the receiver's completion carries `imm` in
+    /// [`WorkCompletion::imm_data`]. The trait's call sends none, as librdmacm's
+    /// `rdma_post_ud_send` does; C programs reach this through the drop-in's `ibv_post_send`
+    /// (rdma-core's `udaddy` tells its QP number so).
+    ///
+    /// # Errors
+    /// As [`post_send_to`](CmBackend::post_send_to)'s.
+    pub fn post_send_to_with_imm(
+        &mut self,
+        id: IdHandle,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+        imm: u32,
+    ) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .post_send_to(self.host, id, wr_id, dest, data, Some(imm))
+    }
+
     /// [`reg_mr`](CmBackend::reg_mr) of bytes that live elsewhere: `memory` is registered on
     /// the protection domain of the id's device with `access`, as the region the simulator
     /// reads and writes for local work requests and for peers' one-sided operations. Its length
@@ -226,7 +259,7 @@ impl CmBackend for SimHost {
         self.fabric
             .inner()
             .borrow_mut()
-            .post_send_to(self.host, id, wr_id, dest, data)
+            .post_send_to(self.host, id, wr_id, dest, data, None)
     }
 
     fn join_multicast(&mut self, id: IdHandle, group: SocketAddr) -> Result<()> {

@@ -580,8 +580,14 @@ impl Qp {
 
     /// A datagram arrived and took the receive `recv`. One longer than that receive's buffer
     /// fails it with a local length error, as rxe does (the caller moves the QP to ERR).
-    pub(crate) fn land_datagram(&mut self, recv: TakenRecv, data: Vec<u8>, from: UdSender) -> Landing {
-        self.land_in(recv, data, Some(from), None)
+    pub(crate) fn land_datagram(
+        &mut self,
+        recv: TakenRecv,
+        data: Vec<u8>,
+        from: UdSender,
+        imm: Option<u32>,
+    ) -> Landing {
+        self.land_in(recv, data, Some(from), imm)
     }
 
     /// The QP went to ERR: every posted receive and send completes with `WR_FLUSH_ERR`, each

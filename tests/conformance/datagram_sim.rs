@@ -112,3 +112,74 @@ fn a_datagram_longer_than_the_path_mtu_is_dropped_though_the_buffer_would_hold_i
     teardown_sidr(&mut bed, s);
     assert_clean(&bed);
 }
+
+// Needs: the simulator's own call (the trait sends no immediate data, as rdma_post_ud_send).
+#[test]
+fn a_datagram_sent_with_immediate_data_reports_it_and_its_sender_to_the_receiver() {
+    let fabric = fabric(9);
+    let mut bed = bed_on(&fabric);
+    let s = sidr(&mut bed, 2, 64);
+    let own_qpn = bed
+        .client
+        .qp_num(s.client)
+        .unwrap()
+        .expect("the client holds a QP");
+    bed.client
+        .post_send_to_with_imm(s.client, 1, &s.dest, b"imm", own_qpn.to_be())
+        .unwrap();
+    bed.client.post_send_to(s.client, 2, &s.dest, b"none").unwrap();
+    let mut got = completions(&mut bed.server, s.child, 2);
+    got.sort_by_key(|wc| wc.data.len());
+    assert_eq!(
+        (got[0].data.as_slice(), got[0].imm_data),
+        (&b"imm"[..], Some(own_qpn.to_be()))
+    );
+    assert_eq!((got[1].data.as_slice(), got[1].imm_data), (&b"none"[..], None));
+    assert!(got.iter().all(|wc| wc.sender.map(|u| u.qp_num) == Some(own_qpn)));
+    assert_eq!(
+        bed.server.qp_num(s.child).unwrap(),
+        Some(s.dest.qp_num),
+        "what the SIDR reply named"
+    );
+    teardown_sidr(&mut bed, s);
+    assert_clean(&bed);
+}
+
+// Needs: rxe's 8 192 groups a device attaches, which the lab does not spend its time filling.
+#[test]
+fn a_device_attaches_at_most_rxes_8192_groups_and_a_left_one_frees_its_place() {
+    use cm::api::{CmEventType, PortSpace, QpCaps};
+    let fabric = fabric(4);
+    let mut host = fabric.host(0);
+    let ch = host.create_event_channel().unwrap();
+    let id = host.create_id(ch, PortSpace::Udp).unwrap();
+    host.bind_addr(id, "10.0.0.1:0".parse().unwrap()).unwrap();
+    host.create_qp(id, QpCaps::new()).unwrap();
+    let group =
+        |i: u32| std::net::SocketAddr::new(std::net::IpAddr::from((0xEF00_0000 | i).to_be_bytes()), 0);
+    let mut join = |host: &mut cm::SimHost, i: u32| {
+        host.join_multicast(id, group(i)).unwrap();
+        let ev = host.get_cm_event(ch, WAIT).unwrap().expect("the join's event");
+        let seen = (ev.event(), ev.status());
+        host.ack_cm_event(ev).unwrap();
+        seen
+    };
+    for i in 0..8192 {
+        assert_eq!(join(&mut host, i), (CmEventType::MulticastJoin, 0), "group {i}");
+    }
+    assert_eq!(
+        join(&mut host, 8192),
+        (CmEventType::MulticastError, -1),
+        "one past rxe's 8 192"
+    );
+    // Left, the refused group and an attached one free their places.
+    host.leave_multicast(id, group(8192)).unwrap();
+    host.leave_multicast(id, group(0)).unwrap();
+    assert_eq!(join(&mut host, 9000), (CmEventType::MulticastJoin, 0));
+    for i in (1..8192).chain([9000]) {
+        host.leave_multicast(id, group(i)).unwrap();
+    }
+    host.destroy_qp(id).unwrap();
+    host.destroy_id(id).unwrap();
+    host.destroy_event_channel(ch).unwrap();
+}

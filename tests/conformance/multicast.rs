@@ -477,3 +477,50 @@ fn destroying_an_id_leaves_its_groups() {
     destroy_all(&mut bed.client, &[sender], cch);
     assert_clean(&bed);
 }
+
+#[test]
+fn a_group_attaches_at_most_rxes_56_qps_and_the_57th_join_reports_multicast_error() {
+    let mut bed = bed!();
+    let g = group(&mut bed);
+    let ip = bed.server_ip;
+    let s = &mut bed.server;
+    let ch = s.create_event_channel().expect("channel");
+    let members: Vec<IdHandle> = (0..56)
+        .map(|_| {
+            let id = bound_ud(s, ch, ip, 0);
+            join(s, ch, id, g);
+            id
+        })
+        .collect();
+    // The kernel joins it; librdmacm's ibv_attach_mcast is refused (ENOMEM) and it reports the
+    // join as MULTICAST_ERROR with rdma_seterrno's -1.
+    let extra = bound_ud(s, ch, ip, 0);
+    s.join_multicast(extra, g).expect("join_multicast");
+    let ev = s.get_cm_event(ch, WAIT).expect("get_cm_event").expect("an event");
+    assert_eq!(
+        (ev.event(), ev.status(), ev.id()),
+        (CmEventType::MulticastError, -1, extra)
+    );
+    s.ack_cm_event(ev).expect("ack");
+    // Not attached: its QP goes while it is still in the group, which an attached one cannot.
+    s.destroy_qp(extra).expect("destroy_qp of the QP left unattached");
+    assert!(matches!(
+        s.destroy_qp(members[0]),
+        Err(CmError::QpInGroups { groups: 1 })
+    ));
+    // A member that leaves makes room for another.
+    s.leave_multicast(members[0], g).expect("leave");
+    let another = bound_ud(s, ch, ip, 0);
+    join(s, ch, another, g);
+    for &id in members.iter().chain([&another]) {
+        if id != members[0] {
+            s.leave_multicast(id, g).expect("leave");
+        }
+    }
+    s.leave_multicast(extra, g)
+        .expect("leave the group joined unattached");
+    let mut all = members.clone();
+    all.extend([extra, another]);
+    destroy_all(s, &all, ch);
+    assert_clean(&bed);
+}

@@ -63,6 +63,8 @@ struct InFlight {
     qkey: u32,
     from: UdSender,
     data: Vec<u8>,
+    /// The sender's immediate data (`IBV_WR_SEND_WITH_IMM`).
+    imm: Option<u32>,
 }
 
 impl Fabric {
@@ -107,6 +109,7 @@ impl Fabric {
         wr_id: u64,
         dest: &UdParam,
         data: &[u8],
+        imm: Option<u32>,
     ) -> R<()> {
         let call = Call::PostSend;
         let r = self.qp_for(host, id, call)?;
@@ -151,23 +154,22 @@ impl Fabric {
             // One copy per attached member, each on its own fate.
             let group = dest.ah_attr.dest_ip();
             for (to_host, qp_num) in self.group_members(dest) {
-                self.send_datagram(host, to_host, qp_num, group, dest.qkey, from, data);
+                self.send_datagram(host, to_host, (qp_num, group, dest.qkey), from, data, imm);
             }
             return Ok(());
         }
         let Some(to_host) = dest.ah_attr.dest_ip().and_then(|ip| self.host_of_ip(ip)) else {
             return Ok(());
         };
-        self.send_datagram(
-            host,
-            to_host,
-            dest.qp_num & 0x00FF_FFFF,
-            None,
-            dest.qkey,
-            from,
-            data,
-        );
+        let to = (dest.qp_num & 0x00FF_FFFF, None, dest.qkey);
+        self.send_datagram(host, to_host, to, from, data, imm);
         Ok(())
+    }
+
+    /// The number of the QP `id` holds, if it holds one.
+    pub(crate) fn qp_num(&self, host: u16, id: IdHandle) -> R<Option<u32>> {
+        let r = self.id_ref(host, id, Call::CreateQp)?;
+        Ok(self.ids.get(r).and_then(|s| s.qp.as_ref()).map(|q| q.qpn))
     }
 
     /// What is wrong with the source GID `dest`'s handle names on `host`'s port, if anything
@@ -186,18 +188,18 @@ impl Fabric {
         (gid_ipv4 != to_ipv4).then_some(SourceGid::OtherFamily)
     }
 
-    /// Puts one datagram on the wire, unless the path MTU or the link drops it.
-    #[allow(clippy::too_many_arguments)]
+    /// Puts one datagram on the wire, unless the path MTU or the link drops it. `to` is the
+    /// destination QP's number, the group the copy is for (if any) and the Q_Key sent.
     fn send_datagram(
         &mut self,
         host: u16,
         to_host: u16,
-        qp_num: u32,
-        group: Option<IpAddr>,
-        qkey: u32,
+        to: (u32, Option<IpAddr>, u32),
         from: UdSender,
         data: &[u8],
+        imm: Option<u32>,
     ) {
+        let (qp_num, group, qkey) = to;
         if data.len() > UD_MTU || self.datagram_lost(host, to_host) {
             return;
         }
@@ -210,6 +212,7 @@ impl Fabric {
             qkey,
             from,
             data: data.to_vec(),
+            imm,
         });
         self.schedule(at, Action::Datagram(n));
     }
@@ -271,7 +274,7 @@ impl Fabric {
         // Its own receive queue's next receive, or its SRQ's.
         let Some(recv) = self.take_recv(r) else { return };
         let qp = self.slot(r).qp.as_mut().expect("checked");
-        if let Landing::TooLong = qp.land_datagram(recv, d.data, d.from) {
+        if let Landing::TooLong = qp.land_datagram(recv, d.data, d.from, d.imm) {
             // rxe (Linux 6.1) fails the receive and moves the receiver's QP to ERR; the sender
             // learns nothing (its send completed as it left).
             self.stats.length_errors += 1;

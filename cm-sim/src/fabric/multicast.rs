@@ -10,17 +10,28 @@
 //! Memberships live in a side table made with the first join, so ids that never join (every
 //! RC id) carry nothing for them and draw nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cm_core::{group_ud_param, UdParam, MULTICAST_QPN};
 
 use super::*;
+
+/// The most groups a device attaches QPs to: rxe's `RXE_MAX_MCAST_GRP` (Linux 6.1).
+pub(crate) const MAX_GROUPS: u32 = 8192;
+
+/// The most QPs of a device one group attaches: rxe's `RXE_MAX_MCAST_QP_ATTACH`.
+pub(crate) const MAX_GROUP_QPS: u32 = 56;
 
 /// The fabric's memberships, made with the first join.
 #[derive(Default)]
 pub(super) struct Multicast {
     /// (member id, group) → membership.
     members: BTreeMap<(SlotRef, IpAddr), Membership>,
+    /// (host, group) → how many of the host's QPs are attached to the group; groups with none
+    /// have no entry. A host is one device, whose limits rxe counts so.
+    attached_qps: HashMap<(u16, IpAddr), u32>,
+    /// Host → how many groups its QPs are attached to.
+    attached_groups: HashMap<u16, u32>,
     /// Numbers joins, so that an event queued for an earlier membership of the same id and
     /// group is recognised as stale.
     next_serial: u32,
@@ -93,7 +104,10 @@ impl Fabric {
             return Err(CmError::UnackedEvents { call, count: 1 });
         }
         // Its queued event, if any, is now stale and discarded on retrieval.
-        self.multicast.as_mut().expect("checked").members.remove(&key);
+        let m = self.multicast.as_mut().expect("checked").members.remove(&key);
+        if m.is_some_and(|m| m.attached.is_some()) {
+            self.detach(host, group.ip());
+        }
         Ok(())
     }
 
@@ -108,9 +122,64 @@ impl Fabric {
     }
 
     /// The kernel leaves the groups of a destroyed id.
-    pub(super) fn forget_memberships(&mut self, r: SlotRef) {
-        if let Some(mc) = self.multicast.as_mut() {
-            mc.members.retain(|(id, _), _| *id != r);
+    pub(super) fn forget_memberships(&mut self, r: SlotRef, host: u16) {
+        let Some(mc) = self.multicast.as_mut() else {
+            return;
+        };
+        let mut left = Vec::new();
+        mc.members.retain(|(id, group), m| {
+            let keep = *id != r;
+            if !keep && m.attached.is_some() {
+                left.push(*group);
+            }
+            keep
+        });
+        for group in left {
+            self.detach(host, group);
+        }
+    }
+
+    /// Whether attaching the QP of `id` to the group a retrieved `MULTICAST_JOIN` names
+    /// (`payload`) would pass the device's limits, so that librdmacm's `ibv_attach_mcast`
+    /// fails with `ENOMEM`. An id without a QP attaches nothing.
+    pub(super) fn attach_refused(&self, id: SlotRef, payload: Option<&Payload>) -> bool {
+        let (Some(slot), Some(mc)) = (self.ids.get(id), self.multicast.as_ref()) else {
+            return false;
+        };
+        let Some(group) = payload.and_then(|p| p.dst.get()).map(|a| a.ip()) else {
+            return false;
+        };
+        if slot.qp.is_none() {
+            return false;
+        }
+        match mc.attached_qps.get(&(slot.host, group)) {
+            Some(&qps) => qps >= MAX_GROUP_QPS,
+            None => mc.attached_groups.get(&slot.host).copied().unwrap_or(0) >= MAX_GROUPS,
+        }
+    }
+
+    /// Counts one more of `host`'s QPs attached to `group`.
+    fn attach(&mut self, host: u16, group: IpAddr) {
+        let mc = self.multicast.as_mut().expect("a membership exists");
+        let qps = mc.attached_qps.entry((host, group)).or_insert(0);
+        if *qps == 0 {
+            *mc.attached_groups.entry(host).or_insert(0) += 1;
+        }
+        *qps += 1;
+    }
+
+    /// Counts one fewer of `host`'s QPs attached to `group`; a group with none is forgotten.
+    fn detach(&mut self, host: u16, group: IpAddr) {
+        let Some(mc) = self.multicast.as_mut() else { return };
+        let Some(qps) = mc.attached_qps.get_mut(&(host, group)) else {
+            return;
+        };
+        *qps -= 1;
+        if *qps == 0 {
+            mc.attached_qps.remove(&(host, group));
+            if let Some(n) = mc.attached_groups.get_mut(&host) {
+                *n -= 1;
+            }
         }
     }
 
@@ -147,8 +216,10 @@ impl Fabric {
             return;
         };
         m.unacked = Some(token);
-        if event == CmEventType::MulticastJoin {
+        if event == CmEventType::MulticastJoin && m.attached.is_none() && qpn.is_some() {
             m.attached = qpn;
+            let host = self.ids.get(id).map(|s| s.host).expect("the id is alive");
+            self.attach(host, ip);
         }
     }
 

@@ -100,6 +100,12 @@ impl Fabric {
                 // Its group was left before it was retrieved: the kernel dropped it then.
                 return None;
             }
+            CmEventType::MulticastJoin if self.attach_refused(q.id, self.payloads.get(q.payload)) => {
+                // librdmacm's `ibv_attach_mcast` failed (`ENOMEM` past rxe's limits): it
+                // reports the join so, with `rdma_seterrno`'s -1.
+                (event, status) = (CmEventType::MulticastError, -1);
+                q.id
+            }
             _ => q.id,
         };
         let slot = self.slot(counted);

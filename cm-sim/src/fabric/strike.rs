@@ -80,7 +80,7 @@ impl Fabric {
             self.external.remove(&r);
         }
         self.forget_options(r);
-        self.forget_memberships(r);
+        self.forget_memberships(r, host);
         self.timers_cancelled(timers);
         if let Some(local) = bound {
             self.ports.unbind(host, ps, local.port(), r);
