@@ -474,3 +474,117 @@ const _: () = {
     assert!(ops + OPS_POST_SRQ_RECV * 8 == 0xa8);
     assert!(ops + OPS_POST_SEND * 8 == 0xd0 && ops + OPS_POST_RECV * 8 == 0xd8);
 };
+
+/// `struct ibv_ah_attr` with its `struct ibv_global_route` (8-aligned, as its `union ibv_gid`
+/// is).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IbvAhAttr {
+    /// `grh.dgid`.
+    pub dgid: [u8; 16],
+    /// `grh.flow_label`.
+    pub flow_label: u32,
+    /// `grh.sgid_index`.
+    pub sgid_index: u8,
+    /// `grh.hop_limit`.
+    pub hop_limit: u8,
+    /// `grh.traffic_class`.
+    pub traffic_class: u8,
+    pad0: u8,
+    /// `dlid`.
+    pub dlid: u16,
+    /// `sl`.
+    pub sl: u8,
+    /// `src_path_bits`.
+    pub src_path_bits: u8,
+    /// `static_rate`.
+    pub static_rate: u8,
+    /// `is_global`.
+    pub is_global: u8,
+    /// `port_num`.
+    pub port_num: u8,
+    pad1: u8,
+}
+
+impl IbvAhAttr {
+    /// The struct's bytes, as C lays them out.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        b[..16].copy_from_slice(&self.dgid);
+        b[16..20].copy_from_slice(&self.flow_label.to_ne_bytes());
+        b[20] = self.sgid_index;
+        b[21] = self.hop_limit;
+        b[22] = self.traffic_class;
+        b[24..26].copy_from_slice(&self.dlid.to_ne_bytes());
+        b[26] = self.sl;
+        b[27] = self.src_path_bits;
+        b[28] = self.static_rate;
+        b[29] = self.is_global;
+        b[30] = self.port_num;
+        b
+    }
+
+    /// The struct C laid out in `b`.
+    pub fn from_bytes(b: &[u8; 32]) -> Self {
+        IbvAhAttr {
+            dgid: b[..16].try_into().expect("16 bytes"),
+            flow_label: u32::from_ne_bytes([b[16], b[17], b[18], b[19]]),
+            sgid_index: b[20],
+            hop_limit: b[21],
+            traffic_class: b[22],
+            pad0: 0,
+            dlid: u16::from_ne_bytes([b[24], b[25]]),
+            sl: b[26],
+            src_path_bits: b[27],
+            static_rate: b[28],
+            is_global: b[29],
+            port_num: b[30],
+            pad1: 0,
+        }
+    }
+}
+
+impl From<cm_core::AhAttr> for IbvAhAttr {
+    fn from(a: cm_core::AhAttr) -> Self {
+        IbvAhAttr {
+            dgid: a.dgid,
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+            pad0: 0,
+            dlid: a.dlid,
+            sl: a.sl,
+            src_path_bits: a.src_path_bits,
+            static_rate: a.static_rate,
+            is_global: a.is_global as u8,
+            port_num: a.port_num,
+            pad1: 0,
+        }
+    }
+}
+
+impl From<IbvAhAttr> for cm_core::AhAttr {
+    fn from(a: IbvAhAttr) -> Self {
+        cm_core::AhAttr {
+            dgid: a.dgid,
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+            dlid: a.dlid,
+            sl: a.sl,
+            src_path_bits: a.src_path_bits,
+            static_rate: a.static_rate,
+            is_global: a.is_global != 0,
+            port_num: a.port_num,
+        }
+    }
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<IbvAhAttr>() == 32);
+    assert!(offset_of!(IbvAhAttr, sgid_index) == 20 && offset_of!(IbvAhAttr, dlid) == 24);
+    assert!(offset_of!(IbvAhAttr, is_global) == 29 && offset_of!(IbvAhAttr, port_num) == 30);
+};

@@ -33,8 +33,8 @@ const RAI_NUMERICHOST: i32 = 2;
 const EV_CONNECT_REQUEST: u32 = 4;
 const EV_ADDR_RESOLVED: u32 = 0;
 const EV_REJECTED: u32 = 8;
-const EV_ESTABLISHED: u32 = 9;
 const EV_MULTICAST_JOIN: u32 = 12;
+const EV_MULTICAST_ERROR: u32 = 13;
 /// The event number of events the library makes itself (nothing to give back to the daemon).
 const LOCAL_EVENT: u64 = 0;
 /// `RDMA_UDP_QKEY`: the Q_Key of the UDP port space.
@@ -112,6 +112,9 @@ pub(crate) struct Registry {
     ids: HashMap<u64, usize>,
     /// counted id token → events retrieved by the application and not acked yet.
     unacked: HashMap<u64, u32>,
+    /// (id token, group) → the context given to `rdma_join_multicast`, which its events
+    /// carry in `param.ud.private_data`.
+    groups: HashMap<(u64, IpAddr), usize>,
     /// QP (id token) → its posted receives, in order, waiting for their data.
     pub(crate) recvs: HashMap<u64, std::collections::VecDeque<crate::verbs::PostedRecv>>,
 }
@@ -549,6 +552,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     let mut reg = lock(m);
     reg.ids.remove(&token);
     reg.unacked.remove(&token);
+    reg.groups.retain(|(id, _), _| *id != token);
     drop(reg);
     // SAFETY: the id is this library's IdPriv and the application gives it up with this call.
     let id = unsafe { Box::from_raw(id as *mut IdPriv) };
@@ -674,7 +678,7 @@ unsafe fn resolve_multicast(
     0
 }
 
-/// Queues an event the library makes itself (multicast resolution and joins, which the
+/// Queues an event the library makes itself (a multicast destination's resolution, which the
 /// simulator does not model) on the id's channel, behind those already read.
 unsafe fn queue_local_event(id: *mut RdmaCmId, token: u64, event: u32, peer: Option<SocketAddr>) {
     let w = WireEvent {
@@ -689,18 +693,21 @@ unsafe fn queue_local_event(id: *mut RdmaCmId, token: u64, event: u32, peer: Opt
         },
         local: None,
         peer,
+        ud: None,
     };
     // SAFETY: id is a live IdPriv with a live channel.
     lock(unsafe { &(*((*id).channel as *mut ChannelPriv)).stash }).push_back(w);
 }
 
 /// `rdma_join_multicast_ex`: the id's QP joins the group of `mc_join_attr->addr`;
-/// `MULTICAST_JOIN` follows with the group's address vector, QP number and Q_Key.
+/// `MULTICAST_JOIN` follows with the group's address vector, QP number and Q_Key (or
+/// `MULTICAST_ERROR` where the device cannot attach the QP), `context` in its
+/// `param.ud.private_data`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_join_multicast_ex(
     id: *mut RdmaCmId,
     mc_join_attr: *mut c_void,
-    _context: *mut c_void,
+    context: *mut c_void,
 ) -> c_int {
     // SAFETY: id came from this library; mc_join_attr is the caller's
     // rdma_cm_join_mc_attr_ex (comp_mask, join_flags, then the address pointer at offset 8).
@@ -716,13 +723,16 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
     let Some(group) = group.filter(|g| g.ip().is_multicast()) else {
         return fail(libc::EINVAL);
     };
+    // Known before the event can come.
+    lock(&registry().0)
+        .groups
+        .insert((token, group.ip()), context as usize);
     let mut e = Enc::op(Op::JoinMcast);
-    e.u64(token).bytes(&gid_of(group));
+    e.u64(token).addr(Some(group));
     if let Err(errno) = rpc(&e) {
+        lock(&registry().0).groups.remove(&(token, group.ip()));
         return fail(errno);
     }
-    // SAFETY: id is a live IdPriv.
-    unsafe { queue_local_event(id, token, EV_MULTICAST_JOIN, Some(group)) };
     0
 }
 
@@ -734,16 +744,12 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut RdmaCmId, addr: *mut libc
         return fail(libc::EINVAL);
     };
     let mut e = Enc::op(Op::LeaveMcast);
-    e.u64(token).bytes(&gid_of(group));
-    rpc_status(&e)
-}
-
-/// A group's GID: its IPv6 address, or the IPv4-mapped one.
-pub(crate) fn gid_of(addr: SocketAddr) -> [u8; 16] {
-    match addr.ip() {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
+    e.u64(token).addr(Some(group));
+    let r = rpc_status(&e);
+    if r == 0 {
+        lock(&registry().0).groups.remove(&(token, group.ip()));
     }
+    r
 }
 
 /// `rdma_resolve_route`.
@@ -1248,30 +1254,26 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
     }
     // SAFETY: id is a live IdPriv.
     let ps = unsafe { (*id).ps };
-    if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB)
-        && (w.event == EV_ESTABLISHED || w.event == EV_MULTICAST_JOIN)
-    {
-        // Datagram ids read `param.ud`: the peer's QP, the UDP port space's Q_Key and an
-        // address vector (the simulator routes by QP number, so the vector is nominal).
-        ud_param(&mut ev.public, w.param.qp_num, w.peer);
+    if let (true, Some(dest)) = (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB, w.ud) {
+        // Datagram ids read `param.ud`: the destination the simulator reported.
+        ud_param(&mut ev.public, &dest);
+        if w.event == EV_MULTICAST_JOIN || w.event == EV_MULTICAST_ERROR {
+            // librdmacm hands the join's context back in the private data's place.
+            let group = dest.ah_attr.dest_ip();
+            let context = group.and_then(|g| lock(&registry().0).groups.get(&(w.id, g)).copied());
+            ev.public.conn.private_data = context.unwrap_or(0) as *const c_void;
+            ev.public.conn.private_data_len = 0;
+        }
     }
     Some(Box::into_raw(ev))
 }
 
 /// Fills `event->param.ud` (`ah_attr` at offset 40, `qp_num` at 72, `qkey` at 76).
-fn ud_param(ev: &mut RdmaCmEvent, qp_num: u32, peer: Option<SocketAddr>) {
+fn ud_param(ev: &mut RdmaCmEvent, dest: &cm_core::UdParam) {
     let mut ud = [0u8; 40];
-    // ah_attr.grh.dgid: the peer's address as an IPv4-mapped GID.
-    if let Some(SocketAddr::V4(v4)) = peer {
-        ud[10] = 0xff;
-        ud[11] = 0xff;
-        ud[12..16].copy_from_slice(&v4.ip().octets());
-    }
-    ud[16 + 5] = 64; // grh.hop_limit
-    ud[29] = 1; // is_global
-    ud[30] = 1; // port_num
-    ud[32..36].copy_from_slice(&qp_num.to_ne_bytes());
-    ud[36..40].copy_from_slice(&RDMA_UDP_QKEY.to_ne_bytes());
+    ud[..32].copy_from_slice(&crate::abi::IbvAhAttr::from(dest.ah_attr).to_bytes());
+    ud[32..36].copy_from_slice(&dest.qp_num.to_ne_bytes());
+    ud[36..40].copy_from_slice(&dest.qkey.to_ne_bytes());
     // The conn view's qp_num and padding overlap ah_attr: a datagram event has no conn view.
     ev.conn.qp_num = u32::from_ne_bytes([ud[0], ud[1], ud[2], ud[3]]);
     ev.conn.pad1 = u32::from_ne_bytes([ud[4], ud[5], ud[6], ud[7]]);

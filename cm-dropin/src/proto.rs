@@ -8,10 +8,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use cm_core::{AhAttr, UdParam};
+
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -43,8 +45,10 @@ pub enum Op {
     ResolveAddr,
     /// `id: u64, timeout_ms: u32`.
     ResolveRoute,
-    /// `id: u64, caps: 5 x u32, send_cq: u64, recv_cq: u64, sq_sig_all: u8` →
-    /// `caps: 5 x u32, qp_num: u32`.
+    /// `id: u64, caps: 5 x u32, send_cq: u64, recv_cq: u64, sq_sig_all: u8, qp_type: u32` →
+    /// `caps: 5 x u32, qp_num: u32`. A datagram id's QP is `IBV_QPT_UD`, a connected id's
+    /// `IBV_QPT_RC` (else `EINVAL`); a UD QP's number is the simulator's, which datagrams are
+    /// addressed by.
     CreateQp,
     /// `id: u64`.
     DestroyQp,
@@ -71,7 +75,8 @@ pub enum Op {
     PollCq,
     /// `id: u64, wr_id: u64, signaled: u8, data: bytes`.
     PostSend,
-    /// `id: u64, wr_id: u64, len: u32`.
+    /// `id: u64, wr_id: u64, len: u32`. A UD QP's receive holds the 40-byte GRH and then
+    /// the payload, as on verbs.
     PostRecv,
     /// Sent as the first datagram of a connection that is not a process: `addr` → `u8`, 1
     /// when some id listens there (the wrapper's `--wait-for-listener`).
@@ -96,13 +101,14 @@ pub enum Op {
     /// As [`Op::RdmaWrite`]: an RDMA READ of the peer's region into the entries, which the
     /// simulator writes in the caller's memory before the completion is queued.
     RdmaRead,
-    /// `id: u64, wr_id: u64, signaled: u8, remote_qpn: u32, imm: u8 + u32, data: bytes,
-    /// group: bytes`: a UD send to the QP numbered `remote_qpn` (delivered if it has a receive
-    /// posted, as UD does), or to every member of `group` (a GID) for the multicast QPN.
+    /// `id: u64, wr_id: u64, signaled: u8, dest: ud_param, imm: u8 + u32, data: bytes`: a
+    /// datagram to `dest` (the work request's remote QP number and Q_Key, and its address
+    /// handle's attributes; the multicast QPN for a group), carried by the simulator.
     PostSendUd,
-    /// `id: u64, group: bytes` (a GID): the id's QP receives the group's datagrams.
+    /// `id: u64, group: addr`: `rdma_join_multicast`; `MULTICAST_JOIN` (or `MULTICAST_ERROR`)
+    /// follows on the id's channel.
     JoinMcast,
-    /// `id: u64, group: bytes`.
+    /// `id: u64, group: addr`.
     LeaveMcast,
 }
 
@@ -260,6 +266,8 @@ pub struct WireEvent {
     pub local: Option<SocketAddr>,
     /// The id's peer address.
     pub peer: Option<SocketAddr>,
+    /// A datagram id's destination (`param.ud` of `ESTABLISHED` and `MULTICAST_JOIN`).
+    pub ud: Option<UdParam>,
 }
 
 /// A protocol decoding failure: the peer sent something this version does not understand.
@@ -296,6 +304,16 @@ impl Enc {
     /// Appends a `u32`.
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a `u16`.
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends bytes of a length both ends know.
+    pub fn raw(&mut self, v: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(v);
         self
     }
     /// Appends an `i32`.
@@ -359,6 +377,40 @@ impl Enc {
             .param(&ev.param)
             .addr(ev.local)
             .addr(ev.peer)
+            .option(ev.ud.as_ref(), |e, ud| {
+                e.ud_param(ud);
+            })
+    }
+
+    /// Appends `value` behind a presence byte.
+    pub fn option<T>(&mut self, value: Option<&T>, put: impl FnOnce(&mut Enc, &T)) -> &mut Self {
+        match value {
+            None => self.u8(0),
+            Some(v) => {
+                put(self.u8(1), v);
+                self
+            }
+        }
+    }
+
+    /// Appends an address handle's attributes, every field of `struct ibv_ah_attr`.
+    pub fn ah_attr(&mut self, ah: &AhAttr) -> &mut Self {
+        self.raw(&ah.dgid)
+            .u32(ah.flow_label)
+            .u8(ah.sgid_index)
+            .u8(ah.hop_limit)
+            .u8(ah.traffic_class)
+            .u16(ah.dlid)
+            .u8(ah.sl)
+            .u8(ah.src_path_bits)
+            .u8(ah.static_rate)
+            .u8(ah.is_global as u8)
+            .u8(ah.port_num)
+    }
+
+    /// Appends a datagram destination.
+    pub fn ud_param(&mut self, ud: &UdParam) -> &mut Self {
+        self.u32(ud.qp_num).u32(ud.qkey).ah_attr(&ud.ah_attr)
     }
 }
 
@@ -458,6 +510,49 @@ impl<'a> Dec<'a> {
             param: self.param()?,
             local: self.addr()?,
             peer: self.addr()?,
+            ud: self.option(Dec::ud_param)?,
+        })
+    }
+
+    /// Reads a value behind a presence byte.
+    pub fn option<T>(
+        &mut self,
+        get: impl FnOnce(&mut Self) -> Result<T, Malformed>,
+    ) -> Result<Option<T>, Malformed> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => get(self).map(Some),
+            _ => Err(Malformed),
+        }
+    }
+
+    /// Reads an address handle's attributes.
+    pub fn ah_attr(&mut self) -> Result<AhAttr, Malformed> {
+        Ok(AhAttr {
+            dgid: self.take(16)?.try_into().map_err(|_| Malformed)?,
+            flow_label: self.u32()?,
+            sgid_index: self.u8()?,
+            hop_limit: self.u8()?,
+            traffic_class: self.u8()?,
+            dlid: self.u16()?,
+            sl: self.u8()?,
+            src_path_bits: self.u8()?,
+            static_rate: self.u8()?,
+            is_global: match self.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(Malformed),
+            },
+            port_num: self.u8()?,
+        })
+    }
+
+    /// Reads a datagram destination.
+    pub fn ud_param(&mut self) -> Result<UdParam, Malformed> {
+        Ok(UdParam {
+            qp_num: self.u32()?,
+            qkey: self.u32()?,
+            ah_attr: self.ah_attr()?,
         })
     }
 }
@@ -482,6 +577,19 @@ mod tests {
             },
             local: Some("10.0.0.1:7471".parse().unwrap()),
             peer: Some("[fe80::1]:9".parse().unwrap()),
+            ud: Some(UdParam {
+                qp_num: 0x12,
+                qkey: 0x0123_4567,
+                ah_attr: AhAttr {
+                    flow_label: 0xabcde,
+                    traffic_class: 3,
+                    dlid: 0x1234,
+                    sl: 5,
+                    src_path_bits: 6,
+                    static_rate: 7,
+                    ..AhAttr::for_ip("10.0.0.2".parse().unwrap())
+                },
+            }),
         };
         let mut e = Enc::default();
         e.event(&ev);

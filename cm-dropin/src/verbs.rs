@@ -20,6 +20,8 @@ use crate::ffi::{fail, lock, registry, rpc, unsupported};
 use crate::proto::{self, Dec, Enc, Op};
 use crate::sock::{self, SeqConn};
 
+/// `IBV_WC_GRH`: the receive buffer starts with the 40-byte GRH.
+const IBV_WC_GRH: u32 = 1;
 const IBV_WR_RDMA_WRITE: u32 = 0;
 const IBV_QPT_UD: u32 = 4;
 const IBV_WR_SEND: u32 = 2;
@@ -271,25 +273,27 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     data.extend_from_slice(bytes);
                 }
                 let imm = w.opcode == IBV_WR_SEND_WITH_IMM;
-                // wr.ud: the address handle, remote_qpn, remote_qkey. QP numbers route; the
-                // handle matters only for the multicast QPN, where it names the group.
+                // wr.ud: the address handle, remote_qpn, remote_qkey.
                 let ah = w.remote_addr as *const IbvAh;
-                let group = if w.rkey == proto::MCAST_QPN && !ah.is_null() {
-                    // SAFETY: the handle came from ibv_create_ah.
-                    unsafe { (*ah).dgid }.to_vec()
+                if ah.is_null() {
+                    libc::EINVAL
                 } else {
-                    Vec::new()
-                };
-                let mut e = Enc::op(Op::PostSendUd);
-                e.u64(token)
-                    .u64(w.wr_id)
-                    .u8(signaled)
-                    .u32(w.rkey)
-                    .u8(imm as u8)
-                    .u32(w.imm_data)
-                    .bytes(&data)
-                    .bytes(&group);
-                rpc(&e).err().unwrap_or(0)
+                    let dest = cm_core::UdParam {
+                        qp_num: w.rkey,
+                        qkey: w.remote_qkey,
+                        // SAFETY: the handle came from ibv_create_ah(_from_wc).
+                        ah_attr: unsafe { (*ah).attr },
+                    };
+                    let mut e = Enc::op(Op::PostSendUd);
+                    e.u64(token)
+                        .u64(w.wr_id)
+                        .u8(signaled)
+                        .ud_param(&dest)
+                        .u8(imm as u8)
+                        .u32(w.imm_data)
+                        .bytes(&data);
+                    rpc(&e).err().unwrap_or(0)
+                }
             }
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
                 let mut data = Vec::new();
@@ -696,11 +700,11 @@ pub struct IbvAh {
     context: *mut c_void,
     pd: *mut IbvPd,
     handle: u32,
-    /// `grh.dgid` of the attributes: the group a multicast send goes to.
-    dgid: [u8; 16],
+    /// The attributes it was made with: where its datagrams go.
+    attr: cm_core::AhAttr,
 }
 
-fn new_ah(pd: *mut IbvPd, dgid: [u8; 16]) -> *mut IbvAh {
+fn new_ah(pd: *mut IbvPd, attr: cm_core::AhAttr) -> *mut IbvAh {
     if pd.is_null() {
         fail(libc::EINVAL);
         return ptr::null_mut();
@@ -711,30 +715,68 @@ fn new_ah(pd: *mut IbvPd, dgid: [u8; 16]) -> *mut IbvAh {
         context,
         pd,
         handle: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
-        dgid,
+        attr,
     }))
 }
 
-/// `ibv_create_ah`: address handles are nominal (UD sends are routed by the remote QP number).
+/// `ibv_create_ah`: the simulator checks and routes by the attributes when a datagram is sent
+/// with the handle, as rxe does.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut c_void) -> *mut IbvAh {
-    let mut dgid = [0u8; 16];
-    if !attr.is_null() {
-        // SAFETY: attr is the caller's ibv_ah_attr; grh.dgid is its first 16 bytes.
-        unsafe { ptr::copy_nonoverlapping(attr as *const u8, dgid.as_mut_ptr(), 16) };
+    if attr.is_null() {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
     }
-    new_ah(pd, dgid)
+    let mut bytes = [0u8; 32];
+    // SAFETY: attr is the caller's struct ibv_ah_attr, 32 bytes.
+    unsafe { ptr::copy_nonoverlapping(attr as *const u8, bytes.as_mut_ptr(), 32) };
+    new_ah(pd, IbvAhAttr::from_bytes(&bytes).into())
 }
 
-/// `ibv_create_ah_from_wc`: an address handle back to a datagram's sender.
+/// `ibv_create_ah_from_wc`: an address handle back to a datagram's sender, read from the 40
+/// bytes in front of its payload as libibverbs' `ibv_init_ah_from_wc` reads them: for RoCE v2
+/// over IPv4 an IPv4 header in their last 20, else an IPv6 header.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah_from_wc(
     pd: *mut IbvPd,
-    _wc: *mut IbvWc,
-    _grh: *mut c_void,
-    _port_num: u8,
+    wc: *mut IbvWc,
+    grh: *mut c_void,
+    port_num: u8,
 ) -> *mut IbvAh {
-    new_ah(pd, [0; 16])
+    // SAFETY: wc is the caller's completion.
+    if wc.is_null() || grh.is_null() || unsafe { (*wc).wc_flags } & IBV_WC_GRH == 0 {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let mut header = [0u8; 40];
+    // SAFETY: grh is the caller's receive buffer, whose first 40 bytes the GRH fills.
+    unsafe { ptr::copy_nonoverlapping(grh as *const u8, header.as_mut_ptr(), 40) };
+    let Some(sender) = grh_source(&header) else {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let mut attr = cm_core::AhAttr::for_ip(sender);
+    attr.hop_limit = 0xff;
+    attr.port_num = port_num;
+    new_ah(pd, attr)
+}
+
+/// The sender's address the 40 bytes in front of a UD payload name.
+fn grh_source(header: &[u8; 40]) -> Option<std::net::IpAddr> {
+    let ipv4 = &header[20..];
+    if ipv4[0] == 0x45 {
+        let src: [u8; 4] = ipv4[12..16].try_into().ok()?;
+        return Some(std::net::IpAddr::from(src));
+    }
+    if header[0] >> 4 == 6 {
+        let src: [u8; 16] = header[8..24].try_into().ok()?;
+        let v6 = std::net::Ipv6Addr::from(src);
+        return Some(
+            v6.to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        );
+    }
+    None
 }
 
 /// `ibv_destroy_ah`.
@@ -1016,30 +1058,6 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c
     unsafe { (*device).name.as_ptr() as *const c_char }
 }
 
-/// `struct ibv_global_route` (8-aligned, as its `union ibv_gid` is).
-#[repr(C, align(8))]
-#[allow(dead_code)] // a C layout: read and written only by the copies below
-struct IbvGlobalRoute {
-    dgid: [u8; 16],
-    flow_label: u32,
-    sgid_index: u8,
-    hop_limit: u8,
-    traffic_class: u8,
-}
-
-/// `struct ibv_ah_attr`.
-#[repr(C)]
-#[allow(dead_code)] // as IbvGlobalRoute
-struct IbvAhAttr {
-    grh: IbvGlobalRoute,
-    dlid: u16,
-    sl: u8,
-    src_path_bits: u8,
-    static_rate: u8,
-    is_global: u8,
-    port_num: u8,
-}
-
 /// `struct ibv_qp_attr`.
 #[repr(C)]
 #[allow(dead_code)] // as IbvGlobalRoute
@@ -1215,11 +1233,11 @@ const _: () = {
 
 /// libibverbs' `ibv_copy_ah_attr_from_kern`, field by field (`marshall.c`).
 fn copy_ah_from_kern(d: &mut IbvAhAttr, s: &UverbsAhAttr) {
-    d.grh.dgid = s.grh.dgid;
-    d.grh.flow_label = s.grh.flow_label;
-    d.grh.sgid_index = s.grh.sgid_index;
-    d.grh.hop_limit = s.grh.hop_limit;
-    d.grh.traffic_class = s.grh.traffic_class;
+    d.dgid = s.grh.dgid;
+    d.flow_label = s.grh.flow_label;
+    d.sgid_index = s.grh.sgid_index;
+    d.hop_limit = s.grh.hop_limit;
+    d.traffic_class = s.grh.traffic_class;
     d.dlid = s.dlid;
     d.sl = s.sl;
     d.src_path_bits = s.src_path_bits;

@@ -697,80 +697,247 @@ fn token_of(conn: &cm_dropin::sock::SeqConn, e: &cm_dropin::proto::Enc) -> u64 {
     u64::from_le_bytes(rest[..8].try_into().expect("a token"))
 }
 
-#[test]
-fn multicast_groups_nobody_is_in_are_forgotten_so_leaves_and_joins_keep_no_memory() {
+/// `MULTICAST_JOIN` and `MULTICAST_ERROR` (`enum rdma_cm_event_type`).
+const MULTICAST_JOIN: u32 = 12;
+const MULTICAST_ERROR: u32 = 13;
+
+/// A datagram id of `conn`'s process on channel `ch`, bound to `ip`, with a UD QP on a CQ of its
+/// own and `recvs` receives of 2 KiB posted: (id, cq).
+fn ud_id(conn: &cm_dropin::sock::SeqConn, ch: u64, ip: &str, recvs: u64) -> (u64, u64) {
     use cm_dropin::proto::{Enc, Op};
-    let (daemon, conn) = one_host_daemon("groups");
-    let token = |e: &Enc| token_of(&conn, e);
-    let ch = token(&Enc::op(Op::CreateChannel));
     let mut create = Enc::op(Op::CreateId);
     create.u64(ch).u32(0x0111);
-    // Group GIDs, all different: ff0e::<i>.
-    let group = |i: u32| {
-        let mut g = [0u8; 16];
-        g[0] = 0xff;
-        g[1] = 0x0e;
-        g[12..].copy_from_slice(&i.to_be_bytes());
-        g
-    };
-    let member = |op: Op, id: u64, i: u32| {
-        let mut e = Enc::op(op);
-        e.u64(id).bytes(&group(i));
-        ask(&conn, &e).0
-    };
-    let id = token(&create);
-    // More groups than the device holds (rxe's 8 192), each named and gone again: leaves of
-    // groups never joined, joins left again, and joins by ids that are then destroyed.
+    let id = token_of(conn, &create);
+    let mut bind = Enc::op(Op::BindAddr);
+    bind.u64(id)
+        .addr(Some(format!("{ip}:0").parse().expect("address")));
+    assert_eq!(ask(conn, &bind).0, 0);
+    let mut cq = Enc::op(Op::CreateCq);
+    cq.u32(64).u64(0);
+    let cq = token_of(conn, &cq);
+    let mut qp = Enc::op(Op::CreateQp);
+    qp.u64(id)
+        .u32(16)
+        .u32(16)
+        .u32(1)
+        .u32(1)
+        .u32(0)
+        .u64(cq)
+        .u64(cq)
+        .u8(1)
+        .u32(4); // IBV_QPT_UD
+    assert_eq!(ask(conn, &qp).0, 0);
+    for wr_id in 0..recvs {
+        let mut e = Enc::op(Op::PostRecv);
+        e.u64(id).u64(wr_id).u32(2048);
+        assert_eq!(ask(conn, &e).0, 0);
+    }
+    (id, cq)
+}
+
+/// Joins `group` and reads the join's event from `sock`, acked: (event, status, its datagram
+/// destination).
+#[track_caller]
+fn join_group(
+    conn: &cm_dropin::sock::SeqConn,
+    sock: &cm_dropin::sock::SeqConn,
+    id: u64,
+    group: std::net::SocketAddr,
+) -> (u32, i32, Option<cm_core::UdParam>) {
+    use cm_dropin::proto::{Dec, Enc, Op, CHAN_EVENT};
+    let mut join = Enc::op(Op::JoinMcast);
+    join.u64(id).addr(Some(group));
+    assert_eq!(ask(conn, &join).0, 0, "join {group}");
+    let buf = next_datagram(sock);
+    let mut d = Dec::new(&buf);
+    assert_eq!(d.u8(), Ok(CHAN_EVENT));
+    let ev = d.event().expect("an event");
+    assert_eq!(ev.id, id);
+    let mut ack = Enc::op(Op::AckEvent);
+    ack.u64(ev.event_no);
+    conn.send(&ack.0).expect("ack");
+    (ev.event, ev.status, ev.ud)
+}
+
+/// Leaves `group`: the status.
+fn leave_group(conn: &cm_dropin::sock::SeqConn, id: u64, group: std::net::SocketAddr) -> i32 {
+    use cm_dropin::proto::{Enc, Op};
+    let mut leave = Enc::op(Op::LeaveMcast);
+    leave.u64(id).addr(Some(group));
+    ask(conn, &leave).0
+}
+
+/// Group `i`: 239.x.y.z.
+fn group(i: u32) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(std::net::IpAddr::from((0xEF00_0000 | i).to_be_bytes()), 0)
+}
+
+#[test]
+fn memberships_left_or_of_destroyed_ids_are_forgotten_so_a_device_keeps_its_8192_groups() {
+    use cm_dropin::proto::{Enc, Op};
+    let (daemon, path) = one_host("groups", "120");
+    let (conn, proc) = attach_with_token(&path, "10.0.0.1");
+    let (ch, sock) = open_channel(&path, &conn, proc);
+    let (id, _) = ud_id(&conn, ch, "10.0.0.1", 0);
+    // Leaves of groups never joined are refused and make no entry; joins are left again, and
+    // ids that joined are destroyed: more of each than the device holds groups.
     for i in 0..9_000 {
-        assert_eq!(member(Op::LeaveMcast, id, i), 0);
+        assert_eq!(leave_group(&conn, id, group(i)), libc::EADDRNOTAVAIL);
     }
     for i in 9_000..18_000 {
-        assert_eq!(member(Op::JoinMcast, id, i), 0, "join {i}");
-        assert_eq!(member(Op::LeaveMcast, id, i), 0);
+        assert_eq!(
+            join_group(&conn, &sock, id, group(i)).0,
+            MULTICAST_JOIN,
+            "join {i}"
+        );
+        assert_eq!(leave_group(&conn, id, group(i)), 0);
     }
+    let mut create = Enc::op(Op::CreateId);
+    create.u64(ch).u32(0x0111);
+    let mut bind = Enc::op(Op::BindAddr);
     for i in 18_000..18_100 {
-        let gone = token(&create);
-        assert_eq!(member(Op::JoinMcast, gone, i), 0);
+        let gone = token_of(&conn, &create);
+        bind.0.truncate(4);
+        bind.u64(gone).addr(Some("10.0.0.1:0".parse().expect("address")));
+        assert_eq!(ask(&conn, &bind).0, 0);
+        assert_eq!(join_group(&conn, &sock, gone, group(i)).0, MULTICAST_JOIN);
         let mut destroy = Enc::op(Op::DestroyId);
         destroy.u64(gone);
         assert_eq!(ask(&conn, &destroy).0, 0);
     }
-    // None of them is kept: a full device's worth of groups can still be joined, and no more.
+    // None of them is kept: a full device's worth of groups can still be attached, and no
+    // more (rxe's ENOMEM from ibv_attach_mcast, which librdmacm reports with status -1).
     for i in 20_000..20_000 + 8_192 {
-        assert_eq!(member(Op::JoinMcast, id, i), 0, "join {i}");
+        assert_eq!(
+            join_group(&conn, &sock, id, group(i)).0,
+            MULTICAST_JOIN,
+            "join {i}"
+        );
     }
-    assert_eq!(
-        member(Op::JoinMcast, id, 30_000),
-        libc::ENOMEM,
-        "past rxe's 8 192 groups"
-    );
-    drop(conn);
+    let (event, status, _) = join_group(&conn, &sock, id, group(30_000));
+    assert_eq!((event, status), (MULTICAST_ERROR, -1), "past rxe's 8 192 groups");
+    drop((conn, sock));
     stop(daemon, libc::SIGTERM);
 }
 
 #[test]
-fn a_multicast_group_is_named_by_a_gid_and_takes_at_most_rxes_56_qps() {
+fn a_group_takes_at_most_rxes_56_qps_and_must_be_a_multicast_address() {
     use cm_dropin::proto::{Enc, Op};
-    let (daemon, conn) = one_host_daemon("group-attach");
-    let token = |e: &Enc| token_of(&conn, e);
-    let ch = token(&Enc::op(Op::CreateChannel));
-    let mut create = Enc::op(Op::CreateId);
-    create.u64(ch).u32(0x0111);
-    let join = |id: u64, group: &[u8]| {
-        let mut e = Enc::op(Op::JoinMcast);
-        e.u64(id).bytes(group);
-        ask(&conn, &e).0
-    };
-    let id = token(&create);
-    for not_a_gid in [&[][..], &[0xff; 15][..], &[0xff; 17][..], &[0xff; 128 * 1024][..]] {
-        assert_eq!(join(id, not_a_gid), libc::EINVAL, "{} bytes", not_a_gid.len());
-    }
-    let gid = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3];
+    let (daemon, path) = one_host("group-attach", "120");
+    let (conn, proc) = attach_with_token(&path, "10.0.0.1");
+    let (ch, sock) = open_channel(&path, &conn, proc);
+    let (id, _) = ud_id(&conn, ch, "10.0.0.1", 0);
+    let mut no_group = Enc::op(Op::JoinMcast);
+    no_group.u64(id).addr(None);
+    assert_eq!(ask(&conn, &no_group).0, libc::EINVAL, "no address");
+    let mut unicast = Enc::op(Op::JoinMcast);
+    unicast.u64(id).addr(Some("10.0.0.2:0".parse().expect("address")));
+    assert_eq!(ask(&conn, &unicast).0, libc::EINVAL, "a unicast address");
+    let g = group(0x010203);
     for n in 0..56 {
-        assert_eq!(join(token(&create), &gid), 0, "member {n}");
+        let (member, _) = ud_id(&conn, ch, "10.0.0.1", 0);
+        let (event, _, dest) = join_group(&conn, &sock, member, g);
+        assert_eq!(event, MULTICAST_JOIN, "member {n}");
+        let dest = dest.expect("the group's destination");
+        assert_eq!((dest.qp_num, dest.ah_attr.dest_ip()), (0x00FF_FFFF, Some(g.ip())));
     }
-    assert_eq!(join(token(&create), &gid), libc::ENOMEM, "a 57th QP");
-    drop(conn);
+    let (event, status, _) = join_group(&conn, &sock, id, g);
+    assert_eq!((event, status), (MULTICAST_ERROR, -1), "a 57th QP");
+    drop((conn, sock));
+    stop(daemon, libc::SIGTERM);
+}
+
+/// Polls `cq` until it has given `n` completions or `within` has passed: what it gave.
+fn poll_for(
+    conn: &cm_dropin::sock::SeqConn,
+    cq: u64,
+    n: usize,
+    within: std::time::Duration,
+) -> Vec<cm_dropin::proto::WireWc> {
+    use cm_dropin::proto::{Dec, Enc, Op};
+    let deadline = std::time::Instant::now() + within;
+    let mut got = Vec::new();
+    while got.len() < n && std::time::Instant::now() < deadline {
+        let mut e = Enc::op(Op::PollCq);
+        e.u64(cq).u32(16);
+        let (status, rest) = ask(conn, &e);
+        assert_eq!(status, 0);
+        let mut d = Dec::new(&rest);
+        for _ in 0..d.u32().expect("a count") {
+            got.push(d.wc().expect("a completion"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    got
+}
+
+#[test]
+fn group_datagrams_go_through_the_simulator_its_loopback_and_its_lossy_link() {
+    use cm_dropin::proto::{Enc, Op};
+    let path = scratch("mcast-loss");
+    let p = path.to_str().expect("utf-8 path");
+    // Everything between hosts 0 and 1 is lost; host 2's links are clean.
+    let daemon = spawn(&[
+        "--socket",
+        p,
+        "--host",
+        "10.0.0.1",
+        "--host",
+        "10.0.0.2",
+        "--host",
+        "10.0.0.3",
+        "--max-seconds",
+        "60",
+        "--fault",
+        "0:loss 0 1 1000",
+    ]);
+    wait_for_socket(&path);
+    let g = group(0x0a0b0c);
+    let mut sides = Vec::new();
+    for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+        let (conn, proc) = attach_with_token(&path, ip);
+        let (ch, sock) = open_channel(&path, &conn, proc);
+        let (id, cq) = ud_id(&conn, ch, ip, 4);
+        let (event, _, dest) = join_group(&conn, &sock, id, g);
+        assert_eq!(event, MULTICAST_JOIN);
+        sides.push((conn, sock, id, cq, dest.expect("the group's destination")));
+    }
+    let (conn0, _, id0, cq0, dest) = &sides[0];
+    let mut e = Enc::op(Op::PostSendUd);
+    e.u64(*id0)
+        .u64(100)
+        .u8(1)
+        .ud_param(dest)
+        .u8(1)
+        .u32(0x1234_5678)
+        .bytes(b"from host 0");
+    assert_eq!(ask(conn0, &e).0, 0);
+    let long = std::time::Duration::from_secs(10);
+    // Host 0 gets its send's completion and its own datagram back (rxe loops group sends back
+    // to members on the sending device); host 2 gets it over the clean link. Each is behind
+    // the 40 bytes of the GRH, whose IPv4 header names the sender.
+    let own = poll_for(conn0, *cq0, 2, long);
+    assert_eq!(own.len(), 2, "{own:?}");
+    assert_eq!(
+        (own[0].wr_id, own[0].opcode, own[0].byte_len),
+        (100, 0, 11),
+        "the send"
+    );
+    let (conn2, _, _, cq2, _) = &sides[2];
+    let other = poll_for(conn2, *cq2, 1, long);
+    assert_eq!(other.len(), 1, "{other:?}");
+    for wc in [&own[1], &other[0]] {
+        assert_eq!((wc.opcode, wc.byte_len as usize), (128, 40 + 11), "{wc:?}");
+        assert_eq!(wc.data[20], 0x45, "an IPv4 header in the GRH's last 20 bytes");
+        assert_eq!(wc.data[32..36], [10, 0, 0, 1], "the sender's address");
+        assert_eq!(&wc.data[40..], b"from host 0");
+        assert_eq!((wc.imm_data, wc.wc_flags), (0x1234_5678, 3), "GRH and WITH_IMM");
+    }
+    // Host 1 never gets it: the link lost it (host 2 has had its copy; a second more is given).
+    let (conn1, _, _, cq1, _) = &sides[1];
+    let lost = poll_for(conn1, *cq1, 1, std::time::Duration::from_secs(1));
+    assert!(lost.is_empty(), "{lost:?}");
+    drop(sides);
     stop(daemon, libc::SIGTERM);
 }
 

@@ -1552,13 +1552,36 @@ impl Gen<'_> {
                     2 => self.below(1 << 24) as u32,
                     _ => self.rng.next_u32(),
                 };
-                e.u32(qpn).u8(self.rng.next_u32() as u8).u32(self.rng.next_u32());
-                self.blob(&mut e, room / 2);
-                self.blob(&mut e, room / 2);
+                let qkey = if self.chance(50) {
+                    0x0123_4567
+                } else {
+                    self.rng.next_u32()
+                };
+                let group = std::net::IpAddr::from((0xE000_0000 | self.below(1 << 28) as u32).to_be_bytes());
+                let mut ah = cm_core::AhAttr::for_ip(if self.chance(50) { group } else { self.ip() });
+                if self.chance(25) {
+                    ah.sgid_index = self.rng.next_u32() as u8;
+                    ah.is_global = self.chance(50);
+                }
+                let dest = cm_core::UdParam {
+                    qp_num: qpn,
+                    qkey,
+                    ah_attr: ah,
+                };
+                e.ud_param(&dest)
+                    .u8(self.rng.next_u32() as u8)
+                    .u32(self.rng.next_u32());
+                self.blob(&mut e, room);
             }
             Op::JoinMcast | Op::LeaveMcast => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
-                self.blob(&mut e, room);
+                if self.chance(50) {
+                    let group =
+                        std::net::IpAddr::from((0xE000_0000 | self.below(1 << 28) as u32).to_be_bytes());
+                    e.addr(Some(SocketAddr::new(group, 0)));
+                } else {
+                    self.addr(&mut e);
+                }
             }
         }
         let mut req = Req {
@@ -2486,13 +2509,12 @@ fn flood(g: &mut Gen, st: &mut Stats) -> Result<(), String> {
                 });
             }
             Op::PostSendUd => {
-                e.u64(1)
-                    .u8(1)
-                    .u32(g.below(1 << 24) as u32)
-                    .u8(0)
-                    .u32(0)
-                    .bytes(&data[..64])
-                    .bytes(&data);
+                let dest = cm_core::UdParam {
+                    qp_num: g.below(1 << 24) as u32,
+                    qkey: 0x0123_4567,
+                    ah_attr: cm_core::AhAttr::for_ip(g.ip()),
+                };
+                e.u64(1).u8(1).ud_param(&dest).u8(0).u32(0).bytes(&data);
             }
             _ => {
                 e.bytes(&data);

@@ -250,13 +250,8 @@ struct IdEntry {
     /// its length, the `byte_len` of its successful completion as rxe reports it (the
     /// simulator's completion counts received bytes only).
     sends: VecDeque<(bool, u32)>,
-    /// A UD QP: its data path is the daemon's (the simulator's is connected-only).
+    /// A UD QP: its receives hold the GRH before the payload.
     ud: bool,
-    /// A UD QP's posted receives: `wr_id` and buffer length, in order.
-    ud_recvs: VecDeque<(u64, u32)>,
-    /// The QP's receive queue depth (`max_recv_wr` as created): a UD QP's posted receives
-    /// stop there (`ENOMEM`, as verbs' full queue).
-    max_recv_wr: u32,
 }
 
 /// A completion queue: the QPs that report into it and the completions not polled yet.
@@ -319,18 +314,12 @@ impl RegionMemory for ProcessMemory {
     }
 }
 
-/// Multicast groups the device holds, and QPs one group may have attached: rxe's
-/// `RXE_MAX_MCAST_GRP` and `RXE_MAX_MCAST_QP_ATTACH` (Linux 6.1), so that joins cannot grow the
-/// daemon without end.
-const MAX_MCAST_GROUPS: usize = 8192;
-const MAX_MCAST_ATTACH: usize = 56;
 /// Scatter/gather entries one request may name, at most (what a QP's caps allow is checked by
 /// the simulator; this bounds what a malformed request makes the daemon hold).
 const MAX_SGE: usize = 64;
 /// A remote address no region has: `REM_ACCESS_ERR` at any peer (the simulator's keys are
 /// never 0).
 const NOWHERE: RemoteAddr = RemoteAddr { addr: 0, rkey: 0 };
-const IBV_WC_RECV: u32 = 128;
 const IBV_QPT_UD: u32 = 4;
 const IBV_WC_GRH: u32 = 1;
 const IBV_WC_WITH_IMM: u32 = 2;
@@ -383,8 +372,6 @@ struct Daemon {
     /// peer's event then names the QP with the daemon's number, the one `ibv_qp.qp_num` shows
     /// and UD sends are routed by (the simulator numbers QPs its own way).
     endpoints: HashMap<(SocketAddr, SocketAddr), u64>,
-    /// Multicast groups (GID) → member ids.
-    groups: HashMap<Vec<u8>, Vec<u64>>,
     /// Listening ids (token → bound address), for the wrapper's probe.
     listening: HashMap<u64, SocketAddr>,
     /// Events forwarded and not acked yet: number → (the token they count against, event).
@@ -609,7 +596,19 @@ impl Daemon {
                     }
                 }
                 let (id, mut host) = self.id_of(proc, t)?;
+                // librdmacm moves the QP as its id's port space says: a QP of the other kind
+                // cannot be made ready.
+                let datagram = host.id_machine(id).is_ok_and(|m| !m.port_space().is_connected());
+                if ud != datagram {
+                    return Err(libc::EINVAL);
+                }
                 let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
+                // Datagrams are addressed by the simulator's numbers; a connected QP is named
+                // by its id token, unique fabric-wide, which the peers' events carry.
+                let qp_num = match host.qp_num(id) {
+                    Ok(Some(n)) if ud => n,
+                    _ => t as u32,
+                };
                 if let Some(e) = self.ids.get_mut(&t) {
                     e.has_qp = true;
                     e.send_cq = send_cq;
@@ -617,8 +616,6 @@ impl Daemon {
                     e.sq_sig_all = sq_sig_all;
                     e.sends.clear();
                     e.ud = ud;
-                    e.ud_recvs.clear();
-                    e.max_recv_wr = got.max_recv_wr;
                 }
                 for cq in [send_cq, recv_cq] {
                     if let Some(c) = self.cqs.get_mut(&cq) {
@@ -633,8 +630,7 @@ impl Daemon {
                     .u32(got.max_send_sge)
                     .u32(got.max_recv_sge)
                     .u32(got.max_inline_data)
-                    // The simulator numbers no QPs; the daemon's id token is unique fabric-wide.
-                    .u32(t as u32);
+                    .u32(qp_num);
                 Ok(())
             }
             Op::DestroyQp => {
@@ -854,75 +850,46 @@ impl Daemon {
                 let t = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
                 let signaled = d.u8().map_err(bad)? != 0;
-                let remote_qpn = d.u32().map_err(bad)?;
+                let dest = d.ud_param().map_err(bad)?;
                 let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
-                let data = d.bytes().map_err(bad)?.to_vec();
-                let group = d.bytes().map_err(bad)?.to_vec();
+                let data = d.bytes().map_err(bad)?;
                 if data.len() > proto::MAX_MESSAGE as usize {
                     return Err(libc::EINVAL);
                 }
-                self.id_of(proc, t)?;
-                if !self.ids.get(&t).is_some_and(|e| e.has_qp && e.ud) {
-                    return Err(libc::EINVAL);
+                let (id, mut host) = self.id_of(proc, t)?;
+                match imm {
+                    None => cm(host.post_send_to(id, wr_id, &dest, data))?,
+                    Some(imm) => cm(host.post_send_to_with_imm(id, wr_id, &dest, data, imm))?,
                 }
-                if remote_qpn == proto::MCAST_QPN {
-                    // Every member but the sender (the loopback a NIC would add is not modelled).
-                    let members: Vec<u64> = self.groups.get(&group).cloned().unwrap_or_default();
-                    for m in members.into_iter().filter(|m| *m != t) {
-                        self.deliver_ud(t, m as u32, imm, &data);
-                    }
-                } else {
-                    self.deliver_ud(t, remote_qpn, imm, &data);
+                if let Some(e) = self.ids.get_mut(&t) {
+                    let visible = signaled || e.sq_sig_all;
+                    e.sends.push_back((visible, data.len() as u32));
                 }
-                self.complete_rdma(t, wr_id, signaled, 0, WcStatus::Success, data.len() as u32);
                 Ok(())
             }
             Op::JoinMcast | Op::LeaveMcast => {
                 let t = d.u64().map_err(bad)?;
-                let group = d.bytes().map_err(bad)?.to_vec();
-                self.id_of(proc, t)?;
-                // A group is named by its GID.
-                if group.len() != 16 {
-                    return Err(libc::EINVAL);
-                }
+                let group = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                let (id, mut host) = self.id_of(proc, t)?;
                 if op == Op::JoinMcast {
-                    // rxe's limits: groups on the device, and QPs attached to one group.
-                    let full = match self.groups.get(&group) {
-                        None => self.groups.len() >= MAX_MCAST_GROUPS,
-                        Some(members) => !members.contains(&t) && members.len() >= MAX_MCAST_ATTACH,
-                    };
-                    if full {
-                        return Err(libc::ENOMEM);
-                    }
-                    let members = self.groups.entry(group).or_default();
-                    members.retain(|m| *m != t);
-                    members.push(t);
-                } else if let Some(members) = self.groups.get_mut(&group) {
-                    members.retain(|m| *m != t);
-                    // A group nobody is in is forgotten: a leave makes no entry, and keys
-                    // (the client's bytes, of any length) are not kept for ever.
-                    if members.is_empty() {
-                        self.groups.remove(&group);
-                    }
+                    cm(host.join_multicast(id, group))
+                } else {
+                    cm(host.leave_multicast(id, group))
                 }
-                Ok(())
             }
             Op::PostRecv => {
                 let t = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
                 let len = d.u32().map_err(bad)?;
-                if let Some(e) = self
-                    .ids
-                    .get_mut(&t)
-                    .filter(|e| e.proc == proc && e.has_qp && e.ud)
-                {
-                    if e.ud_recvs.len() >= e.max_recv_wr as usize {
-                        return Err(libc::ENOMEM);
-                    }
-                    e.ud_recvs.push_back((wr_id, len));
-                    return Ok(());
-                }
                 let (id, mut host) = self.id_of(proc, t)?;
+                // The simulator's datagram receive holds the payload alone; the GRH is the
+                // daemon's to put in front (a buffer too short for it holds no payload).
+                let ud = self.ids.get(&t).is_some_and(|e| e.ud);
+                let len = if ud {
+                    len.saturating_sub(GRH_LEN as u32)
+                } else {
+                    len
+                };
                 cm(host.post_recv(id, wr_id, len))
             }
             Op::Listen => {
@@ -1016,17 +983,29 @@ impl Daemon {
                 }
                 let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
                 let target = if requester { e.send_cq } else { e.recv_cq };
+                let mut wire = WireWc {
+                    wr_id: wc.wr_id,
+                    id: t,
+                    status: wc.status as u32,
+                    opcode: wc.opcode as u32,
+                    byte_len: wc.byte_len,
+                    imm_data: wc.imm_data.unwrap_or(0),
+                    wc_flags: if wc.imm_data.is_some() { IBV_WC_WITH_IMM } else { 0 },
+                    ..WireWc::default()
+                };
+                match wc.sender {
+                    Some(from) if e.ud && wc.status == WcStatus::Success => {
+                        let local = host.get_local_addr(e.handle).ok().flatten().map(|a| a.ip());
+                        wire.data = with_grh(from.addr, local, &wc.data);
+                        wire.byte_len = wire.data.len() as u32;
+                        wire.src_qp = from.qp_num;
+                        wire.wc_flags |= IBV_WC_GRH;
+                    }
+                    _ => wire.data = wc.data,
+                }
                 if let Some(c) = self.cqs.get_mut(&target) {
                     c.fresh = true;
-                    c.ready.push_back(WireWc {
-                        wr_id: wc.wr_id,
-                        id: t,
-                        status: wc.status as u32,
-                        opcode: wc.opcode as u32,
-                        byte_len: wc.byte_len,
-                        data: wc.data,
-                        ..WireWc::default()
-                    });
+                    c.ready.push_back(wire);
                 }
             }
         }
@@ -1124,62 +1103,6 @@ impl Daemon {
         }
     }
 
-    /// Queues the completion of an RDMA READ/WRITE on the QP's send CQ (a successful
-    /// unsignaled one reports nothing).
-    fn complete_rdma(&mut self, t: u64, wr_id: u64, signaled: bool, opcode: u32, status: WcStatus, len: u32) {
-        let Some(e) = self.ids.get(&t) else { return };
-        if !(signaled || e.sq_sig_all) && status == WcStatus::Success {
-            return;
-        }
-        if let Some(c) = self.cqs.get_mut(&e.send_cq) {
-            c.fresh = true;
-            c.ready.push_back(WireWc {
-                wr_id,
-                id: t,
-                status: status as u32,
-                opcode,
-                byte_len: if status == WcStatus::Success { len } else { 0 },
-                ..WireWc::default()
-            });
-        }
-    }
-
-    /// A UD send: lands, behind a GRH, in the target QP's next posted receive; with none
-    /// posted, or no such QP, it is dropped, as unreliable datagrams are.
-    fn deliver_ud(&mut self, from: u64, to: u32, imm: Option<u32>, data: &[u8]) {
-        let Some(target) = self.ids.get_mut(&u64::from(to)).filter(|e| e.has_qp && e.ud) else {
-            return;
-        };
-        let Some((wr_id, len)) = target.ud_recvs.pop_front() else {
-            return;
-        };
-        let recv_cq = target.recv_cq;
-        let mut payload = vec![0u8; GRH_LEN];
-        // IPv6 version nibble: a RoCE v2 GRH for an IPv4-mapped source reads as IPv6 here.
-        payload[0] = 0x60;
-        payload.extend_from_slice(data);
-        let fits = payload.len() <= len as usize;
-        let wc = WireWc {
-            wr_id,
-            id: u64::from(to),
-            status: if fits {
-                WcStatus::Success
-            } else {
-                WcStatus::LocLenErr
-            } as u32,
-            opcode: IBV_WC_RECV,
-            byte_len: if fits { payload.len() as u32 } else { 0 },
-            data: if fits { payload } else { Vec::new() },
-            src_qp: from as u32,
-            imm_data: imm.unwrap_or(0),
-            wc_flags: IBV_WC_GRH | if imm.is_some() { IBV_WC_WITH_IMM } else { 0 },
-        };
-        if let Some(c) = self.cqs.get_mut(&recv_cq) {
-            c.fresh = true;
-            c.ready.push_back(wc);
-        }
-    }
-
     /// Forgets a destroyed QP's CQ memberships (its unpolled completions go with it).
     fn qp_gone(&mut self, t: u64) {
         let Some(e) = self.ids.get_mut(&t) else { return };
@@ -1207,8 +1130,6 @@ impl Daemon {
                 sq_sig_all: true,
                 sends: VecDeque::new(),
                 ud: false,
-                ud_recvs: VecDeque::new(),
-                max_recv_wr: 0,
             },
         );
         self.id_tokens.insert((host, id), t);
@@ -1221,10 +1142,6 @@ impl Daemon {
     fn forget_id(&mut self, t: u64) {
         self.listening.remove(&t);
         self.endpoints.retain(|_, v| *v != t);
-        self.groups.retain(|_, members| {
-            members.retain(|m| *m != t);
-            !members.is_empty()
-        });
         if let Some(e) = self.ids.remove(&t) {
             self.id_tokens.remove(&(e.host, e.handle));
             if let Some(p) = self.procs.get_mut(&e.proc) {
@@ -1381,6 +1298,7 @@ impl Daemon {
             param,
             local,
             peer,
+            ud: ev.ud_param().copied(),
         };
         if self.debug {
             eprintln!(
@@ -1911,6 +1829,48 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
 }
 
 /// A generator seeded from the kernel's randomness (`/dev/urandom`).
+/// A datagram's payload behind the 40 bytes rxe puts in front of it in a UD receive: for an
+/// IPv4 packet 20 zero bytes and then its IPv4 header, for IPv6 its IPv6 header (rxe_resp.c,
+/// Linux 6.1), as `ibv_create_ah_from_wc` reads them. `to` is the receiving QP's address (a
+/// group's datagram names the QP's too: the simulator does not say which group it came by).
+fn with_grh(from: Option<IpAddr>, to: Option<IpAddr>, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; GRH_LEN];
+    match (from, to) {
+        (Some(IpAddr::V6(from)), to) => {
+            out[0] = 0x60;
+            let len = (payload.len() + 8) as u16;
+            out[4..6].copy_from_slice(&len.to_be_bytes());
+            out[6] = 17; // next header: UDP
+            out[7] = 64; // hop limit
+            out[8..24].copy_from_slice(&from.octets());
+            if let Some(IpAddr::V6(to)) = to {
+                out[24..40].copy_from_slice(&to.octets());
+            }
+        }
+        (Some(IpAddr::V4(from)), to) => {
+            let ip = &mut out[20..];
+            ip[0] = 0x45;
+            let len = (20 + 8 + payload.len()) as u16;
+            ip[2..4].copy_from_slice(&len.to_be_bytes());
+            ip[8] = 64; // ttl
+            ip[9] = 17; // protocol: UDP
+            ip[12..16].copy_from_slice(&from.octets());
+            if let Some(IpAddr::V4(to)) = to {
+                ip[16..20].copy_from_slice(&to.octets());
+            }
+            let sum = ip
+                .chunks(2)
+                .fold(0u32, |acc, w| acc + u32::from(u16::from_be_bytes([w[0], w[1]])));
+            let folded = (sum & 0xffff) + (sum >> 16);
+            let checksum = !(((folded & 0xffff) + (folded >> 16)) as u16);
+            ip[10..12].copy_from_slice(&checksum.to_be_bytes());
+        }
+        (None, _) => {}
+    }
+    out.extend_from_slice(payload);
+    out
+}
+
 fn token_rng() -> rand_chacha::ChaCha8Rng {
     use rand_chacha::rand_core::SeedableRng;
     let mut seed = [0u8; 32];
@@ -2021,7 +1981,6 @@ fn main() {
         next_key: 0,
         listening: HashMap::new(),
         endpoints: HashMap::new(),
-        groups: HashMap::new(),
         events: HashMap::new(),
         outstanding: HashMap::new(),
         next_token: 0,
