@@ -192,9 +192,90 @@ pub fn grh_source(grh: &[u8]) -> Option<IpAddr> {
     None
 }
 
+/// The 40 bytes rxe (Linux 6.1, `rxe_resp.c`) puts in front of a UD payload of `payload_len`
+/// bytes sent from `from` to `to`: for IPv4 20 zero bytes and the packet's IPv4 header (UDP, TTL
+/// 64, its checksum), for IPv6 its IPv6 header. [`grh_source`] reads `from` back. A backend
+/// that hands programs raw receive buffers (the C drop-in) writes it; this API's own
+/// completions leave it out.
+///
+/// ```
+/// use cm_core::{grh, grh_source};
+///
+/// let from = "10.0.0.1".parse().unwrap();
+/// let header = grh(from, Some("10.0.0.2".parse().unwrap()), 100);
+/// assert_eq!((header[20], grh_source(&header)), (0x45, Some(from)));
+/// ```
+pub fn grh(from: IpAddr, to: Option<IpAddr>, payload_len: usize) -> [u8; GRH_LEN] {
+    // A UDP header (8 bytes) sits between the IP header and the payload on RoCE v2.
+    const UDP_HEADER: usize = 8;
+    let mut out = [0u8; GRH_LEN];
+    match from {
+        IpAddr::V6(from) => {
+            out[0] = 0x60;
+            let len = (payload_len + UDP_HEADER).min(usize::from(u16::MAX)) as u16;
+            out[4..6].copy_from_slice(&len.to_be_bytes());
+            out[6] = 17; // next header: UDP
+            out[7] = 64; // hop limit
+            out[8..24].copy_from_slice(&from.octets());
+            if let Some(to) = to {
+                out[24..40].copy_from_slice(&gid_of(to));
+            }
+        }
+        IpAddr::V4(from) => {
+            let ip = &mut out[20..];
+            ip[0] = 0x45;
+            let len = (20 + UDP_HEADER + payload_len).min(usize::from(u16::MAX)) as u16;
+            ip[2..4].copy_from_slice(&len.to_be_bytes());
+            ip[8] = 64; // TTL
+            ip[9] = 17; // protocol: UDP
+            ip[12..16].copy_from_slice(&from.octets());
+            if let Some(IpAddr::V4(to)) = to {
+                ip[16..20].copy_from_slice(&to.octets());
+            }
+            let sum: u32 = ip
+                .chunks(2)
+                .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+                .sum();
+            let folded = (sum & 0xffff) + (sum >> 16);
+            let checksum = !(((folded & 0xffff) + (folded >> 16)) as u16);
+            ip[10..12].copy_from_slice(&checksum.to_be_bytes());
+        }
+    }
+    out
+}
+
+/// The GID an IP address is on RoCE: IPv6 as it is, IPv4 mapped into IPv6.
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_names_its_sender_for_either_family_and_an_ipv4_one_checks_out() {
+        for from in ["10.1.2.3", "fe80::7"] {
+            let from: IpAddr = from.parse().unwrap();
+            assert_eq!(grh_source(&grh(from, None, 9)), Some(from));
+        }
+        // An IPv4 header's one's-complement sum, checksum included, is all ones.
+        let header = grh(
+            "10.0.0.1".parse().unwrap(),
+            Some("10.0.0.2".parse().unwrap()),
+            1000,
+        );
+        let sum: u32 = header[20..]
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        assert_eq!((sum & 0xffff) + (sum >> 16), 0xffff);
+        assert_eq!(u16::from_be_bytes([header[22], header[23]]), 1028);
+        assert_eq!(header[36..40], [10, 0, 0, 2]);
+    }
 
     #[test]
     fn ipv4_address_handles_round_trip_through_a_mapped_gid() {

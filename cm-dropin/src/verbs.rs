@@ -751,7 +751,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     let mut header = [0u8; 40];
     // SAFETY: grh is the caller's receive buffer, whose first 40 bytes the GRH fills.
     unsafe { ptr::copy_nonoverlapping(grh as *const u8, header.as_mut_ptr(), 40) };
-    let Some(sender) = grh_source(&header) else {
+    let Some(sender) = cm_core::grh_source(&header) else {
         fail(libc::EINVAL);
         return ptr::null_mut();
     };
@@ -759,24 +759,6 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     attr.hop_limit = 0xff;
     attr.port_num = port_num;
     new_ah(pd, attr)
-}
-
-/// The sender's address the 40 bytes in front of a UD payload name.
-fn grh_source(header: &[u8; 40]) -> Option<std::net::IpAddr> {
-    let ipv4 = &header[20..];
-    if ipv4[0] == 0x45 {
-        let src: [u8; 4] = ipv4[12..16].try_into().ok()?;
-        return Some(std::net::IpAddr::from(src));
-    }
-    if header[0] >> 4 == 6 {
-        let src: [u8; 16] = header[8..24].try_into().ok()?;
-        let v6 = std::net::Ipv6Addr::from(src);
-        return Some(
-            v6.to_ipv4_mapped()
-                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
-        );
-    }
-    None
 }
 
 /// `ibv_destroy_ah`.

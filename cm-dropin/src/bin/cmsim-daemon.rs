@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, PortSpace, QpCaps,
-    RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, GRH_LEN,
 };
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
 use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
@@ -323,8 +323,6 @@ const NOWHERE: RemoteAddr = RemoteAddr { addr: 0, rkey: 0 };
 const IBV_QPT_UD: u32 = 4;
 const IBV_WC_GRH: u32 = 1;
 const IBV_WC_WITH_IMM: u32 = 2;
-/// The Global Routing Header a UD receive buffer starts with.
-const GRH_LEN: usize = 40;
 
 /// How long a connection may take to say its first message (a program's hello, a channel's
 /// attach, a probe): the library sends it right after connecting.
@@ -996,7 +994,13 @@ impl Daemon {
                 match wc.sender {
                     Some(from) if e.ud && wc.status == WcStatus::Success => {
                         let local = host.get_local_addr(e.handle).ok().flatten().map(|a| a.ip());
-                        wire.data = with_grh(from.addr, local, &wc.data);
+                        // The simulator does not say which group a group's datagram came by:
+                        // the header names the receiving QP's address.
+                        wire.data = match from.addr {
+                            Some(addr) => cm_core::grh(addr, local, wc.data.len()).to_vec(),
+                            None => vec![0; GRH_LEN],
+                        };
+                        wire.data.extend_from_slice(&wc.data);
                         wire.byte_len = wire.data.len() as u32;
                         wire.src_qp = from.qp_num;
                         wire.wc_flags |= IBV_WC_GRH;
@@ -1829,48 +1833,6 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
 }
 
 /// A generator seeded from the kernel's randomness (`/dev/urandom`).
-/// A datagram's payload behind the 40 bytes rxe puts in front of it in a UD receive: for an
-/// IPv4 packet 20 zero bytes and then its IPv4 header, for IPv6 its IPv6 header (rxe_resp.c,
-/// Linux 6.1), as `ibv_create_ah_from_wc` reads them. `to` is the receiving QP's address (a
-/// group's datagram names the QP's too: the simulator does not say which group it came by).
-fn with_grh(from: Option<IpAddr>, to: Option<IpAddr>, payload: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; GRH_LEN];
-    match (from, to) {
-        (Some(IpAddr::V6(from)), to) => {
-            out[0] = 0x60;
-            let len = (payload.len() + 8) as u16;
-            out[4..6].copy_from_slice(&len.to_be_bytes());
-            out[6] = 17; // next header: UDP
-            out[7] = 64; // hop limit
-            out[8..24].copy_from_slice(&from.octets());
-            if let Some(IpAddr::V6(to)) = to {
-                out[24..40].copy_from_slice(&to.octets());
-            }
-        }
-        (Some(IpAddr::V4(from)), to) => {
-            let ip = &mut out[20..];
-            ip[0] = 0x45;
-            let len = (20 + 8 + payload.len()) as u16;
-            ip[2..4].copy_from_slice(&len.to_be_bytes());
-            ip[8] = 64; // ttl
-            ip[9] = 17; // protocol: UDP
-            ip[12..16].copy_from_slice(&from.octets());
-            if let Some(IpAddr::V4(to)) = to {
-                ip[16..20].copy_from_slice(&to.octets());
-            }
-            let sum = ip
-                .chunks(2)
-                .fold(0u32, |acc, w| acc + u32::from(u16::from_be_bytes([w[0], w[1]])));
-            let folded = (sum & 0xffff) + (sum >> 16);
-            let checksum = !(((folded & 0xffff) + (folded >> 16)) as u16);
-            ip[10..12].copy_from_slice(&checksum.to_be_bytes());
-        }
-        (None, _) => {}
-    }
-    out.extend_from_slice(payload);
-    out
-}
-
 fn token_rng() -> rand_chacha::ChaCha8Rng {
     use rand_chacha::rand_core::SeedableRng;
     let mut seed = [0u8; 32];
