@@ -46,6 +46,7 @@ mod error;
 mod event;
 mod external;
 mod handle;
+mod invocation;
 mod memory;
 mod multicast;
 mod options;
@@ -66,6 +67,7 @@ pub use external::{
     ACCESS_REMOTE_WRITE, MTU_1024,
 };
 pub use handle::{ChannelHandle, HandleKind, IdHandle, MrHandle, SrqHandle};
+pub use invocation::{Invocation, Outcome};
 pub use memory::{check_range, Access, MrInfo, RemoteAddr, RemoteMr, Sge};
 pub use multicast::{group_ud_param, MULTICAST_QPN};
 pub use options::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_TIMEOUT};
