@@ -15,7 +15,7 @@ use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResource
 use crate::driver::{EventInfo, Shared};
 use crate::error::{Error, Result};
 use crate::region::Region;
-use crate::runtime::Runtime;
+use crate::runtime::{waiting_in, Runtime};
 
 /// How connections are made and bounded. [`Default`] suits most uses.
 #[derive(Clone, Debug)]
@@ -240,7 +240,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// The next request's connection, not answered yet (dropping it releases the id, as a
     /// dropped [`Request`] does after its reject).
     async fn next_request(&self) -> Result<Connection<B, R>> {
-        let ev = self.next_request_event().await?;
+        let ev = self.next_request_event("request").await?;
         self.request_connection(ev)
     }
 
@@ -248,15 +248,20 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// are skipped inside the wait, which takes one poll function rather than a loop around a
     /// future of its own for each event; and it is that poll function, not an `async fn`
     /// around it, so that `accept` goes through one state machine less at each poll.
-    fn next_request_event(&self) -> impl Future<Output = Result<EventInfo>> + '_ {
+    fn next_request_event(&self, op: &'static str) -> impl Future<Output = Result<EventInfo>> + '_ {
         poll_fn(move |cx| {
-            self.sh
+            let got = self
+                .sh
                 .st
                 .borrow_mut()
                 .next_for(self.id, cx.waker(), |ev| {
                     matches!(ev.ty, CmEventType::ConnectRequest | CmEventType::DeviceRemoval).then_some(ev)
                 })
-                .map_err(Error::ChannelFailed)
+                .map_err(Error::ChannelFailed);
+            if got.is_pending() {
+                waiting_in(op);
+            }
+            got
         })
     }
 
@@ -280,7 +285,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
         // call to `memcpy`, and dropping it a check for nothing. A set-up that fails drops the
         // connection, which releases the id, as a failed `Request::accept` does.
         loop {
-            let mut conn = self.request_connection(self.next_request_event().await?)?;
+            let mut conn = self.request_connection(self.next_request_event("accept").await?)?;
             let data = conn.peer_data.clone();
             if conn.accept_with(&self.accept).is_ok() {
                 return Ok((conn, data));
@@ -477,7 +482,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
         self.sh.st.borrow_mut().b.post_send(self.id, wr, data)?;
         self.posted.set(self.posted.get() + 1);
         let wc = self
-            .wait_cq(|cq| cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i)))
+            .wait_cq("send", |cq| {
+                cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i))
+            })
             .await?;
         match wc.status {
             WcStatus::Success => Ok(()),
@@ -490,7 +497,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     pub fn recv(&self) -> impl Future<Output = Result<Vec<u8>>> + '_ {
         // A poll function around the wait's, not an `async fn`: a task waiting for a message
         // polls it at every wake, and the state machine was one more layer to go through.
-        let mut wait = self.wait_cq(|cq| {
+        let mut wait = self.wait_cq("recv", |cq| {
             let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
             cq.remove(i)
         });
@@ -619,7 +626,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// again); messages ([`recv`](Self::recv)) are not taken.
     pub async fn recv_imm(&self) -> Result<ImmWrite> {
         let wc = self
-            .wait_cq(|cq| {
+            .wait_cq("recv_imm", |cq| {
                 let i = cq.iter().position(|wc| wc.opcode == WcOpcode::RecvRdmaWithImm)?;
                 cq.remove(i)
             })
@@ -637,6 +644,14 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// Posts one work request over regions and waits for its completion; a failed one is
     /// [`Error::Completion`].
     async fn one_sided(&self, op: SendOp, sge: &[Sge]) -> Result<WorkCompletion> {
+        let name = match op {
+            SendOp::Write { imm: None, .. } => "write",
+            SendOp::Write { imm: Some(_), .. } => "write_with_imm",
+            SendOp::Read { .. } => "read",
+            SendOp::CompareSwap { .. } => "compare_swap",
+            SendOp::FetchAdd { .. } => "fetch_add",
+            SendOp::Send { .. } => "send",
+        };
         let wr = SEND_BIT | self.next_wr.get();
         self.next_wr.set(self.next_wr.get() + 1);
         self.sh
@@ -646,7 +661,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             .post_send_wr(self.id, &SendWr::new(wr, op, sge))?;
         self.posted.set(self.posted.get() + 1);
         let wc = self
-            .wait_cq(|cq| cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i)))
+            .wait_cq(name, |cq| {
+                cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i))
+            })
             .await?;
         match wc.status {
             WcStatus::Success => Ok(wc),
@@ -753,6 +770,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// of their polls, and the extra state machine was one more layer to go through.
     fn wait_cq<'a>(
         &'a self,
+        op: &'static str,
         mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion> + 'a,
     ) -> impl Future<Output = Result<WorkCompletion>> + 'a {
         let (sh, id) = (&self.sh, self.id);
@@ -774,6 +792,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 if found.is_none() && !cq && self.ended.get().is_none() && failed.is_none() {
                     // The usual wait, registered on the mailbox already at hand.
                     bx.add_waker(cx.waker());
+                    waiting_in(op);
                     return Poll::Pending;
                 }
             }
@@ -795,6 +814,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
             }
             st.wait(id, cx.waker(), cq);
+            waiting_in(op);
             Poll::Pending
         })
     }
@@ -817,7 +837,10 @@ fn passed<S: Future<Output = ()>, T>(
 ) -> Poll<Result<T>> {
     match bound.poll(cx) {
         Poll::Ready(()) => Poll::Ready(Err(Error::TimedOut { op })),
-        Poll::Pending => Poll::Pending,
+        Poll::Pending => {
+            waiting_in(op);
+            Poll::Pending
+        }
     }
 }
 

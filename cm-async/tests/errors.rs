@@ -1,0 +1,208 @@
+//! Errors that say what happened, on the simulator: a timeout names the operation it cut
+//! short, whether the layer's own bound or a `timeout` around the call fired it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cm_async::sim::{HostOutcome, Sim};
+use cm_async::{ConnOptions, Elapsed, Error, Runtime};
+use cm_core::{Access, RemoteMr};
+use cm_sim::{Fault, SimFabric};
+
+fn at() -> SocketAddr {
+    "10.0.0.1:7471".parse().unwrap()
+}
+
+fn fabric(seed: u64) -> SimFabric {
+    SimFabric::builder()
+        .seed(seed)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .build()
+}
+
+/// The operation a timed-out future was waiting in; `why` says why it cannot have finished.
+fn cut_short<T>(r: Result<T, Elapsed>, why: &str) -> Elapsed {
+    match r {
+        Err(e) => e,
+        Ok(_) => panic!("finished within its timeout, although {why}"),
+    }
+}
+
+fn finished<T: std::fmt::Debug>(o: HostOutcome<T>) -> T {
+    match o {
+        HostOutcome::Finished(v) => v,
+        other => panic!("did not finish: {other:?}"),
+    }
+}
+
+/// A server that accepts connections with `opts`, keeps each open without a word (and gives
+/// each the key of a 64-byte region in the accept), until the run ends.
+fn silent_server(sim: &mut Sim<cm_async::Result<Vec<&'static str>>>, opts: ConnOptions) {
+    sim.server(0, move |ctx| {
+        let opts = opts.clone();
+        async move {
+            let cm = ctx.cm()?;
+            let listener = cm.listen(at(), opts)?;
+            let region = listener.register(64, Access::ALL)?;
+            let mut held = Vec::new();
+            loop {
+                let req = listener.request().await?;
+                held.push(req.accept_with_private_data(&region.remote().to_bytes())?);
+            }
+        }
+    });
+}
+
+#[test]
+fn a_timeout_around_an_operation_names_that_operation_in_elapsed_and_in_the_error() {
+    let f = fabric(1);
+    let mut sim: Sim<cm_async::Result<Vec<&'static str>>> = Sim::new(f.clone());
+    silent_server(&mut sim, ConnOptions::default());
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let rt = cm.runtime().clone();
+        let short = Duration::from_millis(1);
+        let mut named = Vec::new();
+        let listener = cm.listen("10.0.0.2:7000".parse().unwrap(), ConnOptions::default())?;
+        let e = cut_short(rt.timeout(short, listener.accept()).await, "nobody connects");
+        named.push(e.op());
+        let e = cut_short(rt.timeout(short, listener.request()).await, "nobody connects");
+        named.push(e.op());
+        let conn = cm.connect(at(), &ConnOptions::default()).await?;
+        // Through `?` as applications write it: the error names the operation too.
+        let recv: cm_async::Result<Vec<u8>> = async { rt.timeout(short, conn.recv()).await? }.await;
+        assert_eq!(recv, Err(Error::TimedOut { op: "recv" }));
+        assert_eq!(recv.unwrap_err().to_string(), "recv timed out");
+        let e = cut_short(rt.timeout(short, conn.recv_imm()).await, "the server is silent");
+        named.push(e.op());
+        assert_eq!(e.to_string(), "recv_imm timed out");
+        Ok(named)
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(finished(out.remove(1)), Ok(vec!["accept", "request", "recv_imm"]));
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}
+
+#[test]
+fn a_timeout_on_one_sided_work_across_a_partition_names_the_operation() {
+    let f = fabric(2);
+    let mut sim: Sim<cm_async::Result<Vec<&'static str>>> = Sim::new(f.clone());
+    silent_server(&mut sim, ConnOptions::default());
+    let fab = f.clone();
+    sim.client(1, move |ctx| {
+        let fab = fab.clone();
+        async move {
+            let cm = ctx.cm()?;
+            let rt = cm.runtime().clone();
+            let conn = cm.connect(at(), &ConnOptions::default()).await?;
+            let table = RemoteMr::from_bytes(conn.peer_private_data()).expect("the server's key");
+            let mine = conn.register(64, Access::LOCAL_WRITE)?;
+            // Cut off, each request waits for the transport's retries (seconds): a timeout of
+            // a millisecond cuts it short while it still waits.
+            fab.inject(Fault::Partition { a: 0, b: 1 });
+            let short = Duration::from_millis(1);
+            let mut named = Vec::new();
+            let r = rt.timeout(short, conn.read(&mine, 0, 8, table.start())).await;
+            named.push(cut_short(r, "cut off").op());
+            let r = rt.timeout(short, conn.write(&mine, 0, 8, table.start())).await;
+            named.push(cut_short(r, "cut off").op());
+            let r = rt
+                .timeout(short, conn.write_with_imm(&mine, 0, 8, table.start(), 7))
+                .await;
+            named.push(cut_short(r, "cut off").op());
+            let r = rt
+                .timeout(short, conn.compare_swap(&mine, 8, table.start(), 0, 1))
+                .await;
+            named.push(cut_short(r, "cut off").op());
+            let r = rt
+                .timeout(short, conn.fetch_add(&mine, 8, table.start(), 1))
+                .await;
+            named.push(cut_short(r, "cut off").op());
+            drop(mine);
+            drop(conn);
+            Ok(named)
+        }
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        finished(out.remove(1)),
+        Ok(vec![
+            "read",
+            "write",
+            "write_with_imm",
+            "compare_swap",
+            "fetch_add"
+        ])
+    );
+}
+
+#[test]
+fn a_timeout_names_the_operation_still_waiting_not_one_that_finished_before() {
+    let f = fabric(3);
+    let mut sim: Sim<cm_async::Result<Vec<&'static str>>> = Sim::new(f.clone());
+    silent_server(&mut sim, ConnOptions::default());
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let rt = cm.runtime().clone();
+        let mut named = Vec::new();
+        // The connect waits (for its events) and finishes; then the future sleeps, which is
+        // no operation of the layer.
+        let r = rt
+            .timeout(Duration::from_secs(1), async {
+                let conn = cm.connect(at(), &ConnOptions::default()).await;
+                rt.sleep(Duration::from_secs(5)).await;
+                conn
+            })
+            .await;
+        let e = cut_short(r, "the sleep outlasts the timeout");
+        named.push(e.op());
+        assert_eq!(Error::from(e), Error::TimedOut { op: "operation" });
+        // Nested: the outer timeout fires while the inner one's recv waits, and names it.
+        let conn = cm.connect(at(), &ConnOptions::default()).await?;
+        let r = rt
+            .timeout(
+                Duration::from_millis(1),
+                rt.timeout(Duration::from_secs(5), conn.recv()),
+            )
+            .await;
+        named.push(cut_short(r, "the outer bound is the shorter").op());
+        // A sequence: the send finishes (the server's receives are posted), the recv waits.
+        let r = rt
+            .timeout(Duration::from_millis(1), async {
+                conn.send(b"hello").await?;
+                conn.recv().await
+            })
+            .await;
+        named.push(cut_short(r, "the server never answers").op());
+        Ok(named)
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(finished(out.remove(1)), Ok(vec!["operation", "recv", "recv"]));
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}
+
+#[test]
+fn a_disconnect_cut_off_from_its_peer_times_out_as_disconnect() {
+    let f = fabric(4);
+    let mut sim: Sim<cm_async::Result<Vec<&'static str>>> = Sim::new(f.clone());
+    silent_server(&mut sim, ConnOptions::default());
+    let fab = f.clone();
+    sim.client(1, move |ctx| {
+        let fab = fab.clone();
+        async move {
+            let cm = ctx.cm()?;
+            let opts = ConnOptions {
+                disconnect_timeout: Duration::from_secs(1),
+                ..ConnOptions::default()
+            };
+            let conn = cm.connect(at(), &opts).await?;
+            fab.inject(Fault::Partition { a: 0, b: 1 });
+            let r = conn.disconnect().await;
+            assert_eq!(r, Err(Error::TimedOut { op: "disconnect" }));
+            Ok(Vec::new())
+        }
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(finished(out.remove(1)), Ok(Vec::new()));
+}
