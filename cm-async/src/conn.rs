@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
+use cm_core::errno::ETIMEDOUT;
 use cm_core::{Access, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, ATOMIC_LEN};
 use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
 
@@ -384,8 +385,8 @@ fn register<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle, len: usize, access: 
     }
 }
 
-/// What [`Connection::disconnect`] found still on the connection: nothing posted is ever lost
-/// without being reported.
+/// What [`Connection::disconnect`] found still on the connection, and how the goodbye went:
+/// nothing posted is ever lost without being reported.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Closed {
     /// Messages that had arrived and that no [`recv`](Connection::recv) took.
@@ -395,6 +396,13 @@ pub struct Closed {
     pub unreported_sends: Vec<WorkCompletion>,
     /// Status of the `DISCONNECTED` event (0, or `-ETIMEDOUT` when the peer never answered).
     pub status: i32,
+    /// Whether this side's DREQ went unanswered: no DREP came within the IB CM's retries, and
+    /// `DISCONNECTED` came with `-ETIMEDOUT` (the peer crashed, was cut off, or lost every
+    /// try). The connection is closed here all the same, so [`disconnect`](Connection::disconnect)
+    /// returns `Ok` with this set rather than an error: whether the peer heard the goodbye
+    /// is for the caller to weigh. `false` when the peer answered, and when the peer's own DREQ
+    /// ended the connection first.
+    pub dreq_timed_out: bool,
 }
 
 const SEND_BIT: u64 = 1 << 63;
@@ -673,7 +681,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 
     /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
-    /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
+    /// `disconnect_timeout` ([`Error::TimedOut`] `{ op: "disconnect" }`; the teardown happens
+    /// all the same).
+    ///
+    /// [`Closed`] reports what was still posted: messages nobody received, sends nobody saw
+    /// complete. A DREQ the peer never answered (it crashed, or every try was lost) is `Ok`
+    /// with [`Closed::dreq_timed_out`] set, not an error: the connection is closed on this
+    /// side either way.
     #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
     pub fn disconnect(self) -> impl Future<Output = Result<Closed>> {
         // An `async` block that uses the connection where it was captured, not an `async fn`:
@@ -695,6 +709,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 Some((_, s)) => s,
                 None => 0,
             };
+            let mut dreq_timed_out = false;
             let (sh, id) = (&self.sh, self.id);
             if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
                 status = poll_fn(|cx| {
@@ -708,9 +723,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                     }
                 })
                 .await?;
+                // Only the answer to this side's own DREQ can time out: a `DISCONNECTED` taken
+                // before (the peer's DREQ came first) says nothing about it.
+                dreq_timed_out = status == -ETIMEDOUT;
             }
             let mut closed = Closed {
                 status,
+                dreq_timed_out,
                 ..Closed::default()
             };
             if self.posted.get() == 0 {

@@ -1,13 +1,15 @@
-//! Errors that say what happened, on the simulator: a timeout names the operation it cut
-//! short, whether the layer's own bound or a `timeout` around the call fired it.
+//! Errors and reports that say what happened, on the simulator: a timeout names the operation
+//! it cut short, whether the layer's own bound or a `timeout` around the call fired it; a
+//! disconnect says whether its DREQ was answered.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_async::sim::{HostOutcome, Sim};
-use cm_async::{ConnOptions, Elapsed, Error, Runtime};
+use cm_async::{Closed, ConnOptions, Elapsed, Error, Runtime};
+use cm_core::errno::ETIMEDOUT;
 use cm_core::{Access, RemoteMr};
-use cm_sim::{Fault, SimFabric};
+use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric};
 
 fn at() -> SocketAddr {
     "10.0.0.1:7471".parse().unwrap()
@@ -205,4 +207,55 @@ fn a_disconnect_cut_off_from_its_peer_times_out_as_disconnect() {
     });
     let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(finished(out.remove(1)), Ok(Vec::new()));
+}
+
+#[test]
+fn a_disconnect_whose_dreq_goes_unanswered_says_so_and_an_answered_one_does_not() {
+    // The first DREQ from the client reaches the server; every one after it is lost.
+    let faults = FaultSchedule::new().with(
+        Duration::ZERO,
+        Fault::Drop {
+            from: 1,
+            to: 0,
+            msg: MsgKind::Dreq,
+            skip: 1,
+            count: u32::MAX,
+        },
+    );
+    let f = SimFabric::builder()
+        .seed(5)
+        .host("10.0.0.1")
+        .host("10.0.0.2")
+        .faults(faults)
+        .build();
+    let mut sim: Sim<cm_async::Result<Vec<Closed>>> = Sim::new(f.clone());
+    sim.server(0, |ctx| async move {
+        let cm = ctx.cm()?;
+        let listener = cm.listen(at(), ConnOptions::default())?;
+        let (conn, _) = listener.accept().await?;
+        let r = conn.recv().await;
+        assert_eq!(r, Err(Error::Disconnected { status: 0 }));
+        let passive = conn.disconnect().await?;
+        assert!(!passive.dreq_timed_out, "the peer's DREQ ended it: {passive:?}");
+        // The second connection's DREQ never arrives: it stays open here.
+        let (_kept, _) = listener.accept().await?;
+        std::future::pending::<()>().await;
+        unreachable!()
+    });
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let mut closed = Vec::new();
+        for _ in 0..2 {
+            let conn = cm.connect(at(), &ConnOptions::default()).await?;
+            closed.push(conn.disconnect().await?);
+        }
+        Ok(closed)
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    let closed = finished(out.remove(1)).expect("both disconnects return Ok");
+    assert!(!closed[0].dreq_timed_out, "answered: {:?}", closed[0]);
+    assert_eq!(closed[0].status, 0);
+    assert!(closed[1].dreq_timed_out, "unanswered: {:?}", closed[1]);
+    assert_eq!(closed[1].status, -ETIMEDOUT);
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
 }
