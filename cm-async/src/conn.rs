@@ -391,9 +391,18 @@ fn register<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle, len: usize, access: 
 pub struct Closed {
     /// Messages that had arrived and that no [`recv`](Connection::recv) took.
     pub unread: Vec<Vec<u8>>,
+    /// RDMA WRITEs with immediate the peer made that no [`recv_imm`](Connection::recv_imm)
+    /// took, in the order they landed.
+    pub unread_imms: Vec<ImmWrite>,
     /// Completions of sends whose [`send`](Connection::send) future was dropped before it saw
     /// them (`WR_FLUSH_ERR` when the disconnect flushed them).
     pub unreported_sends: Vec<WorkCompletion>,
+    /// The receives the layer had posted that took no message: flushed (`WR_FLUSH_ERR`) when
+    /// the QP left RTS, or failed otherwise with no [`recv`](Connection::recv) to report it.
+    /// In posting order (their `wr_id`s, which the layer numbers, rise). A connection keeps
+    /// [`ConnOptions::recv_depth`] receives posted (each one a `recv` takes is posted again),
+    /// so a connection closed while its peer was silent reports that many here.
+    pub flushed_recvs: Vec<WorkCompletion>,
     /// Status of the `DISCONNECTED` event (0, or `-ETIMEDOUT` when the peer never answered).
     pub status: i32,
     /// Whether this side's DREQ went unanswered: no DREP came within the IB CM's retries, and
@@ -684,10 +693,11 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// `disconnect_timeout` ([`Error::TimedOut`] `{ op: "disconnect" }`; the teardown happens
     /// all the same).
     ///
-    /// [`Closed`] reports what was still posted: messages nobody received, sends nobody saw
-    /// complete. A DREQ the peer never answered (it crashed, or every try was lost) is `Ok`
-    /// with [`Closed::dreq_timed_out`] set, not an error: the connection is closed on this
-    /// side either way.
+    /// [`Closed`] reports what was still posted: messages and writes with immediate nobody
+    /// received, the receives the layer had posted ([`Closed::flushed_recvs`]), sends nobody
+    /// saw complete. A DREQ the peer never answered (it crashed, or every try was lost) is
+    /// `Ok` with [`Closed::dreq_timed_out`] set, not an error: the connection is closed on
+    /// this side either way.
     #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
     pub fn disconnect(self) -> impl Future<Output = Result<Closed>> {
         // An `async` block that uses the connection where it was captured, not an `async fn`:
@@ -745,7 +755,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                         self.posted.set(self.posted.get().saturating_sub(1));
                         match (wc.opcode, wc.status) {
                             (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
-                            (op, _) if op.is_recv() => {}
+                            (WcOpcode::RecvRdmaWithImm, WcStatus::Success) => {
+                                closed.unread_imms.push(ImmWrite {
+                                    imm: wc.imm_data.unwrap_or(0),
+                                    len: wc.byte_len,
+                                })
+                            }
+                            (op, _) if op.is_recv() => closed.flushed_recvs.push(wc),
                             _ => closed.unreported_sends.push(wc),
                         }
                     }
@@ -758,6 +774,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 passed_made(bound.as_mut(), timeout, cx, "disconnect")
             })
             .await?;
+            // Both backends flush a receive queue in posting order today; the layer's own
+            // numbers keep the documented order from resting on that.
+            closed.flushed_recvs.sort_unstable_by_key(|wc| wc.wr_id);
             Ok(closed)
         }
     }

@@ -1,14 +1,14 @@
 //! Errors and reports that say what happened, on the simulator: a timeout names the operation
 //! it cut short, whether the layer's own bound or a `timeout` around the call fired it; a
-//! disconnect says whether its DREQ was answered.
+//! disconnect says whether its DREQ was answered and reports every receive it flushed.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm_async::sim::{HostOutcome, Sim};
-use cm_async::{Closed, ConnOptions, Elapsed, Error, Runtime};
+use cm_async::{Closed, ConnOptions, Elapsed, Error, ImmWrite, Runtime};
 use cm_core::errno::ETIMEDOUT;
-use cm_core::{Access, RemoteMr};
+use cm_core::{Access, RemoteMr, WcOpcode, WcStatus};
 use cm_sim::{Fault, FaultSchedule, MsgKind, SimFabric};
 
 fn at() -> SocketAddr {
@@ -257,5 +257,92 @@ fn a_disconnect_whose_dreq_goes_unanswered_says_so_and_an_answered_one_does_not(
     assert_eq!(closed[0].status, 0);
     assert!(closed[1].dreq_timed_out, "unanswered: {:?}", closed[1]);
     assert_eq!(closed[1].status, -ETIMEDOUT);
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}
+
+#[test]
+fn a_disconnect_reports_every_receive_it_flushed_in_posting_order() {
+    let f = fabric(6);
+    let mut sim: Sim<cm_async::Result<Vec<Closed>>> = Sim::new(f.clone());
+    sim.server(0, |ctx| async move {
+        let cm = ctx.cm()?;
+        let opts = ConnOptions {
+            recv_depth: 3,
+            ..ConnOptions::default()
+        };
+        let listener = cm.listen(at(), opts)?;
+        let (conn, _) = listener.accept().await?;
+        conn.send(b"one").await?;
+        conn.send(b"two").await?;
+        assert!(matches!(conn.recv().await, Err(Error::Disconnected { .. })));
+        let closed = conn.disconnect().await?;
+        // Nothing ever came: the three receives posted at the accept are all flushed.
+        assert_eq!(closed.flushed_recvs.len(), 3, "{closed:?}");
+        std::future::pending::<()>().await;
+        unreachable!()
+    });
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let opts = ConnOptions {
+            recv_depth: 6,
+            ..ConnOptions::default()
+        };
+        let conn = cm.connect(at(), &opts).await?;
+        // Each receive taken is posted again: six stay posted.
+        assert_eq!(conn.recv().await?, b"one");
+        assert_eq!(conn.recv().await?, b"two");
+        Ok(vec![conn.disconnect().await?])
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    let closed = finished(out.remove(1)).expect("the client finishes").remove(0);
+    assert_eq!(closed.flushed_recvs.len(), 6, "{closed:?}");
+    assert!(closed
+        .flushed_recvs
+        .iter()
+        .all(|wc| wc.status == WcStatus::WrFlushErr && wc.opcode == WcOpcode::Recv));
+    let ids: Vec<u64> = closed.flushed_recvs.iter().map(|wc| wc.wr_id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "posting order: {ids:?}");
+    assert!(closed.unread.is_empty() && closed.unreported_sends.is_empty());
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}
+
+#[test]
+fn a_disconnect_reports_writes_with_immediate_nobody_took() {
+    let f = fabric(7);
+    let mut sim: Sim<cm_async::Result<Vec<Closed>>> = Sim::new(f.clone());
+    sim.client(0, |ctx| async move {
+        let cm = ctx.cm()?;
+        let listener = cm.listen(at(), ConnOptions::default())?;
+        let region = listener.register(64, Access::ALL)?;
+        let conn = listener
+            .request()
+            .await?
+            .accept_with_private_data(&region.remote().to_bytes())?;
+        // A message, not the writes before it: `recv` leaves their completions where they are.
+        assert_eq!(conn.recv().await?, b"done");
+        Ok(vec![conn.disconnect().await?])
+    });
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let conn = cm.connect(at(), &ConnOptions::default()).await?;
+        let table = RemoteMr::from_bytes(conn.peer_private_data()).expect("the server's key");
+        let mine = conn.register(64, Access::LOCAL_WRITE)?;
+        // The data path has no latency and the RTU has: without the wait the server would get
+        // "done" and disconnect before its side is established, where a disconnect sends no
+        // DREQ (the kernel's too) and waits for a `DISCONNECTED` that never comes.
+        cm.runtime().sleep(Duration::from_millis(1)).await;
+        conn.write_with_imm(&mine, 0, 4, table.start(), 1).await?;
+        conn.write_with_imm(&mine, 0, 8, table.start(), 2).await?;
+        conn.send(b"done").await?;
+        drop(mine);
+        assert!(matches!(conn.recv().await, Err(Error::Disconnected { .. })));
+        Ok(vec![conn.disconnect().await?])
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    let server = finished(out.remove(0)).expect("the server finishes").remove(0);
+    assert_eq!(
+        server.unread_imms,
+        vec![ImmWrite { imm: 1, len: 4 }, ImmWrite { imm: 2, len: 8 }]
+    );
     assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
 }
