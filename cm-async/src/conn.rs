@@ -493,6 +493,34 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// Sends `data` and waits for its completion. Fails with the connection's end
     /// ([`Error::Disconnected`], ...) when it ends first (the send, still posted, is then
     /// reported by [`disconnect`](Connection::disconnect)), or with [`Error::Completion`].
+    ///
+    /// # Bound
+    ///
+    /// None of its own: it waits as long as the transport does. A send that finds no receive
+    /// posted at the peer is retried (receiver not ready) as often as the connection's RNR
+    /// retry count allows, and librdmacm's default count, 7, means for ever. On the simulator
+    /// such a send never completes (the README's departure 9: a peer that takes no messages,
+    /// or that made its connection with [`ConnOptions::recv_depth`] 0, leaves it waiting until
+    /// the run's deadline); on a device, as long as the peer's receives stay away. Bound it
+    /// with the runtime's [`timeout`](Runtime::timeout), which ends the wait with
+    /// [`Error::TimedOut`] `{ op: "send" }`. That cancels the wait, not the send: it stays
+    /// posted, and [`disconnect`](Connection::disconnect) reports it in
+    /// [`Closed::unreported_sends`] (`WR_FLUSH_ERR`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_async::{Connection, Error, Runtime};
+    /// use cm_core::CmBackend;
+    ///
+    /// async fn send_within<B: CmBackend + 'static, R: Runtime>(
+    ///     conn: &Connection<B, R>,
+    ///     rt: &R,
+    ///     msg: &[u8],
+    /// ) -> Result<(), Error> {
+    ///     // The outer `?` turns the timeout's `Elapsed` into `Error::TimedOut { op: "send" }`.
+    ///     rt.timeout(Duration::from_secs(5), conn.send(msg)).await?
+    /// }
+    /// ```
     pub async fn send(&self, data: &[u8]) -> Result<()> {
         let wr = SEND_BIT | self.next_wr.get();
         self.next_wr.set(self.next_wr.get() + 1);

@@ -1,11 +1,12 @@
 //! Errors and reports that say what happened, on the simulator: a timeout names the operation
 //! it cut short, whether the layer's own bound or a `timeout` around the call fired it; a
-//! disconnect says whether its DREQ was answered and reports every receive it flushed.
+//! disconnect says whether its DREQ was answered and reports every receive it flushed; a send
+//! is bounded only by a timeout around it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cm_async::sim::{HostOutcome, Sim};
+use cm_async::sim::{FailureKind, HostOutcome, Sim};
 use cm_async::{Closed, ConnOptions, Elapsed, Error, ImmWrite, Runtime};
 use cm_core::errno::ETIMEDOUT;
 use cm_core::{Access, RemoteMr, WcOpcode, WcStatus};
@@ -344,5 +345,66 @@ fn a_disconnect_reports_writes_with_immediate_nobody_took() {
         server.unread_imms,
         vec![ImmWrite { imm: 1, len: 4 }, ImmWrite { imm: 2, len: 8 }]
     );
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}
+
+/// A server whose connections post no receives: a send to one finds none, and with
+/// librdmacm's default RNR retry count (7: for ever) waits for one for ever.
+fn server_without_receives(sim: &mut Sim<cm_async::Result<Vec<Closed>>>) {
+    sim.server(0, |ctx| async move {
+        let cm = ctx.cm()?;
+        let opts = ConnOptions {
+            recv_depth: 0,
+            ..ConnOptions::default()
+        };
+        let listener = cm.listen(at(), opts)?;
+        let mut held = Vec::new();
+        loop {
+            held.push(listener.accept().await?.0);
+        }
+    });
+}
+
+#[test]
+fn a_send_the_peer_never_receives_waits_for_ever_unless_bounded() {
+    let f = fabric(8);
+    let mut sim: Sim<cm_async::Result<Vec<Closed>>> = Sim::new(f.clone()).deadline(Duration::from_secs(600));
+    server_without_receives(&mut sim);
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let conn = cm.connect(at(), &ConnOptions::default()).await?;
+        conn.send(b"anyone?").await?;
+        Ok(Vec::new())
+    });
+    let failure = sim.run().expect_err("the send never completes");
+    assert!(
+        matches!(
+            failure.kind,
+            FailureKind::Deadline { .. } | FailureKind::Deadlock { .. }
+        ),
+        "{failure}"
+    );
+    assert!(failure.to_string().contains("10.0.0.2#main"), "{failure}");
+}
+
+#[test]
+fn a_send_bounded_by_a_timeout_fails_as_send_and_its_request_is_reported_at_disconnect() {
+    let f = fabric(9);
+    let mut sim: Sim<cm_async::Result<Vec<Closed>>> = Sim::new(f.clone());
+    server_without_receives(&mut sim);
+    sim.client(1, |ctx| async move {
+        let cm = ctx.cm()?;
+        let rt = cm.runtime().clone();
+        let conn = cm.connect(at(), &ConnOptions::default()).await?;
+        let sent: cm_async::Result<()> =
+            async { rt.timeout(Duration::from_secs(5), conn.send(b"anyone?")).await? }.await;
+        assert_eq!(sent, Err(Error::TimedOut { op: "send" }));
+        Ok(vec![conn.disconnect().await?])
+    });
+    let mut out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    let closed = finished(out.remove(1)).expect("the client finishes").remove(0);
+    // The send stayed posted when its future was dropped: the disconnect flushed it.
+    assert_eq!(closed.unreported_sends.len(), 1, "{closed:?}");
+    assert_eq!(closed.unreported_sends[0].status, WcStatus::WrFlushErr);
     assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
 }
