@@ -93,8 +93,9 @@ pub(crate) fn waiting_in(op: &'static str) {
 }
 
 /// A timeout passed first. It names the layer operation the future was waiting in, when it
-/// was waiting in one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// was waiting in one. A runtime that overrides [`Runtime::timeout`] without that knowledge
+/// reports `Elapsed::default()` (the operation unnamed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Elapsed {
     op: Option<&'static str>,
 }

@@ -408,3 +408,12 @@ fn a_send_bounded_by_a_timeout_fails_as_send_and_its_request_is_reported_at_disc
     assert_eq!(closed.unreported_sends[0].status, WcStatus::WrFlushErr);
     assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
 }
+
+#[test]
+fn an_elapsed_made_without_an_operation_reads_as_one_unnamed() {
+    // What a runtime that overrides `timeout` itself reports.
+    let e = Elapsed::default();
+    assert_eq!(e.op(), "operation");
+    assert_eq!(Error::from(e), Error::TimedOut { op: "operation" });
+    assert_eq!(e.to_string(), "operation timed out");
+}
