@@ -9,13 +9,14 @@ use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
+use cm_core::errno::ETIMEDOUT;
 use cm_core::{Access, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, ATOMIC_LEN};
 use cm_core::{CmBackend, CmError, CmEventType, ConnParam, IdHandle, LiveResources, PortSpace, QpCaps};
 
 use crate::driver::{EventInfo, Shared};
 use crate::error::{Error, Result};
 use crate::region::Region;
-use crate::runtime::Runtime;
+use crate::runtime::{waiting_in, Runtime};
 
 /// How connections are made and bounded. [`Default`] suits most uses.
 #[derive(Clone, Debug)]
@@ -240,7 +241,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// The next request's connection, not answered yet (dropping it releases the id, as a
     /// dropped [`Request`] does after its reject).
     async fn next_request(&self) -> Result<Connection<B, R>> {
-        let ev = self.next_request_event().await?;
+        let ev = self.next_request_event("request").await?;
         self.request_connection(ev)
     }
 
@@ -248,15 +249,20 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// are skipped inside the wait, which takes one poll function rather than a loop around a
     /// future of its own for each event; and it is that poll function, not an `async fn`
     /// around it, so that `accept` goes through one state machine less at each poll.
-    fn next_request_event(&self) -> impl Future<Output = Result<EventInfo>> + '_ {
+    fn next_request_event(&self, op: &'static str) -> impl Future<Output = Result<EventInfo>> + '_ {
         poll_fn(move |cx| {
-            self.sh
+            let got = self
+                .sh
                 .st
                 .borrow_mut()
                 .next_for(self.id, cx.waker(), |ev| {
                     matches!(ev.ty, CmEventType::ConnectRequest | CmEventType::DeviceRemoval).then_some(ev)
                 })
-                .map_err(Error::ChannelFailed)
+                .map_err(Error::ChannelFailed);
+            if got.is_pending() {
+                waiting_in(op);
+            }
+            got
         })
     }
 
@@ -280,7 +286,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
         // call to `memcpy`, and dropping it a check for nothing. A set-up that fails drops the
         // connection, which releases the id, as a failed `Request::accept` does.
         loop {
-            let mut conn = self.request_connection(self.next_request_event().await?)?;
+            let mut conn = self.request_connection(self.next_request_event("accept").await?)?;
             let data = conn.peer_data.clone();
             if conn.accept_with(&self.accept).is_ok() {
                 return Ok((conn, data));
@@ -379,17 +385,33 @@ fn register<B: CmBackend>(sh: &Rc<Shared<B>>, id: IdHandle, len: usize, access: 
     }
 }
 
-/// What [`Connection::disconnect`] found still on the connection: nothing posted is ever lost
-/// without being reported.
+/// What [`Connection::disconnect`] found still on the connection, and how the goodbye went:
+/// nothing posted is ever lost without being reported.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Closed {
     /// Messages that had arrived and that no [`recv`](Connection::recv) took.
     pub unread: Vec<Vec<u8>>,
+    /// RDMA WRITEs with immediate the peer made that no [`recv_imm`](Connection::recv_imm)
+    /// took, in the order they landed.
+    pub unread_imms: Vec<ImmWrite>,
     /// Completions of sends whose [`send`](Connection::send) future was dropped before it saw
     /// them (`WR_FLUSH_ERR` when the disconnect flushed them).
     pub unreported_sends: Vec<WorkCompletion>,
+    /// The receives the layer had posted that took no message: flushed (`WR_FLUSH_ERR`) when
+    /// the QP left RTS, or failed otherwise with no [`recv`](Connection::recv) to report it.
+    /// In posting order (their `wr_id`s, which the layer numbers, rise). A connection keeps
+    /// [`ConnOptions::recv_depth`] receives posted (each one a `recv` takes is posted again),
+    /// so a connection closed while its peer was silent reports that many here.
+    pub flushed_recvs: Vec<WorkCompletion>,
     /// Status of the `DISCONNECTED` event (0, or `-ETIMEDOUT` when the peer never answered).
     pub status: i32,
+    /// Whether this side's DREQ went unanswered: no DREP came within the IB CM's retries, and
+    /// `DISCONNECTED` came with `-ETIMEDOUT` (the peer crashed, was cut off, or lost every
+    /// try). The connection is closed here all the same, so [`disconnect`](Connection::disconnect)
+    /// returns `Ok` with this set rather than an error: whether the peer heard the goodbye
+    /// is for the caller to weigh. `false` when the peer answered, and when the peer's own DREQ
+    /// ended the connection first.
+    pub dreq_timed_out: bool,
 }
 
 const SEND_BIT: u64 = 1 << 63;
@@ -471,13 +493,43 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// Sends `data` and waits for its completion. Fails with the connection's end
     /// ([`Error::Disconnected`], ...) when it ends first (the send, still posted, is then
     /// reported by [`disconnect`](Connection::disconnect)), or with [`Error::Completion`].
+    ///
+    /// # Bound
+    ///
+    /// None of its own: it waits as long as the transport does. A send that finds no receive
+    /// posted at the peer is retried (receiver not ready) as often as the connection's RNR
+    /// retry count allows, and librdmacm's default count, 7, means for ever. On the simulator
+    /// such a send never completes (the README's departure 9: a peer that takes no messages,
+    /// or that made its connection with [`ConnOptions::recv_depth`] 0, leaves it waiting until
+    /// the run's deadline); on a device, as long as the peer's receives stay away. Bound it
+    /// with the runtime's [`timeout`](Runtime::timeout), which ends the wait with
+    /// [`Error::TimedOut`] `{ op: "send" }`. That cancels the wait, not the send: it stays
+    /// posted, and [`disconnect`](Connection::disconnect) reports it in
+    /// [`Closed::unreported_sends`] (`WR_FLUSH_ERR`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cm_async::{Connection, Error, Runtime};
+    /// use cm_core::CmBackend;
+    ///
+    /// async fn send_within<B: CmBackend + 'static, R: Runtime>(
+    ///     conn: &Connection<B, R>,
+    ///     rt: &R,
+    ///     msg: &[u8],
+    /// ) -> Result<(), Error> {
+    ///     // The outer `?` turns the timeout's `Elapsed` into `Error::TimedOut { op: "send" }`.
+    ///     rt.timeout(Duration::from_secs(5), conn.send(msg)).await?
+    /// }
+    /// ```
     pub async fn send(&self, data: &[u8]) -> Result<()> {
         let wr = SEND_BIT | self.next_wr.get();
         self.next_wr.set(self.next_wr.get() + 1);
         self.sh.st.borrow_mut().b.post_send(self.id, wr, data)?;
         self.posted.set(self.posted.get() + 1);
         let wc = self
-            .wait_cq(|cq| cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i)))
+            .wait_cq("send", |cq| {
+                cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i))
+            })
             .await?;
         match wc.status {
             WcStatus::Success => Ok(()),
@@ -490,7 +542,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     pub fn recv(&self) -> impl Future<Output = Result<Vec<u8>>> + '_ {
         // A poll function around the wait's, not an `async fn`: a task waiting for a message
         // polls it at every wake, and the state machine was one more layer to go through.
-        let mut wait = self.wait_cq(|cq| {
+        let mut wait = self.wait_cq("recv", |cq| {
             let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
             cq.remove(i)
         });
@@ -619,7 +671,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// again); messages ([`recv`](Self::recv)) are not taken.
     pub async fn recv_imm(&self) -> Result<ImmWrite> {
         let wc = self
-            .wait_cq(|cq| {
+            .wait_cq("recv_imm", |cq| {
                 let i = cq.iter().position(|wc| wc.opcode == WcOpcode::RecvRdmaWithImm)?;
                 cq.remove(i)
             })
@@ -637,6 +689,14 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// Posts one work request over regions and waits for its completion; a failed one is
     /// [`Error::Completion`].
     async fn one_sided(&self, op: SendOp, sge: &[Sge]) -> Result<WorkCompletion> {
+        let name = match op {
+            SendOp::Write { imm: None, .. } => "write",
+            SendOp::Write { imm: Some(_), .. } => "write_with_imm",
+            SendOp::Read { .. } => "read",
+            SendOp::CompareSwap { .. } => "compare_swap",
+            SendOp::FetchAdd { .. } => "fetch_add",
+            SendOp::Send { .. } => "send",
+        };
         let wr = SEND_BIT | self.next_wr.get();
         self.next_wr.set(self.next_wr.get() + 1);
         self.sh
@@ -646,7 +706,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
             .post_send_wr(self.id, &SendWr::new(wr, op, sge))?;
         self.posted.set(self.posted.get() + 1);
         let wc = self
-            .wait_cq(|cq| cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i)))
+            .wait_cq(name, |cq| {
+                cq.iter().position(|wc| wc.wr_id == wr).and_then(|i| cq.remove(i))
+            })
             .await?;
         match wc.status {
             WcStatus::Success => Ok(wc),
@@ -656,7 +718,14 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 
     /// Disconnects (`rdma_disconnect`), waits for `DISCONNECTED` and for everything still
     /// posted to complete (flushed), then releases the QP and the id. Bounded by the options'
-    /// `disconnect_timeout` ([`Error::TimedOut`]; the teardown happens all the same).
+    /// `disconnect_timeout` ([`Error::TimedOut`] `{ op: "disconnect" }`; the teardown happens
+    /// all the same).
+    ///
+    /// [`Closed`] reports what was still posted: messages and writes with immediate nobody
+    /// received, the receives the layer had posted ([`Closed::flushed_recvs`]), sends nobody
+    /// saw complete. A DREQ the peer never answered (it crashed, or every try was lost) is
+    /// `Ok` with [`Closed::dreq_timed_out`] set, not an error: the connection is closed on
+    /// this side either way.
     #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
     pub fn disconnect(self) -> impl Future<Output = Result<Closed>> {
         // An `async` block that uses the connection where it was captured, not an `async fn`:
@@ -678,6 +747,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 Some((_, s)) => s,
                 None => 0,
             };
+            let mut dreq_timed_out = false;
             let (sh, id) = (&self.sh, self.id);
             if sent_dreq && self.ended.get().map(|(ty, _)| ty) != Some(CmEventType::Disconnected) {
                 status = poll_fn(|cx| {
@@ -691,9 +761,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                     }
                 })
                 .await?;
+                // Only the answer to this side's own DREQ can time out: a `DISCONNECTED` taken
+                // before (the peer's DREQ came first) says nothing about it.
+                dreq_timed_out = status == -ETIMEDOUT;
             }
             let mut closed = Closed {
                 status,
+                dreq_timed_out,
                 ..Closed::default()
             };
             if self.posted.get() == 0 {
@@ -709,7 +783,13 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                         self.posted.set(self.posted.get().saturating_sub(1));
                         match (wc.opcode, wc.status) {
                             (WcOpcode::Recv, WcStatus::Success) => closed.unread.push(wc.data),
-                            (op, _) if op.is_recv() => {}
+                            (WcOpcode::RecvRdmaWithImm, WcStatus::Success) => {
+                                closed.unread_imms.push(ImmWrite {
+                                    imm: wc.imm_data.unwrap_or(0),
+                                    len: wc.byte_len,
+                                })
+                            }
+                            (op, _) if op.is_recv() => closed.flushed_recvs.push(wc),
                             _ => closed.unreported_sends.push(wc),
                         }
                     }
@@ -722,6 +802,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 passed_made(bound.as_mut(), timeout, cx, "disconnect")
             })
             .await?;
+            // Both backends flush a receive queue in posting order today; the layer's own
+            // numbers keep the documented order from resting on that.
+            closed.flushed_recvs.sort_unstable_by_key(|wc| wc.wr_id);
             Ok(closed)
         }
     }
@@ -753,6 +836,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// of their polls, and the extra state machine was one more layer to go through.
     fn wait_cq<'a>(
         &'a self,
+        op: &'static str,
         mut pick: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<WorkCompletion> + 'a,
     ) -> impl Future<Output = Result<WorkCompletion>> + 'a {
         let (sh, id) = (&self.sh, self.id);
@@ -774,6 +858,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 if found.is_none() && !cq && self.ended.get().is_none() && failed.is_none() {
                     // The usual wait, registered on the mailbox already at hand.
                     bx.add_waker(cx.waker());
+                    waiting_in(op);
                     return Poll::Pending;
                 }
             }
@@ -795,6 +880,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
                 return Poll::Ready(Err(Error::ChannelFailed(e.clone())));
             }
             st.wait(id, cx.waker(), cq);
+            waiting_in(op);
             Poll::Pending
         })
     }
@@ -817,7 +903,10 @@ fn passed<S: Future<Output = ()>, T>(
 ) -> Poll<Result<T>> {
     match bound.poll(cx) {
         Poll::Ready(()) => Poll::Ready(Err(Error::TimedOut { op })),
-        Poll::Pending => Poll::Pending,
+        Poll::Pending => {
+            waiting_in(op);
+            Poll::Pending
+        }
     }
 }
 

@@ -58,10 +58,17 @@ pub enum Error {
         /// The completion's status.
         status: WcStatus,
     },
-    /// The operation did not finish within its timeout.
+    /// The operation did not finish within its timeout: its own bound
+    /// ([`ConnOptions::connect_timeout`](crate::ConnOptions::connect_timeout),
+    /// [`disconnect_timeout`](crate::ConnOptions::disconnect_timeout)) or a
+    /// [`Runtime::timeout`](crate::Runtime::timeout) around it.
     #[error("{op} timed out")]
     TimedOut {
-        /// Which operation.
+        /// Which operation: the layer's name for it (`"connect"`, `"accept"`, `"send"`,
+        /// `"recv"`, `"read"`, `"write"`, `"disconnect"`, ... as [`Elapsed::op`] lists them),
+        /// or `"operation"` when a timeout cut short a future that waited in none of them.
+        ///
+        /// [`Elapsed::op`]: crate::Elapsed::op
         op: &'static str,
     },
     /// The event channel's driver is gone (its backend failed, or the host crashed).
@@ -91,7 +98,7 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<crate::runtime::Elapsed> for Error {
-    fn from(_: crate::runtime::Elapsed) -> Self {
-        Error::TimedOut { op: "operation" }
+    fn from(e: crate::runtime::Elapsed) -> Self {
+        Error::TimedOut { op: e.op() }
     }
 }

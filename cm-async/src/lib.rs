@@ -102,7 +102,9 @@
 //! ([`SimFabric::next_deadline`](cm_sim::SimFabric::next_deadline)) and the earliest sleep, in
 //! one call ([`SimFabric::step`](cm_sim::SimFabric::step)).
 //! Nothing scheduled and no sleep: a deadlock, reported with the waiting tasks and the seed. A
-//! panic or a passed virtual deadline fails the run the same way, with the trace file's path.
+//! panic or a passed virtual deadline fails the run the same way, with the trace file's path,
+//! and so do tasks that keep running while virtual time stands still (a livelock: a million
+//! polls by default, [`sim::Sim::livelock_after`]), reported with the tasks that kept running.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]

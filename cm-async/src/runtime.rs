@@ -28,6 +28,23 @@ pub trait Runtime: Clone + 'static {
 
     /// `fut`'s output, or [`Elapsed`] when `duration` passes first (then `fut` is dropped,
     /// which cancels it).
+    ///
+    /// The [`Elapsed`] names the layer's operation `fut` was waiting in when the time passed
+    /// ([`Elapsed::op`]: `"recv"`, `"send"`, `"accept"`, ...), and so does the
+    /// [`Error::TimedOut`](crate::Error::TimedOut) it converts into:
+    ///
+    /// ```
+    /// # use cm_async::{Connection, Error, Runtime};
+    /// # async fn f<B: cm_core::CmBackend + 'static, R: Runtime>(rt: R, conn: Connection<B, R>) {
+    /// let r: Result<Vec<u8>, Error> = async {
+    ///     Ok(rt.timeout(std::time::Duration::from_secs(5), conn.recv()).await??)
+    /// }
+    /// .await;
+    /// if let Err(Error::TimedOut { op }) = r {
+    ///     assert_eq!(op, "recv");
+    /// }
+    /// # }
+    /// ```
     fn timeout<F: Future>(
         &self,
         duration: Duration,
@@ -38,11 +55,20 @@ pub trait Runtime: Clone + 'static {
             let mut fut = pin!(fut);
             let mut sleep = pin!(sleep);
             poll_fn(|cx| {
-                if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                // Whatever a wait outside this timeout noted is not this future's: put aside,
+                // and put back unless something inside noted its own (which an enclosing
+                // timeout should then see, as it waits in the same operation).
+                let outside = WAITING_IN.replace(None);
+                let polled = fut.as_mut().poll(cx);
+                let inside = WAITING_IN.get();
+                if inside.is_none() {
+                    WAITING_IN.set(outside);
+                }
+                if let Poll::Ready(v) = polled {
                     return Poll::Ready(Ok(v));
                 }
                 match sleep.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
+                    Poll::Ready(()) => Poll::Ready(Err(Elapsed { op: inside })),
                     Poll::Pending => Poll::Pending,
                 }
             })
@@ -51,13 +77,42 @@ pub trait Runtime: Clone + 'static {
     }
 }
 
-/// A timeout passed first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Elapsed;
+thread_local! {
+    /// The layer operation whose wait last returned `Pending` on this thread. A timeout clears
+    /// it before polling its future and reads it after, to name what it cut short: a future
+    /// knows nothing of the timeout around it, and the layer's waits cannot reach the timeout
+    /// but through the thread both run on (tasks never move between threads).
+    static WAITING_IN: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}
+
+/// Notes that the wait of layer operation `op` is about to return `Pending`, for a
+/// [`Runtime::timeout`] around it to name it.
+#[inline]
+pub(crate) fn waiting_in(op: &'static str) {
+    WAITING_IN.set(Some(op));
+}
+
+/// A timeout passed first. It names the layer operation the future was waiting in, when it
+/// was waiting in one. A runtime that overrides [`Runtime::timeout`] without that knowledge
+/// reports `Elapsed::default()` (the operation unnamed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Elapsed {
+    op: Option<&'static str>,
+}
+
+impl Elapsed {
+    /// The layer operation the future was waiting in when its time passed (`"connect"`,
+    /// `"accept"`, `"request"`, `"send"`, `"recv"`, `"recv_imm"`, `"read"`, `"write"`,
+    /// `"write_with_imm"`, `"compare_swap"`, `"fetch_add"`, `"disconnect"`), or `"operation"`
+    /// when it waited in none (on a sleep, a join handle, another library's future).
+    pub fn op(&self) -> &'static str {
+        self.op.unwrap_or("operation")
+    }
+}
 
 impl std::fmt::Display for Elapsed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("timed out")
+        write!(f, "{} timed out", self.op())
     }
 }
 

@@ -66,7 +66,22 @@ pub enum FailureKind {
         /// The tasks waiting.
         waiting: Vec<String>,
     },
+    /// Tasks kept running while virtual time stood still, for [`Sim::livelock_after`] polls:
+    /// a task that wakes itself for ever (a spin on a condition nothing will change) would
+    /// otherwise hold the run at one instant, and its test, for ever.
+    Livelock {
+        /// The instant time stood still at.
+        at: SimTime,
+        /// How many task polls it stood still for: the bound.
+        steps: u64,
+        /// The tasks polled in the last of those steps (up to [`LIVELOCK_SAMPLE`] of them), in
+        /// the order they first ran there: the ones that kept running.
+        running: Vec<String>,
+    },
 }
+
+/// How many of a livelock's last steps [`FailureKind::Livelock`] names the tasks of.
+pub const LIVELOCK_SAMPLE: u64 = 1024;
 
 impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -81,6 +96,12 @@ impl fmt::Display for SimFailure {
                 f,
                 "deadlock at {at}: every task waits and no timer is armed; waiting: {}",
                 waiting.join(", ")
+            )?,
+            FailureKind::Livelock { at, steps, running } => write!(
+                f,
+                "livelock at {at}: {steps} task polls without virtual time moving; still running: {} \
+                 (Sim::livelock_after raises the bound for long work at one instant)",
+                running.join(", ")
             )?,
         }
         write!(f, "; reproduce with {}={}", cm_sim::SEED_ENV, self.seed)?;
@@ -118,7 +139,7 @@ struct HostDef<T> {
 }
 
 /// A task's name, made into text only for reports: `<host address>#main` or `#task<n>`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum TaskName {
     Main,
     Spawned(u64),
@@ -626,16 +647,36 @@ pub struct Sim<T> {
     fabric: SimFabric,
     hosts: Vec<Option<HostDef<T>>>,
     deadline: Duration,
+    livelock_after: u64,
 }
 
+/// [`Sim::livelock_after`]'s default: a million polls at one instant is far beyond what the
+/// layer's own work takes there (a connection's set-up or teardown moves time: CM messages have
+/// a latency), and a spinning task reaches it in well under a second.
+pub const DEFAULT_LIVELOCK_STEPS: u64 = 1_000_000;
+
 impl<T: 'static> Sim<T> {
-    /// A run on `fabric`, with a virtual deadline of one hour.
+    /// A run on `fabric`, with a virtual deadline of one hour, failing as a livelock after
+    /// [`DEFAULT_LIVELOCK_STEPS`] polls without virtual time moving.
     pub fn new(fabric: SimFabric) -> Self {
         Sim {
             fabric,
             hosts: Vec::new(),
             deadline: Duration::from_secs(3600),
+            livelock_after: DEFAULT_LIVELOCK_STEPS,
         }
+    }
+
+    /// Fails the run ([`FailureKind::Livelock`], naming the tasks that kept running) once
+    /// tasks have been polled `steps` times (at least 1) with virtual time standing still;
+    /// the count starts again whenever it moves. Time moves only when every task waits, so a
+    /// task that never waits (it wakes itself, or spins on a condition without a sleep) holds
+    /// the run at one instant: without the bound the run, and the test around it, would never
+    /// end. The two-sided data path has no latency (the README's departure 9): a run that
+    /// exchanges very many messages at one instant may need a higher bound (`u64::MAX`: none).
+    pub fn livelock_after(mut self, steps: u64) -> Self {
+        self.livelock_after = steps.max(1);
+        self
     }
 
     /// Fails the run when virtual time would pass `deadline` before every client finished.
@@ -688,6 +729,16 @@ struct Executor<T> {
     core: Rc<Core>,
     defs: Vec<Option<HostDef<T>>>,
     deadline: u64,
+    /// [`Sim::livelock_after`].
+    livelock_after: u64,
+    /// Polls since virtual time last moved.
+    still_steps: u64,
+    /// Past this many still steps, the tasks polled are noted in `busy`.
+    busy_from: u64,
+    /// The tasks polled in the last still steps before the bound, each once, in order.
+    busy: Vec<(usize, TaskName)>,
+    /// Virtual time when it last moved (ns).
+    still_at: u64,
     rng: ChaCha8Rng,
     /// Per host: the incarnation its closure runs in, and where its output lands.
     running: Vec<Option<(u32, Output<T>)>>,
@@ -723,6 +774,7 @@ struct Executor<T> {
 impl<T: 'static> Executor<T> {
     fn new(sim: Sim<T>) -> Self {
         let seed = sim.fabric.seed();
+        let start = sim.fabric.now().as_nanos();
         let n = sim.hosts.len();
         let woken = Arc::new(Woken::default());
         Executor {
@@ -742,6 +794,11 @@ impl<T: 'static> Executor<T> {
             }),
             defs: sim.hosts,
             deadline: sim.deadline.as_nanos().try_into().unwrap_or(u64::MAX),
+            livelock_after: sim.livelock_after,
+            still_steps: 0,
+            busy_from: sim.livelock_after.saturating_sub(LIVELOCK_SAMPLE),
+            busy: Vec::new(),
+            still_at: start,
             // A stream of its own, so that task order does not shift the fabric's draws.
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7a5c_0de5_eed0_0001),
             running: (0..n).map(|_| None).collect(),
@@ -962,6 +1019,34 @@ impl<T: 'static> Executor<T> {
         }
     }
 
+    /// Notes that task `id` is about to be polled late in a stretch of still time; `Err` with
+    /// the livelock, instead of the poll, once the stretch would pass the bound. Out of line: a run reaches it only
+    /// when time stands still for nearly the whole bound.
+    #[cold]
+    #[inline(never)]
+    fn note_busy(&mut self, id: usize) -> std::result::Result<(), SimFailure> {
+        let task = self.core.tasks.borrow()[id].as_ref().map(|t| (t.host, t.name));
+        if let Some((host, name)) = task {
+            let seen = |&(h, n): &(usize, TaskName)| h == host && n == name;
+            if !self.busy.iter().any(seen) {
+                self.busy.push((host, name));
+            }
+        }
+        if self.still_steps <= self.livelock_after {
+            return Ok(());
+        }
+        let running = self
+            .busy
+            .iter()
+            .map(|&(host, name)| self.core.name(&Task { host, name }))
+            .collect();
+        Err(self.fail(FailureKind::Livelock {
+            at: self.core.fabric.now(),
+            steps: self.livelock_after,
+            running,
+        }))
+    }
+
     /// Polls one ready task; `Err` with the failure when it panicked.
     fn poll_one(&mut self, id: usize) -> std::result::Result<(), SimFailure> {
         // The future stays in its place while it runs: what it spawns waits in the core's
@@ -1083,6 +1168,10 @@ impl<T: 'static> Executor<T> {
                 let n = self.ready.len();
                 let i = if n == 1 { 0 } else { (r % n as u64) as usize };
                 let id = self.ready.swap_remove(i);
+                self.still_steps += 1;
+                if self.still_steps > self.busy_from {
+                    self.note_busy(id)?;
+                }
                 self.mirror_wakers(id);
                 self.poll_one(id)?;
                 self.take_woken();
@@ -1121,6 +1210,11 @@ impl<T: 'static> Executor<T> {
                         }));
                     }
                 };
+            if now != self.still_at {
+                self.still_at = now;
+                self.still_steps = 0;
+                self.busy.clear();
+            }
             // The timers did not change since `timer` was read (no task ran): none is due
             // unless that one is.
             if timer.is_some_and(|t| t <= now) {

@@ -534,3 +534,108 @@ fn each_accepted_connection_sees_exactly_its_own_requests_private_data() {
     }
     assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
 }
+
+/// A future that is never ready and wakes its task at once: it never waits.
+fn spin() -> impl std::future::Future<Output = ()> {
+    std::future::poll_fn(|cx| {
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+}
+
+#[test]
+fn a_task_that_wakes_itself_for_ever_fails_the_run_as_a_livelock_naming_it_and_the_seed() {
+    let f = fabric(17);
+    let mut sim: Sim<cm_async::Result<Vec<u8>>> = Sim::new(f.clone()).livelock_after(10_000);
+    // Waiting, not running: the server must not be named.
+    echo_server(&mut sim);
+    sim.client(1, |ctx| async move {
+        let rt = ctx.runtime().clone();
+        rt.sleep(Duration::from_millis(3)).await;
+        spin().await;
+        Ok(Vec::new())
+    });
+    let failure = sim.run().unwrap_err();
+    let FailureKind::Livelock { at, steps, running } = &failure.kind else {
+        panic!("expected a livelock, got {failure}")
+    };
+    assert_eq!(*steps, 10_000);
+    assert_eq!(*running, vec!["10.0.0.2#main".to_string()]);
+    assert_eq!(at.as_nanos(), 3_000_000, "time stood still where the spin began");
+    let text = failure.to_string();
+    assert!(text.contains("livelock"), "{text}");
+    assert!(text.contains("10.0.0.2#main"), "{text}");
+    assert!(text.contains("CM_SIM_SEED=17"), "{text}");
+    assert!(failure.trace.as_ref().is_some_and(|p| p.exists()), "{text}");
+    assert!(f.live_resources().is_clean(), "{:?}", f.live_resources());
+}
+
+#[test]
+fn a_livelock_names_every_task_that_kept_running_and_none_that_waited() {
+    let f = fabric(18);
+    let mut sim: Sim<()> = Sim::new(f).livelock_after(5_000);
+    sim.client(1, |ctx| async move {
+        let rt = ctx.runtime().clone();
+        let a = rt.spawn(spin());
+        let b = rt.spawn(spin());
+        // Waits for them, never running again.
+        a.await;
+        b.await;
+    });
+    sim.client(0, |ctx| async move {
+        ctx.runtime().sleep(Duration::from_secs(1)).await
+    });
+    let failure = sim.run().unwrap_err();
+    let FailureKind::Livelock { mut running, .. } = failure.kind else {
+        panic!("expected a livelock, got {failure}")
+    };
+    running.sort();
+    assert_eq!(running, vec!["10.0.0.2#task1", "10.0.0.2#task2"]);
+}
+
+#[test]
+fn the_livelock_bound_holds_by_default_and_ends_a_spinning_run_in_bounded_time() {
+    let f = fabric(19);
+    let mut sim: Sim<()> = Sim::new(f);
+    sim.client(1, |_ctx| spin());
+    let failure = sim.run().unwrap_err();
+    assert!(
+        matches!(
+            failure.kind,
+            FailureKind::Livelock {
+                steps: cm_async::sim::DEFAULT_LIVELOCK_STEPS,
+                ..
+            }
+        ),
+        "{failure}"
+    );
+}
+
+#[test]
+fn polls_count_towards_a_livelock_only_while_virtual_time_stands_still() {
+    let f = fabric(20);
+    // Ten times the bound's polls in all, but time moves between every few of them.
+    let mut sim: Sim<u32> = Sim::new(f).livelock_after(100);
+    sim.client(1, |ctx| async move {
+        let rt = ctx.runtime().clone();
+        let mut yields = 0;
+        for _ in 0..1_000 {
+            for _ in 0..50 {
+                let mut once = false;
+                std::future::poll_fn(|cx| {
+                    if std::mem::replace(&mut once, true) {
+                        return std::task::Poll::Ready(());
+                    }
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                })
+                .await;
+                yields += 1;
+            }
+            rt.sleep(Duration::from_micros(1)).await;
+        }
+        yields
+    });
+    let out = sim.run().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out[1], HostOutcome::Finished(50_000));
+}
