@@ -461,7 +461,7 @@ mod tests {
         let call: Invocation<u64, u64> = Invocation::MigrateId { id: 7, channel: 9 };
         let renamed = call.clone().map_handles(|i| Ok::<_, ()>(i * 10), |c| Ok(c + 1));
         assert_eq!(renamed, Ok(Invocation::MigrateId { id: 70, channel: 10 }));
-        let refused = call.map_handles(|_| Err::<u64, _>("not yours"), |c| Ok(c));
+        let refused = call.map_handles(|_| Err::<u64, _>("not yours"), Ok);
         assert_eq!(refused, Err("not yours"));
         let none: Invocation<u64, u64> = Invocation::CreateEventChannel;
         assert_eq!(none.id(), None);

@@ -15,8 +15,10 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::abi::*;
-use crate::proto::{self, Dec, Enc, Op, WireEvent, WireParam};
+use crate::proto::{self, Dec, Enc, Op, WireEvent};
+use crate::request::Request;
 use crate::sock::{self, SeqConn};
+use cm_core::{ConnParam, Invocation};
 
 /// librdmacm waits forever for an id's events to be acked before destroying it; this library
 /// bounds the wait so a lost ack shows up as an error message instead of a hang.
@@ -198,7 +200,8 @@ pub(crate) fn daemon_address() -> Result<(PathBuf, u64), c_int> {
 }
 
 /// One request and its reply; the control socket is held only for this exchange.
-pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
+pub(crate) fn rpc(req: &Request) -> Result<Vec<u8>, c_int> {
+    let e = req.encode();
     let mut guard = lock(&CLIENT);
     let client = client(&mut guard)?;
     client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)?;
@@ -217,14 +220,20 @@ pub(crate) fn rpc(e: &Enc) -> Result<Vec<u8>, c_int> {
 
 /// A message the daemon does not answer (an ack), sent in order with the requests: the caller
 /// does not wait a round trip for it.
-pub(crate) fn tell(e: &Enc) -> Result<(), c_int> {
+pub(crate) fn tell(req: &Request) -> Result<(), c_int> {
+    let e = req.encode();
     let mut guard = lock(&CLIENT);
     let client = client(&mut guard)?;
     client.ctrl.send(&e.0).map_err(|_| libc::ECONNRESET)
 }
 
-pub(crate) fn rpc_status(e: &Enc) -> c_int {
-    match rpc(e) {
+/// A librdmacm call on the simulator.
+pub(crate) fn call(call: Invocation<u64, u64>) -> Result<Vec<u8>, c_int> {
+    rpc(&Request::Cm(call))
+}
+
+pub(crate) fn rpc_status(req: &Request) -> c_int {
+    match rpc(req) {
         Ok(_) => 0,
         Err(errno) => fail(errno),
     }
@@ -349,14 +358,15 @@ fn write_sockaddr(addr: SocketAddr, out: &mut [u8]) -> u32 {
 /// `rdma_create_event_channel`.
 #[no_mangle]
 pub extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
-    let token =
-        match rpc(&Enc::op(Op::CreateChannel)).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
-            Ok(t) => t,
-            Err(e) => {
-                set_errno(e);
-                return ptr::null_mut();
-            }
-        };
+    let token = match call(Invocation::CreateEventChannel)
+        .and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO))
+    {
+        Ok(t) => t,
+        Err(e) => {
+            set_errno(e);
+            return ptr::null_mut();
+        }
+    };
     let (socket, proc) = {
         let g = lock(&CLIENT);
         let c = g.as_ref().expect("the rpc above connected");
@@ -382,9 +392,7 @@ pub extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
             stash: Mutex::new(VecDeque::new()),
         })) as *mut RdmaEventChannel,
         Err(e) => {
-            let mut d = Enc::op(Op::DestroyChannel);
-            d.u64(token);
-            let _ = rpc(&d);
+            let _ = call(Invocation::DestroyEventChannel { channel: token });
             set_errno(e);
             ptr::null_mut()
         }
@@ -400,9 +408,7 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChann
     let ch = channel as *mut ChannelPriv;
     // SAFETY: channel came from rdma_create_event_channel, so it is a live ChannelPriv.
     let token = unsafe { (*ch).token };
-    let mut e = Enc::op(Op::DestroyChannel);
-    e.u64(token);
-    if let Err(errno) = rpc(&e) {
+    if let Err(errno) = call(Invocation::DestroyEventChannel { channel: token }) {
         // librdmacm's version returns nothing; a refusal (ids still on it) leaves it alive.
         eprintln!(
             "cmsim: rdma_destroy_event_channel: {}",
@@ -503,9 +509,15 @@ pub unsafe extern "C" fn rdma_create_id(
     }
     // SAFETY: channel came from rdma_create_event_channel.
     let ch_token = unsafe { (*(channel as *mut ChannelPriv)).token };
-    let mut e = Enc::op(Op::CreateId);
-    e.u64(ch_token).u32(ps);
-    match rpc(&e).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
+    let Some(port_space) = cm_core::PortSpace::from_raw(ps) else {
+        return fail(libc::EINVAL);
+    };
+    match call(Invocation::CreateId {
+        channel: ch_token,
+        ps: port_space,
+    })
+    .and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO))
+    {
         Ok(token) => {
             let new = new_id(token, channel, context, ps, sync);
             // SAFETY: new was just allocated; id is the caller's out pointer.
@@ -544,9 +556,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
         reg = cv.wait_timeout(reg, left).unwrap_or_else(|p| p.into_inner()).0;
     }
     drop(reg);
-    let mut e = Enc::op(Op::DestroyId);
-    e.u64(token);
-    if let Err(errno) = rpc(&e) {
+    if let Err(errno) = call(Invocation::DestroyId { id: token }) {
         return fail(errno);
     }
     let mut reg = lock(m);
@@ -574,9 +584,7 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::sock
     let (Some(token), Some(sa)) = (unsafe { token_of(id) }, unsafe { read_sockaddr(addr) }) else {
         return fail(libc::EINVAL);
     };
-    let mut e = Enc::op(Op::BindAddr);
-    e.u64(token).addr(Some(sa));
-    if let Err(errno) = rpc(&e) {
+    if let Err(errno) = call(Invocation::BindAddr { id: token, addr: sa }) {
         return fail(errno);
     }
     // SAFETY: id is a live IdPriv.
@@ -591,9 +599,7 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::sock
 
 /// Copies the daemon's view of the id's addresses into `id->route.addr`.
 unsafe fn refresh_addrs(id: *mut RdmaCmId, token: u64) {
-    let mut e = Enc::op(Op::QueryAddrs);
-    e.u64(token);
-    if let Ok(buf) = rpc(&e) {
+    if let Ok(buf) = rpc(&Request::QueryAddrs { id: token }) {
         let mut d = Dec::new(&buf);
         let (local, peer) = (d.addr().ok().flatten(), d.addr().ok().flatten());
         // SAFETY: id is a live IdPriv.
@@ -631,12 +637,12 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         // SAFETY: id is a live IdPriv.
         return unsafe { resolve_multicast(id, token, src, dst) };
     }
-    let mut e = Enc::op(Op::ResolveAddr);
-    e.u64(token)
-        .addr(src)
-        .addr(Some(dst))
-        .u32(timeout_ms.max(0) as u32);
-    let r = rpc_status(&e);
+    let r = rpc_status(&Request::Cm(Invocation::ResolveAddr {
+        id: token,
+        src,
+        dst,
+        timeout: Duration::from_millis(timeout_ms.max(0) as u64),
+    }));
     if r == 0 {
         // SAFETY: id is a live IdPriv.
         unsafe { set_addrs(id, src, Some(dst)) };
@@ -660,9 +666,7 @@ unsafe fn resolve_multicast(
     // SAFETY: id is a live IdPriv.
     unsafe {
         if let (Some(src), true) = (src, (*id).verbs.is_null()) {
-            let mut e = Enc::op(Op::BindAddr);
-            e.u64(token).addr(Some(src));
-            if let Err(errno) = rpc(&e) {
+            if let Err(errno) = call(Invocation::BindAddr { id: token, addr: src }) {
                 return fail(errno);
             }
             refresh_addrs(id, token);
@@ -687,9 +691,9 @@ unsafe fn queue_local_event(id: *mut RdmaCmId, token: u64, event: u32, peer: Opt
         listen_id: 0,
         event,
         status: 0,
-        param: WireParam {
+        param: ConnParam {
             qp_num: proto::MCAST_QPN,
-            ..WireParam::default()
+            ..ConnParam::ZERO
         },
         local: None,
         peer,
@@ -727,9 +731,7 @@ pub unsafe extern "C" fn rdma_join_multicast_ex(
     lock(&registry().0)
         .groups
         .insert((token, group.ip()), context as usize);
-    let mut e = Enc::op(Op::JoinMcast);
-    e.u64(token).addr(Some(group));
-    if let Err(errno) = rpc(&e) {
+    if let Err(errno) = call(Invocation::JoinMulticast { id: token, group }) {
         lock(&registry().0).groups.remove(&(token, group.ip()));
         return fail(errno);
     }
@@ -743,9 +745,7 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut RdmaCmId, addr: *mut libc
     let (Some(token), Some(group)) = (unsafe { token_of(id) }, unsafe { read_sockaddr(addr) }) else {
         return fail(libc::EINVAL);
     };
-    let mut e = Enc::op(Op::LeaveMcast);
-    e.u64(token).addr(Some(group));
-    let r = rpc_status(&e);
+    let r = rpc_status(&Request::Cm(Invocation::LeaveMulticast { id: token, group }));
     if r == 0 {
         lock(&registry().0).groups.remove(&(token, group.ip()));
     }
@@ -759,9 +759,10 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut RdmaCmId, timeout_ms: c_int
     let Some(token) = (unsafe { token_of(id) }) else {
         return fail(libc::EINVAL);
     };
-    let mut e = Enc::op(Op::ResolveRoute);
-    e.u64(token).u32(timeout_ms.max(0) as u32);
-    let r = rpc_status(&e);
+    let r = rpc_status(&Request::Cm(Invocation::ResolveRoute {
+        id: token,
+        timeout: Duration::from_millis(timeout_ms.max(0) as u64),
+    }));
     // SAFETY: id is a live IdPriv.
     if r == 0 && unsafe { is_sync(id) } {
         // SAFETY: as above.
@@ -777,50 +778,38 @@ pub unsafe extern "C" fn rdma_listen(id: *mut RdmaCmId, backlog: c_int) -> c_int
     let Some(token) = (unsafe { token_of(id) }) else {
         return fail(libc::EINVAL);
     };
-    let mut e = Enc::op(Op::Listen);
-    e.u64(token).i32(backlog);
-    rpc_status(&e)
+    rpc_status(&Request::Cm(Invocation::Listen { id: token, backlog }))
 }
 
-unsafe fn wire_param(param: *const RdmaConnParam) -> WireParam {
+/// The caller's `rdma_conn_param`, or librdmacm's defaults for NULL.
+unsafe fn conn_param(param: *const RdmaConnParam) -> ConnParam {
     if param.is_null() {
-        // librdmacm's defaults for a NULL conn_param.
-        let d = cm_core::ConnParam::new();
-        return WireParam {
-            private_data: Vec::new(),
-            responder_resources: d.responder_resources,
-            initiator_depth: d.initiator_depth,
-            flow_control: d.flow_control,
-            retry_count: d.retry_count,
-            rnr_retry_count: d.rnr_retry_count,
-            srq: 0,
-            qp_num: 0,
-        };
+        return ConnParam::new();
     }
     // SAFETY: param is the caller's rdma_conn_param; private_data points at private_data_len bytes.
     unsafe {
         let p = &*param;
-        let pd = if p.private_data.is_null() || p.private_data_len == 0 {
-            Vec::new()
+        let pd: &[u8] = if p.private_data.is_null() || p.private_data_len == 0 {
+            &[]
         } else {
-            std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize).to_vec()
+            std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize)
         };
-        WireParam {
-            private_data: pd,
+        ConnParam {
+            private_data: cm_core::PrivateData::new(pd),
             responder_resources: p.responder_resources,
             initiator_depth: p.initiator_depth,
             flow_control: p.flow_control,
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
-            srq: p.srq,
+            srq: p.srq != 0,
             qp_num: p.qp_num,
         }
     }
 }
 
-unsafe fn connect_or_accept(op: Op, id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
+unsafe fn connect_or_accept(connect: bool, id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
     // SAFETY: id came from this library; param is NULL or the caller's.
-    let (Some(token), mut p) = (unsafe { token_of(id) }, unsafe { wire_param(param) }) else {
+    let (Some(token), mut p) = (unsafe { token_of(id) }, unsafe { conn_param(param) }) else {
         return fail(libc::EINVAL);
     };
     // Like librdmacm, an id with a QP announces that QP's number (the peer's event reports it).
@@ -828,9 +817,11 @@ unsafe fn connect_or_accept(op: Op, id: *mut RdmaCmId, param: *const RdmaConnPar
     if let Some(qp) = unsafe { (*id).qp.as_ref() } {
         p.qp_num = qp.qp_num;
     }
-    let mut e = Enc::op(op);
-    e.u64(token).param(&p);
-    let r = rpc_status(&e);
+    let r = rpc_status(&Request::Cm(if connect {
+        Invocation::Connect { id: token, param: p }
+    } else {
+        Invocation::Accept { id: token, param: p }
+    }));
     // SAFETY: id is a live IdPriv.
     if r == 0 && unsafe { is_sync(id) } {
         // SAFETY: as above.
@@ -843,14 +834,14 @@ unsafe fn connect_or_accept(op: Op, id: *mut RdmaCmId, param: *const RdmaConnPar
 #[no_mangle]
 pub unsafe extern "C" fn rdma_connect(id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { connect_or_accept(Op::Connect, id, param) }
+    unsafe { connect_or_accept(true, id, param) }
 }
 
 /// `rdma_accept`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
     // SAFETY: forwarded contract.
-    unsafe { connect_or_accept(Op::Accept, id, param) }
+    unsafe { connect_or_accept(false, id, param) }
 }
 
 /// `rdma_reject`.
@@ -866,9 +857,10 @@ pub unsafe extern "C" fn rdma_reject(id: *mut RdmaCmId, private_data: *const c_v
         // SAFETY: the caller passes len readable bytes.
         unsafe { std::slice::from_raw_parts(private_data as *const u8, len as usize) }.to_vec()
     };
-    let mut e = Enc::op(Op::Reject);
-    e.u64(token).bytes(&pd);
-    rpc_status(&e)
+    rpc_status(&Request::Cm(Invocation::Reject {
+        id: token,
+        private_data: pd,
+    }))
 }
 
 /// `rdma_disconnect`.
@@ -878,9 +870,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
     let Some(token) = (unsafe { token_of(id) }) else {
         return fail(libc::EINVAL);
     };
-    let mut e = Enc::op(Op::Disconnect);
-    e.u64(token);
-    rpc_status(&e)
+    rpc_status(&Request::Cm(Invocation::Disconnect { id: token }))
 }
 
 /// `rdma_create_qp`: the QP lives in the simulator; the `ibv_qp` here carries its number and
@@ -947,18 +937,21 @@ pub unsafe extern "C" fn rdma_create_qp(
             (*attr).qp_type,
         )
     };
-    let mut e = Enc::op(Op::CreateQp);
-    e.u64(token)
-        .u32(cap.max_send_wr)
-        .u32(cap.max_recv_wr)
-        .u32(cap.max_send_sge)
-        .u32(cap.max_recv_sge)
-        .u32(cap.max_inline_data)
-        .u64(send_cq)
-        .u64(recv_cq)
-        .u8(sig_all as u8)
-        .u32(qp_type);
-    let buf = match rpc(&e) {
+    let mut caps = cm_core::QpCaps::new();
+    caps.max_send_wr = cap.max_send_wr;
+    caps.max_recv_wr = cap.max_recv_wr;
+    caps.max_send_sge = cap.max_send_sge;
+    caps.max_recv_sge = cap.max_recv_sge;
+    caps.max_inline_data = cap.max_inline_data;
+    let create = Request::CreateQp {
+        id: token,
+        caps,
+        send_cq,
+        recv_cq,
+        sq_sig_all: sig_all,
+        qp_type,
+    };
+    let buf = match rpc(&create) {
         Ok(b) => b,
         Err(errno) => {
             // SAFETY: id is a live IdPriv.
@@ -967,22 +960,18 @@ pub unsafe extern "C" fn rdma_create_qp(
         }
     };
     let mut d = Dec::new(&buf);
-    let mut vals = [0u32; 6];
-    for v in &mut vals {
-        match d.u32() {
-            Ok(x) => *v = x,
-            Err(_) => return fail(libc::EPROTO),
-        }
-    }
+    let Ok((got, qp_num)) = d.caps().and_then(|caps| Ok((caps, d.u32()?))) else {
+        return fail(libc::EPROTO);
+    };
     lock(&registry().0).recvs.insert(token, Default::default());
     // SAFETY: attr is the caller's (written back as librdmacm does); id is a live IdPriv.
     unsafe {
         (*attr).cap = IbvQpCap {
-            max_send_wr: vals[0],
-            max_recv_wr: vals[1],
-            max_send_sge: vals[2],
-            max_recv_sge: vals[3],
-            max_inline_data: vals[4],
+            max_send_wr: got.max_send_wr,
+            max_recv_wr: got.max_recv_wr,
+            max_send_sge: got.max_send_sge,
+            max_recv_sge: got.max_recv_sge,
+            max_inline_data: got.max_inline_data,
         };
         let qp = Box::new(crate::verbs::QpPriv {
             public: IbvQp {
@@ -992,8 +981,8 @@ pub unsafe extern "C" fn rdma_create_qp(
                 send_cq: (*attr).send_cq,
                 recv_cq: (*attr).recv_cq,
                 srq: (*attr).srq,
-                handle: vals[5],
-                qp_num: vals[5],
+                handle: qp_num,
+                qp_num,
                 state: IBV_QPS_INIT,
                 qp_type: (*attr).qp_type,
                 sync: [0; 11],
@@ -1036,9 +1025,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
     let Some(token) = (unsafe { token_of(id) }) else {
         return;
     };
-    let mut e = Enc::op(Op::DestroyQp);
-    e.u64(token);
-    if let Err(errno) = rpc(&e) {
+    if let Err(errno) = call(Invocation::DestroyQp { id: token }) {
         eprintln!("cmsim: rdma_destroy_qp: {}", cm_core::errno_text(errno));
         return;
     }
@@ -1155,9 +1142,7 @@ unsafe fn is_sync(id: *mut RdmaCmId) -> bool {
 
 /// Gives an event the library consumed itself back to the daemon.
 fn ack_wire(w: &WireEvent) {
-    let mut e = Enc::op(Op::AckEvent);
-    e.u64(w.event_no);
-    let _ = tell(&e);
+    let _ = tell(&Request::AckEvent { event: w.event_no });
 }
 
 /// librdmacm's `ucma_complete`: a synchronous call waits for the id's next event and turns
@@ -1237,7 +1222,7 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
                 flow_control: w.param.flow_control,
                 retry_count: w.param.retry_count,
                 rnr_retry_count: w.param.rnr_retry_count,
-                srq: w.param.srq,
+                srq: w.param.srq as u8,
                 pad0: 0,
                 qp_num: w.param.qp_num,
                 pad1: 0,
@@ -1246,7 +1231,7 @@ unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Op
         },
         event_no: w.event_no,
         counted,
-        private_data: w.param.private_data,
+        private_data: w.param.private_data.as_slice().to_vec(),
     });
     if !ev.private_data.is_empty() {
         ev.public.conn.private_data = ev.private_data.as_ptr() as *const c_void;
@@ -1293,9 +1278,7 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
     } else {
         // librdmacm's ack is the library's alone and cannot fail for an event it gave out; the
         // daemon is told (it holds the id's accounting) without a round trip.
-        let mut e = Enc::op(Op::AckEvent);
-        e.u64(ev.event_no);
-        match tell(&e) {
+        match tell(&Request::AckEvent { event: ev.event_no }) {
             Ok(()) => 0,
             Err(errno) => fail(errno),
         }

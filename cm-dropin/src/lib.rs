@@ -12,5 +12,6 @@
 pub mod abi;
 pub mod ffi;
 pub mod proto;
+pub mod request;
 pub mod sock;
 pub mod verbs;

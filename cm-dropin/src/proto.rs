@@ -1,14 +1,16 @@
 //! The wire protocol between the drop-in library and the fabric daemon.
 //!
 //! Every message is one `SOCK_SEQPACKET` datagram, so framing is the kernel's. A request is
-//! `op: u32` then its fields; the reply is `errno: i32` (0 on success) then the result fields.
-//! Channel sockets carry daemon-to-process datagrams only: [`CHAN_ATTACHED`] once, then one
-//! [`CHAN_EVENT`] per CM event. Fields are little-endian; the encoding is written by hand
-//! because both ends are this crate.
+//! `op: u32` then its fields ([`Request`](crate::request::Request) is the typed value and its
+//! codec); the reply is `errno: i32` (0 on success) then the result fields. Channel sockets
+//! carry daemon-to-process datagrams only: [`CHAN_ATTACHED`] once, then one [`CHAN_EVENT`] per
+//! CM event. Fields are little-endian; each cm-core type has one codec here ([`Enc::param`]
+//! and [`Dec::param`] for [`ConnParam`], [`Enc::ud_param`] for [`UdParam`], ...), which both
+//! ends use.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use cm_core::{AhAttr, UdParam};
+use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
@@ -20,7 +22,9 @@ pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
 /// Environment variable: the simulated host (one of its addresses) the process runs on.
 pub const HOST_ENV: &str = "CMSIM_HOST";
 
-/// Requests a process sends on its control socket.
+/// The first field of every datagram a process sends: which message it is. The requests'
+/// layouts are [`Request`](crate::request::Request)'s codec; the first messages of a connection
+/// are written here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Op {
@@ -29,86 +33,74 @@ pub enum Op {
     /// version (or none), `EPERM` for a pid that is not the sender's. Build it with
     /// [`Enc::hello`].
     Hello = 1,
-    /// → `channel: u64`.
+    /// `rdma_create_event_channel`.
     CreateChannel,
-    /// `channel: u64`.
+    /// `rdma_destroy_event_channel`.
     DestroyChannel,
     /// Sent as the first datagram of a channel socket: `proc: u64, channel: u64`.
     AttachChannel,
-    /// `channel: u64, ps: u32` → `id: u64`.
+    /// `rdma_create_id`.
     CreateId,
-    /// `id: u64`.
+    /// `rdma_destroy_id`.
     DestroyId,
-    /// `id: u64, addr: addr`.
+    /// `rdma_bind_addr`.
     BindAddr,
-    /// `id: u64, src: addr, dst: addr, timeout_ms: u32`.
+    /// `rdma_resolve_addr`.
     ResolveAddr,
-    /// `id: u64, timeout_ms: u32`.
+    /// `rdma_resolve_route`.
     ResolveRoute,
-    /// `id: u64, caps: 5 x u32, send_cq: u64, recv_cq: u64, sq_sig_all: u8, qp_type: u32` →
-    /// `caps: 5 x u32, qp_num: u32`. A datagram id's QP is `IBV_QPT_UD`, a connected id's
-    /// `IBV_QPT_RC` (else `EINVAL`); a UD QP's number is the simulator's, which datagrams are
-    /// addressed by.
+    /// `rdma_create_qp`.
     CreateQp,
-    /// `id: u64`.
+    /// `rdma_destroy_qp`.
     DestroyQp,
-    /// `id: u64, backlog: i32`.
+    /// `rdma_listen`.
     Listen,
-    /// `id: u64, param`.
+    /// `rdma_connect`.
     Connect,
-    /// `id: u64, param`.
+    /// `rdma_accept`.
     Accept,
-    /// `id: u64, private_data: bytes`.
+    /// `rdma_reject`.
     Reject,
-    /// `id: u64`.
+    /// `rdma_disconnect`.
     Disconnect,
-    /// `event: u64`. Not answered: an ack that is refused (another process's event, or one
-    /// acked already) is said on the daemon's stderr and leaves the event as it was.
+    /// `rdma_ack_cm_event` (not answered).
     AckEvent,
-    /// `id: u64` → `local: addr, peer: addr`.
+    /// An id's addresses.
     QueryAddrs,
-    /// `cqe: u32, channel: u64` → `cq: u64`.
+    /// `ibv_create_cq`.
     CreateCq,
-    /// `cq: u64`.
+    /// `ibv_destroy_cq`.
     DestroyCq,
-    /// `cq: u64, max: u32` → `n: u32`, then n x [`WireWc`].
+    /// `ibv_poll_cq`.
     PollCq,
-    /// `id: u64, wr_id: u64, signaled: u8, data: bytes`.
+    /// `ibv_post_send` of a SEND.
     PostSend,
-    /// `id: u64, wr_id: u64, len: u32`. A UD QP's receive holds the 40-byte GRH and then
-    /// the payload, as on verbs.
+    /// `ibv_post_recv`.
     PostRecv,
     /// Sent as the first datagram of a connection that is not a process: `addr` → `u8`, 1
     /// when some id listens there (the wrapper's `--wait-for-listener`).
     ProbeListener,
-    /// → `channel: u64` (a completion channel; its socket is attached separately).
+    /// `ibv_create_comp_channel`.
     CreateCompChannel,
-    /// `channel: u64`.
+    /// `ibv_destroy_comp_channel`.
     DestroyCompChannel,
     /// Sent as the first datagram of a completion channel's socket: `proc: u64, channel: u64`.
     AttachCompChannel,
-    /// `cq: u64`: the next completion queued on the CQ raises one event on its channel.
+    /// `ibv_req_notify_cq`.
     ReqNotifyCq,
-    /// `addr: u64, len: u64, access: u32` → `key: u32` (lkey and rkey).
+    /// `ibv_reg_mr`.
     RegMr,
-    /// `key: u32`.
+    /// `ibv_dereg_mr`.
     DeregMr,
-    /// `id: u64, wr_id: u64, signaled: u8, remote_addr: u64, rkey: u32, n: u32, n x (addr:
-    /// u64, len: u32, lkey: u32)`: an RDMA WRITE of the caller's registered memory (the
-    /// entries; inline data must lie in a registered region too) into the region `rkey`
-    /// names at the QP's peer, carried out by the simulator.
+    /// `ibv_post_send` of an RDMA WRITE.
     RdmaWrite,
-    /// As [`Op::RdmaWrite`]: an RDMA READ of the peer's region into the entries, which the
-    /// simulator writes in the caller's memory before the completion is queued.
+    /// `ibv_post_send` of an RDMA READ.
     RdmaRead,
-    /// `id: u64, wr_id: u64, signaled: u8, dest: ud_param, imm: u8 + u32, data: bytes`: a
-    /// datagram to `dest` (the work request's remote QP number and Q_Key, and its address
-    /// handle's attributes; the multicast QPN for a group), carried by the simulator.
+    /// `ibv_post_send` on a UD QP.
     PostSendUd,
-    /// `id: u64, group: addr`: `rdma_join_multicast`; `MULTICAST_JOIN` (or `MULTICAST_ERROR`)
-    /// follows on the id's channel.
+    /// `rdma_join_multicast`.
     JoinMcast,
-    /// `id: u64, group: addr`.
+    /// `rdma_leave_multicast`.
     LeaveMcast,
 }
 
@@ -226,27 +218,6 @@ pub const CHAN_ATTACHED: u8 = 1;
 /// Channel datagram: one CM event (see [`WireEvent`]).
 pub const CHAN_EVENT: u8 = 2;
 
-/// The connection parameters of `struct rdma_conn_param` without the pointer.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WireParam {
-    /// Private data bytes.
-    pub private_data: Vec<u8>,
-    /// `responder_resources`.
-    pub responder_resources: u8,
-    /// `initiator_depth`.
-    pub initiator_depth: u8,
-    /// `flow_control`.
-    pub flow_control: u8,
-    /// `retry_count`.
-    pub retry_count: u8,
-    /// `rnr_retry_count`.
-    pub rnr_retry_count: u8,
-    /// `srq`.
-    pub srq: u8,
-    /// `qp_num`.
-    pub qp_num: u32,
-}
-
 /// One CM event as the daemon sends it on a channel socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WireEvent {
@@ -261,7 +232,7 @@ pub struct WireEvent {
     /// `status`.
     pub status: i32,
     /// Connection parameters carried by the event.
-    pub param: WireParam,
+    pub param: ConnParam,
     /// The id's local address (so a child id knows it without a round trip).
     pub local: Option<SocketAddr>,
     /// The id's peer address.
@@ -352,15 +323,15 @@ impl Enc {
         self
     }
     /// Appends connection parameters.
-    pub fn param(&mut self, p: &WireParam) -> &mut Self {
-        self.bytes(&p.private_data);
+    pub fn param(&mut self, p: &ConnParam) -> &mut Self {
+        self.bytes(p.private_data.as_slice());
         for b in [
             p.responder_resources,
             p.initiator_depth,
             p.flow_control,
             p.retry_count,
             p.rnr_retry_count,
-            p.srq,
+            p.srq as u8,
         ] {
             self.u8(b);
         }
@@ -487,15 +458,17 @@ impl<'a> Dec<'a> {
         }
     }
     /// Reads connection parameters.
-    pub fn param(&mut self) -> Result<WireParam, Malformed> {
-        Ok(WireParam {
-            private_data: self.bytes()?.to_vec(),
+    pub fn param(&mut self) -> Result<ConnParam, Malformed> {
+        Ok(ConnParam {
+            // Kept whole up to MAX_PRIVATE_DATA, its full length remembered: the simulator
+            // refuses what is too long for the call.
+            private_data: PrivateData::new(self.bytes()?),
             responder_resources: self.u8()?,
             initiator_depth: self.u8()?,
             flow_control: self.u8()?,
             retry_count: self.u8()?,
             rnr_retry_count: self.u8()?,
-            srq: self.u8()?,
+            srq: self.u8()? != 0,
             qp_num: self.u32()?,
         })
     }
@@ -569,12 +542,12 @@ mod tests {
             listen_id: 1,
             event: 4,
             status: -110,
-            param: WireParam {
-                private_data: b"hello".to_vec(),
+            param: ConnParam {
                 retry_count: 2,
                 qp_num: 99,
-                ..WireParam::default()
-            },
+                ..ConnParam::ZERO
+            }
+            .with_private_data(b"hello"),
             local: Some("10.0.0.1:7471".parse().unwrap()),
             peer: Some("[fe80::1]:9".parse().unwrap()),
             ud: Some(UdParam {

@@ -18,7 +18,9 @@ use std::time::Duration;
 use crate::abi::*;
 use crate::ffi::{fail, lock, registry, rpc, unsupported};
 use crate::proto::{self, Dec, Enc, Op};
+use crate::request::Request;
 use crate::sock::{self, SeqConn};
+use cm_core::Invocation;
 
 /// `IBV_WC_GRH`: the receive buffer starts with the 40-byte GRH.
 const IBV_WC_GRH: u32 = 1;
@@ -126,9 +128,12 @@ pub unsafe extern "C" fn ibv_reg_mr(
         return ptr::null_mut();
     }
     // The daemon hands out the key: an RDMA READ/WRITE from a peer names the region by it.
-    let mut e = Enc::op(Op::RegMr);
-    e.u64(addr as u64).u64(length as u64).u32(access as u32);
-    let key = match rpc(&e).and_then(|b| Dec::new(&b).u32().map_err(|_| libc::EPROTO)) {
+    let reg = Request::RegMr {
+        addr: addr as u64,
+        len: length as u64,
+        access: access as u32,
+    };
+    let key = match rpc(&reg).and_then(|b| Dec::new(&b).u32().map_err(|_| libc::EPROTO)) {
         Ok(k) => k,
         Err(errno) => {
             fail(errno);
@@ -156,9 +161,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     }
     // SAFETY: mr came from ibv_reg_mr and is given back once.
     let mr = unsafe { Box::from_raw(mr) };
-    let mut e = Enc::op(Op::DeregMr);
-    e.u32(mr.lkey);
-    rpc(&e).err().unwrap_or(0)
+    rpc(&Request::DeregMr { key: mr.lkey }).err().unwrap_or(0)
 }
 
 /// `ibv_create_cq`.
@@ -176,9 +179,11 @@ pub unsafe extern "C" fn ibv_create_cq(
         // SAFETY: channel came from ibv_create_comp_channel.
         unsafe { (*(channel as *mut CompChannelPriv)).token }
     };
-    let mut e = Enc::op(Op::CreateCq);
-    e.u32(cqe.max(1) as u32).u64(channel_token);
-    let token = match rpc(&e).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
+    let create = Request::CreateCq {
+        cqe: cqe.max(1) as u32,
+        channel: channel_token,
+    };
+    let token = match rpc(&create).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
         Ok(t) => t,
         Err(errno) => {
             fail(errno);
@@ -213,9 +218,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     if token == 0 {
         return libc::EINVAL;
     }
-    let mut e = Enc::op(Op::DestroyCq);
-    e.u64(token);
-    match rpc(&e) {
+    match rpc(&Request::DestroyCq { cq: token }) {
         Ok(_) => {
             if let Some(m) = lock(&CQS).as_mut() {
                 m.remove(&token);
@@ -250,7 +253,7 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
     while !cur.is_null() {
         // SAFETY: cur is the caller's work request list.
         let w = unsafe { &*cur };
-        let signaled = (w.send_flags & IBV_SEND_SIGNALED != 0) as u8;
+        let signaled = w.send_flags & IBV_SEND_SIGNALED != 0;
         // SAFETY: sg_list holds num_sge entries.
         let list = unsafe { sges(w.sg_list, w.num_sge) };
         let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
@@ -284,15 +287,15 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                         // SAFETY: the handle came from ibv_create_ah(_from_wc).
                         ah_attr: unsafe { (*ah).attr },
                     };
-                    let mut e = Enc::op(Op::PostSendUd);
-                    e.u64(token)
-                        .u64(w.wr_id)
-                        .u8(signaled)
-                        .ud_param(&dest)
-                        .u8(imm as u8)
-                        .u32(w.imm_data)
-                        .bytes(&data);
-                    rpc(&e).err().unwrap_or(0)
+                    let send = Request::PostSendUd {
+                        id: token,
+                        wr_id: w.wr_id,
+                        signaled,
+                        dest,
+                        imm: imm.then_some(w.imm_data),
+                        data,
+                    };
+                    rpc(&send).err().unwrap_or(0)
                 }
             }
             IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
@@ -302,28 +305,27 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     let bytes = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
                     data.extend_from_slice(bytes);
                 }
-                let mut e = Enc::op(Op::PostSend);
-                e.u64(token).u64(w.wr_id).u8(signaled).bytes(&data);
-                rpc(&e).err().unwrap_or(0)
+                let send = Request::PostSend {
+                    id: token,
+                    wr_id: w.wr_id,
+                    signaled,
+                    data,
+                };
+                rpc(&send).err().unwrap_or(0)
             }
             // The simulator carries these out over the registered regions the entries name,
             // reaching this process's memory as a NIC would, in the QP's order and virtual time.
             IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ => {
-                let mut e = Enc::op(if w.opcode == IBV_WR_RDMA_WRITE {
-                    Op::RdmaWrite
-                } else {
-                    Op::RdmaRead
-                });
-                e.u64(token)
-                    .u64(w.wr_id)
-                    .u8(signaled)
-                    .u64(w.remote_addr)
-                    .u32(w.rkey)
-                    .u32(list.len() as u32);
-                for s in &list {
-                    e.u64(s.addr).u32(s.length).u32(s.lkey);
-                }
-                rpc(&e).err().unwrap_or(0)
+                let rdma = Request::Rdma {
+                    write: w.opcode == IBV_WR_RDMA_WRITE,
+                    id: token,
+                    wr_id: w.wr_id,
+                    signaled,
+                    remote_addr: w.remote_addr,
+                    rkey: w.rkey,
+                    sges: list.iter().map(|s| (s.addr, s.length, s.lkey)).collect(),
+                };
+                rpc(&rdma).err().unwrap_or(0)
             }
             _ => {
                 unsupported("ibv_post_send with an atomic or WRITE_WITH_IMM opcode");
@@ -350,9 +352,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     }
     // SAFETY: qp came from rdma_create_qp.
     let token = unsafe { qp_token(qp) };
-    let mut e = Enc::op(Op::DestroyQp);
-    e.u64(token);
-    if let Err(errno) = rpc(&e) {
+    if let Err(errno) = crate::ffi::call(Invocation::DestroyQp { id: token }) {
         return errno;
     }
     crate::ffi::forget_qp(token, qp);
@@ -385,9 +385,12 @@ unsafe extern "C" fn post_recv(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad_wr: *mut 
                 wr_id: w.wr_id,
                 sges: list,
             });
-        let mut e = Enc::op(Op::PostRecv);
-        e.u64(token).u64(w.wr_id).u32(len);
-        if let Err(errno) = rpc(&e) {
+        let post = Invocation::PostRecv {
+            id: token,
+            wr_id: w.wr_id,
+            len,
+        };
+        if let Err(errno) = crate::ffi::call(post) {
             if let Some(q) = lock(&registry().0).recvs.get_mut(&token) {
                 if let Some(pos) = q.iter().rposition(|r| r.wr_id == w.wr_id) {
                     q.remove(pos);
@@ -426,9 +429,10 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
     if token == 0 || num_entries < 0 || (num_entries > 0 && wc.is_null()) {
         return -libc::EINVAL;
     }
-    let mut e = Enc::op(Op::PollCq);
-    e.u64(token).u32(num_entries as u32);
-    let buf = match rpc(&e) {
+    let buf = match rpc(&Request::PollCq {
+        cq: token,
+        max: num_entries as u32,
+    }) {
         Ok(b) => b,
         Err(errno) => return -errno,
     };
@@ -500,9 +504,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_
     if let Err(errno) = unsafe { attach(channel as *mut CompChannelPriv) } {
         return errno;
     }
-    let mut e = Enc::op(Op::ReqNotifyCq);
-    e.u64(token);
-    rpc(&e).err().unwrap_or(0)
+    rpc(&Request::ReqNotifyCq { cq: token }).err().unwrap_or(0)
 }
 
 /// Gives a completion channel its socket if it has none yet.
@@ -539,15 +541,14 @@ unsafe fn attach(ch: *mut CompChannelPriv) -> Result<(), c_int> {
 }
 
 fn new_comp_channel(context: *mut c_void, eager: bool) -> *mut CompChannelPriv {
-    let token = match rpc(&Enc::op(Op::CreateCompChannel))
-        .and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO))
-    {
-        Ok(t) => t,
-        Err(errno) => {
-            fail(errno);
-            return ptr::null_mut();
-        }
-    };
+    let token =
+        match rpc(&Request::CreateCompChannel).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {
+            Ok(t) => t,
+            Err(errno) => {
+                fail(errno);
+                return ptr::null_mut();
+            }
+        };
     let ch = Box::into_raw(Box::new(CompChannelPriv {
         public: IbvCompChannel {
             context,
@@ -582,10 +583,11 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
         return libc::EINVAL;
     }
     let ch = channel as *mut CompChannelPriv;
-    let mut e = Enc::op(Op::DestroyCompChannel);
-    // SAFETY: channel came from ibv_create_comp_channel.
-    e.u64(unsafe { (*ch).token });
-    if let Err(errno) = rpc(&e) {
+    let destroy = Request::DestroyCompChannel {
+        // SAFETY: channel came from ibv_create_comp_channel.
+        channel: unsafe { (*ch).token },
+    };
+    if let Err(errno) = rpc(&destroy) {
         return errno;
     }
     // SAFETY: ch is this library's, given back once.

@@ -1066,7 +1066,7 @@ fn connected_pair(
     (cm_dropin::sock::SeqConn, u64),
     Vec<cm_dropin::sock::SeqConn>,
 ) {
-    use cm_dropin::proto::{Enc, Op, WireParam};
+    use cm_dropin::proto::{Enc, Op};
     let one = |conn: &cm_dropin::sock::SeqConn, e: &Enc| {
         let (status, rest) = ask(conn, e);
         assert_eq!(status, 0, "{:?}", cm_dropin::proto::Dec::new(&e.0).u32());
@@ -1093,12 +1093,12 @@ fn connected_pair(
         one(conn, &e);
     };
     // One READ in flight each way, as rping asks.
-    let param = WireParam {
+    let param = cm_core::ConnParam {
         retry_count: 7,
         rnr_retry_count: 7,
         responder_resources: 1,
         initiator_depth: 1,
-        ..WireParam::default()
+        ..cm_core::ConnParam::ZERO
     };
     let addr: std::net::SocketAddr = format!("10.0.0.1:{port}").parse().expect("address");
     let (server, s_token) = attach_with_token(socket, "10.0.0.1");

@@ -79,8 +79,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cm_dropin::proto::{
-    Dec, Enc, Op, WireEvent, WireParam, WireWc, CHAN_ATTACHED, CHAN_COMP, CHAN_EVENT, MAX_MESSAGE,
-    PROTOCOL_VERSION,
+    Dec, Enc, Op, WireEvent, WireWc, CHAN_ATTACHED, CHAN_COMP, CHAN_EVENT, MAX_MESSAGE, PROTOCOL_VERSION,
 };
 use cm_dropin::sock::{self, Interest, SeqConn, MAX_DATAGRAM};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -494,7 +493,10 @@ fn next_event(
         let mut ack = Enc::op(Op::AckEvent);
         ack.u64(ev.event_no);
         p.tell(&ack)?;
-        if refuse && ev.event == EV_CONNECT_REQUEST && !ev.param.private_data.starts_with(PAIR_MAGIC) {
+        if refuse
+            && ev.event == EV_CONNECT_REQUEST
+            && !ev.param.private_data.as_slice().starts_with(PAIR_MAGIC)
+        {
             // Someone else's: refused, and the id the request made is given back.
             let mut r = Enc::op(Op::Reject);
             r.u64(ev.id).bytes(b"");
@@ -535,15 +537,25 @@ fn create_qp(id: u64, cq: u64) -> Enc {
     e
 }
 
-fn conn_param(private_data: &[u8]) -> WireParam {
-    WireParam {
-        private_data: private_data.to_vec(),
+fn conn_param(private_data: &[u8]) -> cm_core::ConnParam {
+    cm_core::ConnParam {
         responder_resources: 1,
         initiator_depth: 1,
         retry_count: 7,
         rnr_retry_count: 7,
-        ..WireParam::default()
+        ..cm_core::ConnParam::ZERO
     }
+    .with_private_data(private_data)
+}
+
+/// Connection parameters as the wire lays them out, with private data of any length (the
+/// library's own encoder keeps at most what `struct rdma_conn_param` can hold).
+fn raw_param(e: &mut Enc, private_data: &[u8], fields: [u8; 6], qp_num: u32) {
+    e.bytes(private_data);
+    for b in fields {
+        e.u8(b);
+    }
+    e.u32(qp_num);
 }
 
 fn post_recv(p: &Proc, id: u64, wr_id: u64) -> Result<(), String> {
@@ -1422,22 +1434,10 @@ impl Gen<'_> {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
                 let pd = self.len(room);
                 let pd = self.noise(pd.min(4096));
-                let mut p = WireParam {
-                    private_data: pd,
-                    ..WireParam::default()
-                };
                 let mut b = [0u8; 6];
                 self.rng.fill_bytes(&mut b);
-                [
-                    p.responder_resources,
-                    p.initiator_depth,
-                    p.flow_control,
-                    p.retry_count,
-                    p.rnr_retry_count,
-                    p.srq,
-                ] = b;
-                p.qp_num = self.rng.next_u32();
-                e.param(&p);
+                let qp_num = self.rng.next_u32();
+                raw_param(&mut e, &pd, b, qp_num);
             }
             Op::Reject => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
@@ -2503,10 +2503,7 @@ fn flood(g: &mut Gen, st: &mut Stats) -> Result<(), String> {
                 e.u64(1).u8(1).bytes(&data);
             }
             Op::Connect | Op::Accept => {
-                e.param(&WireParam {
-                    private_data: data,
-                    ..WireParam::default()
-                });
+                raw_param(&mut e, &data, [0; 6], 0);
             }
             Op::PostSendUd => {
                 let dest = cm_core::UdParam {

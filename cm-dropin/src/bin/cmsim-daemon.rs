@@ -14,10 +14,12 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, PortSpace, QpCaps,
-    RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, GRH_LEN,
+    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpCaps, RemoteAddr,
+    SendOp, SendWr, Sge, WcOpcode, WcStatus, GRH_LEN,
 };
-use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireParam, WireWc};
+use cm_core::{Invocation, Outcome};
+use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
+use cm_dropin::request::Request;
 use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
 use cm_sim::{Fault, FaultSchedule, MsgKind, RegionMemory, SimFabric, SimHost};
 
@@ -314,9 +316,6 @@ impl RegionMemory for ProcessMemory {
     }
 }
 
-/// Scatter/gather entries one request may name, at most (what a QP's caps allow is checked by
-/// the simulator; this bounds what a malformed request makes the daemon hold).
-const MAX_SGE: usize = 64;
 /// A remote address no region has: `REM_ACCESS_ERR` at any peer (the simulator's keys are
 /// never 0).
 const NOWHERE: RemoteAddr = RemoteAddr { addr: 0, rkey: 0 };
@@ -472,175 +471,62 @@ impl Daemon {
         e.0
     }
 
+    /// One request: decoded, then served by what it is.
     fn serve(&mut self, proc: u64, msg: &[u8], reply: &mut Enc) -> Result<(), i32> {
-        let mut d = Dec::new(msg);
-        let bad = |_| libc::EPROTO;
-        let op = Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
-        let cm = |r: Result<(), CmError>| r.map_err(|e| errno_of(&e));
-        match op {
-            Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel => Err(libc::EPROTO),
-            Op::CreateChannel => {
-                let mut host = self.procs[&proc].host.clone();
-                let handle = host.create_event_channel().map_err(|e| errno_of(&e))?;
-                let t = self.token();
-                self.channels.insert(
-                    t,
-                    ChanEntry {
-                        proc,
-                        handle,
-                        sock: None,
-                        pending: VecDeque::new(),
-                    },
-                );
-                self.procs
-                    .get_mut(&proc)
-                    .expect("caller exists")
-                    .channels
-                    .insert(t);
-                reply.u64(t);
+        match Request::decode(msg)? {
+            Request::Cm(call) => self.serve_cm(proc, call, reply),
+            Request::CreateQp {
+                id,
+                caps,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                qp_type,
+            } => self.create_qp(proc, id, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+            Request::PostSend {
+                id,
+                wr_id,
+                signaled,
+                data,
+            } => self.post_send(proc, id, wr_id, signaled, &data),
+            Request::PostSendUd {
+                id,
+                wr_id,
+                signaled,
+                dest,
+                imm,
+                data,
+            } => self.post_send_ud(proc, id, wr_id, signaled, &dest, imm, &data),
+            Request::Rdma {
+                write,
+                id,
+                wr_id,
+                signaled,
+                remote_addr,
+                rkey,
+                sges,
+            } => self.post_rdma(
+                proc,
+                id,
+                wr_id,
+                signaled,
+                write,
+                RemoteAddr {
+                    addr: remote_addr,
+                    rkey,
+                },
+                &sges,
+            ),
+            Request::QueryAddrs { id } => {
+                let (id, mut host) = self.id_of(proc, id)?;
+                let local = host.get_local_addr(id).map_err(|e| errno_of(&e))?;
+                let peer = host.get_peer_addr(id).map_err(|e| errno_of(&e))?;
+                reply.addr(local).addr(peer);
                 Ok(())
             }
-            Op::DestroyChannel => {
-                let t = d.u64().map_err(bad)?;
-                let handle = match self.channels.get(&t) {
-                    Some(c) if c.proc == proc => c.handle,
-                    _ => return Err(libc::EINVAL),
-                };
-                let mut host = self.procs[&proc].host.clone();
-                cm(host.destroy_event_channel(handle))?;
-                // The daemon's end goes when the program's does (watched in the loop): a
-                // program that makes and destroys channels all its life must not use up the
-                // daemon's fds.
-                if let Some(sock) = self.channels.remove(&t).and_then(|c| c.sock) {
-                    self.procs
-                        .get_mut(&proc)
-                        .expect("caller exists")
-                        .closed
-                        .push(sock);
-                }
-                self.procs
-                    .get_mut(&proc)
-                    .expect("caller exists")
-                    .channels
-                    .remove(&t);
-                Ok(())
-            }
-            Op::CreateId => {
-                let ch = d.u64().map_err(bad)?;
-                let ps = PortSpace::from_raw(d.u32().map_err(bad)?).ok_or(libc::EINVAL)?;
-                let handle = match self.channels.get(&ch) {
-                    Some(c) if c.proc == proc => c.handle,
-                    _ => return Err(libc::EINVAL),
-                };
-                let mut host = self.procs[&proc].host.clone();
-                let id = host.create_id(handle, ps).map_err(|e| errno_of(&e))?;
-                let t = self.register_id(proc, host.index(), id);
-                reply.u64(t);
-                Ok(())
-            }
-            Op::DestroyId => {
-                let t = d.u64().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                // Events still in the channel socket were never seen by the application: the
-                // library drops them, so they are given back here for it.
-                self.ack_outstanding(t);
-                // librdmacm destroys an id whose QP is still there (the kernel reclaims the QP
-                // when the process closes its device); the simulator refuses that, so the QP goes
-                // first here.
-                if self.ids.get(&t).is_some_and(|e| e.has_qp) {
-                    cm(host.destroy_qp(id))?;
-                    self.qp_gone(t);
-                }
-                cm(host.destroy_id(id))?;
-                self.forget_id(t);
-                Ok(())
-            }
-            Op::BindAddr => {
-                let t = d.u64().map_err(bad)?;
-                let addr = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.bind_addr(id, addr))
-            }
-            Op::ResolveAddr => {
-                let t = d.u64().map_err(bad)?;
-                let src = d.addr().map_err(bad)?;
-                let dst = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
-                let ms = d.u32().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.resolve_addr(id, src, dst, Duration::from_millis(ms.into())))
-            }
-            Op::ResolveRoute => {
-                let t = d.u64().map_err(bad)?;
-                let ms = d.u32().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.resolve_route(id, Duration::from_millis(ms.into())))
-            }
-            Op::CreateQp => {
-                let t = d.u64().map_err(bad)?;
-                let mut caps = QpCaps::new();
-                caps.max_send_wr = d.u32().map_err(bad)?;
-                caps.max_recv_wr = d.u32().map_err(bad)?;
-                caps.max_send_sge = d.u32().map_err(bad)?;
-                caps.max_recv_sge = d.u32().map_err(bad)?;
-                caps.max_inline_data = d.u32().map_err(bad)?;
-                caps.max_message_size = proto::MAX_MESSAGE;
-                let send_cq = d.u64().map_err(bad)?;
-                let recv_cq = d.u64().map_err(bad)?;
-                let sq_sig_all = d.u8().map_err(bad)? != 0;
-                let ud = d.u32().map_err(bad)? == IBV_QPT_UD;
-                for cq in [send_cq, recv_cq] {
-                    if cq != 0 && self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
-                        return Err(libc::EINVAL);
-                    }
-                }
-                let (id, mut host) = self.id_of(proc, t)?;
-                // librdmacm moves the QP as its id's port space says: a QP of the other kind
-                // cannot be made ready.
-                let datagram = host.id_machine(id).is_ok_and(|m| !m.port_space().is_connected());
-                if ud != datagram {
-                    return Err(libc::EINVAL);
-                }
-                let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
-                // Datagrams are addressed by the simulator's numbers; a connected QP is named
-                // by its id token, unique fabric-wide, which the peers' events carry.
-                let qp_num = match host.qp_num(id) {
-                    Ok(Some(n)) if ud => n,
-                    _ => t as u32,
-                };
-                if let Some(e) = self.ids.get_mut(&t) {
-                    e.has_qp = true;
-                    e.send_cq = send_cq;
-                    e.recv_cq = recv_cq;
-                    e.sq_sig_all = sq_sig_all;
-                    e.sends.clear();
-                    e.ud = ud;
-                }
-                for cq in [send_cq, recv_cq] {
-                    if let Some(c) = self.cqs.get_mut(&cq) {
-                        if !c.qps.contains(&t) {
-                            c.qps.push(t);
-                        }
-                    }
-                }
-                reply
-                    .u32(got.max_send_wr)
-                    .u32(got.max_recv_wr)
-                    .u32(got.max_send_sge)
-                    .u32(got.max_recv_sge)
-                    .u32(got.max_inline_data)
-                    .u32(qp_num);
-                Ok(())
-            }
-            Op::DestroyQp => {
-                let t = d.u64().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.destroy_qp(id))?;
-                self.qp_gone(t);
-                Ok(())
-            }
-            Op::CreateCq => {
-                let _cqe = d.u32().map_err(bad)?;
-                let channel = d.u64().map_err(bad)?;
+            // Served without a reply, in `serve_process`.
+            Request::AckEvent { .. } => Err(libc::EPROTO),
+            Request::CreateCq { channel, .. } => {
                 if channel != 0 && self.comp_channels.get(&channel).is_none_or(|c| c.proc != proc) {
                     return Err(libc::EINVAL);
                 }
@@ -659,54 +545,7 @@ impl Daemon {
                 reply.u64(t);
                 Ok(())
             }
-            Op::CreateCompChannel => {
-                let t = self.token();
-                self.comp_channels.insert(
-                    t,
-                    CompChan {
-                        proc,
-                        sock: None,
-                        pending: VecDeque::new(),
-                    },
-                );
-                reply.u64(t);
-                Ok(())
-            }
-            Op::DestroyCompChannel => {
-                let t = d.u64().map_err(bad)?;
-                match self.comp_channels.get(&t) {
-                    Some(c) if c.proc == proc => {
-                        // verbs refuses while a CQ still reports into the channel.
-                        if self.cqs.values().any(|cq| cq.channel == t) {
-                            return Err(libc::EBUSY);
-                        }
-                        if let Some(sock) = self.comp_channels.remove(&t).and_then(|c| c.sock) {
-                            self.procs
-                                .get_mut(&proc)
-                                .expect("caller exists")
-                                .closed
-                                .push(sock);
-                        }
-                        Ok(())
-                    }
-                    _ => Err(libc::EINVAL),
-                }
-            }
-            Op::ReqNotifyCq => {
-                let t = d.u64().map_err(bad)?;
-                if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
-                    return Err(libc::EINVAL);
-                }
-                // What the simulator completed before the call is not an event: only what
-                // arrives from now on is (the caller polls once more after arming).
-                self.collect_completions(t);
-                let c = self.cqs.get_mut(&t).expect("checked above");
-                c.armed = true;
-                c.fresh = false;
-                Ok(())
-            }
-            Op::DestroyCq => {
-                let t = d.u64().map_err(bad)?;
+            Request::DestroyCq { cq: t } => {
                 match self.cqs.get(&t) {
                     Some(c) if c.proc == proc && c.qps.is_empty() => {
                         self.cqs.remove(&t);
@@ -717,9 +556,8 @@ impl Daemon {
                     _ => Err(libc::EINVAL),
                 }
             }
-            Op::PollCq => {
-                let t = d.u64().map_err(bad)?;
-                let max = d.u32().map_err(bad)? as usize;
+            Request::PollCq { cq: t, max } => {
+                let max = max as usize;
                 if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
                     return Err(libc::EINVAL);
                 }
@@ -743,26 +581,51 @@ impl Daemon {
                 reply.0.extend_from_slice(&out.0);
                 Ok(())
             }
-            Op::PostSend => {
-                let t = d.u64().map_err(bad)?;
-                let wr_id = d.u64().map_err(bad)?;
-                let signaled = d.u8().map_err(bad)? != 0;
-                let data = d.bytes().map_err(bad)?;
-                if data.len() > proto::MAX_MESSAGE as usize {
+            Request::ReqNotifyCq { cq: t } => {
+                if self.cqs.get(&t).is_none_or(|c| c.proc != proc) {
                     return Err(libc::EINVAL);
                 }
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.post_send(id, wr_id, data))?;
-                if let Some(e) = self.ids.get_mut(&t) {
-                    let visible = signaled || e.sq_sig_all;
-                    e.sends.push_back((visible, data.len() as u32));
-                }
+                // What the simulator completed before the call is not an event: only what
+                // arrives from now on is (the caller polls once more after arming).
+                self.collect_completions(t);
+                let c = self.cqs.get_mut(&t).expect("checked above");
+                c.armed = true;
+                c.fresh = false;
                 Ok(())
             }
-            Op::RegMr => {
-                let addr = d.u64().map_err(bad)?;
-                let len = d.u64().map_err(bad)?;
-                let access = d.u32().map_err(bad)?;
+            Request::CreateCompChannel => {
+                let t = self.token();
+                self.comp_channels.insert(
+                    t,
+                    CompChan {
+                        proc,
+                        sock: None,
+                        pending: VecDeque::new(),
+                    },
+                );
+                reply.u64(t);
+                Ok(())
+            }
+            Request::DestroyCompChannel { channel: t } => {
+                match self.comp_channels.get(&t) {
+                    Some(c) if c.proc == proc => {
+                        // verbs refuses while a CQ still reports into the channel.
+                        if self.cqs.values().any(|cq| cq.channel == t) {
+                            return Err(libc::EBUSY);
+                        }
+                        if let Some(sock) = self.comp_channels.remove(&t).and_then(|c| c.sock) {
+                            self.procs
+                                .get_mut(&proc)
+                                .expect("caller exists")
+                                .closed
+                                .push(sock);
+                        }
+                        Ok(())
+                    }
+                    _ => Err(libc::EINVAL),
+                }
+            }
+            Request::RegMr { addr, len, access } => {
                 if addr.checked_add(len).is_none() {
                     // A range past the end of the address space: verbs' EINVAL, before any
                     // later access could add past it.
@@ -787,169 +650,253 @@ impl Daemon {
                 reply.u32(key);
                 Ok(())
             }
-            Op::DeregMr => {
-                let key = d.u32().map_err(bad)?;
-                match self.mrs.get(&key) {
-                    Some(m) if m.proc == proc => {
-                        self.forget_region(key);
-                        Ok(())
-                    }
-                    _ => Err(libc::EINVAL),
+            Request::DeregMr { key } => match self.mrs.get(&key) {
+                Some(m) if m.proc == proc => {
+                    self.forget_region(key);
+                    Ok(())
+                }
+                _ => Err(libc::EINVAL),
+            },
+        }
+    }
+
+    /// A librdmacm call: its tokens become the caller's handles (anyone else's are refused),
+    /// the simulator makes it, and the daemon records what it made.
+    fn serve_cm(&mut self, proc: u64, call: Invocation<u64, u64>, reply: &mut Enc) -> Result<(), i32> {
+        let call = match call {
+            // The simulator's datagram receive holds the payload alone; the GRH is the
+            // daemon's to put in front (a buffer too short for it holds no payload).
+            Invocation::PostRecv { id, wr_id, len } if self.ids.get(&id).is_some_and(|e| e.ud) => {
+                Invocation::PostRecv {
+                    id,
+                    wr_id,
+                    len: len.saturating_sub(GRH_LEN as u32),
                 }
             }
-            Op::RdmaWrite | Op::RdmaRead => {
-                let t = d.u64().map_err(bad)?;
-                let wr_id = d.u64().map_err(bad)?;
-                let signaled = d.u8().map_err(bad)? != 0;
-                let remote_addr = d.u64().map_err(bad)?;
-                let rkey = d.u32().map_err(bad)?;
-                let n = d.u32().map_err(bad)? as usize;
-                // More entries than any QP takes is malformed, not an allocation.
-                if n > MAX_SGE {
-                    return Err(libc::EINVAL);
-                }
-                let mut local = Vec::with_capacity(n);
-                for _ in 0..n {
-                    local.push((
-                        d.u64().map_err(bad)?,
-                        d.u32().map_err(bad)?,
-                        d.u32().map_err(bad)?,
-                    ));
-                }
-                // The port's max_msg_sz, as the library checks before sending (a client that
-                // does not is refused here).
-                let total: u64 = local.iter().map(|&(_, len, _)| u64::from(len)).sum();
-                if total > u64::from(proto::MAX_MESSAGE) {
-                    return Err(libc::EINVAL);
-                }
-                let (id, mut host) = self.id_of(proc, t)?;
-                let sq_sig_all = match self.ids.get(&t) {
-                    Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
-                    _ => return Err(libc::EINVAL),
-                };
-                let mut sges = Vec::with_capacity(n);
-                for (addr, len, lkey) in local {
-                    let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
-                    let base = self.mrs[&key].addr;
-                    let (handle, _, _) = self.sim_region(key, proc, id).ok_or(libc::EINVAL)?;
-                    sges.push(Sge::new(handle, addr - base, len));
-                }
-                let remote = self.remote_of(t, id, rkey, remote_addr);
-                let op = if op == Op::RdmaWrite {
-                    SendOp::Write { remote, imm: None }
-                } else {
-                    SendOp::Read { remote }
-                };
-                let mut wr = SendWr::new(wr_id, op, &sges);
-                wr.signaled = signaled || sq_sig_all;
-                cm(host.post_send_wr(id, &wr))
+            call => call,
+        };
+        let made = call.clone().map_handles(
+            |t| self.id_of(proc, t).map(|(id, _)| id),
+            |t| self.channel_of(proc, t),
+        )?;
+        let mut host = self.procs[&proc].host.clone();
+        if let Invocation::DestroyId { id } = made {
+            let t = *call.id().expect("an id call");
+            // Events still in the channel socket were never seen by the application: the
+            // library drops them, so they are given back here for it.
+            self.ack_outstanding(t);
+            // librdmacm destroys an id whose QP is still there (the kernel reclaims the QP
+            // when the process closes its device); the simulator refuses that, so the QP goes
+            // first here.
+            if self.ids.get(&t).is_some_and(|e| e.has_qp) {
+                host.destroy_qp(id).map_err(|e| errno_of(&e))?;
+                self.qp_gone(t);
             }
-            Op::PostSendUd => {
-                let t = d.u64().map_err(bad)?;
-                let wr_id = d.u64().map_err(bad)?;
-                let signaled = d.u8().map_err(bad)? != 0;
-                let dest = d.ud_param().map_err(bad)?;
-                let imm = (d.u8().map_err(bad)? != 0).then_some(d.u32().map_err(bad)?);
-                let data = d.bytes().map_err(bad)?;
-                if data.len() > proto::MAX_MESSAGE as usize {
-                    return Err(libc::EINVAL);
-                }
-                let (id, mut host) = self.id_of(proc, t)?;
-                match imm {
-                    None => cm(host.post_send_to(id, wr_id, &dest, data))?,
-                    Some(imm) => cm(host.post_send_to_with_imm(id, wr_id, &dest, data, imm))?,
-                }
-                if let Some(e) = self.ids.get_mut(&t) {
-                    let visible = signaled || e.sq_sig_all;
-                    e.sends.push_back((visible, data.len() as u32));
-                }
-                Ok(())
+        }
+        let outcome = made.invoke(&mut host).map_err(|e| errno_of(&e))?;
+        match (call, outcome) {
+            (Invocation::CreateEventChannel, Outcome::Channel(handle)) => {
+                let t = self.token();
+                self.channels.insert(
+                    t,
+                    ChanEntry {
+                        proc,
+                        handle,
+                        sock: None,
+                        pending: VecDeque::new(),
+                    },
+                );
+                self.procs
+                    .get_mut(&proc)
+                    .expect("caller exists")
+                    .channels
+                    .insert(t);
+                reply.u64(t);
             }
-            Op::JoinMcast | Op::LeaveMcast => {
-                let t = d.u64().map_err(bad)?;
-                let group = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                if op == Op::JoinMcast {
-                    cm(host.join_multicast(id, group))
-                } else {
-                    cm(host.leave_multicast(id, group))
+            (Invocation::DestroyEventChannel { channel: t }, _) => {
+                // The daemon's end goes when the program's does (watched in the loop): a
+                // program that makes and destroys channels all its life must not use up the
+                // daemon's fds.
+                let p = self.procs.get_mut(&proc).expect("caller exists");
+                if let Some(sock) = self.channels.remove(&t).and_then(|c| c.sock) {
+                    p.closed.push(sock);
                 }
+                p.channels.remove(&t);
             }
-            Op::PostRecv => {
-                let t = d.u64().map_err(bad)?;
-                let wr_id = d.u64().map_err(bad)?;
-                let len = d.u32().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                // The simulator's datagram receive holds the payload alone; the GRH is the
-                // daemon's to put in front (a buffer too short for it holds no payload).
-                let ud = self.ids.get(&t).is_some_and(|e| e.ud);
-                let len = if ud {
-                    len.saturating_sub(GRH_LEN as u32)
-                } else {
-                    len
-                };
-                cm(host.post_recv(id, wr_id, len))
+            (Invocation::CreateId { .. }, Outcome::Id(id)) => {
+                let t = self.register_id(proc, host.index(), id);
+                reply.u64(t);
             }
-            Op::Listen => {
-                let t = d.u64().map_err(bad)?;
-                let backlog = d.i32().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.listen(id, backlog))?;
-                if let Ok(Some(addr)) = host.get_local_addr(id) {
+            (Invocation::DestroyId { id: t }, _) => self.forget_id(t),
+            (Invocation::DestroyQp { id: t }, _) => self.qp_gone(t),
+            (Invocation::Listen { id: t, .. }, _) => {
+                if let Some(Ok(Some(addr))) = self.ids.get(&t).map(|e| host.get_local_addr(e.handle)) {
                     self.listening.insert(t, addr);
                 }
-                Ok(())
             }
-            Op::Connect | Op::Accept => {
-                let t = d.u64().map_err(bad)?;
-                let p = d.param().map_err(bad)?;
-                let param = ConnParam {
-                    private_data: cm_core::PrivateData::new(&p.private_data),
-                    responder_resources: p.responder_resources,
-                    initiator_depth: p.initiator_depth,
-                    flow_control: p.flow_control,
-                    retry_count: p.retry_count,
-                    rnr_retry_count: p.rnr_retry_count,
-                    srq: p.srq != 0,
-                    qp_num: p.qp_num,
-                };
-                let (id, mut host) = self.id_of(proc, t)?;
-                if op == Op::Connect {
-                    cm(host.connect(id, &param))?;
-                } else {
-                    cm(host.accept(id, &param))?;
-                }
-                if self.ids.get(&t).is_some_and(|e| e.has_qp) {
+            (Invocation::Connect { id: t, .. } | Invocation::Accept { id: t, .. }, _) => {
+                if let Some(e) = self.ids.get(&t).filter(|e| e.has_qp) {
                     if let (Ok(Some(local)), Ok(Some(peer))) =
-                        (host.get_local_addr(id), host.get_peer_addr(id))
+                        (host.get_local_addr(e.handle), host.get_peer_addr(e.handle))
                     {
                         self.endpoints.insert((local, peer), t);
                     }
                 }
-                Ok(())
             }
-            Op::Reject => {
-                let t = d.u64().map_err(bad)?;
-                let pd = d.bytes().map_err(bad)?.to_vec();
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.reject(id, &pd))
-            }
-            Op::Disconnect => {
-                let t = d.u64().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                cm(host.disconnect(id))
-            }
-            // Served without a reply, in `serve_process`.
-            Op::AckEvent => Err(libc::EPROTO),
-            Op::QueryAddrs => {
-                let t = d.u64().map_err(bad)?;
-                let (id, mut host) = self.id_of(proc, t)?;
-                let local = host.get_local_addr(id).map_err(|e| errno_of(&e))?;
-                let peer = host.get_peer_addr(id).map_err(|e| errno_of(&e))?;
-                reply.addr(local).addr(peer);
-                Ok(())
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The caller's event channel `t`.
+    fn channel_of(&self, proc: u64, t: u64) -> Result<ChannelHandle, i32> {
+        match self.channels.get(&t) {
+            Some(c) if c.proc == proc => Ok(c.handle),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// `rdma_create_qp`, with the CQs it reports into.
+    #[allow(clippy::too_many_arguments)]
+    fn create_qp(
+        &mut self,
+        proc: u64,
+        t: u64,
+        mut caps: QpCaps,
+        (send_cq, recv_cq): (u64, u64),
+        sq_sig_all: bool,
+        qp_type: u32,
+        reply: &mut Enc,
+    ) -> Result<(), i32> {
+        caps.max_message_size = proto::MAX_MESSAGE;
+        let ud = qp_type == IBV_QPT_UD;
+        for cq in [send_cq, recv_cq] {
+            if cq != 0 && self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
+                return Err(libc::EINVAL);
             }
         }
+        let (id, mut host) = self.id_of(proc, t)?;
+        // librdmacm moves the QP as its id's port space says: a QP of the other kind
+        // cannot be made ready.
+        let datagram = host.id_machine(id).is_ok_and(|m| !m.port_space().is_connected());
+        if ud != datagram {
+            return Err(libc::EINVAL);
+        }
+        let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
+        // Datagrams are addressed by the simulator's numbers; a connected QP is named
+        // by its id token, unique fabric-wide, which the peers' events carry.
+        let qp_num = match host.qp_num(id) {
+            Ok(Some(n)) if ud => n,
+            _ => t as u32,
+        };
+        if let Some(e) = self.ids.get_mut(&t) {
+            e.has_qp = true;
+            e.send_cq = send_cq;
+            e.recv_cq = recv_cq;
+            e.sq_sig_all = sq_sig_all;
+            e.sends.clear();
+            e.ud = ud;
+        }
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                if !c.qps.contains(&t) {
+                    c.qps.push(t);
+                }
+            }
+        }
+        reply
+            .u32(got.max_send_wr)
+            .u32(got.max_recv_wr)
+            .u32(got.max_send_sge)
+            .u32(got.max_recv_sge)
+            .u32(got.max_inline_data)
+            .u32(qp_num);
+        Ok(())
+    }
+
+    fn post_send(&mut self, proc: u64, t: u64, wr_id: u64, signaled: bool, data: &[u8]) -> Result<(), i32> {
+        if data.len() > proto::MAX_MESSAGE as usize {
+            return Err(libc::EINVAL);
+        }
+        let (id, mut host) = self.id_of(proc, t)?;
+        host.post_send(id, wr_id, data).map_err(|e| errno_of(&e))?;
+        self.sent(t, signaled, data.len());
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_send_ud(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        dest: &cm_core::UdParam,
+        imm: Option<u32>,
+        data: &[u8],
+    ) -> Result<(), i32> {
+        if data.len() > proto::MAX_MESSAGE as usize {
+            return Err(libc::EINVAL);
+        }
+        let (id, mut host) = self.id_of(proc, t)?;
+        match imm {
+            None => host.post_send_to(id, wr_id, dest, data),
+            Some(imm) => host.post_send_to_with_imm(id, wr_id, dest, data, imm),
+        }
+        .map_err(|e| errno_of(&e))?;
+        self.sent(t, signaled, data.len());
+        Ok(())
+    }
+
+    /// A send of `len` bytes was posted on `t`: whether its success is reported, and the
+    /// length it reports.
+    fn sent(&mut self, t: u64, signaled: bool, len: usize) {
+        if let Some(e) = self.ids.get_mut(&t) {
+            let visible = signaled || e.sq_sig_all;
+            e.sends.push_back((visible, len as u32));
+        }
+    }
+
+    /// An RDMA WRITE or READ of the caller's registered memory (`local`: address, length,
+    /// lkey) to or from `remote` at the QP's peer, carried out by the simulator.
+    #[allow(clippy::too_many_arguments)]
+    fn post_rdma(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        write: bool,
+        remote: RemoteAddr,
+        local: &[(u64, u32, u32)],
+    ) -> Result<(), i32> {
+        // The port's max_msg_sz, as the library checks before sending (a client that
+        // does not is refused here).
+        let total: u64 = local.iter().map(|&(_, len, _)| u64::from(len)).sum();
+        if total > u64::from(proto::MAX_MESSAGE) {
+            return Err(libc::EINVAL);
+        }
+        let (id, mut host) = self.id_of(proc, t)?;
+        let sq_sig_all = match self.ids.get(&t) {
+            Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
+            _ => return Err(libc::EINVAL),
+        };
+        let mut sges = Vec::with_capacity(local.len());
+        for &(addr, len, lkey) in local {
+            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+            let base = self.mrs[&key].addr;
+            let (handle, _, _) = self.sim_region(key, proc, id).ok_or(libc::EINVAL)?;
+            sges.push(Sge::new(handle, addr - base, len));
+        }
+        let remote = self.remote_of(t, id, remote.rkey, remote.addr);
+        let op = if write {
+            SendOp::Write { remote, imm: None }
+        } else {
+            SendOp::Read { remote }
+        };
+        let mut wr = SendWr::new(wr_id, op, &sges);
+        wr.signaled = signaled || sq_sig_all;
+        host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))
     }
 
     /// Moves every completion the simulator has for the QPs of `cq` into their CQs' queues:
@@ -1269,19 +1216,12 @@ impl Daemon {
             .copied()
             .unwrap_or(id_token);
         let p = ev.param();
-        let param = WireParam {
-            private_data: ev.private_data().to_vec(),
-            responder_resources: p.responder_resources,
-            initiator_depth: p.initiator_depth,
-            flow_control: p.flow_control,
-            retry_count: p.retry_count,
-            rnr_retry_count: p.rnr_retry_count,
-            srq: p.srq as u8,
-            qp_num: p.qp_num,
+        let mut param = ConnParam {
+            private_data: cm_core::PrivateData::new(ev.private_data()),
+            ..*p
         };
         let local = host.get_local_addr(ev.id()).ok().flatten();
         let peer = host.get_peer_addr(ev.id()).ok().flatten();
-        let mut param = param;
         if matches!(
             ev.event(),
             cm_core::CmEventType::ConnectRequest

@@ -1,0 +1,737 @@
+//! What a process asks of the daemon on its control socket, one [`Request`] per datagram,
+//! with the codec both ends use: the library encodes, the daemon decodes, and neither writes a
+//! field by hand.
+//!
+//! The librdmacm calls are [`Invocation`]s naming ids and channels by the daemon's tokens;
+//! the rest is what a NIC does for a process (completion queues and channels, memory
+//! regions, work requests) and what the daemon keeps for it (the addresses of an id).
+//!
+//! ```
+//! use cm_core::{Invocation, PortSpace};
+//! use cm_dropin::request::Request;
+//!
+//! let req = Request::Cm(Invocation::CreateId { channel: 7, ps: PortSpace::Tcp });
+//! assert_eq!(Request::decode(&req.encode().0), Ok(req));
+//! ```
+
+use std::time::Duration;
+
+use cm_core::{Invocation, PortSpace, QpCaps, UdParam};
+
+use crate::proto::{Dec, Enc, Malformed, Op};
+
+/// The most scatter/gather entries one RDMA work request may carry (the simulated device's
+/// `max_sge`; this bounds what a malformed request makes the daemon hold).
+pub const MAX_SGE: usize = 64;
+
+/// One request on a control socket, after the hello.
+// A connect's parameters hold their private data's buffer in place; requests live one at a
+// time, decoded and served, so the size is paid once and boxing would allocate per call.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A librdmacm call on the simulator: `CreateEventChannel` (→ `channel: u64`),
+    /// `DestroyEventChannel`, `CreateId` (→ `id: u64`), `DestroyId`, `BindAddr`, `ResolveAddr`,
+    /// `ResolveRoute`, `DestroyQp`, `Listen`, `Connect`, `Accept`, `Reject`, `Disconnect`,
+    /// `PostRecv` (a UD QP's receive holds the 40-byte GRH and then the payload, as on verbs),
+    /// `JoinMulticast` (`MULTICAST_JOIN` or `MULTICAST_ERROR` follows on the id's channel) and
+    /// `LeaveMulticast`. Other calls are refused as malformed.
+    Cm(Invocation<u64, u64>),
+    /// `rdma_create_qp` with the verbs side of it → `caps: 5 x u32, qp_num: u32`. A datagram
+    /// id's QP is `IBV_QPT_UD`, a connected id's `IBV_QPT_RC` (else `EINVAL`); a UD QP's number
+    /// is the simulator's, which datagrams are addressed by.
+    CreateQp {
+        /// The id token.
+        id: u64,
+        /// The capabilities asked for.
+        caps: QpCaps,
+        /// Its send CQ (a token; 0: none).
+        send_cq: u64,
+        /// Its receive CQ.
+        recv_cq: u64,
+        /// `sq_sig_all`.
+        sq_sig_all: bool,
+        /// `enum ibv_qp_type`.
+        qp_type: u32,
+    },
+    /// `ibv_post_send` of a SEND.
+    PostSend {
+        /// The id token.
+        id: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// `IBV_SEND_SIGNALED`.
+        signaled: bool,
+        /// The message.
+        data: Vec<u8>,
+    },
+    /// `ibv_post_send` of a datagram to `dest` (the work request's remote QP number and Q_Key,
+    /// and its address handle's attributes; the multicast QPN for a group).
+    PostSendUd {
+        /// The id token.
+        id: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// `IBV_SEND_SIGNALED`.
+        signaled: bool,
+        /// Where it goes.
+        dest: UdParam,
+        /// `IBV_WR_SEND_WITH_IMM`'s immediate data.
+        imm: Option<u32>,
+        /// The payload.
+        data: Vec<u8>,
+    },
+    /// `ibv_post_send` of an RDMA WRITE (or READ) of the caller's registered memory (the
+    /// entries; inline data must lie in a registered region too) to (or from) the region `rkey`
+    /// names at the QP's peer, carried out by the simulator.
+    Rdma {
+        /// WRITE, else READ.
+        write: bool,
+        /// The id token.
+        id: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// `IBV_SEND_SIGNALED`.
+        signaled: bool,
+        /// The remote address.
+        remote_addr: u64,
+        /// The remote key.
+        rkey: u32,
+        /// The local entries: address, length, lkey.
+        sges: Vec<(u64, u32, u32)>,
+    },
+    /// → `local: addr, peer: addr`.
+    QueryAddrs {
+        /// The id token.
+        id: u64,
+    },
+    /// Not answered: an ack that is refused (another process's event, or one acked already)
+    /// is said on the daemon's stderr and leaves the event as it was.
+    AckEvent {
+        /// The event's number.
+        event: u64,
+    },
+    /// → `cq: u64`.
+    CreateCq {
+        /// `cqe`.
+        cqe: u32,
+        /// Its completion channel (0: none).
+        channel: u64,
+    },
+    /// `ibv_destroy_cq`.
+    DestroyCq {
+        /// The CQ token.
+        cq: u64,
+    },
+    /// → `n: u32`, then n x [`WireWc`](crate::proto::WireWc).
+    PollCq {
+        /// The CQ token.
+        cq: u64,
+        /// At most this many.
+        max: u32,
+    },
+    /// The next completion queued on the CQ raises one event on its channel.
+    ReqNotifyCq {
+        /// The CQ token.
+        cq: u64,
+    },
+    /// → `channel: u64` (a completion channel; its socket is attached separately).
+    CreateCompChannel,
+    /// `ibv_destroy_comp_channel`.
+    DestroyCompChannel {
+        /// The channel token.
+        channel: u64,
+    },
+    /// → `key: u32` (lkey and rkey).
+    RegMr {
+        /// Where the region starts in the caller's memory.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// `enum ibv_access_flags`.
+        access: u32,
+    },
+    /// `ibv_dereg_mr`.
+    DeregMr {
+        /// The region's key.
+        key: u32,
+    },
+}
+
+/// The librdmacm calls the protocol carries as [`Request::Cm`], with their ops.
+fn cm_op(call: &Invocation<u64, u64>) -> Option<Op> {
+    use Invocation as I;
+    Some(match call {
+        I::CreateEventChannel => Op::CreateChannel,
+        I::DestroyEventChannel { .. } => Op::DestroyChannel,
+        I::CreateId { .. } => Op::CreateId,
+        I::DestroyId { .. } => Op::DestroyId,
+        I::BindAddr { .. } => Op::BindAddr,
+        I::ResolveAddr { .. } => Op::ResolveAddr,
+        I::ResolveRoute { .. } => Op::ResolveRoute,
+        I::DestroyQp { .. } => Op::DestroyQp,
+        I::Listen { .. } => Op::Listen,
+        I::Connect { .. } => Op::Connect,
+        I::Accept { .. } => Op::Accept,
+        I::Reject { .. } => Op::Reject,
+        I::Disconnect { .. } => Op::Disconnect,
+        I::PostRecv { .. } => Op::PostRecv,
+        I::JoinMulticast { .. } => Op::JoinMcast,
+        I::LeaveMulticast { .. } => Op::LeaveMcast,
+        // Carried with the verbs side of them (CreateQp, PostSend, PostSendUd) or not at all.
+        I::CreateQp { .. }
+        | I::Establish { .. }
+        | I::InitQpAttr { .. }
+        | I::SetOption { .. }
+        | I::MigrateId { .. }
+        | I::GetLocalAddr { .. }
+        | I::GetPeerAddr { .. }
+        | I::PostSend { .. }
+        | I::PostSendTo { .. } => return None,
+    })
+}
+
+/// A timeout as librdmacm takes it: milliseconds in an `int` (longer ones are cut to the most
+/// a `u32` holds).
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+impl Enc {
+    /// Appends a QP's capabilities as `ibv_qp_cap` has them (the message size is the port's).
+    pub fn caps(&mut self, caps: &QpCaps) -> &mut Self {
+        self.u32(caps.max_send_wr)
+            .u32(caps.max_recv_wr)
+            .u32(caps.max_send_sge)
+            .u32(caps.max_recv_sge)
+            .u32(caps.max_inline_data)
+    }
+}
+
+impl Dec<'_> {
+    /// Reads a QP's capabilities (the message size left at [`QpCaps::new`]'s).
+    pub fn caps(&mut self) -> Result<QpCaps, Malformed> {
+        let mut caps = QpCaps::new();
+        caps.max_send_wr = self.u32()?;
+        caps.max_recv_wr = self.u32()?;
+        caps.max_send_sge = self.u32()?;
+        caps.max_recv_sge = self.u32()?;
+        caps.max_inline_data = self.u32()?;
+        Ok(caps)
+    }
+}
+
+impl Request {
+    /// The op that names it on the wire. `None` for an [`Invocation`] the protocol does not
+    /// carry (see [`Request::Cm`]).
+    pub fn op(&self) -> Option<Op> {
+        Some(match self {
+            Request::Cm(call) => return cm_op(call),
+            Request::CreateQp { .. } => Op::CreateQp,
+            Request::PostSend { .. } => Op::PostSend,
+            Request::PostSendUd { .. } => Op::PostSendUd,
+            Request::Rdma { write: true, .. } => Op::RdmaWrite,
+            Request::Rdma { write: false, .. } => Op::RdmaRead,
+            Request::QueryAddrs { .. } => Op::QueryAddrs,
+            Request::AckEvent { .. } => Op::AckEvent,
+            Request::CreateCq { .. } => Op::CreateCq,
+            Request::DestroyCq { .. } => Op::DestroyCq,
+            Request::PollCq { .. } => Op::PollCq,
+            Request::ReqNotifyCq { .. } => Op::ReqNotifyCq,
+            Request::CreateCompChannel => Op::CreateCompChannel,
+            Request::DestroyCompChannel { .. } => Op::DestroyCompChannel,
+            Request::RegMr { .. } => Op::RegMr,
+            Request::DeregMr { .. } => Op::DeregMr,
+        })
+    }
+
+    /// The request's datagram.
+    ///
+    /// # Panics
+    /// For a [`Request::Cm`] the protocol does not carry (see [`Request::op`]): a bug of the
+    /// library's, which only makes the ones it serves.
+    pub fn encode(&self) -> Enc {
+        use Invocation as I;
+        let mut e = Enc::op(self.op().expect("a call the protocol carries"));
+        match self {
+            Request::Cm(call) => match call {
+                I::CreateEventChannel => {}
+                I::DestroyEventChannel { channel } => {
+                    e.u64(*channel);
+                }
+                I::CreateId { channel, ps } => {
+                    e.u64(*channel).u32(ps.raw());
+                }
+                I::DestroyId { id } | I::DestroyQp { id } | I::Disconnect { id } => {
+                    e.u64(*id);
+                }
+                I::BindAddr { id, addr } => {
+                    e.u64(*id).addr(Some(*addr));
+                }
+                I::ResolveAddr {
+                    id,
+                    src,
+                    dst,
+                    timeout,
+                } => {
+                    e.u64(*id).addr(*src).addr(Some(*dst)).u32(millis(*timeout));
+                }
+                I::ResolveRoute { id, timeout } => {
+                    e.u64(*id).u32(millis(*timeout));
+                }
+                I::Listen { id, backlog } => {
+                    e.u64(*id).i32(*backlog);
+                }
+                I::Connect { id, param } | I::Accept { id, param } => {
+                    e.u64(*id).param(param);
+                }
+                I::Reject { id, private_data } => {
+                    e.u64(*id).bytes(private_data);
+                }
+                I::PostRecv { id, wr_id, len } => {
+                    e.u64(*id).u64(*wr_id).u32(*len);
+                }
+                I::JoinMulticast { id, group } | I::LeaveMulticast { id, group } => {
+                    e.u64(*id).addr(Some(*group));
+                }
+                _ => unreachable!("op() refused it"),
+            },
+            Request::CreateQp {
+                id,
+                caps,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                qp_type,
+            } => {
+                e.u64(*id)
+                    .caps(caps)
+                    .u64(*send_cq)
+                    .u64(*recv_cq)
+                    .u8(*sq_sig_all as u8)
+                    .u32(*qp_type);
+            }
+            Request::PostSend {
+                id,
+                wr_id,
+                signaled,
+                data,
+            } => {
+                e.u64(*id).u64(*wr_id).u8(*signaled as u8).bytes(data);
+            }
+            Request::PostSendUd {
+                id,
+                wr_id,
+                signaled,
+                dest,
+                imm,
+                data,
+            } => {
+                e.u64(*id)
+                    .u64(*wr_id)
+                    .u8(*signaled as u8)
+                    .ud_param(dest)
+                    .u8(imm.is_some() as u8)
+                    .u32(imm.unwrap_or(0))
+                    .bytes(data);
+            }
+            Request::Rdma {
+                id,
+                wr_id,
+                signaled,
+                remote_addr,
+                rkey,
+                sges,
+                ..
+            } => {
+                e.u64(*id)
+                    .u64(*wr_id)
+                    .u8(*signaled as u8)
+                    .u64(*remote_addr)
+                    .u32(*rkey)
+                    .u32(sges.len() as u32);
+                for &(addr, len, lkey) in sges {
+                    e.u64(addr).u32(len).u32(lkey);
+                }
+            }
+            Request::QueryAddrs { id } => {
+                e.u64(*id);
+            }
+            Request::AckEvent { event } => {
+                e.u64(*event);
+            }
+            Request::CreateCq { cqe, channel } => {
+                e.u32(*cqe).u64(*channel);
+            }
+            Request::DestroyCq { cq } | Request::ReqNotifyCq { cq } => {
+                e.u64(*cq);
+            }
+            Request::PollCq { cq, max } => {
+                e.u64(*cq).u32(*max);
+            }
+            Request::CreateCompChannel => {}
+            Request::DestroyCompChannel { channel } => {
+                e.u64(*channel);
+            }
+            Request::RegMr { addr, len, access } => {
+                e.u64(*addr).u64(*len).u32(*access);
+            }
+            Request::DeregMr { key } => {
+                e.u32(*key);
+            }
+        }
+        e
+    }
+
+    /// Reads a request datagram. Errors are the errno the daemon answers: `EPROTO` for what
+    /// does not decode (an unknown op, a first message's op, a field cut short), `EINVAL` for a
+    /// field that decodes and cannot be (no address where one is needed, an unknown port
+    /// space, more than [`MAX_SGE`] entries, counted before they are read).
+    pub fn decode(msg: &[u8]) -> Result<Request, i32> {
+        use Invocation as I;
+        let bad = |_: Malformed| libc::EPROTO;
+        let mut d = Dec::new(msg);
+        let op = Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
+        let cm = |call| Ok(Request::Cm(call));
+        match op {
+            Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel => Err(libc::EPROTO),
+            Op::CreateChannel => cm(I::CreateEventChannel),
+            Op::DestroyChannel => cm(I::DestroyEventChannel {
+                channel: d.u64().map_err(bad)?,
+            }),
+            Op::CreateId => {
+                let channel = d.u64().map_err(bad)?;
+                let ps = PortSpace::from_raw(d.u32().map_err(bad)?).ok_or(libc::EINVAL)?;
+                cm(I::CreateId { channel, ps })
+            }
+            Op::DestroyId => cm(I::DestroyId {
+                id: d.u64().map_err(bad)?,
+            }),
+            Op::BindAddr => {
+                let id = d.u64().map_err(bad)?;
+                let addr = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                cm(I::BindAddr { id, addr })
+            }
+            Op::ResolveAddr => {
+                let id = d.u64().map_err(bad)?;
+                let src = d.addr().map_err(bad)?;
+                let dst = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                let timeout = Duration::from_millis(d.u32().map_err(bad)?.into());
+                cm(I::ResolveAddr {
+                    id,
+                    src,
+                    dst,
+                    timeout,
+                })
+            }
+            Op::ResolveRoute => {
+                let id = d.u64().map_err(bad)?;
+                let timeout = Duration::from_millis(d.u32().map_err(bad)?.into());
+                cm(I::ResolveRoute { id, timeout })
+            }
+            Op::DestroyQp => cm(I::DestroyQp {
+                id: d.u64().map_err(bad)?,
+            }),
+            Op::Listen => {
+                let id = d.u64().map_err(bad)?;
+                cm(I::Listen {
+                    id,
+                    backlog: d.i32().map_err(bad)?,
+                })
+            }
+            Op::Connect | Op::Accept => {
+                let id = d.u64().map_err(bad)?;
+                let param = d.param().map_err(bad)?;
+                cm(if op == Op::Connect {
+                    I::Connect { id, param }
+                } else {
+                    I::Accept { id, param }
+                })
+            }
+            Op::Reject => {
+                let id = d.u64().map_err(bad)?;
+                let private_data = d.bytes().map_err(bad)?.to_vec();
+                cm(I::Reject { id, private_data })
+            }
+            Op::Disconnect => cm(I::Disconnect {
+                id: d.u64().map_err(bad)?,
+            }),
+            Op::PostRecv => {
+                let id = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                cm(I::PostRecv {
+                    id,
+                    wr_id,
+                    len: d.u32().map_err(bad)?,
+                })
+            }
+            Op::JoinMcast | Op::LeaveMcast => {
+                let id = d.u64().map_err(bad)?;
+                let group = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                cm(if op == Op::JoinMcast {
+                    I::JoinMulticast { id, group }
+                } else {
+                    I::LeaveMulticast { id, group }
+                })
+            }
+            Op::CreateQp => Ok(Request::CreateQp {
+                id: d.u64().map_err(bad)?,
+                caps: d.caps().map_err(bad)?,
+                send_cq: d.u64().map_err(bad)?,
+                recv_cq: d.u64().map_err(bad)?,
+                sq_sig_all: d.u8().map_err(bad)? != 0,
+                qp_type: d.u32().map_err(bad)?,
+            }),
+            Op::PostSend => Ok(Request::PostSend {
+                id: d.u64().map_err(bad)?,
+                wr_id: d.u64().map_err(bad)?,
+                signaled: d.u8().map_err(bad)? != 0,
+                data: d.bytes().map_err(bad)?.to_vec(),
+            }),
+            Op::PostSendUd => {
+                let id = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let dest = d.ud_param().map_err(bad)?;
+                let with_imm = d.u8().map_err(bad)? != 0;
+                let imm = d.u32().map_err(bad)?;
+                Ok(Request::PostSendUd {
+                    id,
+                    wr_id,
+                    signaled,
+                    dest,
+                    imm: with_imm.then_some(imm),
+                    data: d.bytes().map_err(bad)?.to_vec(),
+                })
+            }
+            Op::RdmaWrite | Op::RdmaRead => {
+                let id = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let remote_addr = d.u64().map_err(bad)?;
+                let rkey = d.u32().map_err(bad)?;
+                let n = d.u32().map_err(bad)? as usize;
+                // More entries than any QP takes is refused, not an allocation.
+                if n > MAX_SGE {
+                    return Err(libc::EINVAL);
+                }
+                let mut sges = Vec::with_capacity(n);
+                for _ in 0..n {
+                    sges.push((
+                        d.u64().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                    ));
+                }
+                Ok(Request::Rdma {
+                    write: op == Op::RdmaWrite,
+                    id,
+                    wr_id,
+                    signaled,
+                    remote_addr,
+                    rkey,
+                    sges,
+                })
+            }
+            Op::QueryAddrs => Ok(Request::QueryAddrs {
+                id: d.u64().map_err(bad)?,
+            }),
+            Op::AckEvent => Ok(Request::AckEvent {
+                event: d.u64().map_err(bad)?,
+            }),
+            Op::CreateCq => Ok(Request::CreateCq {
+                cqe: d.u32().map_err(bad)?,
+                channel: d.u64().map_err(bad)?,
+            }),
+            Op::DestroyCq => Ok(Request::DestroyCq {
+                cq: d.u64().map_err(bad)?,
+            }),
+            Op::PollCq => Ok(Request::PollCq {
+                cq: d.u64().map_err(bad)?,
+                max: d.u32().map_err(bad)?,
+            }),
+            Op::ReqNotifyCq => Ok(Request::ReqNotifyCq {
+                cq: d.u64().map_err(bad)?,
+            }),
+            Op::CreateCompChannel => Ok(Request::CreateCompChannel),
+            Op::DestroyCompChannel => Ok(Request::DestroyCompChannel {
+                channel: d.u64().map_err(bad)?,
+            }),
+            Op::RegMr => Ok(Request::RegMr {
+                addr: d.u64().map_err(bad)?,
+                len: d.u64().map_err(bad)?,
+                access: d.u32().map_err(bad)?,
+            }),
+            Op::DeregMr => Ok(Request::DeregMr {
+                key: d.u32().map_err(bad)?,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cm_core::{group_ud_param, ConnParam};
+
+    /// One request of every kind the protocol carries.
+    fn every_request() -> Vec<Request> {
+        use Invocation as I;
+        let addr = "10.0.0.2:7471".parse().unwrap();
+        let group = "239.1.2.3:0".parse().unwrap();
+        let mut caps = QpCaps::new();
+        caps.max_send_wr = 3;
+        caps.max_inline_data = 64;
+        let cm = [
+            I::CreateEventChannel,
+            I::DestroyEventChannel { channel: 1 },
+            I::CreateId {
+                channel: 1,
+                ps: PortSpace::Udp,
+            },
+            I::DestroyId { id: 2 },
+            I::BindAddr { id: 2, addr },
+            I::ResolveAddr {
+                id: 2,
+                src: Some("[fe80::1]:9".parse().unwrap()),
+                dst: addr,
+                timeout: Duration::from_millis(2000),
+            },
+            I::ResolveRoute {
+                id: 2,
+                timeout: Duration::from_millis(10),
+            },
+            I::DestroyQp { id: 2 },
+            I::Listen { id: 2, backlog: -1 },
+            I::Connect {
+                id: 2,
+                param: ConnParam::new().with_private_data(b"hello"),
+            },
+            I::Accept {
+                id: 2,
+                param: ConnParam {
+                    srq: true,
+                    qp_num: 17,
+                    ..ConnParam::ZERO
+                },
+            },
+            I::Reject {
+                id: 2,
+                private_data: vec![1, 2, 3],
+            },
+            I::Disconnect { id: 2 },
+            I::PostRecv {
+                id: 2,
+                wr_id: 9,
+                len: 4096,
+            },
+            I::JoinMulticast { id: 2, group },
+            I::LeaveMulticast { id: 2, group },
+        ];
+        let mut all: Vec<Request> = cm.into_iter().map(Request::Cm).collect();
+        all.extend([
+            Request::CreateQp {
+                id: 2,
+                caps,
+                send_cq: 4,
+                recv_cq: 5,
+                sq_sig_all: true,
+                qp_type: 4,
+            },
+            Request::PostSend {
+                id: 2,
+                wr_id: 1,
+                signaled: true,
+                data: vec![7; 100],
+            },
+            Request::PostSendUd {
+                id: 2,
+                wr_id: 1,
+                signaled: false,
+                dest: group_ud_param(group.ip()),
+                imm: Some(0x1234),
+                data: vec![8; 10],
+            },
+            Request::Rdma {
+                write: false,
+                id: 2,
+                wr_id: 3,
+                signaled: true,
+                remote_addr: 0x1000,
+                rkey: 77,
+                sges: vec![(0x2000, 16, 5), (0x3000, 8, 6)],
+            },
+            Request::QueryAddrs { id: 2 },
+            Request::AckEvent { event: 99 },
+            Request::CreateCq { cqe: 16, channel: 0 },
+            Request::DestroyCq { cq: 4 },
+            Request::PollCq { cq: 4, max: 16 },
+            Request::ReqNotifyCq { cq: 4 },
+            Request::CreateCompChannel,
+            Request::DestroyCompChannel { channel: 6 },
+            Request::RegMr {
+                addr: 0x2000,
+                len: 4096,
+                access: 7,
+            },
+            Request::DeregMr { key: 5 },
+        ]);
+        all
+    }
+
+    #[test]
+    fn every_request_survives_encoding_and_decoding_and_has_an_op_of_its_own() {
+        let all = every_request();
+        let mut ops: Vec<u32> = all.iter().map(|r| r.op().expect("carried") as u32).collect();
+        for req in all {
+            assert_eq!(Request::decode(&req.encode().0), Ok(req.clone()), "{req:?}");
+        }
+        ops.sort_unstable();
+        ops.dedup();
+        // RdmaWrite shares its variant with RdmaRead; the first messages are not requests.
+        assert_eq!(ops.len(), 35 - 4 - 1, "{ops:?}");
+    }
+
+    #[test]
+    fn a_request_cut_anywhere_is_malformed_and_not_a_shorter_request() {
+        for req in every_request() {
+            let whole = req.encode().0;
+            for cut in 0..whole.len() {
+                assert_eq!(
+                    Request::decode(&whole[..cut]),
+                    Err(libc::EPROTO),
+                    "{req:?} cut at {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fields_that_decode_but_cannot_be_are_refused_as_invalid() {
+        let mut no_addr = Enc::op(Op::BindAddr);
+        no_addr.u64(1).addr(None);
+        assert_eq!(Request::decode(&no_addr.0), Err(libc::EINVAL));
+        let mut no_port_space = Enc::op(Op::CreateId);
+        no_port_space.u64(1).u32(0x0999);
+        assert_eq!(Request::decode(&no_port_space.0), Err(libc::EINVAL));
+        let mut too_many = Enc::op(Op::RdmaWrite);
+        too_many.u64(1).u64(1).u8(1).u64(0).u32(0).u32(MAX_SGE as u32 + 1);
+        assert_eq!(
+            Request::decode(&too_many.0),
+            Err(libc::EINVAL),
+            "counted before read"
+        );
+        assert_eq!(
+            Request::decode(&Enc::hello(1, "10.0.0.1", "x").0),
+            Err(libc::EPROTO),
+            "a first message"
+        );
+        assert_eq!(Request::decode(&777u32.to_le_bytes()), Err(libc::EPROTO));
+    }
+
+    #[test]
+    fn calls_the_protocol_does_not_carry_have_no_op() {
+        let establish = Request::Cm(Invocation::Establish { id: 1 });
+        assert_eq!(establish.op(), None);
+    }
+}
