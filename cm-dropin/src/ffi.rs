@@ -18,7 +18,7 @@ use crate::abi::*;
 use crate::proto::{self, Dec, Enc, Op, WireEvent};
 use crate::request::Request;
 use crate::sock::{self, SeqConn};
-use cm_core::{ConnParam, Invocation};
+use cm_core::{Call, CmError, ConnParam, Invocation};
 
 /// librdmacm waits forever for an id's events to be acked before destroying it; this library
 /// bounds the wait so a lost ack shows up as an error message instead of a hang.
@@ -34,7 +34,6 @@ const RAI_PASSIVE: i32 = 1;
 const RAI_NUMERICHOST: i32 = 2;
 const EV_CONNECT_REQUEST: u32 = 4;
 const EV_ADDR_RESOLVED: u32 = 0;
-const EV_REJECTED: u32 = 8;
 const EV_MULTICAST_JOIN: u32 = 12;
 const EV_MULTICAST_ERROR: u32 = 13;
 /// The event number of events the library makes itself (nothing to give back to the daemon).
@@ -650,7 +649,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     // SAFETY: id is a live IdPriv.
     if r == 0 && unsafe { is_sync(id) } {
         // SAFETY: as above.
-        return unsafe { complete(id) };
+        return unsafe { complete(id, Call::ResolveAddr) };
     }
     r
 }
@@ -766,7 +765,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut RdmaCmId, timeout_ms: c_int
     // SAFETY: id is a live IdPriv.
     if r == 0 && unsafe { is_sync(id) } {
         // SAFETY: as above.
-        return unsafe { complete(id) };
+        return unsafe { complete(id, Call::ResolveRoute) };
     }
     r
 }
@@ -817,15 +816,17 @@ unsafe fn connect_or_accept(connect: bool, id: *mut RdmaCmId, param: *const Rdma
     if let Some(qp) = unsafe { (*id).qp.as_ref() } {
         p.qp_num = qp.qp_num;
     }
-    let r = rpc_status(&Request::Cm(if connect {
+    let made = if connect {
         Invocation::Connect { id: token, param: p }
     } else {
         Invocation::Accept { id: token, param: p }
-    }));
+    };
+    let call = made.call();
+    let r = rpc_status(&Request::Cm(made));
     // SAFETY: id is a live IdPriv.
     if r == 0 && unsafe { is_sync(id) } {
         // SAFETY: as above.
-        return unsafe { complete(id) };
+        return unsafe { complete(id, call) };
     }
     r
 }
@@ -1145,9 +1146,9 @@ fn ack_wire(w: &WireEvent) {
     let _ = tell(&Request::AckEvent { event: w.event_no });
 }
 
-/// librdmacm's `ucma_complete`: a synchronous call waits for the id's next event and turns
-/// its status into the call's result.
-unsafe fn complete(id: *mut RdmaCmId) -> c_int {
+/// librdmacm's `ucma_complete`: a synchronous `call` waits for the id's next event and turns
+/// its status into the call's result, as cm-core's `SyncId` does.
+unsafe fn complete(id: *mut RdmaCmId, call: Call) -> c_int {
     // SAFETY: id is a live synchronous IdPriv.
     let (token, ch) = unsafe { ((*(id as *mut IdPriv)).token, (*id).channel as *mut ChannelPriv) };
     // SAFETY: the id's channel is live.
@@ -1163,12 +1164,18 @@ unsafe fn complete(id: *mut RdmaCmId) -> c_int {
             attach_device(id);
         }
     }
-    match w.status {
-        0 => 0,
-        _ if w.event == EV_REJECTED => fail(libc::ECONNREFUSED),
-        s if s < 0 => fail(-s),
-        s => fail(s),
+    let event = cm_core::CmEventType::from(w.event);
+    if w.status == 0 && event != cm_core::CmEventType::Rejected {
+        return 0;
     }
+    fail(
+        CmError::EventFailed {
+            call,
+            event,
+            status: w.status,
+        }
+        .errno(),
+    )
 }
 
 unsafe fn build_event(channel: *mut RdmaEventChannel, w: proto::WireEvent) -> Option<*mut EventPriv> {
