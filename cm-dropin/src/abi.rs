@@ -225,8 +225,9 @@ pub struct IbvQp {
 /// `struct verbs_context` with its `struct ibv_context` (the last member) and the device.
 ///
 /// Only the fields the programs reach are set: the device, `abi_compat = -1` (which makes the
-/// header inlines use the extended context) and `sz`. Extended ops stay NULL, so the inlines
-/// answer `EOPNOTSUPP`/`ENOSYS` for them, as they do for a provider without the feature.
+/// header inlines use the extended context) and `sz`. Extended ops stay NULL but
+/// `query_device_ex` ([`VCTX_QUERY_DEVICE_EX`]), so the inlines answer `EOPNOTSUPP`/`ENOSYS`
+/// for them, as they do for a provider without the feature.
 #[repr(C)]
 pub struct VerbsContext {
     /// `verbs_context` before `sz` (`query_port` at 0 and the extended ops).
@@ -271,6 +272,10 @@ pub struct IbvDevice {
 /// Offset of the `struct ibv_context` inside [`VerbsContext`]: what `id->verbs` points at.
 pub const IBV_CONTEXT_OFFSET: usize = std::mem::offset_of!(VerbsContext, device);
 
+/// Index of `query_device_ex` in [`VerbsContext::ext_ops`] (offset 216 of `verbs_context`):
+/// the inline `ibv_query_device_ex` asks it before falling back to `ibv_query_device`.
+pub const VCTX_QUERY_DEVICE_EX: usize = 27;
+
 const _: () = {
     use std::mem::{offset_of, size_of};
     assert!(size_of::<RdmaCmId>() == 416);
@@ -300,6 +305,206 @@ const _: () = {
     assert!(offset_of!(VerbsContext, cmd_fd) - IBV_CONTEXT_OFFSET == 264);
     assert!(offset_of!(VerbsContext, abi_compat) - IBV_CONTEXT_OFFSET == 320);
     assert!(size_of::<IbvDevice>() == 664);
+    assert!(offset_of!(VerbsContext, ext_ops) + VCTX_QUERY_DEVICE_EX * 8 == 216);
+};
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvDeviceAttr {
+    /// `fw_ver`: NUL-terminated text.
+    pub fw_ver: [u8; 64],
+    /// `node_guid` (`__be64`: the bytes in network order).
+    pub node_guid: [u8; 8],
+    /// `sys_image_guid` (`__be64`).
+    pub sys_image_guid: [u8; 8],
+    /// `max_mr_size`.
+    pub max_mr_size: u64,
+    /// `page_size_cap`.
+    pub page_size_cap: u64,
+    /// `vendor_id`.
+    pub vendor_id: u32,
+    /// `vendor_part_id`.
+    pub vendor_part_id: u32,
+    /// `hw_ver`.
+    pub hw_ver: u32,
+    /// `max_qp`.
+    pub max_qp: i32,
+    /// `max_qp_wr`.
+    pub max_qp_wr: i32,
+    /// `device_cap_flags`.
+    pub device_cap_flags: u32,
+    /// `max_sge`.
+    pub max_sge: i32,
+    /// `max_sge_rd`.
+    pub max_sge_rd: i32,
+    /// `max_cq`.
+    pub max_cq: i32,
+    /// `max_cqe`.
+    pub max_cqe: i32,
+    /// `max_mr`.
+    pub max_mr: i32,
+    /// `max_pd`.
+    pub max_pd: i32,
+    /// `max_qp_rd_atom`.
+    pub max_qp_rd_atom: i32,
+    /// `max_ee_rd_atom`.
+    pub max_ee_rd_atom: i32,
+    /// `max_res_rd_atom`.
+    pub max_res_rd_atom: i32,
+    /// `max_qp_init_rd_atom`.
+    pub max_qp_init_rd_atom: i32,
+    /// `max_ee_init_rd_atom`.
+    pub max_ee_init_rd_atom: i32,
+    /// `atomic_cap` (`enum ibv_atomic_cap`).
+    pub atomic_cap: u32,
+    /// `max_ee`.
+    pub max_ee: i32,
+    /// `max_rdd`.
+    pub max_rdd: i32,
+    /// `max_mw`.
+    pub max_mw: i32,
+    /// `max_raw_ipv6_qp`.
+    pub max_raw_ipv6_qp: i32,
+    /// `max_raw_ethy_qp`.
+    pub max_raw_ethy_qp: i32,
+    /// `max_mcast_grp`.
+    pub max_mcast_grp: i32,
+    /// `max_mcast_qp_attach`.
+    pub max_mcast_qp_attach: i32,
+    /// `max_total_mcast_qp_attach`.
+    pub max_total_mcast_qp_attach: i32,
+    /// `max_ah`.
+    pub max_ah: i32,
+    /// `max_fmr`.
+    pub max_fmr: i32,
+    /// `max_map_per_fmr`.
+    pub max_map_per_fmr: i32,
+    /// `max_srq`.
+    pub max_srq: i32,
+    /// `max_srq_wr`.
+    pub max_srq_wr: i32,
+    /// `max_srq_sge`.
+    pub max_srq_sge: i32,
+    /// `max_pkeys`.
+    pub max_pkeys: u16,
+    /// `local_ca_ack_delay`.
+    pub local_ca_ack_delay: u8,
+    /// `phys_port_cnt`.
+    pub phys_port_cnt: u8,
+    /// Padding to the struct's 8-byte alignment (explicit, so no byte is left uninitialised).
+    pub pad: u32,
+}
+
+/// `struct ibv_device_attr_ex`'s size in v44: the `orig_attr` above, then the extended
+/// capabilities this library leaves 0 but `device_cap_flags_ex`.
+pub const IBV_DEVICE_ATTR_EX_SIZE: usize = 400;
+/// Offset of `device_cap_flags_ex` (a `uint64_t`) in `struct ibv_device_attr_ex`.
+pub const IBV_DEVICE_ATTR_EX_CAP_FLAGS_EX: usize = 280;
+
+/// `struct ibv_port_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvPortAttr {
+    /// `state` (`enum ibv_port_state`).
+    pub state: u32,
+    /// `max_mtu` (`enum ibv_mtu`).
+    pub max_mtu: u32,
+    /// `active_mtu`.
+    pub active_mtu: u32,
+    /// `gid_tbl_len`.
+    pub gid_tbl_len: i32,
+    /// `port_cap_flags`.
+    pub port_cap_flags: u32,
+    /// `max_msg_sz`.
+    pub max_msg_sz: u32,
+    /// `bad_pkey_cntr`.
+    pub bad_pkey_cntr: u32,
+    /// `qkey_viol_cntr`.
+    pub qkey_viol_cntr: u32,
+    /// `pkey_tbl_len`.
+    pub pkey_tbl_len: u16,
+    /// `lid`.
+    pub lid: u16,
+    /// `sm_lid`.
+    pub sm_lid: u16,
+    /// `lmc`.
+    pub lmc: u8,
+    /// `max_vl_num`.
+    pub max_vl_num: u8,
+    /// `sm_sl`.
+    pub sm_sl: u8,
+    /// `subnet_timeout`.
+    pub subnet_timeout: u8,
+    /// `init_type_reply`.
+    pub init_type_reply: u8,
+    /// `active_width`.
+    pub active_width: u8,
+    /// `active_speed`.
+    pub active_speed: u8,
+    /// `phys_state`.
+    pub phys_state: u8,
+    /// `link_layer`.
+    pub link_layer: u8,
+    /// `flags`.
+    pub flags: u8,
+    /// `port_cap_flags2`: past the end of `struct _compat_ibv_port_attr`, the struct the
+    /// exported `ibv_query_port` fills.
+    pub port_cap_flags2: u16,
+    /// Padding to the struct's size (52).
+    pub pad: u16,
+}
+
+/// The bytes of `struct _compat_ibv_port_attr`: [`IbvPortAttr`] up to `port_cap_flags2`.
+pub const IBV_COMPAT_PORT_ATTR_SIZE: usize = 48;
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvGidEntry {
+    /// `gid` (`union ibv_gid`: 16 bytes in network order).
+    pub gid: [u8; 16],
+    /// `gid_index`.
+    pub gid_index: u32,
+    /// `port_num`.
+    pub port_num: u32,
+    /// `gid_type` (`enum ibv_gid_type`).
+    pub gid_type: u32,
+    /// `ndev_ifindex`.
+    pub ndev_ifindex: u32,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<IbvDeviceAttr>() == 232);
+    assert!(offset_of!(IbvDeviceAttr, node_guid) == 64);
+    assert!(offset_of!(IbvDeviceAttr, max_mr_size) == 80);
+    assert!(offset_of!(IbvDeviceAttr, vendor_id) == 96);
+    assert!(offset_of!(IbvDeviceAttr, max_qp) == 108);
+    assert!(offset_of!(IbvDeviceAttr, device_cap_flags) == 116);
+    assert!(offset_of!(IbvDeviceAttr, max_cqe) == 132);
+    assert!(offset_of!(IbvDeviceAttr, atomic_cap) == 164);
+    assert!(offset_of!(IbvDeviceAttr, max_mw) == 176);
+    assert!(offset_of!(IbvDeviceAttr, max_ah) == 200);
+    assert!(offset_of!(IbvDeviceAttr, max_srq) == 212);
+    assert!(offset_of!(IbvDeviceAttr, max_pkeys) == 224);
+    assert!(offset_of!(IbvDeviceAttr, local_ca_ack_delay) == 226);
+    assert!(offset_of!(IbvDeviceAttr, phys_port_cnt) == 227);
+    assert!(IBV_DEVICE_ATTR_EX_CAP_FLAGS_EX + 8 <= IBV_DEVICE_ATTR_EX_SIZE);
+    assert!(size_of::<IbvPortAttr>() == 52);
+    assert!(offset_of!(IbvPortAttr, gid_tbl_len) == 12);
+    assert!(offset_of!(IbvPortAttr, max_msg_sz) == 20);
+    assert!(offset_of!(IbvPortAttr, pkey_tbl_len) == 32);
+    assert!(offset_of!(IbvPortAttr, lmc) == 38);
+    assert!(offset_of!(IbvPortAttr, max_vl_num) == 39);
+    assert!(offset_of!(IbvPortAttr, active_width) == 43);
+    assert!(offset_of!(IbvPortAttr, link_layer) == 46);
+    assert!(offset_of!(IbvPortAttr, flags) == 47);
+    assert!(offset_of!(IbvPortAttr, port_cap_flags2) == IBV_COMPAT_PORT_ATTR_SIZE);
+    assert!(size_of::<IbvGidEntry>() == 32);
+    assert!(offset_of!(IbvGidEntry, gid_index) == 16);
+    assert!(offset_of!(IbvGidEntry, gid_type) == 24);
+    assert!(offset_of!(IbvGidEntry, ndev_ifindex) == 28);
 };
 
 /// `struct ibv_pd`.

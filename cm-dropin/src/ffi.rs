@@ -80,6 +80,9 @@ struct Client {
     ctrl: SeqConn,
     proc: u64,
     socket: PathBuf,
+    /// The simulated host's address, as the daemon's hello reply names it: the device's GIDs
+    /// and GUID derive from it.
+    addr: IpAddr,
     /// The process that said the hello. A forked child inherits the socket but is not that
     /// process (the daemon refuses its requests on it): it says a hello of its own.
     pid: u32,
@@ -180,13 +183,14 @@ fn connect_daemon() -> Result<Client, c_int> {
     }
     let proc = d.u64().map_err(|_| libc::EPROTO)?;
     let _host = d.u32().map_err(|_| libc::EPROTO)?;
-    let _addr = d.addr().map_err(|_| libc::EPROTO)?;
+    let addr = d.addr().map_err(|_| libc::EPROTO)?.ok_or(libc::EPROTO)?.ip();
     // The daemon places RDMA READ/WRITE data in this process's memory, as a NIC would.
     sock::allow_ptracer(d.u32().map_err(|_| libc::EPROTO)?);
     Ok(Client {
         ctrl,
         proc,
         socket,
+        addr,
         pid: std::process::id(),
     })
 }
@@ -196,6 +200,12 @@ pub(crate) fn daemon_address() -> Result<(PathBuf, u64), c_int> {
     let mut guard = lock(&CLIENT);
     let c = client(&mut guard)?;
     Ok((c.socket.clone(), c.proc))
+}
+
+/// The address of this process's simulated host (connecting first if needed).
+pub(crate) fn host_addr() -> Result<IpAddr, c_int> {
+    let mut guard = lock(&CLIENT);
+    Ok(client(&mut guard)?.addr)
 }
 
 /// One request and its reply; the control socket is held only for this exchange.
@@ -268,39 +278,6 @@ struct EventPriv {
     event_no: u64,
     counted: u64,
     private_data: Vec<u8>,
-}
-
-/// The one simulated device every id is bound to (leaked: it lives as long as the process).
-pub(crate) fn device_context() -> *mut c_void {
-    static CTX: OnceLock<usize> = OnceLock::new();
-    let addr = *CTX.get_or_init(|| {
-        let mut dev = Box::new(IbvDevice {
-            ops: [ptr::null_mut(); 2],
-            node_type: 1,
-            transport_type: 0,
-            name: [0; 64],
-            dev_name: [0; 64],
-            dev_path: [0; 256],
-            ibdev_path: [0; 256],
-        });
-        dev.name[..6].copy_from_slice(b"cmsim0");
-        dev.dev_name[..7].copy_from_slice(b"uverbs0");
-        let mut ops = [ptr::null_mut(); 32];
-        crate::verbs::fill_ops(&mut ops);
-        let ctx = Box::new(VerbsContext {
-            ext_ops: [ptr::null_mut(); 39],
-            sz: std::mem::size_of::<VerbsContext>(),
-            device: Box::into_raw(dev),
-            ops,
-            cmd_fd: -1,
-            async_fd: -1,
-            num_comp_vectors: 1,
-            mutex: [0; 5],
-            abi_compat: usize::MAX as *mut c_void,
-        });
-        Box::into_raw(ctx) as usize + IBV_CONTEXT_OFFSET
-    });
-    addr as *mut c_void
 }
 
 // ---- socket addresses -------------------------------------------------------------------
@@ -481,7 +458,7 @@ unsafe fn token_of(id: *mut RdmaCmId) -> Option<u64> {
 unsafe fn attach_device(id: *mut RdmaCmId) {
     // SAFETY: id is a live IdPriv of this library.
     unsafe {
-        (*id).verbs = device_context();
+        (*id).verbs = crate::device::device_context();
         (*id).port_num = 1;
     }
 }
@@ -1719,7 +1696,9 @@ pub unsafe extern "C" fn rdma_join_multicast(
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut c_void {
     let list = match daemon_address() {
-        Ok(_) => Box::into_raw(Box::new([device_context(), ptr::null_mut()])) as *mut *mut c_void,
+        Ok(_) => {
+            Box::into_raw(Box::new([crate::device::device_context(), ptr::null_mut()])) as *mut *mut c_void
+        }
         Err(errno) => {
             set_errno(errno);
             ptr::null_mut()
@@ -1835,25 +1814,15 @@ unsupported_int!(
     rshutdown,
     rsocket,
     // -1 on error, as their man pages say.
-    ibv_get_pkey_index,
     ibv_get_device_index,
-    ibv_close_device,
     ibv_get_async_event,
     ibv_init_ah_from_wc,
-    ibv_query_gid,
-    ibv_query_pkey,
-    // The simulated device has no sysfs directory: a path into /sys would lead to the host's
-    // own devices, which this library stands in for.
-    ibv_read_sysfs_file,
 );
 
 unsupported_ssize!(rread, rreadv, rrecv, rrecvfrom, rrecvmsg, rsend, rsendmsg, rsendto, rwrite, rwritev);
 
 unsupported_errno!(ENOSYS:
     ibv_modify_qp,
-    ibv_query_device,
-    ibv_query_device_ex,
-    _ibv_query_gid_ex,
     ibv_attach_mcast,
     ibv_detach_mcast,
     ibv_resize_cq,
@@ -1873,19 +1842,19 @@ unsupported_ptr!(
     ibv_reg_mr_iova2,
     ibv_reg_dmabuf_mr,
     ibv_create_srq,
-    ibv_open_device,
     ibv_import_device,
     ibv_import_pd,
     ibv_import_mr,
     ibv_import_dm,
-    // A `const char *`; see ibv_read_sysfs_file.
+    // A `const char *`. The simulated device's sysfs files are served by name
+    // (`ibv_read_sysfs_file`); a path into the real /sys would lead to the host's own devices,
+    // which this library stands in for.
     ibv_get_sysfs_path,
 );
 
 unsupported_void!(
     rdma_destroy_srq,
     ibv_ack_async_event,
-    ibv_free_device_list,
     ibv_unimport_pd,
     ibv_unimport_mr,
     ibv_unimport_dm,
@@ -1905,13 +1874,6 @@ pub extern "C" fn riowrite() -> libc::size_t {
     libc::size_t::MAX
 }
 
-/// `_ibv_query_gid_table` (behind the inline `ibv_query_gid_table`; a count or a negative
-/// errno): not supported on the simulator; `-ENOSYS`.
-#[no_mangle]
-pub extern "C" fn _ibv_query_gid_table() -> libc::ssize_t {
-    -(refuse("_ibv_query_gid_table", libc::ENOSYS) as libc::ssize_t)
-}
-
 /// `ibv_resolve_eth_l2_from_gid` (0 or a negative errno): not supported on the simulator;
 /// `-ENOSYS`.
 #[no_mangle]
@@ -1926,26 +1888,6 @@ pub extern "C" fn ibv_rereg_mr() -> c_int {
     const IBV_REREG_MR_ERR_CMD: c_int = -4;
     refuse("ibv_rereg_mr", libc::ENOSYS);
     IBV_REREG_MR_ERR_CMD
-}
-
-/// `ibv_get_device_guid` (`__be64`; libibverbs answers 0 when it cannot read the GUID): the
-/// simulated device has no node GUID; 0 with errno `ENOSYS`.
-#[no_mangle]
-pub extern "C" fn ibv_get_device_guid() -> u64 {
-    refuse("ibv_get_device_guid", libc::ENOSYS);
-    0
-}
-
-/// `ibv_get_device_list`: not supported on the simulator (programs reach the simulated device
-/// through librdmacm's ids and `rdma_get_devices`); NULL, `*num_devices` 0, errno `ENOSYS`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut c_void {
-    if !num_devices.is_null() {
-        // SAFETY: num_devices is the caller's int.
-        unsafe { *num_devices = 0 };
-    }
-    unsupported("ibv_get_device_list");
-    ptr::null_mut()
 }
 
 /// `ibv_query_qp_data_in_order` (1 when RDMA WRITE data lands in order, 0 otherwise): not

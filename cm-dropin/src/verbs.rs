@@ -774,29 +774,6 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
     0
 }
 
-/// `ibv_query_port`: the one port of the simulated device, active, RoCE (Ethernet link layer),
-/// MTU 4096.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(_context: *mut c_void, port_num: u8, attr: *mut u8) -> c_int {
-    if attr.is_null() || port_num != 1 {
-        return libc::EINVAL;
-    }
-    let mut a = [0u8; 48];
-    a[0..4].copy_from_slice(&4u32.to_ne_bytes()); // state: IBV_PORT_ACTIVE
-    a[4..8].copy_from_slice(&5u32.to_ne_bytes()); // max_mtu: IBV_MTU_4096
-    a[8..12].copy_from_slice(&5u32.to_ne_bytes()); // active_mtu
-    a[12..16].copy_from_slice(&1i32.to_ne_bytes()); // gid_tbl_len
-    a[20..24].copy_from_slice(&proto::MAX_MESSAGE.to_ne_bytes()); // max_msg_sz
-    a[32..34].copy_from_slice(&1u16.to_ne_bytes()); // pkey_tbl_len
-    a[43] = 1; // active_width: 1X
-    a[44] = 1; // active_speed
-    a[45] = 5; // phys_state: LINK_UP
-    a[46] = 2; // link_layer: IBV_LINK_LAYER_ETHERNET
-               // SAFETY: attr is the caller's ibv_port_attr, at least the 48 bytes of its compat prefix.
-    unsafe { ptr::copy_nonoverlapping(a.as_ptr(), attr, a.len()) };
-    0
-}
-
 /// The CQ (with its channel) librdmacm makes for an `rdma_create_qp` given NULL CQs.
 pub(crate) unsafe fn default_cq(
     context: *mut c_void,
@@ -829,7 +806,7 @@ pub(crate) unsafe fn default_cq(
 pub(crate) fn default_pd() -> *mut c_void {
     static PD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: ibv_alloc_pd only records the context.
-    *PD.get_or_init(|| unsafe { ibv_alloc_pd(crate::ffi::device_context()) } as usize) as *mut c_void
+    *PD.get_or_init(|| unsafe { ibv_alloc_pd(crate::device::device_context()) } as usize) as *mut c_void
 }
 
 // ---- pure calls: names, rates, fork, the kernel-struct copies -------------------------------
@@ -1029,18 +1006,6 @@ pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
 /// private since rdma-core 13 and this is an empty stub kept for old providers that call it.
 #[no_mangle]
 pub extern "C" fn ibv_register_driver(_name: *const c_char, _init_func: *mut c_void) {}
-
-/// `ibv_get_device_name`: the device's name (the simulated device's is `cmsim0`).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char {
-    if device.is_null() {
-        fail(libc::EINVAL);
-        return ptr::null();
-    }
-    // SAFETY: the only devices a program can reach are this library's (`context->device`);
-    // the name is NUL-terminated within its 64 bytes and lives as long as the process.
-    unsafe { (*device).name.as_ptr() as *const c_char }
-}
 
 /// `struct ibv_qp_attr`.
 #[repr(C)]
