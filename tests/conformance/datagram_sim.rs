@@ -157,7 +157,7 @@ fn a_device_attaches_at_most_rxes_8192_groups_and_a_left_one_frees_its_place() {
     host.create_qp(id, QpCaps::new()).unwrap();
     let group =
         |i: u32| std::net::SocketAddr::new(std::net::IpAddr::from((0xEF00_0000 | i).to_be_bytes()), 0);
-    let mut join = |host: &mut cm::SimHost, i: u32| {
+    let join = |host: &mut cm::SimHost, i: u32| {
         host.join_multicast(id, group(i)).unwrap();
         let ev = host.get_cm_event(ch, WAIT).unwrap().expect("the join's event");
         let seen = (ev.event(), ev.status());
