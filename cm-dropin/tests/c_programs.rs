@@ -5,9 +5,8 @@
 //! rdmacm-utils`; `scripts/test-all` installs it). Every wait is bounded: a hung program is
 //! killed and the test fails.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
@@ -23,39 +22,8 @@ fn installed(program: &str) -> bool {
     found
 }
 
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-/// Waits for `child` at most `limit`; kills it and panics past that.
-fn wait(mut child: Child, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut stdout = String::new();
-            let mut stderr = String::new();
-            if let Some(mut o) = child.stdout.take() {
-                o.read_to_string(&mut stdout).expect("read stdout");
-            }
-            if let Some(mut e) = child.stderr.take() {
-                e.read_to_string(&mut stderr).expect("read stderr");
-            }
-            return Output {
-                status,
-                stdout,
-                stderr,
-            };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+mod common;
+use common::{wait, Output};
 
 /// A daemon for one test: two hosts, its own socket, gone when the test ends.
 struct Fabric {

@@ -715,18 +715,17 @@ fn ud_id(conn: &cm_dropin::sock::SeqConn, ch: u64, ip: &str, recvs: u64) -> (u64
     let mut cq = Enc::op(Op::CreateCq);
     cq.u32(64).u64(0);
     let cq = token_of(conn, &cq);
-    let mut qp = Enc::op(Op::CreateQp);
-    qp.u64(id)
-        .u32(16)
-        .u32(16)
-        .u32(1)
-        .u32(1)
-        .u32(0)
-        .u64(cq)
-        .u64(cq)
-        .u8(1)
-        .u32(4); // IBV_QPT_UD
-    assert_eq!(ask(conn, &qp).0, 0);
+    let mut caps = cm_core::QpCaps::new();
+    (caps.max_send_wr, caps.max_recv_wr) = (16, 16);
+    let qp = cm_dropin::request::Request::CreateQp {
+        id,
+        caps,
+        send_cq: cq,
+        recv_cq: cq,
+        sq_sig_all: true,
+        qp_type: 4, // IBV_QPT_UD
+    };
+    assert_eq!(ask(conn, &qp.encode()).0, 0);
     for wr_id in 0..recvs {
         let mut e = Enc::op(Op::PostRecv);
         e.u64(id).u64(wr_id).u32(2048);

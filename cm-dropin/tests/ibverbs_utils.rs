@@ -6,9 +6,8 @@
 //! ibverbs-utils`; `scripts/test-all` installs it) or cannot be compiled. Every wait is
 //! bounded: a hung program is killed and the test fails.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
@@ -23,37 +22,12 @@ fn installed(program: &str) -> bool {
     found
 }
 
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
+mod common;
+use common::Output;
 
 /// Waits for `child` at most 30 s; kills it and panics past that.
-fn wait(mut child: Child, what: &str) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let (mut stdout, mut stderr) = (String::new(), String::new());
-            if let Some(mut o) = child.stdout.take() {
-                o.read_to_string(&mut stdout).expect("read stdout");
-            }
-            if let Some(mut e) = child.stderr.take() {
-                e.read_to_string(&mut stderr).expect("read stderr");
-            }
-            return Output {
-                status,
-                stdout,
-                stderr,
-            };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait(child: Child, what: &str) -> Output {
+    common::wait(child, Duration::from_secs(30), what)
 }
 
 /// Runs `program` on host 10.0.0.1 of a fabric of its own (one host, one process).
