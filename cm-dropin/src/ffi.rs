@@ -15,8 +15,8 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::abi::*;
-use crate::proto::{self, Dec, Enc, Op, WireEvent};
-use crate::request::Request;
+use crate::proto::{self, Dec, WireEvent};
+use crate::request::{Opening, Request, Welcome};
 use crate::sock::{self, SeqConn};
 use cm_core::{Call, CmError, ConnParam, Invocation};
 
@@ -152,16 +152,15 @@ fn connect_daemon() -> Result<Client, c_int> {
         .map(|a| a.to_string_lossy().into_owned())
         .unwrap_or_default();
     let argv0 = argv0.rsplit('/').next().unwrap_or("?").to_string();
-    let e = Enc::hello(std::process::id(), &host, &argv0);
+    let e = Opening::hello(std::process::id(), &host, &argv0).encode();
     ctrl.send(&e.0).map_err(|_| libc::ENODEV)?;
     let mut buf = Vec::new();
     if !matches!(ctrl.recv(&mut buf), Ok(true)) {
         return Err(libc::ENODEV);
     }
-    let mut d = Dec::new(&buf);
-    match d.i32() {
-        Ok(0) => {}
-        Ok(libc::ENODEV) => {
+    let welcome = match Welcome::decode(&buf) {
+        Ok(w) => w,
+        Err(libc::ENODEV) => {
             // Said here too, so that the program's own "no RDMA devices" line has a reason.
             eprintln!(
                 "cmsim: the fabric daemon at {} has no simulated host with address {host:?} ({} names the host)",
@@ -170,7 +169,7 @@ fn connect_daemon() -> Result<Client, c_int> {
             );
             return Err(libc::ENODEV);
         }
-        Ok(libc::EPROTONOSUPPORT) => {
+        Err(libc::EPROTONOSUPPORT) => {
             eprintln!(
                 "cmsim: the fabric daemon at {} speaks another protocol than this library (version {}): run the cmsim-daemon and cmsim-run of one build",
                 socket.display(),
@@ -178,14 +177,11 @@ fn connect_daemon() -> Result<Client, c_int> {
             );
             return Err(libc::ENODEV);
         }
-        Ok(errno) => return Err(errno),
-        Err(_) => return Err(libc::EPROTO),
-    }
-    let proc = d.u64().map_err(|_| libc::EPROTO)?;
-    let _host = d.u32().map_err(|_| libc::EPROTO)?;
-    let addr = d.addr().map_err(|_| libc::EPROTO)?.ok_or(libc::EPROTO)?.ip();
+        Err(errno) => return Err(errno),
+    };
     // The daemon places RDMA READ/WRITE data in this process's memory, as a NIC would.
-    sock::allow_ptracer(d.u32().map_err(|_| libc::EPROTO)?);
+    sock::allow_ptracer(welcome.daemon_pid);
+    let (proc, addr) = (welcome.proc, welcome.host_addr);
     Ok(Client {
         ctrl,
         proc,
@@ -350,8 +346,7 @@ pub extern "C" fn rdma_create_event_channel() -> *mut RdmaEventChannel {
     };
     let attach = || -> Result<SeqConn, c_int> {
         let conn = SeqConn::connect(&socket).map_err(|_| libc::ENODEV)?;
-        let mut e = Enc::op(Op::AttachChannel);
-        e.u64(proc).u64(token);
+        let e = Opening::AttachChannel { proc, channel: token }.encode();
         conn.send(&e.0).map_err(|_| libc::ENODEV)?;
         let mut buf = Vec::new();
         match conn.recv(&mut buf) {

@@ -22,16 +22,16 @@ pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
 /// Environment variable: the simulated host (one of its addresses) the process runs on.
 pub const HOST_ENV: &str = "CMSIM_HOST";
 
-/// The first field of every datagram a process sends: which message it is. The requests'
-/// layouts are [`Request`](crate::request::Request)'s codec; the first messages of a connection
-/// are written here.
+/// The first field of every datagram a process sends: which message it is. The layouts are
+/// the codecs of [`Request`](crate::request::Request) and, for the first message of a
+/// connection, [`Opening`](crate::request::Opening).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Op {
     /// `pid: u32, host: str, argv0: str, version: u32` ([`PROTOCOL_VERSION`]) → `proc: u64,
     /// host_index: u32, host_addr: addr, daemon_pid: u32`; `EPROTONOSUPPORT` for another
     /// version (or none), `EPERM` for a pid that is not the sender's. Build it with
-    /// [`Enc::hello`].
+    /// [`Opening::hello`](crate::request::Opening::hello).
     Hello = 1,
     /// `rdma_create_event_channel`.
     CreateChannel,
@@ -253,12 +253,7 @@ impl Enc {
     /// The hello of process `pid` on the simulated host `host` (empty: host 0), named
     /// `argv0` in the daemon's messages, speaking [`PROTOCOL_VERSION`].
     pub fn hello(pid: u32, host: &str, argv0: &str) -> Enc {
-        let mut e = Enc::op(Op::Hello);
-        e.u32(pid)
-            .bytes(host.as_bytes())
-            .bytes(argv0.as_bytes())
-            .u32(PROTOCOL_VERSION);
-        e
+        crate::request::Opening::hello(pid, host, argv0).encode()
     }
 
     /// A request for `op`.

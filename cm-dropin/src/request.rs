@@ -569,6 +569,176 @@ impl Request {
     }
 }
 
+/// The first message on a fresh connection to the daemon, which says what the connection is
+/// for: a process's control socket (its hello), one of its channel sockets, or a one-shot
+/// probe from `cmsim-run`. After a hello every datagram is a [`Request`].
+///
+/// ```
+/// use cm_dropin::request::Opening;
+///
+/// let hello = Opening::hello(4242, "10.0.0.1", "rping");
+/// assert_eq!(Opening::decode(&hello.encode().0), Ok(hello));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// A process attaching (→ [`Welcome`], or an errno alone: `EPROTONOSUPPORT` for another
+    /// version or none, `EPERM` for a pid that is not the sender's, `ENODEV` for a host the
+    /// fabric lacks).
+    Hello {
+        /// The pid the process states; the daemon believes the kernel's, and refuses a
+        /// hello where they differ.
+        pid: u32,
+        /// The simulated host's address as text (empty: host 0).
+        host: String,
+        /// `argv[0]`, whatever bytes it holds: shown in the daemon's messages, not checked.
+        argv0: Vec<u8>,
+        /// The protocol it speaks (`None`: a hello from before versions were said).
+        version: Option<u32>,
+    },
+    /// Whether anything listens at `addr` (→ `0: i32, found: u8`); `None` finds nothing.
+    ProbeListener {
+        /// The address asked about.
+        addr: Option<std::net::SocketAddr>,
+    },
+    /// This socket becomes the event channel `channel` of process `proc` (→
+    /// [`CHAN_ATTACHED`](crate::proto::CHAN_ATTACHED); silence when refused).
+    AttachChannel {
+        /// The process's token.
+        proc: u64,
+        /// The channel's token.
+        channel: u64,
+    },
+    /// This socket becomes the completion channel `channel` of process `proc`.
+    AttachCompChannel {
+        /// The process's token.
+        proc: u64,
+        /// The channel's token.
+        channel: u64,
+    },
+}
+
+impl Opening {
+    /// The hello of process `pid` on the simulated host `host`, named `argv0`, speaking
+    /// [`PROTOCOL_VERSION`](crate::proto::PROTOCOL_VERSION).
+    pub fn hello(pid: u32, host: &str, argv0: &str) -> Opening {
+        Opening::Hello {
+            pid,
+            host: host.to_string(),
+            argv0: argv0.as_bytes().to_vec(),
+            version: Some(crate::proto::PROTOCOL_VERSION),
+        }
+    }
+
+    /// The datagram.
+    pub fn encode(&self) -> Enc {
+        match self {
+            Opening::Hello {
+                pid,
+                host,
+                argv0,
+                version,
+            } => {
+                let mut e = Enc::op(Op::Hello);
+                e.u32(*pid).bytes(host.as_bytes()).bytes(argv0);
+                if let Some(v) = version {
+                    e.u32(*v);
+                }
+                e
+            }
+            Opening::ProbeListener { addr } => {
+                let mut e = Enc::op(Op::ProbeListener);
+                e.addr(*addr);
+                e
+            }
+            Opening::AttachChannel { proc, channel } | Opening::AttachCompChannel { proc, channel } => {
+                let op = if matches!(self, Opening::AttachChannel { .. }) {
+                    Op::AttachChannel
+                } else {
+                    Op::AttachCompChannel
+                };
+                let mut e = Enc::op(op);
+                e.u64(*proc).u64(*channel);
+                e
+            }
+        }
+    }
+
+    /// Reads a first message: `Err(EPROTO)` for anything else (a request's op, an unknown
+    /// op, a field cut short, a host that is not text).
+    pub fn decode(msg: &[u8]) -> Result<Opening, i32> {
+        let bad = |_: Malformed| libc::EPROTO;
+        let mut d = Dec::new(msg);
+        match Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)? {
+            Op::Hello => {
+                let pid = d.u32().map_err(bad)?;
+                let host = d.str().map_err(bad)?.to_string();
+                let argv0 = d.bytes().map_err(bad)?.to_vec();
+                let version = d.u32().ok();
+                Ok(Opening::Hello {
+                    pid,
+                    host,
+                    argv0,
+                    version,
+                })
+            }
+            Op::ProbeListener => Ok(Opening::ProbeListener {
+                addr: d.addr().map_err(bad)?,
+            }),
+            op @ (Op::AttachChannel | Op::AttachCompChannel) => {
+                let proc = d.u64().map_err(bad)?;
+                let channel = d.u64().map_err(bad)?;
+                Ok(if op == Op::AttachChannel {
+                    Opening::AttachChannel { proc, channel }
+                } else {
+                    Opening::AttachCompChannel { proc, channel }
+                })
+            }
+            _ => Err(libc::EPROTO),
+        }
+    }
+}
+
+/// The daemon's answer to a [`Opening::Hello`] it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    /// The process's token, which its channel sockets name.
+    pub proc: u64,
+    /// Its simulated host's index.
+    pub host_index: u32,
+    /// Its simulated host's address.
+    pub host_addr: std::net::IpAddr,
+    /// The daemon's pid, which the process lets trace it (RDMA READ and WRITE).
+    pub daemon_pid: u32,
+}
+
+impl Welcome {
+    /// The reply datagram (its status, 0, first).
+    pub fn encode(&self) -> Enc {
+        let mut e = Enc::default();
+        e.i32(0).u64(self.proc).u32(self.host_index);
+        e.addr(Some(std::net::SocketAddr::new(self.host_addr, 0)))
+            .u32(self.daemon_pid);
+        e
+    }
+
+    /// Reads a reply to a hello: the welcome, or the errno the daemon refused it with
+    /// (`EPROTO` for a reply that does not decode).
+    pub fn decode(msg: &[u8]) -> Result<Welcome, i32> {
+        let bad = |_: Malformed| libc::EPROTO;
+        let mut d = Dec::new(msg);
+        match d.i32().map_err(bad)? {
+            0 => {}
+            errno => return Err(errno),
+        }
+        Ok(Welcome {
+            proc: d.u64().map_err(bad)?,
+            host_index: d.u32().map_err(bad)?,
+            host_addr: d.addr().map_err(bad)?.ok_or(libc::EPROTO)?.ip(),
+            daemon_pid: d.u32().map_err(bad)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -733,5 +903,83 @@ mod tests {
     fn calls_the_protocol_does_not_carry_have_no_op() {
         let establish = Request::Cm(Invocation::Establish { id: 1 });
         assert_eq!(establish.op(), None);
+    }
+
+    fn every_opening() -> Vec<Opening> {
+        vec![
+            Opening::hello(4242, "10.0.0.1", "rping"),
+            Opening::Hello {
+                pid: 1,
+                host: String::new(),
+                argv0: vec![0xff, 0xfe],
+                version: None,
+            },
+            Opening::ProbeListener {
+                addr: Some("10.0.0.1:7471".parse().unwrap()),
+            },
+            Opening::ProbeListener { addr: None },
+            Opening::AttachChannel { proc: 3, channel: 9 },
+            Opening::AttachCompChannel { proc: 3, channel: 10 },
+        ]
+    }
+
+    #[test]
+    fn every_first_message_survives_encoding_and_decoding_and_is_no_request() {
+        for o in every_opening() {
+            let msg = o.encode().0;
+            assert_eq!(Opening::decode(&msg), Ok(o.clone()), "{o:?}");
+            assert_eq!(Request::decode(&msg), Err(libc::EPROTO), "{o:?}");
+        }
+        for req in every_request() {
+            assert_eq!(Opening::decode(&req.encode().0), Err(libc::EPROTO), "{req:?}");
+        }
+    }
+
+    #[test]
+    fn a_first_message_cut_short_is_malformed_and_a_hello_cut_at_its_version_has_none() {
+        for o in every_opening() {
+            let whole = o.encode().0;
+            let versioned = matches!(o, Opening::Hello { version: Some(_), .. });
+            for cut in 0..whole.len() {
+                let got = Opening::decode(&whole[..cut]);
+                if versioned && cut >= whole.len() - 4 {
+                    let Ok(Opening::Hello { version, .. }) = got else {
+                        panic!("{o:?} cut at {cut}: {got:?}");
+                    };
+                    assert_eq!(version, None, "{o:?} cut at {cut}");
+                } else {
+                    assert_eq!(got, Err(libc::EPROTO), "{o:?} cut at {cut}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_hello_whose_host_is_not_text_is_malformed() {
+        let mut e = Enc::op(Op::Hello);
+        e.u32(1)
+            .bytes(&[0xff])
+            .bytes(b"x")
+            .u32(crate::proto::PROTOCOL_VERSION);
+        assert_eq!(Opening::decode(&e.0), Err(libc::EPROTO));
+    }
+
+    #[test]
+    fn a_welcome_survives_encoding_and_a_refusal_is_its_errno() {
+        let w = Welcome {
+            proc: 77,
+            host_index: 1,
+            host_addr: "fd00::2".parse().unwrap(),
+            daemon_pid: 4000,
+        };
+        let msg = w.encode().0;
+        assert_eq!(Welcome::decode(&msg), Ok(w));
+        for cut in 4..msg.len() {
+            assert_eq!(Welcome::decode(&msg[..cut]), Err(libc::EPROTO), "cut at {cut}");
+        }
+        let mut refused = Enc::default();
+        refused.i32(libc::EPROTONOSUPPORT);
+        assert_eq!(Welcome::decode(&refused.0), Err(libc::EPROTONOSUPPORT));
+        assert_eq!(Welcome::decode(&[]), Err(libc::EPROTO));
     }
 }

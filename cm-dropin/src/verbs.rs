@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use crate::abi::*;
 use crate::ffi::{fail, lock, registry, rpc, unsupported};
-use crate::proto::{self, Dec, Enc, Op};
-use crate::request::Request;
+use crate::proto::{self, Dec};
+use crate::request::{Opening, Request};
 use crate::sock::{self, SeqConn};
 use cm_core::Invocation;
 
@@ -526,8 +526,7 @@ unsafe fn attach(ch: *mut CompChannelPriv) -> Result<(), c_int> {
     }
     let (socket, proc) = crate::ffi::daemon_address()?;
     let conn = SeqConn::connect(&socket).map_err(|_| libc::ENODEV)?;
-    let mut e = Enc::op(Op::AttachCompChannel);
-    e.u64(proc).u64(token);
+    let e = Opening::AttachCompChannel { proc, channel: token }.encode();
     conn.send(&e.0).map_err(|_| libc::ENODEV)?;
     let mut buf = Vec::new();
     match conn.recv(&mut buf) {

@@ -19,7 +19,7 @@ use cm_core::{
 };
 use cm_core::{Invocation, Outcome};
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
-use cm_dropin::request::Request;
+use cm_dropin::request::{Opening, Request, Welcome};
 use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
 use cm_sim::{Fault, FaultSchedule, MsgKind, RegionMemory, SimFabric, SimHost};
 
@@ -1345,42 +1345,32 @@ impl Daemon {
             Ok(Received::Message { sender }) => sender,
             _ => return,
         };
-        let mut d = Dec::new(&buf);
-        match d.u32().ok().and_then(Op::from_u32) {
-            Some(Op::Hello) => {
-                // A program's name is whatever bytes its argv[0] holds: shown, not checked.
-                let (pid, host, argv0) = match (d.u32(), d.str(), d.bytes()) {
-                    (Ok(pid), Ok(host), Ok(argv0)) => {
-                        (pid, host.to_string(), String::from_utf8_lossy(argv0).into_owned())
-                    }
-                    _ => {
-                        // Cut short, or a name that is not text: not a hello to guess at.
-                        eprintln!("cmsim-daemon: a malformed hello refused");
-                        let mut e = Enc::default();
-                        e.i32(libc::EPROTO);
-                        let _ = conn.try_send(&e.0);
-                        return;
-                    }
-                };
-                let name = format!("{argv0}[{pid}]@{host}");
-                let version = d.u32().ok();
+        let refuse = |errno: i32| {
+            let mut e = Enc::default();
+            e.i32(errno);
+            let _ = conn.try_send(&e.0);
+        };
+        match Opening::decode(&buf) {
+            Ok(Opening::Hello {
+                pid,
+                host,
+                argv0,
+                version,
+            }) => {
+                let name = format!("{}[{pid}]@{host}", String::from_utf8_lossy(&argv0));
                 if version != Some(proto::PROTOCOL_VERSION) {
                     eprintln!(
                         "cmsim-daemon: {name}: hello refused: it speaks protocol {}, this daemon {}",
                         version.map_or("(none)".into(), |v| v.to_string()),
                         proto::PROTOCOL_VERSION
                     );
-                    let mut e = Enc::default();
-                    e.i32(libc::EPROTONOSUPPORT);
-                    let _ = conn.try_send(&e.0);
+                    refuse(libc::EPROTONOSUPPORT);
                     return;
                 }
                 let pidfd = match self.check_hello(&conn, pid, sender, &name) {
                     Ok(fd) => fd,
                     Err(errno) => {
-                        let mut e = Enc::default();
-                        e.i32(errno);
-                        let _ = conn.try_send(&e.0);
+                        refuse(errno);
                         return;
                     }
                 };
@@ -1391,41 +1381,39 @@ impl Daemon {
                         .ok()
                         .and_then(|ip| self.fabric.host_by_addr(ip))
                 };
-                let mut e = Enc::default();
-                match sim_host {
-                    None => {
-                        eprintln!("cmsim-daemon: {name}: no simulated host has address {host}");
-                        e.i32(libc::ENODEV);
-                        let _ = conn.try_send(&e.0);
-                    }
-                    Some(h) => {
-                        let t = self.token();
-                        e.i32(0).u64(t).u32(h.index() as u32);
-                        e.addr(Some(SocketAddr::new(h.addr(), 0))).u32(std::process::id());
-                        if conn.try_send(&e.0).is_ok() {
-                            eprintln!("cmsim-daemon: {name} attached as host {}", h.index());
-                            self.procs.insert(
-                                t,
-                                Proc {
-                                    ctrl: conn,
-                                    pid,
-                                    pidfd: std::rc::Rc::new(pidfd),
-                                    host: h,
-                                    name,
-                                    ids: HashSet::new(),
-                                    channels: HashSet::new(),
-                                    closed: Vec::new(),
-                                    unsent: None,
-                                },
-                            );
-                            self.attached_total += 1;
-                        }
-                    }
+                let Some(h) = sim_host else {
+                    eprintln!("cmsim-daemon: {name}: no simulated host has address {host}");
+                    refuse(libc::ENODEV);
+                    return;
+                };
+                let t = self.token();
+                let welcome = Welcome {
+                    proc: t,
+                    host_index: h.index() as u32,
+                    host_addr: h.addr(),
+                    daemon_pid: std::process::id(),
+                };
+                if conn.try_send(&welcome.encode().0).is_ok() {
+                    eprintln!("cmsim-daemon: {name} attached as host {}", h.index());
+                    self.procs.insert(
+                        t,
+                        Proc {
+                            ctrl: conn,
+                            pid,
+                            pidfd: std::rc::Rc::new(pidfd),
+                            host: h,
+                            name,
+                            ids: HashSet::new(),
+                            channels: HashSet::new(),
+                            closed: Vec::new(),
+                            unsent: None,
+                        },
+                    );
+                    self.attached_total += 1;
                 }
             }
-            Some(Op::ProbeListener) => {
-                let want = d.addr().ok().flatten();
-                let found = want.is_some_and(|w| {
+            Ok(Opening::ProbeListener { addr }) => {
+                let found = addr.is_some_and(|w| {
                     self.listening
                         .values()
                         .any(|l| l.port() == w.port() && (l.ip() == w.ip() || l.ip().is_unspecified()))
@@ -1434,13 +1422,11 @@ impl Daemon {
                 e.i32(0).u8(found as u8);
                 let _ = conn.try_send(&e.0);
             }
-            Some(Op::AttachCompChannel) => {
-                let proc = d.u64().unwrap_or(0);
-                let ct = d.u64().unwrap_or(0);
+            Ok(Opening::AttachCompChannel { proc, channel }) => {
                 if !self.sent_by_owner(proc, sender) {
                     return;
                 }
-                if let Some(c) = self.comp_channels.get_mut(&ct) {
+                if let Some(c) = self.comp_channels.get_mut(&channel) {
                     if c.proc == proc && c.sock.is_none() {
                         let mut e = Enc::default();
                         e.u8(proto::CHAN_ATTACHED);
@@ -1451,13 +1437,11 @@ impl Daemon {
                     }
                 }
             }
-            Some(Op::AttachChannel) => {
-                let proc = d.u64().unwrap_or(0);
-                let ct = d.u64().unwrap_or(0);
+            Ok(Opening::AttachChannel { proc, channel }) => {
                 if !self.sent_by_owner(proc, sender) {
                     return;
                 }
-                if let Some(c) = self.channels.get_mut(&ct) {
+                if let Some(c) = self.channels.get_mut(&channel) {
                     if c.proc == proc && c.sock.is_none() {
                         let mut e = Enc::default();
                         e.u8(proto::CHAN_ATTACHED);
@@ -1467,7 +1451,12 @@ impl Daemon {
                     }
                 }
             }
-            _ => {}
+            Err(_) if buf.first_chunk::<4>().map(|b| u32::from_le_bytes(*b)) == Some(Op::Hello as u32) => {
+                // Cut short, or a host that is not text: not a hello to guess at.
+                eprintln!("cmsim-daemon: a malformed hello refused");
+                refuse(libc::EPROTO);
+            }
+            Err(_) => {}
         }
     }
 

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cm_dropin::proto::{Dec, Enc, Op};
+use cm_dropin::proto::Dec;
+use cm_dropin::request::Opening;
 use cm_dropin::sock::SeqConn;
 
 const USAGE: &str = "\
@@ -111,8 +112,7 @@ fn wait_for_listener(socket: &Path, addr: SocketAddr) -> Result<(), String> {
 
 fn probe(socket: &Path, addr: SocketAddr) -> Result<bool, String> {
     let conn = SeqConn::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
-    let mut e = Enc::op(Op::ProbeListener);
-    e.addr(Some(addr));
+    let e = Opening::ProbeListener { addr: Some(addr) }.encode();
     conn.send(&e.0).map_err(|e| format!("probe: {e}"))?;
     let mut buf = Vec::new();
     if !conn.recv(&mut buf).map_err(|e| format!("probe: {e}"))? {
