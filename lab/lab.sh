@@ -277,10 +277,11 @@ ensure_host_tools() {
   done
   ((${#missing[@]} == 0)) && return 0
   log "installing ${missing[*]}"
-  as_root timeout "$APT_TIMEOUT" apt-get update -qq \
+  # -o DPkg::Lock::Timeout: another install's lock (unattended upgrades) is waited for.
+  as_root timeout "$APT_TIMEOUT" apt-get -o DPkg::Lock::Timeout=600 update -qq \
     || die "apt-get update failed (missing packages: ${missing[*]}; run as root or with sudo, or apt-get install them)"
   as_root env DEBIAN_FRONTEND=noninteractive timeout "$APT_TIMEOUT" \
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" || die "apt-get install ${missing[*]} failed"
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" || die "apt-get install ${missing[*]} failed"
 }
 
 # ------------------------------------------------------------------- kernel --
@@ -335,7 +336,7 @@ resolve_kernel_pkg() {
   local p
   p=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }')
   if [[ -z $p ]]; then
-    as_root timeout "$APT_TIMEOUT" apt-get update -qq >&2 || return 1
+    as_root timeout "$APT_TIMEOUT" apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 || return 1
     p=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }')
   fi
   [[ -n $p ]] && echo "$p"
