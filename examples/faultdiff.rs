@@ -269,10 +269,15 @@ fn with_device(only: &[String]) -> ExitCode {
         .enumerate()
         .filter(|(_, p)| only.is_empty() || only.iter().any(|n| n == p.name))
         .collect();
-    // All at once, each on its own pair: the longest pattern bounds the run.
+    // All at once, each on its own pair: the longest pattern bounds the run. Their clocks
+    // start together, once every pattern is set up.
+    let ready = std::sync::Arc::new(std::sync::Barrier::new(picked.len()));
     let handles: Vec<_> = picked
         .iter()
-        .map(|&(k, p)| (p, std::thread::spawn(move || run::run_hw(p, k))))
+        .map(|&(k, p)| {
+            let ready = ready.clone();
+            (p, std::thread::spawn(move || run::run_hw(p, k, &ready)))
+        })
         .collect();
     let listed = departures();
     let (mut same, mut listed_diff, mut unlisted, mut stale) = (0, 0, 0, 0);

@@ -49,8 +49,8 @@
 //!   standard `core` crate in code that says `use cm::*`.
 //! * `sim` (default feature `sim`): the seeded in-memory fabric ([`SimFabric`], [`SimHost`]), for
 //!   tests without hardware.
-//! * `hw` (feature `hw`): the same trait over the real librdmacm ([`HwBackend`]); needs the
-//!   rdma-core development packages and libclang to build.
+//! * `hw` (feature `hw`): the same trait over the real librdmacm (`cm::HwBackend`, present
+//!   with the feature); needs the rdma-core development packages and libclang to build.
 //!
 //! A hardware-only user turns the simulator off: `cm = { version = "0.1", default-features =
 //! false, features = ["hw"] }`.

@@ -524,56 +524,26 @@ pub(crate) mod wire {
 /// as nft rules on the pair's wire; a crash of the server's host as a cut ahead of the counters
 /// and the server's backend dropped (its kernel's last words go nowhere), its restart as a new
 /// backend listening again once the cut is gone.
+///
+/// Every pattern's setup (two backends, the listener, the client's resolution, the nft rules)
+/// is done before `ready` lets any of them start its clock: under emulation one pattern's
+/// setup (processes spawned for nft, sysfs reads) starves another's connect by hundreds of
+/// milliseconds, which its event times would count.
 #[cfg(feature = "hw")]
-pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
+pub(crate) fn run_hw(p: &Pattern, k: usize, ready: &std::sync::Barrier) -> Record {
     use std::time::Instant;
 
-    use cm::hw::HwBackend;
-
     let mut record = Record::default();
-    let fail = |mut record: Record, what: &str, e: String| {
-        record.error = Some(format!("{what}: {e}"));
-        record
-    };
-    let k8 = k as u8;
-    let a = SocketAddr::new([10, 0, k8, 1].into(), 0);
-    let b = SocketAddr::new([10, 0, k8, 2].into(), PORT);
-    let (mut client_b, mut server_b) = match HwBackend::new().and_then(|c| Ok((c, HwBackend::new()?))) {
+    let b = SocketAddr::new([10, 0, k as u8, 2].into(), PORT);
+    let set_up = set_up_hw(p, k);
+    ready.wait();
+    let (mut client_b, server_b, server, mut client, before, mut link, host) = match set_up {
         Ok(x) => x,
-        Err(e) => return fail(record, "backends", e.to_string()),
-    };
-    if let Err(e) = wire::clear(k) {
-        return fail(record, "nft", e);
-    }
-    let server = match EndState::server(&mut server_b, b, 1) {
-        Ok(s) => s,
-        Err(e) => return fail(record, "server setup", e.to_string()),
-    };
-    let mut client = match EndState::client(&mut client_b, a, b, p.client_ack_timeout) {
-        Ok(c) => c,
-        Err(e) => return fail(record, "client setup", e),
-    };
-    let before = match wire::counts(k) {
-        Ok(c) => c,
-        Err(e) => return fail(record, "nft", e),
-    };
-    for l in p.losses {
-        if let Err(e) = wire::lose(k, l) {
-            return fail(record, "nft", e);
+        Err(e) => {
+            record.error = Some(e);
+            return record;
         }
-    }
-    // The link's turns are the client thread's, the host's the server's.
-    let (mut link, host): (Vec<Timed>, Vec<Timed>) = p
-        .turns
-        .iter()
-        .partition(|t| matches!(t.1, Turn::Cut | Turn::Heal));
-    // A cut from time zero is in place before the REQ leaves.
-    if link.first() == Some(&(0, Turn::Cut)) {
-        link.remove(0);
-        if let Err(e) = wire::cut(k) {
-            return fail(record, "nft", e);
-        }
-    }
+    };
     let horizon = Duration::from_millis(p.horizon_ms);
     let start = Instant::now();
     let rules = p.rules;
@@ -588,7 +558,10 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     }
     let (mut server_b, server, mut server_record) = match server_thread.join() {
         Ok(x) => x,
-        Err(_) => return fail(record, "server thread", "panicked".into()),
+        Err(_) => {
+            record.error = Some("server thread: panicked".into());
+            return record;
+        }
     };
     record.error = err.or(server_record.error.take());
     match wire::counts(k) {
@@ -619,6 +592,65 @@ pub(crate) fn run_hw(p: &Pattern, k: usize) -> Record {
     // Each end's acts in their order, the client's first.
     record.acts.sort_by_key(|a| a.0);
     record
+}
+
+/// What [`run_hw`] has ready when its clock starts.
+#[cfg(feature = "hw")]
+type HwSetUp = (
+    cm::hw::HwBackend,
+    cm::hw::HwBackend,
+    EndState,
+    EndState,
+    BTreeMap<(Dir, MsgKind), u32>,
+    Vec<Timed>,
+    Vec<Timed>,
+);
+
+/// Pattern `p`'s ends on pair `k`, its losses in place: everything before the connect.
+#[cfg(feature = "hw")]
+fn set_up_hw(p: &Pattern, k: usize) -> Result<HwSetUp, String> {
+    use cm::hw::HwBackend;
+
+    let k8 = k as u8;
+    let a = SocketAddr::new([10, 0, k8, 1].into(), 0);
+    let b = SocketAddr::new([10, 0, k8, 2].into(), PORT);
+    let (mut client_b, mut server_b) = match HwBackend::new().and_then(|c| Ok((c, HwBackend::new()?))) {
+        Ok(x) => x,
+        Err(e) => return Err(format!("backends: {e}")),
+    };
+    if let Err(e) = wire::clear(k) {
+        return Err(format!("nft: {e}"));
+    }
+    let server = match EndState::server(&mut server_b, b, 1) {
+        Ok(s) => s,
+        Err(e) => return Err(format!("server setup: {e}")),
+    };
+    let client = match EndState::client(&mut client_b, a, b, p.client_ack_timeout) {
+        Ok(c) => c,
+        Err(e) => return Err(format!("client setup: {e}")),
+    };
+    let before = match wire::counts(k) {
+        Ok(c) => c,
+        Err(e) => return Err(format!("nft: {e}")),
+    };
+    for l in p.losses {
+        if let Err(e) = wire::lose(k, l) {
+            return Err(format!("nft: {e}"));
+        }
+    }
+    // The link's turns are the client thread's, the host's the server's.
+    let (mut link, host): (Vec<Timed>, Vec<Timed>) = p
+        .turns
+        .iter()
+        .partition(|t| matches!(t.1, Turn::Cut | Turn::Heal));
+    // A cut from time zero is in place before the REQ leaves.
+    if link.first() == Some(&(0, Turn::Cut)) {
+        link.remove(0);
+        if let Err(e) = wire::cut(k) {
+            return Err(format!("nft: {e}"));
+        }
+    }
+    Ok((client_b, server_b, server, client, before, link, host))
 }
 
 /// The server's thread: its end until the host's next turn (a crash, then a restart) or the
