@@ -183,3 +183,55 @@ fn a_device_attaches_at_most_rxes_8192_groups_and_a_left_one_frees_its_place() {
     host.destroy_id(id).unwrap();
     host.destroy_event_channel(ch).unwrap();
 }
+
+// Needs: a host crash and restart (Fault::Crash, Fault::Restart).
+#[test]
+fn a_crashed_hosts_memberships_go_with_it_and_an_unrelated_destroy_keeps_them() {
+    use cm::api::{CmEventType, IdHandle, PortSpace, QpCaps};
+    let fabric = fabric(5);
+    let group: std::net::SocketAddr = "239.1.2.3:0".parse().unwrap();
+    // `n` datagram ids with QPs on `host`, each joining the group: the events they got.
+    let join_many = |host: &mut cm::SimHost, ch, n: usize| -> Vec<(IdHandle, CmEventType, i32)> {
+        (0..n)
+            .map(|_| {
+                let id = host.create_id(ch, PortSpace::Udp).unwrap();
+                host.bind_addr(id, "10.0.0.1:0".parse().unwrap()).unwrap();
+                host.create_qp(id, QpCaps::new()).unwrap();
+                host.join_multicast(id, group).unwrap();
+                let ev = host.get_cm_event(ch, WAIT).unwrap().expect("the join's event");
+                let seen = (id, ev.event(), ev.status());
+                host.ack_cm_event(ev).unwrap();
+                seen
+            })
+            .collect()
+    };
+    let mut host = fabric.host(0);
+    let ch = host.create_event_channel().unwrap();
+    let joined = join_many(&mut host, ch, 56);
+    assert!(joined
+        .iter()
+        .all(|j| (j.1, j.2) == (CmEventType::MulticastJoin, 0)));
+    // An id that never joined goes: the 56 stay attached, and a 57th is refused.
+    let other = host.create_id(ch, PortSpace::Udp).unwrap();
+    host.destroy_id(other).unwrap();
+    let refused = join_many(&mut host, ch, 1);
+    assert_eq!((refused[0].1, refused[0].2), (CmEventType::MulticastError, -1));
+    // The host crashes with its 57 members: back, its device has the group's 56 places again.
+    fabric.inject(Fault::Crash { host: 0 });
+    fabric.inject(Fault::Restart { host: 0 });
+    let mut host = fabric.host(0);
+    let ch = host.create_event_channel().unwrap();
+    let again = join_many(&mut host, ch, 57);
+    let events: Vec<_> = again.iter().map(|j| (j.1, j.2)).collect();
+    assert!(
+        events[..56].iter().all(|e| *e == (CmEventType::MulticastJoin, 0)),
+        "{events:?}"
+    );
+    assert_eq!(events[56], (CmEventType::MulticastError, -1));
+    for (id, _, _) in &again {
+        host.leave_multicast(*id, group).unwrap();
+        host.destroy_qp(*id).unwrap();
+        host.destroy_id(*id).unwrap();
+    }
+    host.destroy_event_channel(ch).unwrap();
+}
