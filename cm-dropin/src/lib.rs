@@ -13,6 +13,7 @@ pub mod abi;
 pub mod device;
 pub mod ffi;
 pub mod proto;
+pub mod provider;
 pub mod request;
 pub mod sock;
 pub mod verbs;
