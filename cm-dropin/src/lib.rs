@@ -16,4 +16,5 @@ pub mod proto;
 pub mod provider;
 pub mod request;
 pub mod sock;
+pub mod sockets;
 pub mod verbs;

@@ -46,11 +46,10 @@ fn every_installed_provider_library_loads_against_the_drop_in_and_adds_no_device
         return;
     };
     let fabric = Fabric::start("providers", &[HOST], 1);
-    let mut args = vec![prog.to_string_lossy().into_owned()];
+    let mut args = vec![prog.path()];
     args.extend(libs.iter().map(|p| p.to_string_lossy().into_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = fabric.run(HOST, &args);
-    let _ = std::fs::remove_file(&prog);
     let loaded: Vec<&str> = o
         .stdout
         .lines()

@@ -85,11 +85,31 @@ impl Drop for Fabric {
     }
 }
 
-/// Compiles `tests/c/<name>.c` with the libraries `libs` (`-l` names); None (with a message
-/// saying why the test is skipped) when there is no C compiler or no headers.
-pub(crate) fn compile_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
+/// A compiled C program, removed when dropped.
+pub(crate) struct Program(PathBuf);
+
+impl Program {
+    /// Its path, as an argument.
+    pub(crate) fn path(&self) -> String {
+        self.0.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Compiles `tests/c/<name>.c` with the libraries `libs` (`-l` names), a file of this call's
+/// own (tests running at once each compile theirs); None (with a message saying why the test
+/// is skipped) when there is no C compiler or no headers.
+pub(crate) fn compile_c(name: &str, libs: &[&str]) -> Option<Program> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static BUILT: AtomicUsize = AtomicUsize::new(0);
+    let n = BUILT.fetch_add(1, Ordering::Relaxed);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
     let status = Command::new("cc")
         .args(["-Wall", "-Werror", "-o"])
         .arg(&out)
@@ -97,7 +117,7 @@ pub(crate) fn compile_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
         .args(libs.iter().map(|l| format!("-l{l}")))
         .status();
     match status {
-        Ok(s) if s.success() => Some(out),
+        Ok(s) if s.success() => Some(Program(out)),
         _ => {
             eprintln!(
                 "skipped: cannot compile {} (needs cc, libibverbs-dev)",

@@ -1,0 +1,205 @@
+//! The programs' own kernel sockets between simulated hosts (what `ibv_rc_pingpong`, perftest
+//! and qperf keep beside RDMA): `tests/c/side.c` on two hosts of a fabric, through
+//! `cmsim-run`, meets at the simulated addresses over TCP and UDP and sees simulated
+//! addresses in every address it reads; what the kernel answers (a refused connect, an address
+//! that is not the host's) stays the kernel's answer.
+//!
+//! Skips with a message when the C program cannot be compiled. Every wait is bounded: the
+//! program gives up after 20 s (alarm) and a hung one is killed.
+
+use std::process::Child;
+use std::time::Duration;
+
+mod common;
+#[path = "common/fabric.rs"]
+mod fabric;
+use common::{wait, Output};
+use fabric::{compile_c, Fabric};
+
+const A: &str = "10.0.0.1";
+const B: &str = "10.0.0.2";
+const C6: &str = "fd00::3";
+
+fn finish(child: Child, what: &str) -> Output {
+    let o = wait(child, Duration::from_secs(30), what);
+    assert!(o.status.success(), "{what} failed: {}\n{}", o.stdout, o.stderr);
+    assert!(o.stderr.is_empty(), "{what} stderr: {}", o.stderr);
+    o
+}
+
+/// The address after `prefix` on the first line that starts with it.
+fn after<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix:?} in\n{out}"))
+}
+
+/// A TCP server on `server_host` bound to `bind`, and a client on `client_host` connecting to
+/// `target`: the server's and the client's output.
+fn tcp_pair(
+    prog: &str,
+    name: &str,
+    server_host: &str,
+    bind: &str,
+    client_host: &str,
+    target: &str,
+    port: u16,
+) -> (Output, Output) {
+    let fabric = Fabric::start(name, &[A, B, C6], 2);
+    let port = port.to_string();
+    let server = fabric.spawn(server_host, &[prog, "tcp-server", bind, &port]);
+    let client = fabric.spawn(client_host, &[prog, "tcp-client", target, &port]);
+    let c = finish(client, "client");
+    let s = finish(server, "server");
+    fabric.stop();
+    (s, c)
+}
+
+#[test]
+fn a_tcp_client_on_one_host_reaches_a_server_bound_to_another_hosts_address_and_both_see_simulated_addresses()
+{
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let (s, c) = tcp_pair(&prog.path(), "side-tcp", A, A, B, A, 17101);
+    assert_eq!(after(&s.stdout, "listening "), "10.0.0.1:17101");
+    let client_local = after(&c.stdout, "client local ");
+    let (local, peer) = client_local.split_once(" peer ").expect("two addresses");
+    assert!(local.starts_with("10.0.0.2:"), "{}", c.stdout);
+    assert_eq!(peer, "10.0.0.1:17101");
+    assert_eq!(
+        after(&s.stdout, "accepted "),
+        local,
+        "accept's address is the client's"
+    );
+    assert_eq!(
+        after(&s.stdout, "server local "),
+        format!("10.0.0.1:17101 peer {local}")
+    );
+    assert_eq!(after(&c.stdout, "got "), "pong");
+}
+
+#[test]
+fn a_server_bound_to_inaddr_any_is_reached_at_its_hosts_simulated_address() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let (s, c) = tcp_pair(&prog.path(), "side-any", A, "any", B, A, 17102);
+    // The host's address, where the kernel would say 0.0.0.0 (see sockets.rs).
+    assert_eq!(after(&s.stdout, "listening "), "10.0.0.1:17102");
+    assert!(
+        after(&s.stdout, "accepted ").starts_with("10.0.0.2:"),
+        "{}",
+        s.stdout
+    );
+    assert_eq!(after(&c.stdout, "got "), "pong");
+}
+
+#[test]
+fn servers_on_two_hosts_listen_on_one_port_and_each_client_reaches_the_other_host() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let prog = prog.path();
+    let fabric = Fabric::start("side-port", &[A, B], 4);
+    let servers = [A, B].map(|h| fabric.spawn(h, &[&prog, "tcp-server", "any", "17103"]));
+    let clients = [(B, A), (A, B)].map(|(from, to)| fabric.spawn(from, &[&prog, "tcp-client", to, "17103"]));
+    let [ca, cb] = clients.map(|c| finish(c, "client"));
+    let [sa, sb] = servers.map(|s| finish(s, "server"));
+    fabric.stop();
+    assert!(
+        after(&ca.stdout, "client local ").ends_with(" peer 10.0.0.1:17103"),
+        "{}",
+        ca.stdout
+    );
+    assert!(
+        after(&cb.stdout, "client local ").ends_with(" peer 10.0.0.2:17103"),
+        "{}",
+        cb.stdout
+    );
+    assert!(
+        after(&sa.stdout, "accepted ").starts_with("10.0.0.2:"),
+        "{}",
+        sa.stdout
+    );
+    assert!(
+        after(&sb.stdout, "accepted ").starts_with("10.0.0.1:"),
+        "{}",
+        sb.stdout
+    );
+}
+
+#[test]
+fn a_udp_datagram_and_its_answer_carry_the_simulated_addresses() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let prog = prog.path();
+    let fabric = Fabric::start("side-udp", &[A, B], 2);
+    let server = fabric.spawn(A, &[&prog, "udp-server", A, "17104"]);
+    let client = fabric.spawn(B, &[&prog, "udp-client", A, "17104"]);
+    let c = finish(client, "udp client");
+    let s = finish(server, "udp server");
+    fabric.stop();
+    assert_eq!(after(&s.stdout, "bound "), "10.0.0.1:17104");
+    let from = after(&s.stdout, "datagram from ");
+    assert!(from.starts_with("10.0.0.2:"), "{}", s.stdout);
+    assert_eq!(after(&c.stdout, "answer from "), "10.0.0.1:17104");
+    // The unbound client was bound to its own host before its first datagram.
+    assert_eq!(after(&c.stdout, "client local "), from);
+}
+
+#[test]
+fn an_ipv6_host_is_reached_from_a_dual_stack_socket_through_its_simulated_address() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let (s, c) = tcp_pair(&prog.path(), "side-v6", C6, "any6", B, C6, 17105);
+    assert_eq!(after(&s.stdout, "listening "), "[fd00::3]:17105");
+    let client_local = after(&c.stdout, "client local ");
+    let (local, peer) = client_local.split_once(" peer ").expect("two addresses");
+    // An IPv4 host seen from an AF_INET6 socket: its v4-mapped address.
+    assert!(local.starts_with("[::ffff:10.0.0.2]:"), "{}", c.stdout);
+    assert_eq!(peer, "[fd00::3]:17105");
+    assert_eq!(after(&s.stdout, "accepted "), local);
+}
+
+#[test]
+fn the_kernels_answers_stay_refused_connect_and_another_hosts_address_and_v6only_are_said() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let prog = prog.path();
+    let fabric = Fabric::start("side-refused", &[A, B, C6], 3);
+    let refused = fabric.run(B, &[&prog, "refused", A, "17106"]);
+    assert_eq!(refused.stdout, "connect: ECONNREFUSED\n", "{}", refused.stderr);
+    assert!(refused.stderr.is_empty(), "{}", refused.stderr);
+    let other = fabric.run(B, &[&prog, "bind", A, "17106"]);
+    assert_eq!(other.stdout, "bind: EADDRNOTAVAIL\n", "{}", other.stderr);
+    assert!(other.stderr.is_empty(), "{}", other.stderr);
+    let v6only = fabric.run(C6, &[&prog, "bind-v6only", C6, "17106"]);
+    assert_eq!(v6only.stdout, "bind: EADDRNOTAVAIL\n", "{}", v6only.stderr);
+    assert!(v6only.stderr.contains("IPV6_V6ONLY"), "{}", v6only.stderr);
+    fabric.stop();
+}
+
+#[test]
+fn addresses_that_are_not_simulated_pass_through_untouched() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    // The machine's own 127.0.0.1 is one for all hosts: the pair meets there as without the
+    // drop-in, and sees it.
+    let (s, c) = tcp_pair(&prog.path(), "side-lo", A, "127.0.0.1", B, "127.0.0.1", 17107);
+    assert_eq!(after(&s.stdout, "listening "), "127.0.0.1:17107");
+    assert!(
+        after(&s.stdout, "accepted ").starts_with("127.0.0.1:"),
+        "{}",
+        s.stdout
+    );
+    assert!(
+        after(&c.stdout, "client local ").ends_with(" peer 127.0.0.1:17107"),
+        "{}",
+        c.stdout
+    );
+}
