@@ -33,7 +33,7 @@
 //! refused (`ECONNREFUSED`) as on a real network. These sockets are outside the simulated
 //! fabric: its faults (partitions, loss, delay, a crashed host) do not reach them, so a
 //! partitioned pair still swaps its QP numbers over TCP. `getsockname` of a socket bound to
-//! `INADDR_ANY` reads its host's address, not `0.0.0.0`. Host names are not resolved here
+//! `INADDR_ANY` reads `0.0.0.0` (`::`) with its port, as the kernel's would. Host names are not resolved here
 //! (numeric addresses are what `getaddrinfo` gives back as they are); `sendmmsg` and
 //! `recvmmsg` are not translated.
 //!
@@ -42,9 +42,10 @@
 //! `CMSIM_HOSTS` (a program not started by `cmsim-run`, or this crate's own binaries, which
 //! link these definitions too) every call passes through.
 
+use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use libc::{msghdr, sockaddr, sockaddr_storage, socklen_t, ssize_t};
 
@@ -160,11 +161,7 @@ impl HostMap {
 
     /// The address to use in place of `a`, an address the program gave for `what`.
     pub fn to_real(&self, a: SocketAddr, what: Use) -> Mapped {
-        let unspecified = match a.ip() {
-            IpAddr::V4(v4) => v4.is_unspecified(),
-            IpAddr::V6(v6) => v6.is_unspecified() || v6.to_ipv4_mapped() == Some(Ipv4Addr::UNSPECIFIED),
-        };
-        let host = if unspecified {
+        let host = if is_unspecified(a.ip()) {
             self.own
         } else {
             match self.host_of_sim(a.ip()) {
@@ -322,8 +319,7 @@ fn storage() -> (sockaddr_storage, socklen_t) {
 }
 
 /// Hands the program an address the kernel wrote in `st` (`len` bytes), translated back to
-/// simulated form, with the kernel's truncation: at most `*dst_len` bytes are written, and
-/// `*dst_len` becomes the address's whole length.
+/// simulated form.
 ///
 /// # Safety
 /// `dst` is valid for `*dst_len` bytes and `dst_len` for a `socklen_t` (neither NULL).
@@ -331,19 +327,71 @@ unsafe fn hand_back(st: &sockaddr_storage, len: socklen_t, dst: *mut sockaddr, d
     let storage_len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
     // SAFETY: st is a whole sockaddr_storage; len is what the kernel says it wrote.
     let read = unsafe { read_addr((st as *const sockaddr_storage).cast(), len.min(storage_len)) };
-    let translated = map().zip(read).and_then(|(m, a)| m.to_sim(a)).map(write_addr);
-    let (src, src_len) = match &translated {
-        Some((t, l)) => (t as *const sockaddr_storage, *l),
-        None => (st as *const sockaddr_storage, len),
-    };
+    match map().zip(read).and_then(|(m, a)| m.to_sim(a)).map(write_addr) {
+        // SAFETY: the caller's buffer; ours holds l bytes.
+        Some((t, l)) => unsafe { copy_out(&t, l, dst, dst_len) },
+        // SAFETY: as above.
+        None => unsafe { copy_out(st, len, dst, dst_len) },
+    }
+}
+
+/// Copies `len` bytes of `src` to the program's buffer with the kernel's truncation: at most
+/// `*dst_len` bytes are written, and `*dst_len` becomes the address's whole length.
+///
+/// # Safety
+/// `dst` is valid for `*dst_len` bytes and `dst_len` for a `socklen_t` (neither NULL).
+unsafe fn copy_out(src: &sockaddr_storage, len: socklen_t, dst: *mut sockaddr, dst_len: *mut socklen_t) {
+    let storage_len = std::mem::size_of::<sockaddr_storage>() as socklen_t;
     // SAFETY: dst_len is the caller's socklen_t.
     let room = unsafe { *dst_len };
-    let n = room.min(src_len).min(storage_len) as usize;
-    // SAFETY: src holds a sockaddr_storage (n ≤ its size); dst has room for n ≤ *dst_len bytes;
+    let n = room.min(len).min(storage_len) as usize;
+    // SAFETY: src is a sockaddr_storage (n ≤ its size); dst has room for n ≤ *dst_len bytes;
     // the two never overlap (src is ours).
-    unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.cast::<u8>(), n) };
+    unsafe {
+        std::ptr::copy_nonoverlapping((src as *const sockaddr_storage).cast::<u8>(), dst.cast::<u8>(), n)
+    };
     // SAFETY: as above.
-    unsafe { *dst_len = src_len };
+    unsafe { *dst_len = len };
+}
+
+/// Sockets the program bound to `INADDR_ANY` / `in6addr_any` (bound here to their host's
+/// loopback address), by the socket's inode, which every fd of it (`dup`, `fork`) shares and
+/// no other socket has while it is open: `getsockname` reads the unspecified address for
+/// them, as the kernel's would. At most [`MAX_ANY_BOUND`] are remembered (past that, their
+/// host's address reads).
+static ANY_BOUND: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
+
+/// How many `INADDR_ANY` sockets [`ANY_BOUND`] remembers.
+const MAX_ANY_BOUND: usize = 65_536;
+
+/// The identity of the file `fd` is (device and inode).
+fn file_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: stat is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is ours, of the size fstat writes.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+fn any_bound(fd: c_int) -> bool {
+    let set = ANY_BOUND.lock().unwrap_or_else(|e| e.into_inner());
+    set.as_ref()
+        .is_some_and(|s| !s.is_empty() && file_id(fd).is_some_and(|id| s.contains(&id)))
+}
+
+fn remember_any_bound(fd: c_int) {
+    let Some(id) = file_id(fd) else { return };
+    let mut set = ANY_BOUND.lock().unwrap_or_else(|e| e.into_inner());
+    let s = set.get_or_insert_with(HashSet::new);
+    if s.len() < MAX_ANY_BOUND {
+        s.insert(id);
+    }
+}
+
+fn is_unspecified(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_unspecified(),
+        IpAddr::V6(v6) => v6.is_unspecified() || v6.to_ipv4_mapped() == Some(Ipv4Addr::UNSPECIFIED),
+    }
 }
 
 // ---- libc's own definitions --------------------------------------------------------------
@@ -511,7 +559,12 @@ pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) 
         Ok(Some(real_addr)) => {
             let (st, l) = write_addr(real_addr);
             // SAFETY: st is a valid socket address of l bytes.
-            unsafe { (real().bind)(fd, (&st as *const sockaddr_storage).cast(), l) }
+            let r = unsafe { (real().bind)(fd, (&st as *const sockaddr_storage).cast(), l) };
+            // SAFETY: the caller's address of len bytes (read once already).
+            if r == 0 && unsafe { read_addr(addr, len) }.is_some_and(|a| is_unspecified(a.ip())) {
+                remember_any_bound(fd);
+            }
+            r
         }
     }
 }
@@ -588,8 +641,28 @@ pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut sockl
 /// As `getsockname(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    // SAFETY: the caller's arguments; the closure gets ours or theirs, both valid.
-    unsafe { with_name_out(addr, len, |a, l| (real().getsockname)(fd, a, l)) }
+    if addr.is_null() || len.is_null() || map().is_none() || !any_bound(fd) {
+        // SAFETY: the caller's arguments; the closure gets ours or theirs, both valid.
+        return unsafe { with_name_out(addr, len, |a, l| (real().getsockname)(fd, a, l)) };
+    }
+    let (mut st, mut l) = storage();
+    // SAFETY: st and l are ours.
+    let r = unsafe { (real().getsockname)(fd, (&mut st as *mut sockaddr_storage).cast(), &mut l) };
+    if r == 0 {
+        // SAFETY: st holds l bytes the kernel wrote.
+        let bound = unsafe { read_addr((&st as *const sockaddr_storage).cast(), l) };
+        let any = bound.map(|b| match b {
+            SocketAddr::V4(v4) => SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, v4.port())),
+            SocketAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, v6.port(), 0, 0)),
+        });
+        match any.map(write_addr) {
+            // SAFETY: the caller's buffer and length (non-NULL, checked).
+            Some((t, tl)) => unsafe { copy_out(&t, tl, addr, len) },
+            // SAFETY: as above.
+            None => unsafe { copy_out(&st, l, addr, len) },
+        }
+    }
+    r
 }
 
 /// `getpeername(2)`: the peer's address in simulated form.
