@@ -2,10 +2,12 @@
 //! libefa) load against the drop-in: every provider on the machine (`libmlx5.so.1`,
 //! `libefa.so.1` and rdma-core's `libibverbs/*-rdmav34.so`) binds what it imports from
 //! libibverbs' private node `IBVERBS_PRIVATE_34` at once (`dlopen` with `RTLD_NOW`), and its
-//! registration adds no device beside the simulated one.
+//! registration adds no device beside the simulated one; perftest's `ib_send_bw` and
+//! libfabric's `fi_info`, which link them, start.
 //!
-//! Skips with a message when the providers are not installed (`apt-get install
-//! ibverbs-providers`; `scripts/test-all` installs it) or the C program cannot be compiled.
+//! Each test skips with a message when what it runs is not installed (`apt-get install
+//! ibverbs-providers perftest libfabric-bin`; `scripts/test-all` installs them) or the C
+//! program cannot be compiled.
 
 use std::path::PathBuf;
 
@@ -67,4 +69,61 @@ fn every_installed_provider_library_loads_against_the_drop_in_and_adds_no_device
     assert!(o.status.success(), "{}", o.stderr);
     // Loading and registering is silent, as with rdma-core's libibverbs.
     assert!(o.stderr.is_empty(), "stderr: {}", o.stderr);
+}
+
+/// `/usr/bin/<program>`, or None with the package that brings it named.
+fn installed(program: &str, package: &str) -> Option<String> {
+    let path = format!("/usr/bin/{program}");
+    if std::path::Path::new(&path).exists() {
+        Some(path)
+    } else {
+        eprintln!("skipped: {path} is not installed (apt-get install {package})");
+        None
+    }
+}
+
+/// What the loader says when a library's imports are missing from the drop-in.
+fn assert_loaded(o: &common::Output, what: &str) {
+    for refusal in [
+        "symbol lookup error",
+        "undefined symbol",
+        "not found (required by",
+    ] {
+        assert!(!o.stderr.contains(refusal), "{what}: {}", o.stderr);
+    }
+}
+
+#[test]
+fn perftest_which_links_libmlx5_and_libefa_loads_and_prints_its_usage() {
+    let Some(prog) = installed("ib_send_bw", "perftest") else {
+        return;
+    };
+    let fabric = Fabric::start("providers-perftest", &[HOST], 1);
+    let o = fabric.run(HOST, &[&prog, "--help"]);
+    fabric.stop();
+    assert_loaded(&o, "ib_send_bw --help");
+    assert!(
+        o.stdout.contains("Usage:") && o.stdout.contains("ib_send_bw"),
+        "{}\n{}",
+        o.stdout,
+        o.stderr
+    );
+}
+
+#[test]
+fn fi_info_which_links_libefa_loads_and_lists_libfabrics_providers() {
+    let Some(prog) = installed("fi_info", "libfabric-bin") else {
+        return;
+    };
+    let fabric = Fabric::start("providers-fi-info", &[HOST], 1);
+    let o = fabric.run(HOST, &[&prog, "-l"]);
+    fabric.stop();
+    assert_loaded(&o, "fi_info -l");
+    assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
+    assert!(
+        o.stdout.lines().any(|l| l == "tcp:"),
+        "{}\n{}",
+        o.stdout,
+        o.stderr
+    );
 }
