@@ -214,3 +214,22 @@ fn addresses_that_are_not_simulated_pass_through_untouched() {
         c.stdout
     );
 }
+
+#[test]
+fn a_dual_stack_server_bound_to_in6addr_any_is_reached_by_an_ipv4_client_as_on_a_real_host() {
+    // ibv_rc_pingpong's server: getaddrinfo(NULL, port, AI_PASSIVE) gives :: first.
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let (s, c) = tcp_pair(&prog.path(), "side-dual", A, "any6", B, A, 17108);
+    assert_eq!(after(&s.stdout, "listening "), "[::]:17108");
+    let client_local = after(&c.stdout, "client local ");
+    let (local, peer) = client_local.split_once(" peer ").expect("two addresses");
+    assert_eq!(peer, "10.0.0.1:17108");
+    let port = local.strip_prefix("10.0.0.2:").expect("the client's host");
+    assert_eq!(after(&s.stdout, "accepted "), format!("[::ffff:10.0.0.2]:{port}"));
+    assert_eq!(
+        after(&s.stdout, "server local "),
+        format!("[::ffff:10.0.0.1]:17108 peer [::ffff:10.0.0.2]:{port}")
+    );
+}
