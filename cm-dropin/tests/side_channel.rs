@@ -4,8 +4,11 @@
 //! addresses in every address it reads; what the kernel answers (a refused connect, an address
 //! that is not the host's) stays the kernel's answer.
 //!
-//! Skips with a message when the C program cannot be compiled. Every wait is bounded: the
-//! program gives up after 20 s (alarm) and a hung one is killed.
+//! qperf, unmodified, measures TCP and UDP between two hosts the same way.
+//!
+//! Each test skips with a message when the C program cannot be compiled or qperf is not
+//! installed (`apt-get install qperf`; `scripts/test-all` installs it). Every wait is bounded:
+//! the C program gives up after 20 s (alarm) and a hung program is killed.
 
 use std::process::Child;
 use std::time::Duration;
@@ -231,5 +234,56 @@ fn a_dual_stack_server_bound_to_in6addr_any_is_reached_by_an_ipv4_client_as_on_a
     assert_eq!(
         after(&s.stdout, "server local "),
         format!("[::ffff:10.0.0.1]:17108 peer [::ffff:10.0.0.2]:{port}")
+    );
+}
+
+#[test]
+fn qperf_measures_tcp_and_udp_between_two_simulated_hosts() {
+    let qperf = "/usr/bin/qperf";
+    if !std::path::Path::new(qperf).exists() {
+        eprintln!("skipped: {qperf} is not installed (apt-get install qperf)");
+        return;
+    }
+    let fabric = Fabric::start("side-qperf", &[A, B], 2);
+    // qperf's server serves until it is stopped, on every address of its host.
+    let mut server = fabric.spawn(A, &[qperf]);
+    let client = fabric.spawn(
+        B,
+        &[
+            qperf,
+            "--wait_server",
+            "10",
+            "-t",
+            "1",
+            A,
+            "tcp_bw",
+            "tcp_lat",
+            "udp_lat",
+        ],
+    );
+    let c = wait(client, Duration::from_secs(40), "qperf client");
+    let _ = server.kill();
+    let s = wait(server, Duration::from_secs(10), "qperf server");
+    fabric.stop();
+    assert!(
+        c.status.success(),
+        "{}\n{}\nserver: {}",
+        c.stdout,
+        c.stderr,
+        s.stderr
+    );
+    for test in ["tcp_bw:", "tcp_lat:", "udp_lat:"] {
+        assert!(c.stdout.lines().any(|l| l == test), "{test} in {}", c.stdout);
+    }
+    assert!(
+        c.stdout.contains("bw  =") && c.stdout.contains("latency  ="),
+        "{}",
+        c.stdout
+    );
+    assert!(
+        c.stderr.is_empty() && s.stderr.is_empty(),
+        "{}\nserver: {}",
+        c.stderr,
+        s.stderr
     );
 }
