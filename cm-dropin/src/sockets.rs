@@ -4,7 +4,8 @@
 //! (`ibv_rc_pingpong`, perftest without `-R`, qperf, cmtime of rdma-core v52 on). Under the
 //! simulator their hosts' addresses (`10.0.0.1`, ...) do not exist on the machine, so this
 //! library stands in for the socket calls that carry an address (`bind`, `connect`, `accept`,
-//! `accept4`, `getsockname`, `getpeername`, `sendto`, `recvfrom`, `sendmsg`, `recvmsg`) and
+//! `accept4`, `getsockname`, `getpeername`, `sendto`, `recvfrom`, `sendmsg`, `recvmsg`,
+//! `sendmmsg`, `recvmmsg`) and
 //! moves each simulated host onto a loopback address of its own:
 //!
 //! * host `i` of the fabric is `127.A.B.(i + 1)`, the daemon's loopback /24 `127.A.B.0`
@@ -33,9 +34,8 @@
 //! refused (`ECONNREFUSED`) as on a real network. These sockets are outside the simulated
 //! fabric: its faults (partitions, loss, delay, a crashed host) do not reach them, so a
 //! partitioned pair still swaps its QP numbers over TCP. `getsockname` of a socket bound to
-//! `INADDR_ANY` reads `0.0.0.0` (`::`) with its port, as the kernel's would. Host names are not resolved here
-//! (numeric addresses are what `getaddrinfo` gives back as they are); `sendmmsg` and
-//! `recvmmsg` are not translated.
+//! `INADDR_ANY` reads `0.0.0.0` (`::`) with its port, as the kernel's would. Host names are
+//! not resolved here (numeric addresses are what `getaddrinfo` gives back as they are).
 //!
 //! The calls are forwarded to libc's own definitions, looked up in libc itself (not with
 //! `RTLD_NEXT`, which finds nothing when this library is loaded after libc). Without
@@ -43,7 +43,7 @@
 //! link these definitions too) every call passes through.
 
 use std::collections::HashSet;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::sync::{Mutex, OnceLock};
 
@@ -405,6 +405,9 @@ type RecvfromFn =
     unsafe extern "C" fn(c_int, *mut c_void, usize, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t;
 type SendmsgFn = unsafe extern "C" fn(c_int, *const msghdr, c_int) -> ssize_t;
 type RecvmsgFn = unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t;
+type SendmmsgFn = unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int) -> c_int;
+type RecvmmsgFn =
+    unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int, *mut libc::timespec) -> c_int;
 
 struct Real {
     bind: BindFn,
@@ -417,6 +420,8 @@ struct Real {
     recvfrom: RecvfromFn,
     sendmsg: SendmsgFn,
     recvmsg: RecvmsgFn,
+    sendmmsg: SendmmsgFn,
+    recvmmsg: RecvmmsgFn,
 }
 
 fn real() -> &'static Real {
@@ -453,6 +458,8 @@ fn real() -> &'static Real {
                 recvfrom: std::mem::transmute::<*mut c_void, RecvfromFn>(find(c"recvfrom")),
                 sendmsg: std::mem::transmute::<*mut c_void, SendmsgFn>(find(c"sendmsg")),
                 recvmsg: std::mem::transmute::<*mut c_void, RecvmsgFn>(find(c"recvmsg")),
+                sendmmsg: std::mem::transmute::<*mut c_void, SendmmsgFn>(find(c"sendmmsg")),
+                recvmmsg: std::mem::transmute::<*mut c_void, RecvmmsgFn>(find(c"recvmmsg")),
             }
         }
     })
@@ -804,6 +811,122 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
                 (*msg).msg_name.cast(),
                 &mut (*msg).msg_namelen,
             );
+        }
+    }
+    r
+}
+
+/// The most messages one `sendmmsg`/`recvmmsg` handles (the kernel's `UIO_MAXIOV`): the
+/// kernel takes no more, so no more are copied.
+const MAX_MMSG: usize = 1024;
+
+/// `sendmmsg(2)`: each datagram to a simulated host goes to its loopback address. A
+/// destination refused before anything is sent fails the call; one refused later ends the
+/// batch there (the kernel's rule for an error after the first message).
+///
+/// # Safety
+/// As `sendmmsg(2)`: `msgvec` holds `vlen` message headers.
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> c_int {
+    if msgvec.is_null() || vlen == 0 || map().is_none() {
+        // SAFETY: the caller's arguments, as given.
+        return unsafe { (real().sendmmsg)(fd, msgvec, vlen, flags) };
+    }
+    let n = (vlen as usize).min(MAX_MMSG);
+    // SAFETY: the caller's vector of at least n headers.
+    let given = unsafe { std::slice::from_raw_parts(msgvec, n) };
+    let mut copies: Vec<libc::mmsghdr> = Vec::with_capacity(n);
+    // Filled before any pointer into it is taken, so none moves.
+    let mut names: Vec<(sockaddr_storage, socklen_t)> = Vec::with_capacity(n);
+    let mut mapped = Vec::with_capacity(n);
+    for m in given {
+        let h = &m.msg_hdr;
+        // SAFETY: each header's name is NULL or valid for its msg_namelen bytes.
+        match unsafe { translate_in(fd, h.msg_name.cast(), h.msg_namelen, Use::Reach) } {
+            Err(()) if mapped.is_empty() => return -1,
+            Err(()) => break,
+            Ok(to) => mapped.push(to),
+        }
+    }
+    if mapped.iter().all(Option::is_none) {
+        // SAFETY: the caller's arguments, as given (at most the first len(mapped) of them).
+        return unsafe { (real().sendmmsg)(fd, msgvec, mapped.len() as c_uint, flags) };
+    }
+    if let Some(first) = mapped.iter().flatten().next() {
+        if bind_source(fd, first).is_err() {
+            return -1;
+        }
+    }
+    names.extend(mapped.iter().map(|to| to.map_or_else(storage, write_addr)));
+    for (i, to) in mapped.iter().enumerate() {
+        let mut c = given[i];
+        if to.is_some() {
+            c.msg_hdr.msg_name = (&mut names[i].0 as *mut sockaddr_storage).cast();
+            c.msg_hdr.msg_namelen = names[i].1;
+        }
+        copies.push(c);
+    }
+    // SAFETY: the caller's buffers and control data; the names are ours, alive for the call.
+    let r = unsafe { (real().sendmmsg)(fd, copies.as_mut_ptr(), copies.len() as c_uint, flags) };
+    let sent = usize::try_from(r).unwrap_or(0);
+    for (i, c) in copies.iter().enumerate().take(sent) {
+        // SAFETY: msgvec holds at least n ≥ copies.len() > i headers.
+        unsafe { (*msgvec.add(i)).msg_len = c.msg_len };
+    }
+    r
+}
+
+/// `recvmmsg(2)`: each datagram's source in simulated form.
+///
+/// # Safety
+/// As `recvmmsg(2)`: `msgvec` holds `vlen` message headers.
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgvec: *mut libc::mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    if msgvec.is_null() || vlen == 0 || map().is_none() {
+        // SAFETY: the caller's arguments, as given.
+        return unsafe { (real().recvmmsg)(fd, msgvec, vlen, flags, timeout) };
+    }
+    let n = (vlen as usize).min(MAX_MMSG);
+    // SAFETY: the caller's vector of at least n headers.
+    let mut copies: Vec<libc::mmsghdr> = unsafe { std::slice::from_raw_parts(msgvec, n) }.to_vec();
+    // Made whole before any pointer into it is taken, so none moves.
+    let mut names: Vec<(sockaddr_storage, socklen_t)> = (0..n).map(|_| storage()).collect();
+    for (c, (st, l)) in copies.iter_mut().zip(names.iter_mut()) {
+        if !c.msg_hdr.msg_name.is_null() {
+            c.msg_hdr.msg_name = (st as *mut sockaddr_storage).cast();
+            c.msg_hdr.msg_namelen = *l;
+        }
+    }
+    // SAFETY: the caller's buffers, control space and timeout; the names are ours.
+    let r = unsafe { (real().recvmmsg)(fd, copies.as_mut_ptr(), n as c_uint, flags, timeout) };
+    let got = usize::try_from(r).unwrap_or(0);
+    for (i, (c, name)) in copies.iter().zip(&names).enumerate().take(got) {
+        // SAFETY: msgvec holds at least n > i headers; a non-NULL name of the caller's has
+        // room for its msg_namelen bytes.
+        unsafe {
+            let m = &mut *msgvec.add(i);
+            m.msg_len = c.msg_len;
+            m.msg_hdr.msg_flags = c.msg_hdr.msg_flags;
+            m.msg_hdr.msg_controllen = c.msg_hdr.msg_controllen;
+            if !m.msg_hdr.msg_name.is_null() {
+                hand_back(
+                    &name.0,
+                    c.msg_hdr.msg_namelen,
+                    m.msg_hdr.msg_name.cast(),
+                    &mut m.msg_hdr.msg_namelen,
+                );
+            }
         }
     }
     r

@@ -138,24 +138,33 @@ fn servers_on_two_hosts_listen_on_one_port_and_each_client_reaches_the_other_hos
     );
 }
 
-#[test]
-fn a_udp_datagram_and_its_answer_carry_the_simulated_addresses() {
+fn udp_pair(name: &str, client_mode: &str, port: &str) {
     let Some(prog) = compile_c("side", &[]) else {
         return;
     };
     let prog = prog.path();
-    let fabric = Fabric::start("side-udp", &[A, B], 2);
-    let server = fabric.spawn(A, &[&prog, "udp-server", A, "17104"]);
-    let client = fabric.spawn(B, &[&prog, "udp-client", A, "17104"]);
+    let fabric = Fabric::start(name, &[A, B], 2);
+    let server = fabric.spawn(A, &[&prog, "udp-server", A, port]);
+    let client = fabric.spawn(B, &[&prog, client_mode, A, port]);
     let c = finish(client, "udp client");
     let s = finish(server, "udp server");
     fabric.stop();
-    assert_eq!(after(&s.stdout, "bound "), "10.0.0.1:17104");
+    assert_eq!(after(&s.stdout, "bound "), format!("10.0.0.1:{port}"));
     let from = after(&s.stdout, "datagram from ");
     assert!(from.starts_with("10.0.0.2:"), "{}", s.stdout);
-    assert_eq!(after(&c.stdout, "answer from "), "10.0.0.1:17104");
+    assert_eq!(after(&c.stdout, "answer from "), format!("10.0.0.1:{port}"));
     // The unbound client was bound to its own host before its first datagram.
     assert_eq!(after(&c.stdout, "client local "), from);
+}
+
+#[test]
+fn a_udp_datagram_and_its_answer_carry_the_simulated_addresses() {
+    udp_pair("side-udp", "udp-client", "17104");
+}
+
+#[test]
+fn datagrams_sent_with_sendmmsg_and_received_with_recvmmsg_carry_the_simulated_addresses() {
+    udp_pair("side-mmsg", "udp-mmsg-client", "17109");
 }
 
 #[test]

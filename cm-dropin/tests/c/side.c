@@ -7,6 +7,7 @@
  *   side tcp-client ADDR PORT   connect (retrying while refused, at most 10 s), send "ping"
  *   side udp-server ADDR PORT   answer one datagram (recvmsg/sendmsg) with "pong"
  *   side udp-client ADDR PORT   sendto from an unbound socket, recvfrom the answer
+ *   side udp-mmsg-client ADDR PORT  the same with sendmmsg and recvmmsg
  *   side refused ADDR PORT      one connect, which must be refused
  *   side bind ADDR PORT         one bind, printing its errno
  *   side bind-v6only ADDR PORT  the same on an AF_INET6 socket with IPV6_V6ONLY set
@@ -14,6 +15,7 @@
  * Each prints the addresses it sees (getsockname, getpeername, accept's, recvfrom's) as
  * "what ADDR:PORT" lines; every wait is bounded (alarm).
  */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -183,6 +185,39 @@ int main(int argc, char **argv)
 			n = recvfrom(fd, buf, sizeof(buf), 0, (void *)&from, &flen);
 		}
 		if (n != 4 || memcmp(buf, "pong", 4))
+			return 1;
+		printf("answer from %s\n", show(&from));
+		len = sizeof(ss);
+		getsockname(fd, (void *)&ss, &len);
+		printf("client local %s\n", show(&ss));
+		return 0;
+	}
+	if (!strcmp(argv[1], "udp-mmsg-client")) {
+		struct timeval wait = { 0, 100 * 1000 };
+		struct iovec out = { "ping", 4 }, in = { buf, sizeof(buf) };
+		struct mmsghdr sm, rm;
+		int tries, got = 0;
+
+		memset(&sm, 0, sizeof(sm));
+		memset(&rm, 0, sizeof(rm));
+		sm.msg_hdr.msg_name = &ss;
+		sm.msg_hdr.msg_namelen = len;
+		sm.msg_hdr.msg_iov = &out;
+		sm.msg_hdr.msg_iovlen = 1;
+		rm.msg_hdr.msg_name = &from;
+		rm.msg_hdr.msg_iov = &in;
+		rm.msg_hdr.msg_iovlen = 1;
+		fd = socket(ss.ss_family, SOCK_DGRAM, 0);
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+		for (tries = 0; tries < 100 && got != 1; tries++) {
+			if (sendmmsg(fd, &sm, 1, 0) != 1 || sm.msg_len != 4) {
+				perror("sendmmsg");
+				return 1;
+			}
+			rm.msg_hdr.msg_namelen = sizeof(from);
+			got = recvmmsg(fd, &rm, 1, 0, NULL);
+		}
+		if (got != 1 || rm.msg_len != 4 || memcmp(buf, "pong", 4))
 			return 1;
 		printf("answer from %s\n", show(&from));
 		len = sizeof(ss);
