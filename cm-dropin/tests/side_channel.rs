@@ -296,3 +296,20 @@ fn qperf_measures_tcp_and_udp_between_two_simulated_hosts() {
         s.stderr
     );
 }
+
+#[test]
+fn a_partition_of_the_simulated_fabric_does_not_cut_the_programs_own_sockets() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let prog = prog.path();
+    // Hosts 0 and 1 are partitioned from the start: RDMA between them would fail, the side
+    // channel is the machine's loopback and is outside the fabric.
+    let fabric = Fabric::start_with("side-partition", &[A, B], 2, &["--fault", "0:partition 0 1"]);
+    let server = fabric.spawn(A, &[&prog, "tcp-server", A, "17110"]);
+    let client = fabric.spawn(B, &[&prog, "tcp-client", A, "17110"]);
+    let c = finish(client, "client");
+    finish(server, "server");
+    fabric.stop();
+    assert_eq!(after(&c.stdout, "got "), "pong");
+}

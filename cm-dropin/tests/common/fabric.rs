@@ -21,6 +21,11 @@ impl Fabric {
     /// Starts a daemon named `name` (its socket's name) with `hosts` (host 0 first) that exits
     /// once `processes` programs attached and left, or after 60 s.
     pub(crate) fn start(name: &str, hosts: &[&str], processes: usize) -> Fabric {
+        Fabric::start_with(name, hosts, processes, &[])
+    }
+
+    /// [`start`](Fabric::start) with more daemon arguments (faults, say).
+    pub(crate) fn start_with(name: &str, hosts: &[&str], processes: usize, extra: &[&str]) -> Fabric {
         let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
         let mut cmd = Command::new(DAEMON);
         cmd.arg("--socket").arg(&socket);
@@ -30,6 +35,7 @@ impl Fabric {
         let daemon = cmd
             .args(["--seed", "7", "--max-seconds", "60"])
             .args(["--processes", &processes.to_string()])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
