@@ -13,6 +13,8 @@ pub mod abi;
 pub mod device;
 pub mod ffi;
 pub mod proto;
+pub mod provider;
 pub mod request;
 pub mod sock;
+pub mod sockets;
 pub mod verbs;

@@ -15,12 +15,19 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
 /// Environment variable: the simulated host (one of its addresses) the process runs on.
 pub const HOST_ENV: &str = "CMSIM_HOST";
+/// Environment variable (set by `cmsim-run`): the fabric's host addresses in index order,
+/// comma-separated, for the programs' own TCP and UDP sockets between simulated hosts
+/// ([`sockets`](crate::sockets)).
+pub const HOSTS_ENV: &str = "CMSIM_HOSTS";
+/// Environment variable (set by `cmsim-run`): the loopback /24 (`127.A.B.0`) whose `.1` to
+/// `.254` stand for the fabric's hosts 0 to 253 on the programs' own sockets.
+pub const LOOPBACK_ENV: &str = "CMSIM_LOOPBACK";
 
 /// The first field of every datagram a process sends: which message it is. The layouts are
 /// the codecs of [`Request`](crate::request::Request) and, for the first message of a
@@ -102,6 +109,11 @@ pub enum Op {
     JoinMcast,
     /// `rdma_leave_multicast`.
     LeaveMcast,
+    /// Sent as the first datagram of a connection that is not a process (`cmsim-run` before it
+    /// starts a program): → `0: i32, loopback: addr, count: u32, count × addr`, the fabric's
+    /// hosts in index order and the loopback /24 their sockets use
+    /// ([`FabricHosts`](crate::request::FabricHosts)).
+    FabricHosts,
 }
 
 /// The QP number that addresses a multicast group.
@@ -172,7 +184,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 35] = [
+        const ALL: [Op; 36] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -208,6 +220,7 @@ impl Op {
             PostSendUd,
             JoinMcast,
             LeaveMcast,
+            FabricHosts,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -577,10 +590,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=35 {
+        for v in 1..=36 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(36), None);
+        assert_eq!(Op::from_u32(37), None);
     }
 }

@@ -394,7 +394,9 @@ impl Request {
         let op = Op::from_u32(d.u32().map_err(bad)?).ok_or(libc::EPROTO)?;
         let cm = |call| Ok(Request::Cm(call));
         match op {
-            Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel => Err(libc::EPROTO),
+            Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel | Op::FabricHosts => {
+                Err(libc::EPROTO)
+            }
             Op::CreateChannel => cm(I::CreateEventChannel),
             Op::DestroyChannel => cm(I::DestroyEventChannel {
                 channel: d.u64().map_err(bad)?,
@@ -600,6 +602,9 @@ pub enum Opening {
         /// The address asked about.
         addr: Option<std::net::SocketAddr>,
     },
+    /// The fabric's hosts and the loopback addresses their programs' own sockets use (→
+    /// [`FabricHosts`]).
+    FabricHosts,
     /// This socket becomes the event channel `channel` of process `proc` (→
     /// [`CHAN_ATTACHED`](crate::proto::CHAN_ATTACHED); silence when refused).
     AttachChannel {
@@ -650,6 +655,7 @@ impl Opening {
                 e.addr(*addr);
                 e
             }
+            Opening::FabricHosts => Enc::op(Op::FabricHosts),
             Opening::AttachChannel { proc, channel } | Opening::AttachCompChannel { proc, channel } => {
                 let op = if matches!(self, Opening::AttachChannel { .. }) {
                     Op::AttachChannel
@@ -684,6 +690,7 @@ impl Opening {
             Op::ProbeListener => Ok(Opening::ProbeListener {
                 addr: d.addr().map_err(bad)?,
             }),
+            Op::FabricHosts => Ok(Opening::FabricHosts),
             op @ (Op::AttachChannel | Op::AttachCompChannel) => {
                 let proc = d.u64().map_err(bad)?;
                 let channel = d.u64().map_err(bad)?;
@@ -695,6 +702,57 @@ impl Opening {
             }
             _ => Err(libc::EPROTO),
         }
+    }
+}
+
+/// The daemon's answer to [`Opening::FabricHosts`]: what `cmsim-run` hands a program
+/// ([`HOSTS_ENV`](crate::proto::HOSTS_ENV), [`LOOPBACK_ENV`](crate::proto::LOOPBACK_ENV)) so
+/// that its own sockets between simulated hosts meet on loopback addresses of their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricHosts {
+    /// The loopback /24 (`127.A.B.0`, `A` never 0) whose `.1 + i` stands for host `i`.
+    pub loopback: std::net::Ipv4Addr,
+    /// The hosts' addresses, in index order.
+    pub hosts: Vec<std::net::IpAddr>,
+}
+
+impl FabricHosts {
+    /// The reply datagram (its status, 0, first).
+    pub fn encode(&self) -> Enc {
+        let mut e = Enc::default();
+        e.i32(0)
+            .addr(Some(std::net::SocketAddr::new(self.loopback.into(), 0)))
+            .u32(self.hosts.len() as u32);
+        for h in &self.hosts {
+            e.addr(Some(std::net::SocketAddr::new(*h, 0)));
+        }
+        e
+    }
+
+    /// Reads the reply: `EPROTO` for one that does not decode (a count past its addresses, an
+    /// IPv6 loopback), or the errno the daemon answered.
+    pub fn decode(msg: &[u8]) -> Result<FabricHosts, i32> {
+        let bad = |_: Malformed| libc::EPROTO;
+        let mut d = Dec::new(msg);
+        match d.i32().map_err(bad)? {
+            0 => {}
+            errno => return Err(errno),
+        }
+        let loopback = match d.addr().map_err(bad)?.map(|a| a.ip()) {
+            Some(std::net::IpAddr::V4(v4)) => v4,
+            _ => return Err(libc::EPROTO),
+        };
+        let n = d.u32().map_err(bad)?;
+        // Each address takes at least one byte: a count beyond the bytes left is a lie, and
+        // no allocation follows it.
+        if n as usize > msg.len() {
+            return Err(libc::EPROTO);
+        }
+        let mut hosts = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            hosts.push(d.addr().map_err(bad)?.ok_or(libc::EPROTO)?.ip());
+        }
+        Ok(FabricHosts { loopback, hosts })
     }
 }
 
@@ -918,6 +976,7 @@ mod tests {
                 addr: Some("10.0.0.1:7471".parse().unwrap()),
             },
             Opening::ProbeListener { addr: None },
+            Opening::FabricHosts,
             Opening::AttachChannel { proc: 3, channel: 9 },
             Opening::AttachCompChannel { proc: 3, channel: 10 },
         ]
@@ -962,6 +1021,28 @@ mod tests {
             .bytes(b"x")
             .u32(crate::proto::PROTOCOL_VERSION);
         assert_eq!(Opening::decode(&e.0), Err(libc::EPROTO));
+    }
+
+    #[test]
+    fn the_fabric_hosts_survive_encoding_and_a_reply_cut_short_is_malformed() {
+        let h = FabricHosts {
+            loopback: "127.9.8.0".parse().unwrap(),
+            hosts: vec!["10.0.0.1".parse().unwrap(), "fd00::2".parse().unwrap()],
+        };
+        let msg = h.encode().0;
+        assert_eq!(FabricHosts::decode(&msg), Ok(h));
+        for cut in 0..msg.len() {
+            assert_eq!(
+                FabricHosts::decode(&msg[..cut]),
+                Err(libc::EPROTO),
+                "cut at {cut}"
+            );
+        }
+        let mut lie = Enc::default();
+        lie.i32(0)
+            .addr(Some("127.9.8.0:0".parse().unwrap()))
+            .u32(u32::MAX);
+        assert_eq!(FabricHosts::decode(&lie.0), Err(libc::EPROTO));
     }
 
     #[test]

@@ -1369,6 +1369,7 @@ impl Gen<'_> {
                 self.addr(&mut e);
                 expect = Expect::Eproto;
             }
+            Op::FabricHosts => expect = Expect::Eproto,
             Op::CreateChannel | Op::CreateCompChannel => {}
             Op::DestroyChannel => {
                 e.u64(self.handle(c, Kind::Channel, &mut refuse));
@@ -1628,9 +1629,13 @@ impl Gen<'_> {
                 req.intact = false;
                 req.expect = match Op::from_u32(v) {
                     None
-                    | Some(Op::Hello | Op::AttachChannel | Op::ProbeListener | Op::AttachCompChannel) => {
-                        Expect::Eproto
-                    }
+                    | Some(
+                        Op::Hello
+                        | Op::AttachChannel
+                        | Op::ProbeListener
+                        | Op::AttachCompChannel
+                        | Op::FabricHosts,
+                    ) => Expect::Eproto,
                     Some(_) => Expect::Any,
                 };
             }
@@ -1977,7 +1982,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 35] = [
+const ALL_OPS: [(Op, u64); 36] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2013,6 +2018,7 @@ const ALL_OPS: [(Op, u64); 35] = [
     (Op::PostSendUd, 2),
     (Op::JoinMcast, 2),
     (Op::LeaveMcast, 2),
+    (Op::FabricHosts, 1),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).
@@ -2328,6 +2334,7 @@ fn junk_first(g: &mut Gen, st: &mut Stats) -> Result<(), String> {
                 Ok(libc::EPROTO | libc::ENODEV | libc::EPERM | libc::EPROTONOSUPPORT)
             ) => {}
         Some(Op::ProbeListener) if reply.len() == 5 && status == Ok(0) && reply[4] <= 1 => {}
+        Some(Op::FabricHosts) if cm_dropin::request::FabricHosts::decode(&reply).is_ok() => {}
         Some(Op::AttachChannel | Op::AttachCompChannel) if reply == [CHAN_ATTACHED] => {
             return Err(format!(
                 "{what}, whose tokens are not one process's, was attached"

@@ -19,7 +19,7 @@ use cm_core::{
 };
 use cm_core::{Invocation, Outcome};
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
-use cm_dropin::request::{Opening, Request, Welcome};
+use cm_dropin::request::{FabricHosts, Opening, Request, Welcome};
 use cm_dropin::sock::{self, Interest, ProcessFd, Received, SeqConn, SeqListener};
 use cm_sim::{Fault, FaultSchedule, MsgKind, RegionMemory, SimFabric, SimHost};
 
@@ -46,6 +46,15 @@ usage: cmsim-daemon --socket PATH --host IP [--host IP ...] [options]
   --trace FILE           write the trace, one line per record
   --trace-mermaid FILE   write the trace as a Mermaid sequence diagram
 On exit prints seed: and trace-hash: lines on stdout.";
+
+/// The loopback /24 whose `.1 + i` stands for host `i` on the programs' own sockets: one of
+/// 254 × 256 blocks (`127.1.0.0` to `127.254.255.0`), chosen by this daemon's pid so that
+/// daemons running at once (tests in parallel) almost never share one, and never `127.0.0.0/24`
+/// (the machine's own `127.0.0.1`).
+fn loopback_block(pid: u32) -> std::net::Ipv4Addr {
+    let v = pid % (254 * 256);
+    std::net::Ipv4Addr::new(127, (1 + v / 256) as u8, (v % 256) as u8, 0)
+}
 
 struct Options {
     socket: PathBuf,
@@ -1422,6 +1431,15 @@ impl Daemon {
                 e.i32(0).u8(found as u8);
                 let _ = conn.try_send(&e.0);
             }
+            Ok(Opening::FabricHosts) => {
+                let reply = FabricHosts {
+                    loopback: loopback_block(std::process::id()),
+                    hosts: (0..self.fabric.host_count())
+                        .map(|i| self.fabric.host(i).addr())
+                        .collect(),
+                };
+                let _ = conn.try_send(&reply.encode().0);
+            }
             Ok(Opening::AttachCompChannel { proc, channel }) => {
                 if !self.sent_by_owner(proc, sender) {
                     return;
@@ -1911,6 +1929,17 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_blocks_stay_off_127_0_and_differ_for_nearby_pids() {
+        let blocks: std::collections::HashSet<_> = (0..65_024).map(loopback_block).collect();
+        assert_eq!(blocks.len(), 65_024);
+        assert!(blocks.iter().all(|b| {
+            let o = b.octets();
+            o[0] == 127 && o[1] != 0 && o[1] != 255 && o[3] == 0
+        }));
+        assert_eq!(loopback_block(u32::MAX), loopback_block(u32::MAX % 65_024));
+    }
 
     #[test]
     fn region_keys_skip_zero_and_live_keys_when_the_counter_comes_round() {

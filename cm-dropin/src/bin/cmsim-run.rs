@@ -4,6 +4,12 @@
 //! It lays the drop-in library out in its own directory (`<target>/cmsim/lib`, holding
 //! `libibverbs.so.1` and `librdmacm.so.1`, one file under two names), then executes the program
 //! with `LD_LIBRARY_PATH` pointing there, `CMSIM_SOCKET` and `CMSIM_HOST` set.
+//!
+//! The library is also preloaded (`LD_PRELOAD`), so that its socket calls come before libc's
+//! whatever order the program names its libraries in: a program's own TCP and UDP sockets
+//! between simulated hosts meet on loopback addresses (see `cm_dropin::sockets`), which the
+//! daemon's host list, asked for here and handed on in `CMSIM_HOSTS` and `CMSIM_LOOPBACK`,
+//! assigns.
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -11,8 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cm_dropin::proto;
 use cm_dropin::proto::Dec;
-use cm_dropin::request::Opening;
+use cm_dropin::request::{FabricHosts, Opening};
 use cm_dropin::sock::SeqConn;
 
 const USAGE: &str = "\
@@ -122,6 +129,26 @@ fn probe(socket: &Path, addr: SocketAddr) -> Result<bool, String> {
     Ok(d.i32() == Ok(0) && d.u8() == Ok(1))
 }
 
+/// The daemon's hosts and the loopback block their sockets use: `Ok(None)` when no daemon
+/// listens at `socket` (the program's first call says so, as it always has).
+fn fabric_hosts(socket: &Path) -> Result<Option<FabricHosts>, String> {
+    let Ok(conn) = SeqConn::connect(socket) else {
+        return Ok(None);
+    };
+    conn.send(&Opening::FabricHosts.encode().0)
+        .map_err(|e| format!("asking for the hosts: {e}"))?;
+    let mut buf = Vec::new();
+    if !conn
+        .recv(&mut buf)
+        .map_err(|e| format!("asking for the hosts: {e}"))?
+    {
+        return Err("the daemon closed the connection (another build's daemon?)".into());
+    }
+    FabricHosts::decode(&buf)
+        .map(Some)
+        .map_err(|e| format!("the daemon's host list: errno {e}"))
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut socket = std::env::var_os("CMSIM_SOCKET").map(PathBuf::from);
@@ -181,7 +208,24 @@ fn main() {
         Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
         _ => dir.display().to_string(),
     };
-    cmd.env("LD_LIBRARY_PATH", ld).env("CMSIM_SOCKET", socket);
+    let lib = dir.join("libibverbs.so.1");
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    match fabric_hosts(&socket) {
+        Ok(None) => {}
+        Ok(Some(f)) => {
+            let hosts: Vec<String> = f.hosts.iter().map(|h| h.to_string()).collect();
+            cmd.env(proto::HOSTS_ENV, hosts.join(","))
+                .env(proto::LOOPBACK_ENV, f.loopback.to_string());
+        }
+        // The program still runs: its RDMA calls say what is wrong with the daemon.
+        Err(e) => eprintln!("cmsim-run: {e}: the program's own sockets stay unmapped"),
+    }
+    cmd.env("LD_LIBRARY_PATH", ld)
+        .env("LD_PRELOAD", preload)
+        .env("CMSIM_SOCKET", &socket);
     if let Some(h) = host {
         cmd.env("CMSIM_HOST", h);
     }
