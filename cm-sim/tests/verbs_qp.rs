@@ -1,0 +1,275 @@
+//! Verbs QPs that no id owns: two hosts connect RC QPs themselves, as `ibv_rc_pingpong` does,
+//! by moving them RESET → INIT → RTR → RTS with each other's QP number and GID.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use cm_core::{
+    AddressVector, CmError, GlobalRoute, QpAttrMask as M, QpCaps, QpHandle, QpType, VerbsQpAttr,
+    VerbsQpState, WcOpcode, WcStatus, WorkCompletion,
+};
+use cm_sim::{SimFabric, SimHost};
+
+const A: &str = "10.0.0.1";
+const B: &str = "10.0.0.2";
+const SECOND: Duration = Duration::from_secs(1);
+
+const INIT: M = M::STATE
+    .union(M::PKEY_INDEX)
+    .union(M::PORT)
+    .union(M::ACCESS_FLAGS);
+const RTR: M = M::STATE
+    .union(M::AV)
+    .union(M::PATH_MTU)
+    .union(M::DEST_QPN)
+    .union(M::RQ_PSN)
+    .union(M::MAX_DEST_RD_ATOMIC)
+    .union(M::MIN_RNR_TIMER);
+const RTS: M = M::STATE
+    .union(M::TIMEOUT)
+    .union(M::RETRY_CNT)
+    .union(M::RNR_RETRY)
+    .union(M::SQ_PSN)
+    .union(M::MAX_QP_RD_ATOMIC);
+
+fn gid(ip: &str) -> [u8; 16] {
+    ip.parse::<Ipv4Addr>().unwrap().to_ipv6_mapped().octets()
+}
+
+fn fabric() -> (SimFabric, SimHost, SimHost) {
+    let f = SimFabric::builder().seed(7).host(A).host(B).build();
+    let (a, b) = (f.host(0), f.host(1));
+    (f, a, b)
+}
+
+fn init(host: &mut SimHost, qp: QpHandle) {
+    let attr = VerbsQpAttr {
+        qp_state: VerbsQpState::Init,
+        port_num: 1,
+        ..VerbsQpAttr::default()
+    };
+    host.verbs_modify_qp(qp, &attr, INIT).unwrap();
+}
+
+fn rtr_attr(dest_qp_num: u32, peer_ip: &str) -> VerbsQpAttr {
+    VerbsQpAttr {
+        qp_state: VerbsQpState::Rtr,
+        path_mtu: 3,
+        dest_qp_num,
+        rq_psn: 0x10,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: AddressVector {
+            grh: Some(GlobalRoute {
+                dgid: gid(peer_ip),
+                sgid_index: 1,
+                hop_limit: 1,
+                ..GlobalRoute::default()
+            }),
+            port_num: 1,
+            ..AddressVector::default()
+        },
+        ..VerbsQpAttr::default()
+    }
+}
+
+fn rts_attr() -> VerbsQpAttr {
+    VerbsQpAttr {
+        qp_state: VerbsQpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        sq_psn: 0x10,
+        max_rd_atomic: 1,
+        ..VerbsQpAttr::default()
+    }
+}
+
+/// INIT, RTR towards `peer` on `peer_ip`, RTS.
+fn connect(host: &mut SimHost, qp: QpHandle, peer: u32, peer_ip: &str) {
+    init(host, qp);
+    host.verbs_modify_qp(qp, &rtr_attr(peer, peer_ip), RTR).unwrap();
+    host.verbs_modify_qp(qp, &rts_attr(), RTS).unwrap();
+}
+
+/// Two RC QPs, one on each host, connected to each other.
+fn pair() -> (SimFabric, SimHost, SimHost, QpHandle, QpHandle) {
+    let (f, mut a, mut b) = fabric();
+    let (qa, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    let (qb, _) = b.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    let (na, nb) = (a.verbs_qp_num(qa).unwrap(), b.verbs_qp_num(qb).unwrap());
+    connect(&mut a, qa, nb, B);
+    connect(&mut b, qb, na, A);
+    (f, a, b, qa, qb)
+}
+
+fn poll_one(host: &mut SimHost, qp: QpHandle) -> WorkCompletion {
+    let mut out = Vec::new();
+    let n = host.verbs_poll_cq(qp, &mut out, 1, SECOND * 60).unwrap();
+    assert_eq!(n, 1, "a completion within the bound");
+    out.pop().unwrap()
+}
+
+#[test]
+fn two_hosts_ping_pong_over_standalone_rc_qps() {
+    let (_f, mut a, mut b, qa, qb) = pair();
+    assert_eq!(a.verbs_query_qp(qa).unwrap().state(), VerbsQpState::Rts);
+    for round in 0..5u64 {
+        b.verbs_post_recv(qb, 100 + round, 64).unwrap();
+        a.verbs_post_recv(qa, 200 + round, 64).unwrap();
+        let ping = format!("ping {round}");
+        a.verbs_post_send(qa, round, ping.as_bytes()).unwrap();
+        let got = poll_one(&mut b, qb);
+        assert_eq!(
+            (got.wr_id, got.opcode, got.status, got.data.as_slice()),
+            (100 + round, WcOpcode::Recv, WcStatus::Success, ping.as_bytes())
+        );
+        let sent = poll_one(&mut a, qa);
+        assert_eq!((sent.wr_id, sent.status), (round, WcStatus::Success));
+        let pong = format!("pong {round}");
+        b.verbs_post_send(qb, round, pong.as_bytes()).unwrap();
+        let got = poll_one(&mut a, qa);
+        assert_eq!((got.wr_id, got.data.as_slice()), (200 + round, pong.as_bytes()));
+        assert_eq!(poll_one(&mut b, qb).status, WcStatus::Success);
+    }
+    assert_eq!(a.fabric().live_resources().qps, 2);
+    a.verbs_destroy_qp(qa).unwrap();
+    b.verbs_destroy_qp(qb).unwrap();
+    assert_eq!(a.fabric().live_resources().qps, 0);
+    assert_eq!(a.fabric().live_resources().ids, 0, "a verbs QP is no id");
+}
+
+#[test]
+fn a_transition_without_a_required_attribute_is_refused_and_changes_nothing() {
+    let (_f, mut a, _b) = fabric();
+    let (qa, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    let rtr = rtr_attr(0x99, B);
+    let err = a.verbs_modify_qp(qa, &rtr, RTR).unwrap_err();
+    assert_eq!(err.errno(), 22, "RESET to RTR: {err}");
+    init(&mut a, qa);
+    let err = a.verbs_modify_qp(qa, &rtr, RTR.without(M::DEST_QPN)).unwrap_err();
+    assert_eq!(err.errno(), 22, "no DEST_QPN: {err}");
+    let no_grh = VerbsQpAttr {
+        ah_attr: AddressVector {
+            port_num: 1,
+            ..AddressVector::default()
+        },
+        ..rtr
+    };
+    assert_eq!(a.verbs_modify_qp(qa, &no_grh, RTR).unwrap_err().errno(), 22);
+    assert_eq!(a.verbs_query_qp(qa).unwrap().state(), VerbsQpState::Init);
+    // Posting a send in INIT is refused; a receive is taken.
+    assert!(a.verbs_post_send(qa, 1, b"x").is_err());
+    a.verbs_post_recv(qa, 2, 8).unwrap();
+}
+
+#[test]
+fn a_send_before_the_peer_is_rtr_is_lost_and_ends_retry_exceeded() {
+    let (f, mut a, mut b) = fabric();
+    let (qa, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    let (qb, _) = b.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    let (na, nb) = (a.verbs_qp_num(qa).unwrap(), b.verbs_qp_num(qb).unwrap());
+    connect(&mut a, qa, nb, B);
+    // The peer is in INIT: it drops what arrives, and nothing is acknowledged.
+    init(&mut b, qb);
+    b.verbs_post_recv(qb, 9, 64).unwrap();
+    let before = f.now();
+    a.verbs_post_send(qa, 1, b"early").unwrap();
+    a.verbs_post_send(qa, 2, b"later").unwrap();
+    let wc = poll_one(&mut a, qa);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RetryExcErr));
+    let waited = f.now().since_start() - before.since_start();
+    // Eight tries of 4.096 µs · 2^14 each.
+    assert!(waited >= Duration::from_nanos(8 * (4096 << 14)), "{waited:?}");
+    let wc = poll_one(&mut a, qa);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
+    assert_eq!(a.verbs_query_qp(qa).unwrap().state(), VerbsQpState::Err);
+    // The peer's receive is still posted: nothing reached it.
+    let mut out = Vec::new();
+    assert_eq!(b.verbs_poll_cq(qb, &mut out, 1, Duration::ZERO).unwrap(), 0);
+    let _ = na;
+}
+
+#[test]
+fn a_send_to_a_qp_number_nobody_has_ends_retry_exceeded() {
+    let (_f, mut a, _b) = fabric();
+    let (qa, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    connect(&mut a, qa, 0x00AB_CDEF, B);
+    a.verbs_post_send(qa, 5, b"to nobody").unwrap();
+    assert_eq!(poll_one(&mut a, qa).status, WcStatus::RetryExcErr);
+}
+
+#[test]
+fn a_send_waits_for_the_peers_receive_and_lands_once_it_is_posted() {
+    let (_f, mut a, mut b, qa, qb) = pair();
+    a.verbs_post_send(qa, 1, b"patient").unwrap();
+    let mut out = Vec::new();
+    assert_eq!(
+        a.verbs_poll_cq(qa, &mut out, 1, SECOND).unwrap(),
+        0,
+        "RNR retries for ever"
+    );
+    b.verbs_post_recv(qb, 2, 64).unwrap();
+    assert_eq!(poll_one(&mut b, qb).data, b"patient");
+    assert_eq!(poll_one(&mut a, qa).status, WcStatus::Success);
+}
+
+#[test]
+fn moving_to_err_flushes_what_was_posted_and_reset_makes_it_new() {
+    let (_f, mut a, mut b, qa, qb) = pair();
+    for wr_id in 0..3 {
+        b.verbs_post_recv(qb, wr_id, 16).unwrap();
+    }
+    let err = VerbsQpAttr {
+        qp_state: VerbsQpState::Err,
+        ..VerbsQpAttr::default()
+    };
+    b.verbs_modify_qp(qb, &err, M::STATE).unwrap();
+    let mut out = Vec::new();
+    b.verbs_poll_cq(qb, &mut out, 8, SECOND).unwrap();
+    let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [0, 1, 2].map(|i| (i, WcStatus::WrFlushErr)));
+    // A receive posted in ERR completes flushed at once.
+    b.verbs_post_recv(qb, 7, 16).unwrap();
+    assert_eq!(poll_one(&mut b, qb).status, WcStatus::WrFlushErr);
+    // ERR leaves only for RESET; from there the QP connects again.
+    assert!(b.verbs_modify_qp(qb, &rts_attr(), M::STATE).is_err());
+    let reset = VerbsQpAttr {
+        qp_state: VerbsQpState::Reset,
+        ..VerbsQpAttr::default()
+    };
+    b.verbs_modify_qp(qb, &reset, M::STATE).unwrap();
+    let q = b.verbs_query_qp(qb).unwrap();
+    assert_eq!((q.state(), q.attr_mask()), (VerbsQpState::Reset, M::EMPTY));
+    connect(&mut b, qb, a.verbs_qp_num(qa).unwrap(), A);
+    b.verbs_post_recv(qb, 8, 16).unwrap();
+    a.verbs_post_send(qa, 9, b"again").unwrap();
+    assert_eq!(poll_one(&mut b, qb).data, b"again");
+}
+
+#[test]
+fn a_qp_handle_is_only_its_hosts() {
+    let (_f, mut a, mut b) = fabric();
+    let (qa, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    assert!(matches!(b.verbs_query_qp(qa), Err(CmError::UnknownHandle { .. })));
+    assert!(b.verbs_post_recv(qa, 1, 8).is_err());
+    a.verbs_destroy_qp(qa).unwrap();
+    assert!(a.verbs_destroy_qp(qa).is_err(), "destroyed");
+    assert_eq!(
+        a.verbs_create_qp(QpType::Ud, QpCaps::new()).unwrap_err().errno(),
+        95,
+        "UD is not served"
+    );
+}
+
+#[test]
+fn the_same_calls_give_the_same_trace() {
+    let run = || {
+        let (f, mut a, mut b, qa, qb) = pair();
+        b.verbs_post_recv(qb, 1, 8).unwrap();
+        a.verbs_post_send(qa, 2, b"abc").unwrap();
+        poll_one(&mut b, qb);
+        f.trace_hash()
+    };
+    assert_eq!(run(), run());
+}
