@@ -15,7 +15,7 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -102,6 +102,20 @@ pub enum Op {
     JoinMcast,
     /// `rdma_leave_multicast`.
     LeaveMcast,
+    /// `ibv_create_qp` (a QP no id owns).
+    VerbsCreateQp,
+    /// `ibv_modify_qp`.
+    ModifyQp,
+    /// `ibv_query_qp` of a QP no id owns.
+    QueryQp,
+    /// `ibv_destroy_qp` of a QP no id owns.
+    VerbsDestroyQp,
+    /// `ibv_post_recv` on a QP no id owns.
+    QpPostRecv,
+    /// `rdma_init_qp_attr`.
+    InitQpAttr,
+    /// `rdma_establish`.
+    Establish,
 }
 
 /// The QP number that addresses a multicast group.
@@ -172,7 +186,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 35] = [
+        const ALL: [Op; 42] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -208,6 +222,13 @@ impl Op {
             PostSendUd,
             JoinMcast,
             LeaveMcast,
+            VerbsCreateQp,
+            ModifyQp,
+            QueryQp,
+            VerbsDestroyQp,
+            QpPostRecv,
+            InitQpAttr,
+            Establish,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }

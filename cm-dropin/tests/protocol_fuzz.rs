@@ -658,6 +658,8 @@ enum Kind {
     Cq,
     Event,
     Key,
+    /// A verbs QP (`ibv_create_qp`).
+    Qp,
 }
 
 struct Ctx {
@@ -1465,7 +1467,8 @@ impl Gen<'_> {
                 e.u32(max);
             }
             Op::PostSend => {
-                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
+                e.u64(self.handle(c, kind, &mut refuse));
                 e.u64(self.rng.next_u64()).u8(self.rng.next_u32() as u8);
                 let n = if self.chance(10) {
                     MAX_MESSAGE as usize + self.below(2) as usize
@@ -1572,6 +1575,79 @@ impl Gen<'_> {
                     .u8(self.rng.next_u32() as u8)
                     .u32(self.rng.next_u32());
                 self.blob(&mut e, room);
+            }
+            Op::VerbsCreateQp => {
+                for _ in 0..5 {
+                    let v = if self.chance(50) {
+                        self.pick(&[1, 4, 16])
+                    } else {
+                        self.u32_edge()
+                    };
+                    e.u32(v);
+                }
+                for _ in 0..2 {
+                    let cq = if self.chance(10) {
+                        0
+                    } else {
+                        self.handle(c, Kind::Cq, &mut refuse)
+                    };
+                    e.u64(cq);
+                }
+                e.u8(self.rng.next_u32() as u8);
+                let wild = self.rng.next_u32();
+                let t = self.pick(&[2, 2, 2, 4, 3, wild]);
+                e.u32(t);
+            }
+            Op::ModifyQp => {
+                e.u64(self.handle(c, Kind::Qp, &mut refuse));
+                let wild = self.rng.next_u32();
+                let mask = self.pick(&[1, 0x39, 0x1f_ffff, 0x12_1381, 0x3_2e01, wild]);
+                e.u32(mask);
+                for _ in 0..2 {
+                    let wild = self.rng.next_u32();
+                    let s = self.pick(&[0, 1, 2, 3, 4, 5, 6, 7, wild]);
+                    e.u32(s);
+                }
+                e.u8(self.rng.next_u32() as u8);
+                for _ in 0..6 {
+                    e.u32(self.u32_edge());
+                }
+                let mut ignored = false;
+                let qpn = self.handle(c, Kind::Qp, &mut ignored);
+                e.u32(qpn as u32);
+                for _ in 0..2 {
+                    let mut ah = cm_core::AhAttr::for_ip(self.ip());
+                    if self.chance(30) {
+                        ah.sgid_index = self.rng.next_u32() as u8;
+                        ah.is_global = self.chance(50);
+                        ah.port_num = self.rng.next_u32() as u8;
+                    }
+                    e.ah_attr(&ah);
+                }
+                e.u16(self.rng.next_u32() as u16).u16(self.rng.next_u32() as u16);
+                for _ in 0..11 {
+                    let v = self.pick(&[0, 1, 7, 14, 31, 32, 128, 255]);
+                    e.u8(v as u8);
+                }
+                e.u32(self.u32_edge());
+            }
+            Op::QueryQp | Op::VerbsDestroyQp => {
+                e.u64(self.handle(c, Kind::Qp, &mut refuse));
+            }
+            Op::QpPostRecv => {
+                e.u64(self.handle(c, Kind::Qp, &mut refuse));
+                e.u64(self.rng.next_u64());
+                let len = self.pick(&[0, 1, 4096, MAX_MESSAGE, MAX_MESSAGE + 1, u32::MAX]);
+                e.u32(len);
+            }
+            Op::InitQpAttr => {
+                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                let wild = self.rng.next_u32();
+                let s = self.pick(&[1, 2, 3, 0, 4, 6, 7, wild]);
+                e.u32(s);
+            }
+            Op::Establish => {
+                e.u64(self.handle(c, Kind::Id, &mut refuse));
             }
             Op::JoinMcast | Op::LeaveMcast => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
@@ -1875,6 +1951,17 @@ fn send_request(ctx: &Ctx, c: &mut Client, req: &Req, st: &mut Stats) -> Result<
                 d.u32().map_err(bad)?;
             }
         }
+        Op::VerbsCreateQp => {
+            for _ in 0..5 {
+                d.u32().map_err(bad)?;
+            }
+            c.add(ctx, Kind::Qp, d.u32().map_err(bad)?.into());
+        }
+        Op::QueryQp | Op::InitQpAttr => {
+            d.u32().map_err(bad)?;
+            d.verbs_attr().map_err(bad)?;
+        }
+        Op::VerbsDestroyQp => c.m.gone(Kind::Qp, named()),
         Op::PollCq => {
             for _ in 0..d.u32().map_err(bad)? {
                 d.wc().map_err(bad)?;
@@ -1977,7 +2064,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 35] = [
+const ALL_OPS: [(Op, u64); 42] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2013,6 +2100,13 @@ const ALL_OPS: [(Op, u64); 35] = [
     (Op::PostSendUd, 2),
     (Op::JoinMcast, 2),
     (Op::LeaveMcast, 2),
+    (Op::VerbsCreateQp, 3),
+    (Op::ModifyQp, 3),
+    (Op::QueryQp, 1),
+    (Op::VerbsDestroyQp, 1),
+    (Op::QpPostRecv, 2),
+    (Op::InitQpAttr, 2),
+    (Op::Establish, 1),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpCaps, RemoteAddr,
-    SendOp, SendWr, Sge, WcOpcode, WcStatus, GRH_LEN,
+    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpAttr, QpAttrMask,
+    QpCaps, QpHandle, QpType, RemoteAddr, SendOp, SendWr, Sge, VerbsQpAttr, WcOpcode, WcStatus,
+    WorkCompletion, GRH_LEN,
 };
 use cm_core::{Invocation, Outcome};
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
@@ -228,6 +229,8 @@ struct Proc {
     host: SimHost,
     name: String,
     ids: HashSet<u64>,
+    /// Its verbs QPs (`ibv_create_qp`).
+    qps: HashSet<u64>,
     channels: HashSet<u64>,
     /// The daemon's ends of destroyed channels, kept until the program's end closes: a
     /// thread still blocked reading a destroyed channel keeps blocking, as on librdmacm,
@@ -255,6 +258,25 @@ struct IdEntry {
     /// A UD QP: its receives hold the GRH before the payload.
     ud: bool,
 }
+
+/// A verbs QP no id owns (`ibv_create_qp`), named by its token, which is also the number the
+/// process sees (`ibv_qp.qp_num`) and gives its peer.
+struct VerbsQpEntry {
+    proc: u64,
+    handle: QpHandle,
+    /// The simulator's number of the QP, which a peer's RTR names it by there.
+    sim_qpn: u32,
+    send_cq: u64,
+    recv_cq: u64,
+    sq_sig_all: bool,
+    /// As [`IdEntry::sends`].
+    sends: VecDeque<(bool, u32)>,
+    /// The QP number its RTR names, as the process gave it (what `ibv_query_qp` reports).
+    dest: u32,
+}
+
+/// Verbs QPs one process may have at once: each holds the daemon's and the simulator's memory.
+const MAX_VERBS_QPS: usize = 4096;
 
 /// A completion queue: the QPs that report into it and the completions not polled yet.
 struct CqEntry {
@@ -358,6 +380,8 @@ struct Daemon {
     fresh: Vec<(SeqConn, Instant)>,
     procs: HashMap<u64, Proc>,
     ids: HashMap<u64, IdEntry>,
+    /// Verbs QPs, by token (drawn with ids' tokens: one namespace of QP numbers).
+    vqps: HashMap<u64, VerbsQpEntry>,
     id_tokens: HashMap<(usize, IdHandle), u64>,
     channels: HashMap<u64, ChanEntry>,
     cqs: HashMap<u64, CqEntry>,
@@ -415,6 +439,71 @@ fn errno_of(e: &CmError) -> i32 {
     e.errno()
 }
 
+/// What `rdma_init_qp_attr` answers, as `struct ibv_qp_attr` holds it.
+fn verbs_attr_of(a: &QpAttr) -> VerbsQpAttr {
+    let state = a
+        .qp_state
+        .map(cm_dropin::request::verbs_state_of)
+        .unwrap_or_default();
+    VerbsQpAttr {
+        qp_state: state,
+        cur_qp_state: state,
+        pkey_index: a.pkey_index,
+        port_num: a.port_num,
+        qp_access_flags: a.qp_access_flags,
+        path_mtu: a.path_mtu,
+        dest_qp_num: a.dest_qp_num,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        qkey: a.qkey,
+        ah_attr: a.ah_attr,
+        ..VerbsQpAttr::default()
+    }
+}
+
+/// A completion of connected QP `t` as the process sees it, and the CQ it goes to (`cqs`: the
+/// QP's send and receive CQs): a send's length from `sends` (what was posted, in order), a
+/// successful unsignaled send dropped (`None`).
+fn wire_wc(
+    t: u64,
+    wc: WorkCompletion,
+    sends: &mut VecDeque<(bool, u32)>,
+    cqs: (u64, u64),
+) -> Option<(u64, WireWc)> {
+    let mut byte_len = wc.byte_len;
+    if wc.opcode == WcOpcode::Send {
+        let (visible, len) = sends.pop_front().unwrap_or((true, 0));
+        if !visible && wc.status == WcStatus::Success {
+            return None;
+        }
+        if wc.status == WcStatus::Success {
+            byte_len = len;
+        }
+    }
+    let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    let target = if requester { cqs.0 } else { cqs.1 };
+    Some((
+        target,
+        WireWc {
+            wr_id: wc.wr_id,
+            id: t,
+            status: wc.status as u32,
+            opcode: wc.opcode as u32,
+            byte_len,
+            imm_data: wc.imm_data.unwrap_or(0),
+            wc_flags: if wc.imm_data.is_some() { IBV_WC_WITH_IMM } else { 0 },
+            data: wc.data,
+            ..WireWc::default()
+        },
+    ))
+}
+
 impl Daemon {
     /// An id's token, which is also its QP's number (`qp_num`, 24 bits on the wire): counted.
     /// Ids are checked against their owner on every use, so knowing another's number is not
@@ -423,7 +512,10 @@ impl Daemon {
         // Past 2^24 ids the count comes round: 0 and ids still alive are skipped.
         loop {
             self.next_id = (self.next_id + 1) & 0x00FF_FFFF;
-            if self.next_id != 0 && !self.ids.contains_key(&self.next_id) {
+            if self.next_id != 0
+                && !self.ids.contains_key(&self.next_id)
+                && !self.vqps.contains_key(&self.next_id)
+            {
                 return self.next_id;
             }
         }
@@ -459,6 +551,14 @@ impl Daemon {
         }
     }
 
+    /// The caller's verbs QP `t`.
+    fn vqp_of(&self, proc: u64, t: u64) -> Result<(QpHandle, SimHost), i32> {
+        match self.vqps.get(&t) {
+            Some(e) if e.proc == proc => Ok((e.handle, self.procs[&proc].host.clone())),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
     fn handle_request(&mut self, proc: u64, msg: &[u8]) -> Vec<u8> {
         let mut reply = Enc::default();
         reply.i32(0);
@@ -488,7 +588,39 @@ impl Daemon {
                 wr_id,
                 signaled,
                 data,
+            } if self.vqps.contains_key(&id) => self.verbs_post_send(proc, id, wr_id, signaled, &data),
+            Request::PostSend {
+                id,
+                wr_id,
+                signaled,
+                data,
             } => self.post_send(proc, id, wr_id, signaled, &data),
+            Request::VerbsCreateQp {
+                caps,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                qp_type,
+            } => self.verbs_create_qp(proc, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+            Request::ModifyQp { qp, mask, attr } => self.verbs_modify_qp(proc, qp, mask, attr),
+            Request::QueryQp { qp } => {
+                let (handle, host) = self.vqp_of(proc, qp)?;
+                let m = host.verbs_query_qp(handle).map_err(|e| errno_of(&e))?;
+                let mut attr = m.attr();
+                attr.dest_qp_num = self.vqps[&qp].dest;
+                reply.u32(m.attr_mask().bits()).verbs_attr(&attr);
+                Ok(())
+            }
+            Request::VerbsDestroyQp { qp } => {
+                let (handle, mut host) = self.vqp_of(proc, qp)?;
+                host.verbs_destroy_qp(handle).map_err(|e| errno_of(&e))?;
+                self.vqp_gone(qp);
+                Ok(())
+            }
+            Request::QpPostRecv { qp, wr_id, len } => {
+                let (handle, mut host) = self.vqp_of(proc, qp)?;
+                host.verbs_post_recv(handle, wr_id, len).map_err(|e| errno_of(&e))
+            }
             Request::PostSendUd {
                 id,
                 wr_id,
@@ -728,6 +860,9 @@ impl Daemon {
                 reply.u64(t);
             }
             (Invocation::DestroyId { id: t }, _) => self.forget_id(t),
+            (Invocation::InitQpAttr { .. }, Outcome::QpAttr(a)) => {
+                reply.u32(a.mask.bits()).verbs_attr(&verbs_attr_of(&a));
+            }
             (Invocation::DestroyQp { id: t }, _) => self.qp_gone(t),
             (Invocation::Listen { id: t, .. }, _) => {
                 if let Some(Ok(Some(addr))) = self.ids.get(&t).map(|e| host.get_local_addr(e.handle)) {
@@ -824,6 +959,112 @@ impl Daemon {
         Ok(())
     }
 
+    /// `ibv_create_qp`: a verbs QP on the caller's host, reporting into its CQs.
+    fn verbs_create_qp(
+        &mut self,
+        proc: u64,
+        mut caps: QpCaps,
+        (send_cq, recv_cq): (u64, u64),
+        sq_sig_all: bool,
+        qp_type: u32,
+        reply: &mut Enc,
+    ) -> Result<(), i32> {
+        caps.max_message_size = proto::MAX_MESSAGE;
+        // verbs needs both CQs, of the caller's.
+        for cq in [send_cq, recv_cq] {
+            if self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
+                return Err(libc::EINVAL);
+            }
+        }
+        let ty = QpType::from_raw(qp_type).ok_or(libc::EINVAL)?;
+        let p = self.procs.get(&proc).ok_or(libc::EINVAL)?;
+        if p.qps.len() >= MAX_VERBS_QPS {
+            return Err(libc::ENOMEM);
+        }
+        let mut host = p.host.clone();
+        let (handle, got) = host.verbs_create_qp(ty, caps).map_err(|e| errno_of(&e))?;
+        let sim_qpn = host.verbs_qp_num(handle).map_err(|e| errno_of(&e))?;
+        let t = self.id_token();
+        self.vqps.insert(
+            t,
+            VerbsQpEntry {
+                proc,
+                handle,
+                sim_qpn,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                sends: VecDeque::new(),
+                dest: 0,
+            },
+        );
+        self.procs.get_mut(&proc).expect("looked up above").qps.insert(t);
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                if !c.qps.contains(&t) {
+                    c.qps.push(t);
+                }
+            }
+        }
+        reply.caps(&got).u32(t as u32);
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`: a destination is named by the number the process saw, which the
+    /// simulator knows by its own (a number no QP has is one nobody answers).
+    fn verbs_modify_qp(&mut self, proc: u64, t: u64, mask: u32, mut attr: VerbsQpAttr) -> Result<(), i32> {
+        let (handle, mut host) = self.vqp_of(proc, t)?;
+        let mask = QpAttrMask::from_bits(mask);
+        let named = attr.dest_qp_num;
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            attr.dest_qp_num = self.vqps.get(&u64::from(named)).map_or(0, |e| e.sim_qpn);
+        }
+        host.verbs_modify_qp(handle, &attr, mask)
+            .map_err(|e| errno_of(&e))?;
+        let e = self.vqps.get_mut(&t).expect("checked above");
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            e.dest = named & 0x00FF_FFFF;
+        }
+        if attr.qp_state == cm_core::VerbsQpState::Reset && mask.contains(QpAttrMask::STATE) {
+            e.dest = 0;
+        }
+        Ok(())
+    }
+
+    fn verbs_post_send(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        data: &[u8],
+    ) -> Result<(), i32> {
+        if data.len() > proto::MAX_MESSAGE as usize {
+            return Err(libc::EINVAL);
+        }
+        let (handle, mut host) = self.vqp_of(proc, t)?;
+        host.verbs_post_send(handle, wr_id, data)
+            .map_err(|e| errno_of(&e))?;
+        let e = self.vqps.get_mut(&t).expect("checked above");
+        let visible = signaled || e.sq_sig_all;
+        e.sends.push_back((visible, data.len() as u32));
+        Ok(())
+    }
+
+    /// Forgets a destroyed verbs QP, its CQ memberships and unpolled completions.
+    fn vqp_gone(&mut self, t: u64) {
+        let Some(e) = self.vqps.remove(&t) else { return };
+        if let Some(p) = self.procs.get_mut(&e.proc) {
+            p.qps.remove(&t);
+        }
+        for cq in [e.send_cq, e.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.qps.retain(|q| *q != t);
+                c.ready.retain(|wc| wc.id != t);
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn post_send_ud(
         &mut self,
@@ -905,6 +1146,10 @@ impl Daemon {
         let qps = self.cqs.get(&cq).map(|c| c.qps.clone()).unwrap_or_default();
         let mut wcs = Vec::new();
         for t in qps {
+            if self.vqps.contains_key(&t) {
+                self.collect_verbs_completions(t);
+                continue;
+            }
             let Some(e) = self.ids.get(&t) else { continue };
             let Some(p) = self.procs.get(&e.proc) else {
                 continue;
@@ -958,6 +1203,30 @@ impl Daemon {
                     c.fresh = true;
                     c.ready.push_back(wire);
                 }
+            }
+        }
+    }
+
+    /// Moves verbs QP `t`'s completions into its CQs, as [`collect_completions`] does an id's.
+    fn collect_verbs_completions(&mut self, t: u64) {
+        let Some(e) = self.vqps.get(&t) else { return };
+        let Some(p) = self.procs.get(&e.proc) else { return };
+        let mut host = p.host.clone();
+        let mut wcs: Vec<WorkCompletion> = Vec::new();
+        if host
+            .verbs_poll_cq(e.handle, &mut wcs, usize::MAX, Duration::ZERO)
+            .is_err()
+        {
+            return;
+        }
+        for wc in wcs {
+            let e = self.vqps.get_mut(&t).expect("looked up above");
+            let Some((target, wire)) = wire_wc(t, wc, &mut e.sends, (e.send_cq, e.recv_cq)) else {
+                continue;
+            };
+            if let Some(c) = self.cqs.get_mut(&target) {
+                c.fresh = true;
+                c.ready.push_back(wire);
             }
         }
     }
@@ -1278,6 +1547,18 @@ impl Daemon {
             }
             self.forget_id(t);
         }
+        let mut qps: Vec<u64> = self
+            .procs
+            .get(&proc)
+            .map(|p| p.qps.iter().copied().collect())
+            .unwrap_or_default();
+        qps.sort_unstable();
+        for t in qps {
+            if let Some(e) = self.vqps.get(&t) {
+                let _ = host.verbs_destroy_qp(e.handle);
+            }
+            self.vqp_gone(t);
+        }
         self.cqs.retain(|_, c| c.proc != proc);
         let mut keys: Vec<u32> = self
             .mrs
@@ -1404,6 +1685,7 @@ impl Daemon {
                             host: h,
                             name,
                             ids: HashSet::new(),
+                            qps: HashSet::new(),
                             channels: HashSet::new(),
                             closed: Vec::new(),
                             unsent: None,
@@ -1864,6 +2146,7 @@ fn main() {
         fresh: Vec::new(),
         procs: HashMap::new(),
         ids: HashMap::new(),
+        vqps: HashMap::new(),
         id_tokens: HashMap::new(),
         channels: HashMap::new(),
         cqs: HashMap::new(),

@@ -1,0 +1,137 @@
+//! Verbs QPs no id owns, through the drop-in: C programs that make their QPs with
+//! `ibv_create_qp` and move them with `ibv_modify_qp`, as `ibv_rc_pingpong` and perftest do,
+//! and an rdma_cm pair that connects such QPs with `rdma_init_qp_attr` and `rdma_establish`, as
+//! rdma-core v52's cmtime does. Every wait is bounded; a test skips (with a message) where no C
+//! compiler or rdma-core headers are installed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+mod common;
+use common::{compile_c, start_daemon, wait, Output};
+
+const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
+const SERVER: &str = "10.0.0.1";
+const CLIENT: &str = "10.0.0.2";
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts `program` under `cmsim-run` on `host`, its stdin and stdout piped; `listener`: wait
+/// for a listener at that address first.
+fn spawn(socket: &Path, host: &str, listener: Option<&str>, program: &[&str]) -> Child {
+    let mut cmd = Command::new(RUN);
+    if let Some(l) = listener {
+        cmd.args(["--wait-for-listener", l]);
+    }
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["--host", host, "--"])
+        .args(program)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run")
+}
+
+/// The lines of `out`, as they come, on a channel.
+fn lines(out: ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The first line of `rx` within the bound; panics with what the program said otherwise.
+fn first_line(rx: &mpsc::Receiver<String>, child: Child, what: &str) -> (String, Child) {
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(l) => (l, child),
+        Err(_) => {
+            let o = wait(child, Duration::from_secs(10), what);
+            panic!("{what} printed no line: {}{}", o.stdout, o.stderr);
+        }
+    }
+}
+
+/// Waits for `child` (whose stdout `rx` carries), then its stdout's lines.
+fn finish(child: Child, rx: mpsc::Receiver<String>, what: &str) -> (Output, Vec<String>) {
+    let o = wait(child, LIMIT, what);
+    (o, rx.try_iter().collect())
+}
+
+#[test]
+fn a_verbs_rc_ping_pong_exchanges_qp_numbers_out_of_band_and_its_messages_arrive() {
+    let Some(prog) = compile_c("vpingpong") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (socket, daemon) = start_daemon("vpingpong", &[SERVER, CLIENT], 2, 120, &[]);
+    let mut server = spawn(&socket, SERVER, None, &[&prog, "server", "20"]);
+    let mut client = spawn(&socket, CLIENT, None, &[&prog, "client", "20"]);
+    let (srx, crx) = (
+        lines(server.stdout.take().expect("piped")),
+        lines(client.stdout.take().expect("piped")),
+    );
+    let (sline, mut server) = first_line(&srx, server, "server");
+    let (cline, mut client) = first_line(&crx, client, "client");
+    for line in [&sline, &cline] {
+        assert!(
+            line.starts_with("QP ") && line.contains(" PSN ") && line.contains(" GID "),
+            "{line}"
+        );
+    }
+    // The GIDs are the hosts' IPv4 addresses mapped into IPv6.
+    assert!(sline.ends_with("00000000000000000000ffff0a000001"), "{sline}");
+    assert!(cline.ends_with("00000000000000000000ffff0a000002"), "{cline}");
+    assert_ne!(sline[3..9], cline[3..9], "two QP numbers");
+    // Each learns the other's line, as over ibv_rc_pingpong's TCP connection.
+    writeln!(server.stdin.as_mut().expect("piped"), "{cline}").expect("tell the server");
+    writeln!(client.stdin.as_mut().expect("piped"), "{sline}").expect("tell the client");
+    let (s, s_out) = finish(server, srx, "server");
+    let (c, c_out) = finish(client, crx, "client");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(s_out, ["vpingpong: ok 20"], "server: {}", s.stderr);
+    assert_eq!(c_out, ["vpingpong: ok 20"], "client: {}", c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+}
+
+#[test]
+fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
+    let Some(prog) = compile_c("vpingpong") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (socket, daemon) = start_daemon("vpingpong-lost", &[SERVER, CLIENT], 1, 120, &[]);
+    let mut client = spawn(&socket, CLIENT, None, &[&prog, "client", "1"]);
+    let crx = lines(client.stdout.take().expect("piped"));
+    let (_, mut client) = first_line(&crx, client, "client");
+    // A QP number nobody has on the server's host.
+    writeln!(
+        client.stdin.as_mut().expect("piped"),
+        "QP 00abcd PSN 000001 GID 00000000000000000000ffff0a000001"
+    )
+    .expect("tell the client");
+    let (c, c_out) = finish(client, crx, "client");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(
+        c_out,
+        ["vpingpong: completion transport retry counter exceeded for wr 2"],
+        "client: {}",
+        c.stderr
+    );
+    assert!(!c.status.success());
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+}
