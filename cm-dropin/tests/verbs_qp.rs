@@ -135,3 +135,23 @@ fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
     assert!(!c.status.success());
     assert!(d.status.success(), "daemon: {}", d.stderr);
 }
+
+#[test]
+fn an_rdma_cm_pair_connects_its_own_qps_with_init_qp_attr_and_establish() {
+    let Some(prog) = compile_c("extqp") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (socket, daemon) = start_daemon("extqp", &[SERVER, CLIENT], 2, 120, &[]);
+    let server = spawn(&socket, SERVER, None, &[&prog, "server", SERVER]);
+    let client = spawn(&socket, CLIENT, Some("10.0.0.1:7471"), &[&prog, "client", SERVER]);
+    let c = wait(client, LIMIT, "client");
+    let s = wait(server, LIMIT, "server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(c.stdout, "extqp: ok\n", "client: {}", c.stderr);
+    assert_eq!(s.stdout, "extqp: ok\n", "server: {}", s.stderr);
+    assert!(c.status.success() && s.status.success());
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+}
