@@ -435,10 +435,6 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                 };
                 rpc(&send).err().unwrap_or(0)
             }
-            // SAFETY: qp is this library's QpPriv.
-            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ if unsafe { (*(qp as *mut QpPriv)).verbs } => {
-                unsupported("ibv_post_send of RDMA READ/WRITE on a QP ibv_create_qp made")
-            }
             // The simulator carries these out over the registered regions the entries name,
             // reaching this process's memory as a NIC would, in the QP's order and virtual time.
             IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ => {

@@ -155,3 +155,56 @@ fn an_rdma_cm_pair_connects_its_own_qps_with_init_qp_attr_and_establish() {
     assert!(c.status.success() && s.status.success());
     assert!(d.status.success(), "daemon: {}", d.stderr);
 }
+
+#[test]
+fn rping_with_its_own_qp_pings_with_rdma_read_and_write_and_validates_the_data() {
+    if !Path::new("/usr/bin/rping").exists() {
+        eprintln!("skipped: /usr/bin/rping is not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    // `-q`: rping makes its QP with ibv_create_qp, moves it with rdma_init_qp_attr and
+    // ibv_modify_qp, and names it in conn_param.qp_num; the server RDMA READs the client's
+    // ping and WRITEs it back, which -V checks every time.
+    let trace = std::env::temp_dir().join(format!("cmsim-rping-q-{}.trace", std::process::id()));
+    let trace_arg = trace.to_str().expect("utf-8 path");
+    let (socket, daemon) = start_daemon("rping-q", &[SERVER, CLIENT], 2, 120, &["--trace", trace_arg]);
+    let common = ["-q", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-v"];
+    let server_args: Vec<&str> = ["rping", "-s"].into_iter().chain(common).collect();
+    let client_args: Vec<&str> = ["rping", "-c", "-V"].into_iter().chain(common).collect();
+    let server = spawn(&socket, SERVER, None, &server_args);
+    let client = spawn(&socket, CLIENT, Some("10.0.0.1:7471"), &client_args);
+    let c = wait(client, LIMIT, "rping client");
+    let s = wait(server, LIMIT, "rping server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+    let pings: Vec<&str> = c
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .collect();
+    assert_eq!(pings.len(), 20, "{}", c.stdout);
+    assert!(
+        pings[19].starts_with("ping data: rdma-ping-19: TUVWXYZ"),
+        "{}",
+        pings[19]
+    );
+    assert!(
+        !c.stderr.contains("mismatch") && !c.stdout.contains("mismatch"),
+        "{}",
+        c.stderr
+    );
+    // The READs and WRITEs went through the simulator, between the two verbs QPs.
+    let lines = std::fs::read_to_string(&trace).expect("the trace");
+    let _ = std::fs::remove_file(&trace);
+    for op in ["RDMA_READ", "RDMA_WRITE"] {
+        let step = format!("{op} completed with {CLIENT} status=0");
+        let n = lines
+            .lines()
+            .filter(|l| l.contains(&format!(" {SERVER} ")) && l.ends_with(&step))
+            .count();
+        assert_eq!(n, 20, "{step}:\n{lines}");
+    }
+}

@@ -209,6 +209,19 @@ impl SimHost {
         self.fabric.inner().borrow().verbs_query_qp(self.host, qp)
     }
 
+    /// [`reg_mr_with`](Self::reg_mr_with) on the host's device without an id: the region a
+    /// verbs QP's work requests (and its peer's one-sided ones) name.
+    ///
+    /// # Errors
+    /// As `reg_mr_with`'s, [`CmError::NoDevice`](cm_core::CmError::NoDevice) while the device
+    /// is removed.
+    pub fn device_reg_mr_with(&mut self, memory: Box<dyn RegionMemory>, access: Access) -> Result<MrHandle> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .device_reg_mr_with(self.host, memory, access)
+    }
+
     /// `ibv_destroy_qp`: the QP and its unpolled completions go.
     ///
     /// # Errors

@@ -1117,6 +1117,9 @@ impl Daemon {
         if total > u64::from(proto::MAX_MESSAGE) {
             return Err(libc::EINVAL);
         }
+        if self.vqps.contains_key(&t) {
+            return self.post_rdma_verbs(proc, t, wr_id, signaled, write, remote, local);
+        }
         let (id, mut host) = self.id_of(proc, t)?;
         let sq_sig_all = match self.ids.get(&t) {
             Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
@@ -1126,7 +1129,7 @@ impl Daemon {
         for &(addr, len, lkey) in local {
             let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
             let base = self.mrs[&key].addr;
-            let (handle, _, _) = self.sim_region(key, proc, id).ok_or(libc::EINVAL)?;
+            let (handle, _, _) = self.sim_region(key, proc, Some(id)).ok_or(libc::EINVAL)?;
             sges.push(Sge::new(handle, addr - base, len));
         }
         let remote = self.remote_of(t, id, remote.rkey, remote.addr);
@@ -1138,6 +1141,55 @@ impl Daemon {
         let mut wr = SendWr::new(wr_id, op, &sges);
         wr.signaled = signaled || sq_sig_all;
         host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))
+    }
+
+    /// [`post_rdma`](Self::post_rdma) on verbs QP `t`: the remote region is one of the
+    /// process whose QP `t`'s RTR names.
+    #[allow(clippy::too_many_arguments)]
+    fn post_rdma_verbs(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        write: bool,
+        remote: RemoteAddr,
+        local: &[(u64, u32, u32)],
+    ) -> Result<(), i32> {
+        let (handle, mut host) = self.vqp_of(proc, t)?;
+        let (sq_sig_all, dest) = {
+            let e = &self.vqps[&t];
+            (e.sq_sig_all, u64::from(e.dest))
+        };
+        let mut sges = Vec::with_capacity(local.len());
+        for &(addr, len, lkey) in local {
+            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+            let base = self.mrs[&key].addr;
+            let (mr, _, _) = self.sim_region(key, proc, None).ok_or(libc::EINVAL)?;
+            sges.push(Sge::new(mr, addr - base, len));
+        }
+        let owner = self.vqps.get(&dest).map(|e| e.proc);
+        let remote = match (owner, self.mrs.get(&remote.rkey)) {
+            (Some(owner), Some(m)) if m.proc == owner => {
+                let base = m.addr;
+                match self.sim_region(remote.rkey, owner, None) {
+                    Some((_, sim_addr, sim_rkey)) => RemoteAddr {
+                        addr: sim_addr.wrapping_add(remote.addr.wrapping_sub(base)),
+                        rkey: sim_rkey,
+                    },
+                    None => NOWHERE,
+                }
+            }
+            _ => NOWHERE,
+        };
+        let op = if write {
+            SendOp::Write { remote, imm: None }
+        } else {
+            SendOp::Read { remote }
+        };
+        let mut wr = SendWr::new(wr_id, op, &sges);
+        wr.signaled = signaled || sq_sig_all;
+        host.verbs_post_send_wr(handle, &wr).map_err(|e| errno_of(&e))
     }
 
     /// Moves every completion the simulator has for the QPs of `cq` into their CQs' queues:
@@ -1257,8 +1309,9 @@ impl Daemon {
 
     /// The simulator's handle, address and rkey for region `key` of process `owner`,
     /// registering it on first use through `via`, an id of that process (bound to the device
-    /// of its host, as registering needs).
-    fn sim_region(&mut self, key: u32, owner: u64, via: IdHandle) -> Option<(MrHandle, u64, u32)> {
+    /// of its host, as registering needs), or on the host's device itself (`None`: for verbs
+    /// QPs, which no id names).
+    fn sim_region(&mut self, key: u32, owner: u64, via: Option<IdHandle>) -> Option<(MrHandle, u64, u32)> {
         let m = self.mrs.get(&key).filter(|m| m.proc == owner)?;
         if let Some(known) = m.sim {
             return Some(known);
@@ -1272,7 +1325,11 @@ impl Daemon {
             addr: m.addr,
             len: m.len,
         };
-        let handle = host.reg_mr_with(via, Box::new(memory), access).ok()?;
+        let handle = match via {
+            Some(id) => host.reg_mr_with(id, Box::new(memory), access),
+            None => host.device_reg_mr_with(Box::new(memory), access),
+        }
+        .ok()?;
         let info = host.mr_info(handle).ok()?;
         let known = (handle, info.addr, info.rkey);
         self.mrs.get_mut(&key)?.sim = Some(known);
@@ -1306,7 +1363,7 @@ impl Daemon {
         let Some(base) = self.mrs.get(&rkey).filter(|m| m.proc == owner).map(|m| m.addr) else {
             return NOWHERE;
         };
-        match self.sim_region(rkey, owner, peer_id) {
+        match self.sim_region(rkey, owner, Some(peer_id)) {
             Some((_, sim_addr, sim_rkey)) => RemoteAddr {
                 addr: sim_addr.wrapping_add(remote_addr.wrapping_sub(base)),
                 rkey: sim_rkey,
