@@ -4,8 +4,10 @@
 //!
 //! Sends and receives are copied through this library in the calling process: a send gathers
 //! its SGEs here and ships the bytes to the daemon; a receive's bytes come back with its
-//! completion and are scattered into the buffers posted for it. RDMA READ/WRITE are not
-//! served yet (`ENOSYS`).
+//! completion and are scattered into the buffers posted for it. RDMA READ and WRITE are the
+//! simulator's, over the registered regions the entries name. QPs are `rdma_create_qp`'s
+//! (an id's, moved by librdmacm) or `ibv_create_qp`'s (the application's, moved with
+//! `ibv_modify_qp`).
 #![allow(clippy::missing_safety_doc)] // the safety contract of each function is libibverbs' C one
 
 use std::collections::{HashMap, VecDeque};
