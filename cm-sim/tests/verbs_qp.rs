@@ -273,3 +273,105 @@ fn the_same_calls_give_the_same_trace() {
     };
     assert_eq!(run(), run());
 }
+
+/// Bytes a test registers and then looks at.
+#[derive(Clone, Default)]
+struct Shared(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl cm_sim::RegionMemory for Shared {
+    fn len(&self) -> u64 {
+        self.0.borrow().len() as u64
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        let at = offset as usize;
+        out.copy_from_slice(&self.0.borrow()[at..at + out.len()]);
+    }
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let at = offset as usize;
+        self.0.borrow_mut()[at..at + data.len()].copy_from_slice(data);
+    }
+}
+
+fn region(host: &mut SimHost, bytes: &[u8]) -> (Shared, cm_core::MrHandle) {
+    let mem = Shared(std::rc::Rc::new(std::cell::RefCell::new(bytes.to_vec())));
+    let access = cm_core::Access::LOCAL_WRITE | cm_core::Access::REMOTE_READ | cm_core::Access::REMOTE_WRITE;
+    let mr = host.device_reg_mr_with(Box::new(mem.clone()), access).unwrap();
+    (mem, mr)
+}
+
+#[test]
+fn rdma_write_with_immediate_and_read_work_between_standalone_qps() {
+    use cm_core::{CmBackend, RemoteAddr, SendOp, SendWr, Sge};
+    let (_f, mut a, mut b, qa, qb) = pair();
+    let (_, src) = region(&mut a, b"written by a");
+    let (sink, dst) = region(&mut b, &[0; 12]);
+    let (landing, land) = region(&mut a, &[0; 12]);
+    let info = b.mr_info(dst).unwrap();
+    let remote = RemoteAddr {
+        addr: info.addr,
+        rkey: info.rkey,
+    };
+    // A WRITE with an immediate takes a receive at the peer and says the immediate there.
+    b.verbs_post_recv(qb, 40, 0).unwrap();
+    let sges = [Sge::new(src, 0, 12)];
+    let write = SendWr::new(
+        1,
+        SendOp::Write {
+            remote,
+            imm: Some(0xfeed),
+        },
+        &sges,
+    );
+    a.verbs_post_send_wr(qa, &write).unwrap();
+    let got = poll_one(&mut b, qb);
+    assert_eq!(
+        (got.wr_id, got.opcode, got.imm_data, got.byte_len),
+        (40, WcOpcode::RecvRdmaWithImm, Some(0xfeed), 12)
+    );
+    assert_eq!(&sink.0.borrow()[..], b"written by a");
+    assert_eq!(poll_one(&mut a, qa).opcode, WcOpcode::RdmaWrite);
+    // A READ brings the bytes back into a's landing region.
+    let sges = [Sge::new(land, 0, 12)];
+    a.verbs_post_send_wr(qa, &SendWr::new(2, SendOp::Read { remote }, &sges))
+        .unwrap();
+    let wc = poll_one(&mut a, qa);
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.status),
+        (2, WcOpcode::RdmaRead, WcStatus::Success)
+    );
+    assert_eq!(&landing.0.borrow()[..], b"written by a");
+    // A key nobody has: the peer answers REMOTE_ACCESS_ERR and both QPs go to ERR.
+    let bad = RemoteAddr { addr: 0, rkey: 0 };
+    a.verbs_post_send_wr(qa, &SendWr::new(3, SendOp::Read { remote: bad }, &sges))
+        .unwrap();
+    assert_eq!(poll_one(&mut a, qa).status, WcStatus::RemAccessErr);
+    assert_eq!(a.verbs_query_qp(qa).unwrap().state(), VerbsQpState::Err);
+    assert_eq!(
+        b.verbs_query_qp(qb).unwrap().state(),
+        VerbsQpState::Err,
+        "the responder's too"
+    );
+}
+
+#[test]
+fn a_partition_between_standalone_qps_ends_a_send_retry_exceeded() {
+    let (f, mut a, mut b, qa, qb) = pair();
+    f.inject(cm_sim::Fault::Partition { a: 0, b: 1 });
+    b.verbs_post_recv(qb, 1, 8).unwrap();
+    a.verbs_post_send(qa, 2, b"cut off").unwrap();
+    let wc = poll_one(&mut a, qa);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RetryExcErr));
+    assert_eq!(a.verbs_query_qp(qa).unwrap().state(), VerbsQpState::Err);
+    let mut out = Vec::new();
+    assert_eq!(b.verbs_poll_cq(qb, &mut out, 1, Duration::ZERO).unwrap(), 0);
+}
+
+#[test]
+fn a_crashed_hosts_qps_are_gone_and_its_peer_sends_into_nothing() {
+    let (f, mut a, b, qa, qb) = pair();
+    f.inject(cm_sim::Fault::Crash { host: 1 });
+    assert!(b.verbs_query_qp(qb).is_err(), "gone with the host");
+    a.verbs_post_send(qa, 2, b"anyone?").unwrap();
+    assert_eq!(poll_one(&mut a, qa).status, WcStatus::RetryExcErr);
+    assert_eq!(f.live_resources().qps, 1);
+}
