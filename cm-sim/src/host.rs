@@ -121,7 +121,8 @@ impl SimHost {
 /// has, or to a QP in neither RTR nor RTS, is lost and completes with `RETRY_EXC_ERR` once the
 /// transport's retries (`retry_cnt`, each `timeout` long) run out, the QP going to ERR. Sends,
 /// receives, completions, the flush on ERR, one-sided requests and the trace are those of an
-/// id's QP. RC only: a UD QP is refused with `EOPNOTSUPP`.
+/// id's QP. A UD QP sends datagrams ([`verbs_post_send_to`](Self::verbs_post_send_to)) once in
+/// RTS and takes those carrying its Q_Key from RTR on.
 ///
 /// ```
 /// use std::time::Duration;
@@ -166,7 +167,6 @@ impl SimHost {
     /// capabilities granted.
     ///
     /// # Errors
-    /// `EOPNOTSUPP` ([`CmError::Os`](cm_core::CmError::Os)) for a UD QP,
     /// [`CmError::NoDevice`](cm_core::CmError::NoDevice) while the device is removed,
     /// [`CmError::InvalidArgument`](cm_core::CmError::InvalidArgument) for capabilities above
     /// the device's.
@@ -240,6 +240,26 @@ impl SimHost {
             .inner()
             .borrow_mut()
             .verbs_post_send(self.host, qp, wr_id, data)
+    }
+
+    /// [`post_send_to`](CmBackend::post_send_to) on a UD verbs QP, with an immediate if `imm`
+    /// names one: `dest.qkey` must be the receiving QP's Q_Key, else the datagram is dropped
+    /// there.
+    ///
+    /// # Errors
+    /// As `post_send_to`'s.
+    pub fn verbs_post_send_to(
+        &mut self,
+        qp: QpHandle,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_post_send_to(self.host, qp, wr_id, dest, data, imm)
     }
 
     /// [`post_send_wr`](CmBackend::post_send_wr) on a verbs QP: work requests over regions

@@ -255,11 +255,73 @@ fn a_qp_handle_is_only_its_hosts() {
     assert!(b.verbs_post_recv(qa, 1, 8).is_err());
     a.verbs_destroy_qp(qa).unwrap();
     assert!(a.verbs_destroy_qp(qa).is_err(), "destroyed");
+}
+
+/// A UD QP in RTS with Q_Key `qkey`.
+fn ud_qp(host: &mut SimHost, qkey: u32) -> QpHandle {
+    let (qp, _) = host.verbs_create_qp(QpType::Ud, QpCaps::new()).unwrap();
+    let init = VerbsQpAttr {
+        qp_state: VerbsQpState::Init,
+        port_num: 1,
+        qkey,
+        ..VerbsQpAttr::default()
+    };
+    // ACCESS_FLAGS is RC's: a UD QP's INIT takes the Q_Key instead.
+    assert_eq!(host.verbs_modify_qp(qp, &init, INIT).unwrap_err().errno(), 22);
+    host.verbs_modify_qp(qp, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+        .unwrap();
+    let rtr = VerbsQpAttr {
+        qp_state: VerbsQpState::Rtr,
+        ..VerbsQpAttr::default()
+    };
+    host.verbs_modify_qp(qp, &rtr, M::STATE).unwrap();
+    let rts = VerbsQpAttr {
+        qp_state: VerbsQpState::Rts,
+        sq_psn: 5,
+        ..VerbsQpAttr::default()
+    };
+    host.verbs_modify_qp(qp, &rts, M::STATE | M::SQ_PSN).unwrap();
+    qp
+}
+
+#[test]
+fn ud_verbs_qps_exchange_datagrams_that_carry_the_receivers_qkey() {
+    use cm_core::{AhAttr, UdParam};
+    let (_f, mut a, mut b) = fabric();
+    let qa = ud_qp(&mut a, 0x1111);
+    let qb = ud_qp(&mut b, 0x2222);
+    let nb = b.verbs_qp_num(qb).unwrap();
+    let to_b = |qkey| UdParam {
+        qp_num: nb,
+        qkey,
+        ah_attr: AhAttr::for_ip(B.parse().unwrap()),
+    };
+    b.verbs_post_recv(qb, 1, 256).unwrap();
+    // Another Q_Key than the receiver's: dropped there (the send still completes).
+    a.verbs_post_send_to(qa, 7, &to_b(0x1111), b"wrong key", None)
+        .unwrap();
+    a.verbs_post_send_to(qa, 8, &to_b(0x2222), b"right key", Some(42))
+        .unwrap();
+    let got = poll_one(&mut b, qb);
     assert_eq!(
-        a.verbs_create_qp(QpType::Ud, QpCaps::new()).unwrap_err().errno(),
-        95,
-        "UD is not served"
+        (got.wr_id, got.status, got.data.as_slice(), got.imm_data),
+        (1, WcStatus::Success, &b"right key"[..], Some(42))
     );
+    let from = got.sender.expect("a datagram names its sender");
+    assert_eq!(from.qp_num, a.verbs_qp_num(qa).unwrap());
+    for wr_id in [7, 8] {
+        assert_eq!(poll_one(&mut a, qa).wr_id, wr_id);
+    }
+    let mut out = Vec::new();
+    assert_eq!(b.verbs_poll_cq(qb, &mut out, 1, Duration::ZERO).unwrap(), 0);
+    // An RC QP's number is no UD destination.
+    let (rc, _) = b.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    let to_rc = UdParam {
+        qp_num: b.verbs_qp_num(rc).unwrap(),
+        ..to_b(0x2222)
+    };
+    a.verbs_post_send_to(qa, 9, &to_rc, b"x", None).unwrap();
+    assert_eq!(poll_one(&mut a, qa).status, WcStatus::Success);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Verbs QPs that no id owns (`ibv_create_qp`, `ibv_modify_qp`), RC.
+//! Verbs QPs that no id owns (`ibv_create_qp`, `ibv_modify_qp`), RC and UD.
 //!
 //! Such a QP lives in the id slab as a *carrier*: a slot with no channel, invisible to every
 //! CM call (`id_ref` refuses it), whose [`IdMachine`] is
@@ -11,11 +11,15 @@
 //! names its peer. A QP's peer is found when it sends: the QP its RTR's `dest_qp_num` names on
 //! the host whose RoCE GID is the AV's `dgid`, if that QP names this one back. A send that
 //! finds none, or finds it in neither RTR nor RTS, is lost as a packet to nobody is: the
-//! transport retries run out and the send completes with `RETRY_EXC_ERR`.
+//! transport retries run out and the send completes with `RETRY_EXC_ERR`. A UD QP is reachable
+//! by its number from its creation (`datagram.rs` finds it as it finds an id's) and takes the
+//! datagrams that carry its Q_Key once it is in RTR.
 
 use std::collections::BTreeMap;
 
-use cm_core::{QpAttrMask, QpHandle, QpType, SendWr, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState};
+use cm_core::{
+    QpAttrMask, QpHandle, QpType, SendWr, UdParam, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState,
+};
 
 use super::*;
 
@@ -76,12 +80,6 @@ impl Fabric {
     pub(crate) fn verbs_create_qp(&mut self, host: u16, ty: QpType, caps: QpCaps) -> R<(QpHandle, QpCaps)> {
         let call = Call::VerbsCreateQp;
         self.host_up(host, call)?;
-        if ty != QpType::Rc {
-            return Err(CmError::Os {
-                call,
-                errno: errno::EOPNOTSUPP,
-            });
-        }
         if !self.hosts[host as usize].device {
             return Err(CmError::NoDevice { call });
         }
@@ -95,12 +93,16 @@ impl Fabric {
                 reason: "max_send_sge / max_recv_sge / max_inline_data above the device's",
             });
         }
+        let ps = match ty {
+            QpType::Rc => PortSpace::Tcp,
+            QpType::Ud => PortSpace::Udp,
+        };
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
         let r = self.ids.insert_with(|| IdSlot {
             host,
             channel: SlotRef::NONE,
-            m: IdMachine::for_verbs_qp(PortSpace::Tcp, QpState::Reset),
+            m: IdMachine::for_verbs_qp(ps, QpState::Reset),
             local: Addr::None,
             peer: Addr::None,
             port_bound: false,
@@ -122,6 +124,9 @@ impl Fabric {
         let v = self.verbs.get_or_insert_with(Box::default);
         v.machines.insert(r, VerbsQp::new(ty));
         v.by_qpn.insert((host, qpn), r);
+        if ty == QpType::Ud {
+            self.register_ud_qp(qpn, r);
+        }
         self.hosts[host as usize].counts.qps += 1;
         Ok((
             cm_core::backend::qp_handle(self.tag(host), r.index, r.generation),
@@ -304,6 +309,27 @@ impl Fabric {
     pub(crate) fn verbs_post_send(&mut self, host: u16, qp: QpHandle, wr_id: u64, data: &[u8]) -> R<()> {
         let r = self.carrier_ref(host, qp, Call::PostSend)?;
         self.post_send_on(r, wr_id, data)
+    }
+
+    /// The Q_Key of carrier `r` (0 before one is set).
+    pub(super) fn carrier_qkey(&self, r: SlotRef) -> u32 {
+        self.verbs
+            .as_ref()
+            .and_then(|v| v.machines.get(&r))
+            .map_or(0, |m| m.attr().qkey)
+    }
+
+    pub(crate) fn verbs_post_send_to(
+        &mut self,
+        host: u16,
+        qp: QpHandle,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> R<()> {
+        let r = self.carrier_ref(host, qp, Call::PostSend)?;
+        self.post_send_to_on(host, r, wr_id, dest, data, imm)
     }
 
     pub(crate) fn verbs_post_recv(&mut self, host: u16, qp: QpHandle, wr_id: u64, len: u32) -> R<()> {
