@@ -162,7 +162,8 @@ pub enum Request {
     },
     /// `ibv_create_qp`: a QP no id owns, in RESET → `caps: 5 x u32, qp_num: u32`. Its number
     /// is also its token, which names it in the requests below and in [`PostSend`](Request::PostSend)
-    /// and [`Rdma`](Request::Rdma). RC only (else `EOPNOTSUPP`).
+    /// and [`Rdma`](Request::Rdma) (and [`PostSendUd`](Request::PostSendUd), whose destination
+    /// may name a verbs UD QP by its number too). RC or UD (else `EINVAL`).
     VerbsCreateQp {
         /// The capabilities asked for.
         caps: QpCaps,

@@ -55,7 +55,7 @@ pub struct QpPriv {
 /// `IBV_QPT_RC`.
 const IBV_QPT_RC: u32 = 2;
 
-/// `ibv_create_qp`: an RC QP no id owns, in RESET, on `pd`'s device, reporting into CQs of
+/// `ibv_create_qp`: an RC or UD QP no id owns, in RESET, on `pd`'s device, reporting into CQs of
 /// this library. Its number (`qp_num`) is what the peer's `ibv_modify_qp` to RTR names.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
@@ -73,9 +73,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         unsupported("ibv_create_qp with a shared receive queue");
         return ptr::null_mut();
     }
-    if a.qp_type != IBV_QPT_RC {
+    if a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UD {
         crate::ffi::refuse(
-            "ibv_create_qp of a QP type other than IBV_QPT_RC",
+            "ibv_create_qp of a QP type other than IBV_QPT_RC and IBV_QPT_UD",
             libc::EOPNOTSUPP,
         );
         return ptr::null_mut();

@@ -1546,12 +1546,14 @@ impl Gen<'_> {
                 }
             }
             Op::PostSendUd => {
-                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
+                e.u64(self.handle(c, kind, &mut refuse));
                 e.u64(self.rng.next_u64()).u8(self.rng.next_u32() as u8);
                 let mut ignored = false;
-                let qpn = match self.below(4) {
+                let qpn = match self.below(5) {
                     0 => cm_dropin::proto::MCAST_QPN,
                     1 => self.handle(c, Kind::Id, &mut ignored) as u32,
+                    4 => self.handle(c, Kind::Qp, &mut ignored) as u32,
                     2 => self.below(1 << 24) as u32,
                     _ => self.rng.next_u32(),
                 };

@@ -67,22 +67,53 @@ fn finish(child: Child, rx: mpsc::Receiver<String>, what: &str) -> (Output, Vec<
     (o, rx.try_iter().collect())
 }
 
+/// What a relayed pair left: each one's first line, exit and later lines, and the daemon's exit.
+struct Relayed {
+    server_line: String,
+    client_line: String,
+    server: (Output, Vec<String>),
+    client: (Output, Vec<String>),
+    daemon: Output,
+}
+
+/// Runs `server` and `client` on a fabric of their own, each telling its QP with its first line
+/// on stdout and learning the other's on stdin, the test relaying the two lines as
+/// `ibv_rc_pingpong`'s TCP connection would.
+fn relayed(name: &str, server: &[&str], client: &[&str]) -> Relayed {
+    let (socket, daemon) = start_daemon(name, &[SERVER, CLIENT], 2, 120, &[]);
+    let mut server = spawn(&socket, SERVER, None, server);
+    let mut client = spawn(&socket, CLIENT, None, client);
+    let (srx, crx) = (
+        lines(server.stdout.take().expect("piped")),
+        lines(client.stdout.take().expect("piped")),
+    );
+    let (server_line, mut server) = first_line(&srx, server, "server");
+    let (client_line, mut client) = first_line(&crx, client, "client");
+    writeln!(server.stdin.as_mut().expect("piped"), "{client_line}").expect("tell the server");
+    writeln!(client.stdin.as_mut().expect("piped"), "{server_line}").expect("tell the client");
+    let server = finish(server, srx, "server");
+    let client = finish(client, crx, "client");
+    let daemon = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    Relayed {
+        server_line,
+        client_line,
+        server,
+        client,
+        daemon,
+    }
+}
+
 #[test]
 fn a_verbs_rc_ping_pong_exchanges_qp_numbers_out_of_band_and_its_messages_arrive() {
     let Some(prog) = compile_c("vpingpong") else {
         return;
     };
     let prog = prog.to_string_lossy().into_owned();
-    let (socket, daemon) = start_daemon("vpingpong", &[SERVER, CLIENT], 2, 120, &[]);
-    let mut server = spawn(&socket, SERVER, None, &[&prog, "server", "20"]);
-    let mut client = spawn(&socket, CLIENT, None, &[&prog, "client", "20"]);
-    let (srx, crx) = (
-        lines(server.stdout.take().expect("piped")),
-        lines(client.stdout.take().expect("piped")),
-    );
-    let (sline, mut server) = first_line(&srx, server, "server");
-    let (cline, mut client) = first_line(&crx, client, "client");
-    for line in [&sline, &cline] {
+    let r = relayed("vpingpong", &[&prog, "server", "20"], &[&prog, "client", "20"]);
+    let _ = std::fs::remove_file(&prog);
+    let (sline, cline) = (&r.server_line, &r.client_line);
+    for line in [sline, cline] {
         assert!(
             line.starts_with("QP ") && line.contains(" PSN ") && line.contains(" GID "),
             "{line}"
@@ -92,18 +123,26 @@ fn a_verbs_rc_ping_pong_exchanges_qp_numbers_out_of_band_and_its_messages_arrive
     assert!(sline.ends_with("00000000000000000000ffff0a000001"), "{sline}");
     assert!(cline.ends_with("00000000000000000000ffff0a000002"), "{cline}");
     assert_ne!(sline[3..9], cline[3..9], "two QP numbers");
-    // Each learns the other's line, as over ibv_rc_pingpong's TCP connection.
-    writeln!(server.stdin.as_mut().expect("piped"), "{cline}").expect("tell the server");
-    writeln!(client.stdin.as_mut().expect("piped"), "{sline}").expect("tell the client");
-    let (s, s_out) = finish(server, srx, "server");
-    let (c, c_out) = finish(client, crx, "client");
-    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
-    let _ = std::fs::remove_file(&socket);
-    let _ = std::fs::remove_file(&prog);
-    assert_eq!(s_out, ["vpingpong: ok 20"], "server: {}", s.stderr);
-    assert_eq!(c_out, ["vpingpong: ok 20"], "client: {}", c.stderr);
+    let ((s, s_out), (c, c_out)) = (&r.server, &r.client);
+    assert_eq!(s_out, &["vpingpong: ok 20"], "server: {}", s.stderr);
+    assert_eq!(c_out, &["vpingpong: ok 20"], "client: {}", c.stderr);
     assert!(s.status.success() && c.status.success());
-    assert!(d.status.success(), "daemon: {}", d.stderr);
+    assert!(r.daemon.status.success(), "daemon: {}", r.daemon.stderr);
+}
+
+#[test]
+fn ud_verbs_qps_exchange_datagrams_through_address_handles() {
+    let Some(prog) = compile_c("vud") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let r = relayed("vud", &[&prog, "server"], &[&prog, "client"]);
+    let _ = std::fs::remove_file(&prog);
+    let ((s, s_out), (c, c_out)) = (&r.server, &r.client);
+    assert_eq!(s_out, &["vud: ok"], "server: {} {}", r.server_line, s.stderr);
+    assert_eq!(c_out, &["vud: ok"], "client: {} {}", r.client_line, c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(r.daemon.status.success(), "daemon: {}", r.daemon.stderr);
 }
 
 #[test]

@@ -273,6 +273,8 @@ struct VerbsQpEntry {
     sends: VecDeque<(bool, u32)>,
     /// The QP number its RTR names, as the process gave it (what `ibv_query_qp` reports).
     dest: u32,
+    /// A UD QP: its receives hold the GRH before the payload.
+    ud: bool,
 }
 
 /// Verbs QPs one process may have at once: each holds the daemon's and the simulator's memory.
@@ -382,6 +384,8 @@ struct Daemon {
     ids: HashMap<u64, IdEntry>,
     /// Verbs QPs, by token (drawn with ids' tokens: one namespace of QP numbers).
     vqps: HashMap<u64, VerbsQpEntry>,
+    /// The simulator's numbers of verbs QPs → their tokens, for the senders of datagrams.
+    vqp_by_sim: HashMap<u32, u64>,
     id_tokens: HashMap<(usize, IdHandle), u64>,
     channels: HashMap<u64, ChanEntry>,
     cqs: HashMap<u64, CqEntry>,
@@ -467,7 +471,23 @@ fn verbs_attr_of(a: &QpAttr) -> VerbsQpAttr {
     }
 }
 
-/// A completion of connected QP `t` as the process sees it, and the CQ it goes to (`cqs`: the
+/// Puts the 40 bytes rxe puts ahead of a UD payload in front of a received datagram's bytes
+/// (the sender at `from`, this QP at `local`), and names the sending QP.
+fn with_grh(wire: &mut WireWc, from: Option<IpAddr>, local: Option<IpAddr>, src_qp: u32) {
+    // The simulator does not say which group a group's datagram came by: the header names the
+    // receiving QP's address.
+    let mut data = match from {
+        Some(addr) => cm_core::grh(addr, local, wire.data.len()).to_vec(),
+        None => vec![0; GRH_LEN],
+    };
+    data.extend_from_slice(&wire.data);
+    wire.data = data;
+    wire.byte_len = wire.data.len() as u32;
+    wire.src_qp = src_qp;
+    wire.wc_flags |= IBV_WC_GRH;
+}
+
+/// A completion of QP `t` as the process sees it, and the CQ it goes to (`cqs`: the
 /// QP's send and receive CQs): a send's length from `sends` (what was posted, in order), a
 /// successful unsignaled send dropped (`None`).
 fn wire_wc(
@@ -619,7 +639,37 @@ impl Daemon {
             }
             Request::QpPostRecv { qp, wr_id, len } => {
                 let (handle, mut host) = self.vqp_of(proc, qp)?;
+                // The GRH is the daemon's to put in front, as for an id's UD QP.
+                let len = if self.vqps[&qp].ud {
+                    len.saturating_sub(GRH_LEN as u32)
+                } else {
+                    len
+                };
                 host.verbs_post_recv(handle, wr_id, len).map_err(|e| errno_of(&e))
+            }
+            Request::PostSendUd {
+                id,
+                wr_id,
+                signaled,
+                mut dest,
+                imm,
+                data,
+            } if self.vqps.contains_key(&id) => {
+                if data.len() > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
+                let (handle, mut host) = self.vqp_of(proc, id)?;
+                // A verbs QP is named by its token; another number is the simulator's (an id's
+                // UD QP, a group's).
+                if let Some(e) = self.vqps.get(&u64::from(dest.qp_num)) {
+                    dest.qp_num = e.sim_qpn;
+                }
+                host.verbs_post_send_to(handle, wr_id, &dest, &data, imm)
+                    .map_err(|e| errno_of(&e))?;
+                let e = self.vqps.get_mut(&id).expect("checked above");
+                let visible = signaled || e.sq_sig_all;
+                e.sends.push_back((visible, data.len() as u32));
+                Ok(())
             }
             Request::PostSendUd {
                 id,
@@ -996,8 +1046,10 @@ impl Daemon {
                 sq_sig_all,
                 sends: VecDeque::new(),
                 dest: 0,
+                ud: ty == QpType::Ud,
             },
         );
+        self.vqp_by_sim.insert(sim_qpn, t);
         self.procs.get_mut(&proc).expect("looked up above").qps.insert(t);
         for cq in [send_cq, recv_cq] {
             if let Some(c) = self.cqs.get_mut(&cq) {
@@ -1054,6 +1106,7 @@ impl Daemon {
     /// Forgets a destroyed verbs QP, its CQ memberships and unpolled completions.
     fn vqp_gone(&mut self, t: u64) {
         let Some(e) = self.vqps.remove(&t) else { return };
+        self.vqp_by_sim.remove(&e.sim_qpn);
         if let Some(p) = self.procs.get_mut(&e.proc) {
             p.qps.remove(&t);
         }
@@ -1211,45 +1264,16 @@ impl Daemon {
             if host.try_poll_cq(e.handle, &mut wcs, usize::MAX).is_err() {
                 continue;
             }
-            for mut wc in wcs.drain(..) {
+            for wc in wcs.drain(..) {
                 let e = self.ids.get_mut(&t).expect("looked up above");
-                let is_send = wc.opcode == WcOpcode::Send;
-                if is_send {
-                    let (visible, len) = e.sends.pop_front().unwrap_or((true, 0));
-                    if !visible && wc.status == WcStatus::Success {
-                        continue;
-                    }
-                    if wc.status == WcStatus::Success {
-                        wc.byte_len = len;
-                    }
-                }
-                let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-                let target = if requester { e.send_cq } else { e.recv_cq };
-                let mut wire = WireWc {
-                    wr_id: wc.wr_id,
-                    id: t,
-                    status: wc.status as u32,
-                    opcode: wc.opcode as u32,
-                    byte_len: wc.byte_len,
-                    imm_data: wc.imm_data.unwrap_or(0),
-                    wc_flags: if wc.imm_data.is_some() { IBV_WC_WITH_IMM } else { 0 },
-                    ..WireWc::default()
+                let (ud, handle) = (e.ud, e.handle);
+                let sender = wc.sender.filter(|_| ud && wc.status == WcStatus::Success);
+                let Some((target, mut wire)) = wire_wc(t, wc, &mut e.sends, (e.send_cq, e.recv_cq)) else {
+                    continue;
                 };
-                match wc.sender {
-                    Some(from) if e.ud && wc.status == WcStatus::Success => {
-                        let local = host.get_local_addr(e.handle).ok().flatten().map(|a| a.ip());
-                        // The simulator does not say which group a group's datagram came by:
-                        // the header names the receiving QP's address.
-                        wire.data = match from.addr {
-                            Some(addr) => cm_core::grh(addr, local, wc.data.len()).to_vec(),
-                            None => vec![0; GRH_LEN],
-                        };
-                        wire.data.extend_from_slice(&wc.data);
-                        wire.byte_len = wire.data.len() as u32;
-                        wire.src_qp = from.qp_num;
-                        wire.wc_flags |= IBV_WC_GRH;
-                    }
-                    _ => wire.data = wc.data,
+                if let Some(from) = sender {
+                    let local = host.get_local_addr(handle).ok().flatten().map(|a| a.ip());
+                    with_grh(&mut wire, from.addr, local, from.qp_num);
                 }
                 if let Some(c) = self.cqs.get_mut(&target) {
                     c.fresh = true;
@@ -1271,11 +1295,21 @@ impl Daemon {
         {
             return;
         }
+        let local = Some(host.addr());
         for wc in wcs {
             let e = self.vqps.get_mut(&t).expect("looked up above");
-            let Some((target, wire)) = wire_wc(t, wc, &mut e.sends, (e.send_cq, e.recv_cq)) else {
+            let sender = wc.sender.filter(|_| e.ud && wc.status == WcStatus::Success);
+            let Some((target, mut wire)) = wire_wc(t, wc, &mut e.sends, (e.send_cq, e.recv_cq)) else {
                 continue;
             };
+            if let Some(from) = sender {
+                // A verbs QP is named by its token, as its process sees it.
+                let src_qp = self
+                    .vqp_by_sim
+                    .get(&from.qp_num)
+                    .map_or(from.qp_num, |&t| t as u32);
+                with_grh(&mut wire, from.addr, local, src_qp);
+            }
             if let Some(c) = self.cqs.get_mut(&target) {
                 c.fresh = true;
                 c.ready.push_back(wire);
@@ -2204,6 +2238,7 @@ fn main() {
         procs: HashMap::new(),
         ids: HashMap::new(),
         vqps: HashMap::new(),
+        vqp_by_sim: HashMap::new(),
         id_tokens: HashMap::new(),
         channels: HashMap::new(),
         cqs: HashMap::new(),
