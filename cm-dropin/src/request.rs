@@ -127,7 +127,8 @@ pub enum Request {
         /// The CQ token.
         cq: u64,
     },
-    /// → `n: u32`, then n x [`WireWc`](crate::proto::WireWc).
+    /// → `n: u32`, then n x [`WireWc`](crate::proto::WireWc), then `more: u8` (1: fewer than
+    /// `max` came because one reply could not hold the next, which is waiting).
     PollCq {
         /// The CQ token.
         cq: u64,

@@ -571,16 +571,20 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
     if token == 0 || num_entries < 0 || (num_entries > 0 && wc.is_null()) {
         return -libc::EINVAL;
     }
-    let buf = match rpc(&Request::PollCq {
-        cq: token,
-        max: num_entries as u32,
-    }) {
-        Ok(b) => b,
-        Err(errno) => return -errno,
-    };
-    let mut d = Dec::new(&buf);
-    let Ok(n) = d.u32() else { return -libc::EPROTO };
-    if n == 0 {
+    let mut filled = 0usize;
+    loop {
+        // SAFETY: wc has room for num_entries entries, filled of them written.
+        let got = unsafe { poll_some(token, num_entries as usize - filled, wc.add(filled)) };
+        let (n, more) = match got {
+            Ok(r) => r,
+            Err(errno) => return -errno,
+        };
+        filled += n;
+        if !more || filled >= num_entries as usize {
+            break;
+        }
+    }
+    if filled == 0 {
         let empties = EMPTY_POLLS.with(|c| {
             c.set(c.get().saturating_add(1));
             c.get()
@@ -591,8 +595,23 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
         return 0;
     }
     EMPTY_POLLS.with(|c| c.set(0));
-    for i in 0..n as usize {
-        let Ok(w) = d.wc() else { return -libc::EPROTO };
+    filled as c_int
+}
+
+/// One `PollCq` of at most `max` completions into `wc`: how many came, and whether more wait
+/// (one reply could not hold them all).
+unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bool), c_int> {
+    let buf = rpc(&Request::PollCq {
+        cq: token,
+        max: max as u32,
+    })?;
+    let mut d = Dec::new(&buf);
+    let n = d.u32().map_err(|_| libc::EPROTO)? as usize;
+    if n > max {
+        return Err(libc::EPROTO);
+    }
+    for i in 0..n {
+        let w = d.wc().map_err(|_| libc::EPROTO)?;
         let mut status = w.status;
         if w.opcode == IBV_WC_RECV {
             let posted = lock(&registry().0)
@@ -608,7 +627,7 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
                 }
             }
         }
-        // SAFETY: wc has room for num_entries entries and n <= num_entries.
+        // SAFETY: wc has room for max entries and i < n <= max.
         unsafe {
             *wc.add(i) = IbvWc {
                 wr_id: w.wr_id,
@@ -623,7 +642,8 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
             };
         }
     }
-    n as c_int
+    let more = d.u8().map_err(|_| libc::EPROTO)? == 1;
+    Ok((n, more))
 }
 
 unsafe fn scatter(sges: &[(u64, u32)], mut data: &[u8]) {

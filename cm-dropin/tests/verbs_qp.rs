@@ -247,3 +247,97 @@ fn rping_with_its_own_qp_pings_with_rdma_read_and_write_and_validates_the_data()
         assert_eq!(n, 20, "{step}:\n{lines}");
     }
 }
+
+/// Whether something listens on TCP `port` of this machine (`/proc/net/tcp`, state 0A).
+fn tcp_listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Runs Debian's `program` (`ibv_rc_pingpong` or `ibv_ud_pingpong`), unmodified, as server on
+/// one simulated host and client on the other. Their QP numbers, PSNs and GIDs go over a TCP
+/// connection of this machine's loopback (the client is told `localhost`); the QPs, and every
+/// message, are the simulator's.
+fn debian_pingpong(program: &str, port: u16, extra: &[&str]) -> Option<(Output, Output)> {
+    let path = format!("/usr/bin/{program}");
+    if !Path::new(&path).exists() {
+        eprintln!("skipped: {path} is not installed (apt-get install ibverbs-utils)");
+        return None;
+    }
+    let (socket, daemon) = start_daemon(program, &[SERVER, CLIENT], 2, 120, &[]);
+    let port = port.to_string();
+    let args: Vec<&str> = ["-g", "1", "-n", "200", "-p", &port]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let server_args: Vec<&str> = std::iter::once(program).chain(args.iter().copied()).collect();
+    let server = spawn(&socket, SERVER, None, &server_args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !tcp_listening(port.parse().expect("a port")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{program} did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client_args: Vec<&str> = std::iter::once(program)
+        .chain(args.iter().copied())
+        .chain(["localhost"])
+        .collect();
+    let client = spawn(&socket, CLIENT, None, &client_args);
+    let c = wait(client, LIMIT, "client");
+    let s = wait(server, LIMIT, "server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+    Some((s, c))
+}
+
+/// A TCP port for this test process's `n`th pair: tests of several runs may overlap.
+fn port(n: u16) -> u16 {
+    20_000 + (std::process::id() % 10_000) as u16 * 3 + n
+}
+
+#[test]
+fn debians_ibv_rc_pingpong_runs_200_round_trips_over_standalone_rc_qps() {
+    let Some((s, c)) = debian_pingpong("ibv_rc_pingpong", port(0), &[]) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("200 iters in"), "{who}: {}", o.stdout);
+    }
+    assert!(s.stdout.contains("GID ::ffff:10.0.0.1"), "{}", s.stdout);
+    assert!(c.stdout.contains("remote address: LID 0x0000"), "{}", c.stdout);
+}
+
+#[test]
+fn debians_ibv_ud_pingpong_runs_200_round_trips_over_standalone_ud_qps() {
+    let Some((s, c)) = debian_pingpong("ibv_ud_pingpong", port(1), &[]) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("200 iters in"), "{who}: {}", o.stdout);
+    }
+}
+
+#[test]
+fn debians_ibv_rc_pingpong_waits_on_completion_events_with_100_kb_messages() {
+    // -e: each round waits in ibv_get_cq_event, re-arms and polls once for two completions,
+    // more than one reply of the daemon's holds at this size.
+    let Some((s, c)) = debian_pingpong("ibv_rc_pingpong", port(2), &["-e", "-s", "100000"]) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("40000000 bytes in"), "{who}: {}", o.stdout);
+    }
+}
