@@ -1074,8 +1074,13 @@ impl Daemon {
         if mask.contains(QpAttrMask::DEST_QPN) {
             attr.dest_qp_num = self.vqps.get(&u64::from(named)).map_or(0, |e| e.sim_qpn);
         }
-        host.verbs_modify_qp(handle, &attr, mask)
-            .map_err(|e| errno_of(&e))?;
+        if let Err(e) = host.verbs_modify_qp(handle, &attr, mask) {
+            if self.debug {
+                // Why the kernel's rules refuse it, which the errno alone does not say.
+                eprintln!("cmsim-daemon: ibv_modify_qp of QP {t:#x} (mask {mask}): {e}");
+            }
+            return Err(errno_of(&e));
+        }
         let e = self.vqps.get_mut(&t).expect("checked above");
         if mask.contains(QpAttrMask::DEST_QPN) {
             e.dest = named & 0x00FF_FFFF;

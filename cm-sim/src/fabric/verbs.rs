@@ -185,6 +185,9 @@ impl Fabric {
                 q.flush();
             }
             self.unlink_verbs(r);
+            // What RTS set goes with the rest: the next RTS sets it again.
+            self.slot(r).retries = Retries::NEW;
+            self.forget_options(r);
         }
         if matches!(next.state(), VerbsQpState::Rtr | VerbsQpState::Rts) {
             // A peer's sends that waited for this QP to be ready go now.
