@@ -37,8 +37,10 @@ pub enum Request {
     /// `DestroyEventChannel`, `CreateId` (→ `id: u64`), `DestroyId`, `BindAddr`, `ResolveAddr`,
     /// `ResolveRoute`, `DestroyQp`, `Listen`, `Connect`, `Accept`, `Reject`, `Disconnect`,
     /// `PostRecv` (a UD QP's receive holds the 40-byte GRH and then the payload, as on verbs),
-    /// `JoinMulticast` (`MULTICAST_JOIN` or `MULTICAST_ERROR` follows on the id's channel) and
-    /// `LeaveMulticast`. Other calls are refused as malformed.
+    /// `JoinMulticast` (`MULTICAST_JOIN` or `MULTICAST_ERROR` follows on the id's channel),
+    /// `LeaveMulticast`, `InitQpAttr` (→ `mask: u32`, then the attributes as
+    /// [`Enc::verbs_attr`] writes them; the state asked for is an `ibv_qp_state`, SQD and SQE
+    /// `EINVAL`) and `Establish`. Other calls are refused as malformed.
     Cm(Invocation<u64, u64>),
     /// `rdma_create_qp` with the verbs side of it → `caps: 5 x u32, qp_num: u32`. A datagram
     /// id's QP is `IBV_QPT_UD`, a connected id's `IBV_QPT_RC` (else `EINVAL`); a UD QP's number
