@@ -10,7 +10,7 @@
 //! (`rxe_qp_chk_attr`) and uverbs' (port numbers).
 //!
 //! ```
-//! use cm_core::{AddressVector, GlobalRoute, QpAttrMask, QpType, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState};
+//! use cm_core::{QpAttrMask, QpType, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState};
 //!
 //! let limits = VerbsLimits::RXE;
 //! let qp = VerbsQp::new(QpType::Rc);

@@ -1291,7 +1291,8 @@ impl Daemon {
         }
     }
 
-    /// Moves verbs QP `t`'s completions into its CQs, as [`collect_completions`](Self::collect_completions) does an id's.
+    /// Moves verbs QP `t`'s completions into its CQs, as
+    /// [`collect_completions`](Self::collect_completions) does an id's.
     fn collect_verbs_completions(&mut self, t: u64) {
         let Some(e) = self.vqps.get(&t) else { return };
         let Some(p) = self.procs.get(&e.proc) else { return };
