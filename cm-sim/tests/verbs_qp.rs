@@ -437,3 +437,104 @@ fn a_crashed_hosts_qps_are_gone_and_its_peer_sends_into_nothing() {
     assert_eq!(poll_one(&mut a, qa).status, WcStatus::RetryExcErr);
     assert_eq!(f.live_resources().qps, 1);
 }
+
+/// The attributes `init_qp_attr` answered, as `ibv_modify_qp` takes them.
+fn verbs_attr_of(a: &cm_core::QpAttr, state: VerbsQpState) -> VerbsQpAttr {
+    VerbsQpAttr {
+        qp_state: state,
+        pkey_index: a.pkey_index,
+        port_num: a.port_num,
+        qp_access_flags: a.qp_access_flags,
+        path_mtu: a.path_mtu,
+        dest_qp_num: a.dest_qp_num,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        qkey: a.qkey,
+        ah_attr: a.ah_attr,
+        ..VerbsQpAttr::default()
+    }
+}
+
+/// Moves `qp` to `state` with what `init_qp_attr` answers for `id`.
+fn follow_cm(
+    host: &mut SimHost,
+    id: cm_core::IdHandle,
+    qp: QpHandle,
+    state: cm_core::QpState,
+    verbs: VerbsQpState,
+) {
+    use cm_core::CmBackend;
+    let a = host.init_qp_attr(id, state).unwrap();
+    host.verbs_modify_qp(qp, &verbs_attr_of(&a, verbs), a.mask)
+        .unwrap();
+}
+
+#[test]
+fn ids_connected_with_standalone_qps_move_them_by_init_qp_attr_and_exchange_messages() {
+    use cm_core::{CmBackend, CmEventType, ConnParam, PortSpace, QpState};
+    let (_f, mut server, mut client) = fabric();
+    let t = SECOND * 2;
+    let sch = server.create_event_channel().unwrap();
+    let listener = server.create_id(sch, PortSpace::Tcp).unwrap();
+    server
+        .bind_addr(listener, "10.0.0.1:7471".parse().unwrap())
+        .unwrap();
+    server.listen(listener, 0).unwrap();
+    let cch = client.create_event_channel().unwrap();
+    let id = client.create_id(cch, PortSpace::Tcp).unwrap();
+    client
+        .resolve_addr(id, None, "10.0.0.1:7471".parse().unwrap(), t)
+        .unwrap();
+    let ev = client.get_cm_event(cch, t).unwrap().unwrap();
+    client.ack_cm_event(ev).unwrap();
+    client.resolve_route(id, t).unwrap();
+    let ev = client.get_cm_event(cch, t).unwrap().unwrap();
+    client.ack_cm_event(ev).unwrap();
+
+    let (cq, _) = client.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    follow_cm(&mut client, id, cq, QpState::Init, VerbsQpState::Init);
+    client.verbs_post_recv(cq, 1, 64).unwrap();
+    let param = ConnParam::new().with_qp_num(client.verbs_qp_num(cq).unwrap());
+    client.connect(id, &param).unwrap();
+
+    let req = server.get_cm_event(sch, t).unwrap().unwrap();
+    assert_eq!(req.event(), CmEventType::ConnectRequest);
+    let child = req.id();
+    server.ack_cm_event(req).unwrap();
+    let (sq, _) = server.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+    follow_cm(&mut server, child, sq, QpState::Init, VerbsQpState::Init);
+    server.verbs_post_recv(sq, 2, 64).unwrap();
+    follow_cm(&mut server, child, sq, QpState::Rtr, VerbsQpState::Rtr);
+    follow_cm(&mut server, child, sq, QpState::Rts, VerbsQpState::Rts);
+    let param = ConnParam::new().with_qp_num(server.verbs_qp_num(sq).unwrap());
+    server.accept(child, &param).unwrap();
+
+    let rep = client.get_cm_event(cch, t).unwrap().unwrap();
+    assert_eq!(rep.event(), CmEventType::ConnectResponse);
+    client.ack_cm_event(rep).unwrap();
+    follow_cm(&mut client, id, cq, QpState::Rtr, VerbsQpState::Rtr);
+    follow_cm(&mut client, id, cq, QpState::Rts, VerbsQpState::Rts);
+    client.establish(id).unwrap();
+    let est = server.get_cm_event(sch, t).unwrap().unwrap();
+    assert_eq!(est.event(), CmEventType::Established);
+    server.ack_cm_event(est).unwrap();
+    // The PSNs pair: what one side sends from is what the other expects.
+    let (c, s) = (
+        client.verbs_query_qp(cq).unwrap().attr(),
+        server.verbs_query_qp(sq).unwrap().attr(),
+    );
+    assert_eq!((c.sq_psn, c.rq_psn), (s.rq_psn, s.sq_psn));
+
+    client.verbs_post_send(cq, 3, b"hello").unwrap();
+    assert_eq!(poll_one(&mut server, sq).data, b"hello");
+    assert_eq!(poll_one(&mut client, cq).wr_id, 3, "the send completes");
+    server.verbs_post_send(sq, 4, b"world").unwrap();
+    assert_eq!(poll_one(&mut client, cq).data, b"world");
+    assert_eq!(poll_one(&mut server, sq).wr_id, 4);
+}
