@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
 const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
 const SERVER: &str = "10.0.0.1";
 const CLIENT: &str = "10.0.0.2";
@@ -22,7 +23,7 @@ fn installed(program: &str) -> bool {
 }
 
 mod common;
-use common::{compile_c, wait, Output};
+use common::{wait, Output};
 
 /// A daemon for one test: two hosts, its own socket, gone when the test ends.
 struct Fabric {
@@ -32,7 +33,35 @@ struct Fabric {
 
 impl Fabric {
     fn start(name: &str, processes: usize, extra: &[&str]) -> Fabric {
-        let (socket, daemon) = common::start_daemon(name, &[SERVER, CLIENT], processes, 120, extra);
+        let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+        let daemon = Command::new(DAEMON)
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--host",
+                SERVER,
+                "--host",
+                CLIENT,
+                "--seed",
+                "7",
+                "--max-seconds",
+                "120",
+            ])
+            .args(["--processes", &processes.to_string()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cmsim-daemon");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not create {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Fabric {
             socket,
             daemon: Some(daemon),
@@ -462,6 +491,36 @@ fn a_fault_schedule_file_partitions_rdma_client_from_its_server() {
     // The server blocks in rdma_get_request until it is killed (its buffered output is lost).
     assert!(s.stderr.is_empty(), "server: {}", s.stderr);
     assert!(fabric.finish().status.success());
+}
+
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers into a file of its own;
+/// None (with a message) when there is no C compiler or no headers.
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    // Tests run in parallel and several compile the same program: each gets its own file.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
+    let status = Command::new("cc")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!(
+                "skipped: cannot compile {} (needs cc, librdmacm-dev, libibverbs-dev)",
+                src.display()
+            );
+            None
+        }
+    }
 }
 
 #[test]

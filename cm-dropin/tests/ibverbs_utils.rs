@@ -6,10 +6,11 @@
 //! ibverbs-utils`; `scripts/test-all` installs it) or cannot be compiled. Every wait is
 //! bounded: a hung program is killed and the test fails.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
 const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
 const HOST: &str = "10.0.0.1";
 
@@ -22,7 +23,7 @@ fn installed(program: &str) -> bool {
 }
 
 mod common;
-use common::{compile_c, Output};
+use common::Output;
 
 /// Waits for `child` at most 30 s; kills it and panics past that.
 fn wait(child: Child, what: &str) -> Output {
@@ -31,7 +32,33 @@ fn wait(child: Child, what: &str) -> Output {
 
 /// Runs `program` on host 10.0.0.1 of a fabric of its own (one host, one process).
 fn on_fabric(name: &str, program: &[&str]) -> Output {
-    let (socket, daemon) = common::start_daemon(name, &[HOST], 1, 60, &[]);
+    let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+    let daemon = Command::new(DAEMON)
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "--host",
+            HOST,
+            "--seed",
+            "7",
+            "--max-seconds",
+            "60",
+            "--processes",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-daemon");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not create {}",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let child = Command::new(RUN)
         .arg("--socket")
         .arg(&socket)
@@ -134,6 +161,29 @@ fn ibv_devinfo_verbose_shows_rxes_limits_and_the_gid_table_with_the_hosts_ipv4_a
         assert_eq!(field(s, key), Some(want), "{key} in\n{s}");
     }
     assert!(!s.contains("GID[  2]"), "only two GIDs: {s}");
+}
+
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers; None (with a message)
+/// when there is no C compiler or no headers.
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-libverbs")
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!(
+                "skipped: cannot compile {} (needs cc, libibverbs-dev)",
+                src.display()
+            );
+            None
+        }
+    }
 }
 
 #[test]

@@ -5,18 +5,82 @@
 //! compiler or rdma-core headers are installed.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 mod common;
-use common::{compile_c, start_daemon, wait, Output};
+use common::{wait, Output};
 
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
 const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
 const SERVER: &str = "10.0.0.1";
 const CLIENT: &str = "10.0.0.2";
 const LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts a daemon of its own for test `name` on `hosts`, seed 7, ending after `processes`
+/// programs detached (or `max_seconds`): its socket, once it exists, and the daemon.
+fn start_daemon(
+    name: &str,
+    hosts: &[&str],
+    processes: usize,
+    max_seconds: u32,
+    extra: &[&str],
+) -> (PathBuf, Child) {
+    let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+    let mut cmd = Command::new(DAEMON);
+    cmd.arg("--socket").arg(&socket);
+    for h in hosts {
+        cmd.args(["--host", h]);
+    }
+    let daemon = cmd
+        .args(["--seed", "7", "--max-seconds", &max_seconds.to_string()])
+        .args(["--processes", &processes.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-daemon");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not create {}",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (socket, daemon)
+}
+
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers and libraries; `None`
+/// (with a message) when there is no C compiler or no headers.
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    // Tests run in parallel and several compile the same program: each gets its own file.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!(
+                "skipped: cannot compile {} (needs cc, librdmacm-dev, libibverbs-dev)",
+                src.display()
+            );
+            None
+        }
+    }
+}
 
 /// Starts `program` under `cmsim-run` on `host`, its stdin and stdout piped; `listener`: wait
 /// for a listener at that address first.
