@@ -17,7 +17,7 @@ use crate::datagram::UdParam;
 use crate::error::{CmError, ReturnedEvent};
 use crate::event::{CmEvent, CmEventType, ConnParam};
 use crate::external::QpAttr;
-use crate::handle::{ChannelHandle, IdHandle, MrHandle, SrqHandle};
+use crate::handle::{ChannelHandle, IdHandle, MrHandle, QpHandle, SrqHandle};
 use crate::memory::{Access, MrInfo};
 use crate::options::IdOption;
 use crate::srq::SrqCaps;
@@ -640,6 +640,11 @@ pub const fn mr_handle(owner: u32, index: u32, generation: u32) -> MrHandle {
 /// `owner`.
 pub const fn srq_handle(owner: u32, index: u32, generation: u32) -> SrqHandle {
     SrqHandle::new(owner, index, generation)
+}
+
+/// Makes a verbs QP handle: slot `index` at `generation` in the backend tagged `owner`.
+pub const fn qp_handle(owner: u32, index: u32, generation: u32) -> QpHandle {
+    QpHandle::new(owner, index, generation)
 }
 
 /// Makes a channel handle: slot `index` at `generation` in the backend tagged `owner`.

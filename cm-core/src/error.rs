@@ -94,6 +94,10 @@ pub enum Call {
     ModifySrq,
     PostSrqRecv,
     GetAsyncEvent,
+    VerbsCreateQp,
+    ModifyQp,
+    QueryQp,
+    VerbsDestroyQp,
 }
 
 impl Call {
@@ -140,6 +144,10 @@ impl Call {
             Call::ModifySrq => "ibv_modify_srq",
             Call::PostSrqRecv => "ibv_post_srq_recv",
             Call::GetAsyncEvent => "ibv_get_async_event",
+            Call::VerbsCreateQp => "ibv_create_qp",
+            Call::ModifyQp => "ibv_modify_qp",
+            Call::QueryQp => "ibv_query_qp",
+            Call::VerbsDestroyQp => "ibv_destroy_qp",
         }
     }
 }
@@ -382,7 +390,7 @@ impl CmError {
             } => ENOENT,
             // verbs would use freed memory; the kernel answers a stale handle with EINVAL.
             CmError::UnknownHandle {
-                kind: HandleKind::Mr | HandleKind::Srq,
+                kind: HandleKind::Mr | HandleKind::Srq | HandleKind::Qp,
                 ..
             } => EINVAL,
             CmError::WrongState { .. } => EINVAL,

@@ -37,6 +37,10 @@ pub struct QpAttrMask(u32);
 impl QpAttrMask {
     /// `IBV_QP_STATE`.
     pub const STATE: QpAttrMask = QpAttrMask(1);
+    /// `IBV_QP_CUR_STATE`.
+    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
+    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`.
+    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
     /// `IBV_QP_ACCESS_FLAGS`.
     pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
     /// `IBV_QP_PKEY_INDEX`.
@@ -69,8 +73,12 @@ impl QpAttrMask {
     pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
     /// `IBV_QP_PATH_MIG_STATE`.
     pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
+    /// `IBV_QP_CAP`.
+    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
     /// `IBV_QP_DEST_QPN`.
     pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+    /// `IBV_QP_RATE_LIMIT`.
+    pub const RATE_LIMIT: QpAttrMask = QpAttrMask(1 << 25);
 
     /// No bit set.
     pub const EMPTY: QpAttrMask = QpAttrMask(0);
@@ -83,6 +91,16 @@ impl QpAttrMask {
     /// The bits, as `ibv_modify_qp` takes them.
     pub const fn bits(self) -> u32 {
         self.0
+    }
+
+    /// The bits of `self` that `other` does not have.
+    pub const fn without(self, other: QpAttrMask) -> Self {
+        QpAttrMask(self.0 & !other.0)
+    }
+
+    /// Whether no bit is set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
     }
 
     /// Whether every bit of `other` is set.
@@ -105,8 +123,10 @@ impl BitOr for QpAttrMask {
 
 impl fmt::Display for QpAttrMask {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const NAMES: [(QpAttrMask, &str); 18] = [
+        const NAMES: [(QpAttrMask, &str); 22] = [
             (QpAttrMask::STATE, "STATE"),
+            (QpAttrMask::CUR_STATE, "CUR_STATE"),
+            (QpAttrMask::EN_SQD_ASYNC_NOTIFY, "EN_SQD_ASYNC_NOTIFY"),
             (QpAttrMask::ACCESS_FLAGS, "ACCESS_FLAGS"),
             (QpAttrMask::PKEY_INDEX, "PKEY_INDEX"),
             (QpAttrMask::PORT, "PORT"),
@@ -123,7 +143,9 @@ impl fmt::Display for QpAttrMask {
             (QpAttrMask::SQ_PSN, "SQ_PSN"),
             (QpAttrMask::MAX_DEST_RD_ATOMIC, "MAX_DEST_RD_ATOMIC"),
             (QpAttrMask::PATH_MIG_STATE, "PATH_MIG_STATE"),
+            (QpAttrMask::CAP, "CAP"),
             (QpAttrMask::DEST_QPN, "DEST_QPN"),
+            (QpAttrMask::RATE_LIMIT, "RATE_LIMIT"),
         ];
         let mut rest = self.0;
         let mut first = true;

@@ -84,6 +84,11 @@ handle!(
     SrqHandle,
     "srq"
 );
+handle!(
+    /// A verbs QP no connection-manager id owns (`ibv_create_qp`).
+    QpHandle,
+    "qp"
+);
 
 /// Which kind of handle an error talks about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,6 +101,8 @@ pub enum HandleKind {
     Mr,
     /// A shared receive queue.
     Srq,
+    /// A verbs QP no id owns.
+    Qp,
 }
 
 impl fmt::Display for HandleKind {
@@ -105,6 +112,7 @@ impl fmt::Display for HandleKind {
             HandleKind::Id => "cm id",
             HandleKind::Mr => "memory region",
             HandleKind::Srq => "shared receive queue",
+            HandleKind::Qp => "queue pair",
         })
     }
 }

@@ -54,6 +54,7 @@ mod slab;
 mod srq;
 mod state;
 mod types;
+mod verbs_qp;
 mod work_request;
 mod wr_pool;
 
@@ -66,7 +67,7 @@ pub use external::{
     AddressVector, GlobalRoute, QpAttr, QpAttrMask, ACCESS_REMOTE_ATOMIC, ACCESS_REMOTE_READ,
     ACCESS_REMOTE_WRITE, MTU_1024,
 };
-pub use handle::{ChannelHandle, HandleKind, IdHandle, MrHandle, SrqHandle};
+pub use handle::{ChannelHandle, HandleKind, IdHandle, MrHandle, QpHandle, SrqHandle};
 pub use invocation::{Invocation, Outcome};
 pub use memory::{check_range, Access, MrInfo, RemoteAddr, RemoteMr, Sge};
 pub use multicast::{group_ud_param, MULTICAST_QPN};
@@ -74,6 +75,7 @@ pub use options::{getaddrinfo, AddrHints, AddrInfo, IdOption, SyncId, CREATE_EP_
 pub use srq::{check_srq_limit, SrqCaps};
 pub use state::{ConnPhase, IdMachine, IdState, IllegalEvent, QpState, Role};
 pub use types::{LiveResources, PortSpace, PrivateDataSlot, QpCaps, WcOpcode, WcStatus, WorkCompletion};
+pub use verbs_qp::{QpType, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState};
 pub use work_request::{check_local_sge, LocalRegion, SendOp, SendWr, ATOMIC_LEN};
 
 /// The README's examples, compiled and run as doc tests so they stay true.

@@ -255,6 +255,19 @@ impl IdMachine {
         }
     }
 
+    /// The machine a backend keeps beside a verbs QP that no id owns
+    /// ([`VerbsQp`](crate::VerbsQp)), so that the data path's checks (the post gates, which
+    /// QPs may send and receive) read it as they read an id's: an idle id of `ps` whose QP is
+    /// in `qp`, the data path's view of the verbs state
+    /// ([`VerbsQpState::data_path`](crate::VerbsQpState::data_path)). No CM call takes it.
+    pub const fn for_verbs_qp(ps: PortSpace, qp: QpState) -> Self {
+        IdMachine {
+            qp: Some(qp),
+            device: true,
+            ..IdMachine::new(ps)
+        }
+    }
+
     /// The kernel state.
     pub const fn state(&self) -> IdState {
         self.state

@@ -793,3 +793,141 @@ const _: () = {
     assert!(offset_of!(IbvAhAttr, sgid_index) == 20 && offset_of!(IbvAhAttr, dlid) == 24);
     assert!(offset_of!(IbvAhAttr, is_global) == 29 && offset_of!(IbvAhAttr, port_num) == 30);
 };
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IbvQpAttr {
+    /// `qp_state`.
+    pub qp_state: u32,
+    /// `cur_qp_state`.
+    pub cur_qp_state: u32,
+    /// `path_mtu`.
+    pub path_mtu: u32,
+    /// `path_mig_state`.
+    pub path_mig_state: u32,
+    /// `qkey`.
+    pub qkey: u32,
+    /// `rq_psn`.
+    pub rq_psn: u32,
+    /// `sq_psn`.
+    pub sq_psn: u32,
+    /// `dest_qp_num`.
+    pub dest_qp_num: u32,
+    /// `qp_access_flags`.
+    pub qp_access_flags: u32,
+    /// `cap`.
+    pub cap: IbvQpCap,
+    /// `ah_attr`.
+    pub ah_attr: IbvAhAttr,
+    /// `alt_ah_attr`.
+    pub alt_ah_attr: IbvAhAttr,
+    /// `pkey_index`.
+    pub pkey_index: u16,
+    /// `alt_pkey_index`.
+    pub alt_pkey_index: u16,
+    /// `en_sqd_async_notify`.
+    pub en_sqd_async_notify: u8,
+    /// `sq_draining`.
+    pub sq_draining: u8,
+    /// `max_rd_atomic`.
+    pub max_rd_atomic: u8,
+    /// `max_dest_rd_atomic`.
+    pub max_dest_rd_atomic: u8,
+    /// `min_rnr_timer`.
+    pub min_rnr_timer: u8,
+    /// `port_num`.
+    pub port_num: u8,
+    /// `timeout`.
+    pub timeout: u8,
+    /// `retry_cnt`.
+    pub retry_cnt: u8,
+    /// `rnr_retry`.
+    pub rnr_retry: u8,
+    /// `alt_port_num`.
+    pub alt_port_num: u8,
+    /// `alt_timeout`.
+    pub alt_timeout: u8,
+    /// `rate_limit`.
+    pub rate_limit: u32,
+}
+
+impl IbvQpAttr {
+    /// The attributes as the simulator takes them; `None` for a state past `IBV_QPS_ERR`.
+    pub fn to_verbs(&self) -> Option<cm_core::VerbsQpAttr> {
+        use crate::request as av;
+        Some(cm_core::VerbsQpAttr {
+            qp_state: cm_core::VerbsQpState::from_raw(self.qp_state)?,
+            cur_qp_state: cm_core::VerbsQpState::from_raw(self.cur_qp_state)?,
+            path_mtu: u8::try_from(self.path_mtu).unwrap_or(u8::MAX),
+            path_mig_state: self.path_mig_state,
+            qkey: self.qkey,
+            rq_psn: self.rq_psn,
+            sq_psn: self.sq_psn,
+            dest_qp_num: self.dest_qp_num,
+            qp_access_flags: self.qp_access_flags,
+            ah_attr: av::address_vector(&self.ah_attr.into()),
+            alt_ah_attr: av::address_vector(&self.alt_ah_attr.into()),
+            pkey_index: self.pkey_index,
+            alt_pkey_index: self.alt_pkey_index,
+            en_sqd_async_notify: self.en_sqd_async_notify,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+            min_rnr_timer: self.min_rnr_timer,
+            port_num: self.port_num,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            alt_port_num: self.alt_port_num,
+            alt_timeout: self.alt_timeout,
+            rate_limit: self.rate_limit,
+        })
+    }
+
+    /// The struct as `ibv_query_qp` fills it from the simulator's attributes and `cap`.
+    pub fn from_verbs(a: &cm_core::VerbsQpAttr, cap: IbvQpCap) -> Self {
+        use crate::request as av;
+        IbvQpAttr {
+            qp_state: a.qp_state.raw(),
+            cur_qp_state: a.cur_qp_state.raw(),
+            path_mtu: u32::from(a.path_mtu),
+            path_mig_state: a.path_mig_state,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags,
+            cap,
+            ah_attr: av::ah_attr_of(&a.ah_attr).into(),
+            alt_ah_attr: av::ah_attr_of(&a.alt_ah_attr).into(),
+            pkey_index: a.pkey_index,
+            alt_pkey_index: a.alt_pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify,
+            sq_draining: 0,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            alt_port_num: a.alt_port_num,
+            alt_timeout: a.alt_timeout,
+            rate_limit: a.rate_limit,
+        }
+    }
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<IbvQpAttr>() == 144);
+    assert!(offset_of!(IbvQpAttr, cap) == 36);
+    assert!(offset_of!(IbvQpAttr, ah_attr) == 56);
+    assert!(offset_of!(IbvQpAttr, alt_ah_attr) == 88);
+    assert!(offset_of!(IbvQpAttr, pkey_index) == 120);
+    assert!(offset_of!(IbvQpAttr, en_sqd_async_notify) == 124);
+    assert!(offset_of!(IbvQpAttr, max_rd_atomic) == 126);
+    assert!(offset_of!(IbvQpAttr, port_num) == 129);
+    assert!(offset_of!(IbvQpAttr, timeout) == 130);
+    assert!(offset_of!(IbvQpAttr, rate_limit) == 136);
+};

@@ -803,6 +803,56 @@ unsafe fn connect_or_accept(connect: bool, id: *mut RdmaCmId, param: *const Rdma
     r
 }
 
+/// `rdma_init_qp_attr`: the attributes that move the application's own QP to
+/// `qp_attr->qp_state` for the id's connection (the id connected or accepted with
+/// `conn_param.qp_num` naming it), and their mask.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut RdmaCmId,
+    qp_attr: *mut IbvQpAttr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if qp_attr.is_null() || qp_attr_mask.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: qp_attr is the caller's struct ibv_qp_attr.
+    let asked = unsafe { (*qp_attr).qp_state };
+    // The kernel answers for INIT, RTR and RTS (and the others librdmacm passes on).
+    let Some(qp_state) = cm_core::VerbsQpState::from_raw(asked).and_then(crate::request::qp_state_of) else {
+        return fail(libc::EINVAL);
+    };
+    let buf = match call(Invocation::InitQpAttr { id: token, qp_state }) {
+        Ok(b) => b,
+        Err(errno) => return fail(errno),
+    };
+    let mut d = Dec::new(&buf);
+    let (Ok(mask), Ok(Some(attr))) = (d.u32(), d.verbs_attr()) else {
+        return fail(libc::EPROTO);
+    };
+    // SAFETY: as above; qp_attr_mask is the caller's int.
+    unsafe {
+        let cap = (*qp_attr).cap;
+        *qp_attr = IbvQpAttr::from_verbs(&attr, cap);
+        *qp_attr_mask = mask as c_int;
+    }
+    0
+}
+
+/// `rdma_establish`: after the application moved its own QP to RTR and RTS, the RTU goes
+/// out and `ESTABLISHED` follows on both sides.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_establish(id: *mut RdmaCmId) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    rpc_status(&Request::Cm(Invocation::Establish { id: token }))
+}
+
 /// `rdma_connect`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_connect(id: *mut RdmaCmId, param: *const RdmaConnParam) -> c_int {
@@ -964,6 +1014,7 @@ pub unsafe extern "C" fn rdma_create_qp(
             token,
             cap: (*attr).cap,
             sq_sig_all: (*attr).sq_sig_all,
+            verbs: false,
         });
         (*id).qp = Box::into_raw(qp) as *mut IbvQp;
         (*id).pd = pd;
@@ -1785,8 +1836,6 @@ macro_rules! unsupported_void {
 unsupported_int!(
     rdma_create_qp_ex,
     rdma_migrate_id,
-    rdma_establish,
-    rdma_init_qp_attr,
     rdma_get_remote_ece,
     rdma_set_local_ece,
     rdma_reject_ece,
@@ -1817,7 +1866,6 @@ unsupported_int!(
 unsupported_ssize!(rread, rreadv, rrecv, rrecvfrom, rrecvmsg, rsend, rsendmsg, rsendto, rwrite, rwritev);
 
 unsupported_errno!(ENOSYS:
-    ibv_modify_qp,
     ibv_attach_mcast,
     ibv_detach_mcast,
     ibv_resize_cq,
@@ -1831,7 +1879,6 @@ unsupported_errno!(ENOSYS:
 unsupported_errno!(EOPNOTSUPP: ibv_query_ece, ibv_set_ece);
 
 unsupported_ptr!(
-    ibv_create_qp,
     ibv_qp_to_qp_ex,
     ibv_reg_mr_iova,
     ibv_reg_mr_iova2,

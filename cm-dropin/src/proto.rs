@@ -15,7 +15,7 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -114,6 +114,20 @@ pub enum Op {
     /// hosts in index order and the loopback /24 their sockets use
     /// ([`FabricHosts`](crate::request::FabricHosts)).
     FabricHosts,
+    /// `ibv_create_qp` (a QP no id owns).
+    VerbsCreateQp,
+    /// `ibv_modify_qp`.
+    ModifyQp,
+    /// `ibv_query_qp` of a QP no id owns.
+    QueryQp,
+    /// `ibv_destroy_qp` of a QP no id owns.
+    VerbsDestroyQp,
+    /// `ibv_post_recv` on a QP no id owns.
+    QpPostRecv,
+    /// `rdma_init_qp_attr`.
+    InitQpAttr,
+    /// `rdma_establish`.
+    Establish,
 }
 
 /// The QP number that addresses a multicast group.
@@ -184,7 +198,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 36] = [
+        const ALL: [Op; 43] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -221,6 +235,13 @@ impl Op {
             JoinMcast,
             LeaveMcast,
             FabricHosts,
+            VerbsCreateQp,
+            ModifyQp,
+            QueryQp,
+            VerbsDestroyQp,
+            QpPostRecv,
+            InitQpAttr,
+            Establish,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -590,10 +611,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=36 {
+        for v in 1..=43 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(37), None);
+        assert_eq!(Op::from_u32(44), None);
     }
 }

@@ -16,7 +16,10 @@
 
 use std::time::Duration;
 
-use cm_core::{Invocation, PortSpace, QpCaps, UdParam};
+use cm_core::{
+    AddressVector, AhAttr, GlobalRoute, Invocation, PortSpace, QpCaps, QpState, UdParam, VerbsQpAttr,
+    VerbsQpState,
+};
 
 use crate::proto::{Dec, Enc, Malformed, Op};
 
@@ -34,8 +37,10 @@ pub enum Request {
     /// `DestroyEventChannel`, `CreateId` (→ `id: u64`), `DestroyId`, `BindAddr`, `ResolveAddr`,
     /// `ResolveRoute`, `DestroyQp`, `Listen`, `Connect`, `Accept`, `Reject`, `Disconnect`,
     /// `PostRecv` (a UD QP's receive holds the 40-byte GRH and then the payload, as on verbs),
-    /// `JoinMulticast` (`MULTICAST_JOIN` or `MULTICAST_ERROR` follows on the id's channel) and
-    /// `LeaveMulticast`. Other calls are refused as malformed.
+    /// `JoinMulticast` (`MULTICAST_JOIN` or `MULTICAST_ERROR` follows on the id's channel),
+    /// `LeaveMulticast`, `InitQpAttr` (→ `mask: u32`, then the attributes as
+    /// [`Enc::verbs_attr`] writes them; the state asked for is an `ibv_qp_state`, SQD and SQE
+    /// `EINVAL`) and `Establish`. Other calls are refused as malformed.
     Cm(Invocation<u64, u64>),
     /// `rdma_create_qp` with the verbs side of it → `caps: 5 x u32, qp_num: u32`. A datagram
     /// id's QP is `IBV_QPT_UD`, a connected id's `IBV_QPT_RC` (else `EINVAL`); a UD QP's number
@@ -56,7 +61,8 @@ pub enum Request {
     },
     /// `ibv_post_send` of a SEND.
     PostSend {
-        /// The id token.
+        /// The QP's token: its id's (a QP `rdma_create_qp` made) or its own (one
+        /// [`VerbsCreateQp`](Request::VerbsCreateQp) made).
         id: u64,
         /// `wr_id`.
         wr_id: u64,
@@ -87,7 +93,7 @@ pub enum Request {
     Rdma {
         /// WRITE, else READ.
         write: bool,
-        /// The id token.
+        /// The QP's token, as [`PostSend`](Request::PostSend)'s.
         id: u64,
         /// `wr_id`.
         wr_id: u64,
@@ -123,7 +129,8 @@ pub enum Request {
         /// The CQ token.
         cq: u64,
     },
-    /// → `n: u32`, then n x [`WireWc`](crate::proto::WireWc).
+    /// → `n: u32`, then n x [`WireWc`](crate::proto::WireWc), then `more: u8` (1: fewer than
+    /// `max` came because one reply could not hold the next, which is waiting).
     PollCq {
         /// The CQ token.
         cq: u64,
@@ -156,6 +163,109 @@ pub enum Request {
         /// The region's key.
         key: u32,
     },
+    /// `ibv_create_qp`: a QP no id owns, in RESET → `caps: 5 x u32, qp_num: u32`. Its number
+    /// is also its token, which names it in the requests below and in [`PostSend`](Request::PostSend)
+    /// and [`Rdma`](Request::Rdma) (and [`PostSendUd`](Request::PostSendUd), whose destination
+    /// may name a verbs UD QP by its number too). RC or UD (else `EINVAL`).
+    VerbsCreateQp {
+        /// The capabilities asked for.
+        caps: QpCaps,
+        /// Its send CQ (a token).
+        send_cq: u64,
+        /// Its receive CQ.
+        recv_cq: u64,
+        /// `sq_sig_all`.
+        sq_sig_all: bool,
+        /// `enum ibv_qp_type`.
+        qp_type: u32,
+    },
+    /// `ibv_modify_qp`. `dest_qp_num` is a QP's number as the library shows it.
+    ModifyQp {
+        /// The QP's token.
+        qp: u64,
+        /// `enum ibv_qp_attr_mask`.
+        mask: u32,
+        /// The attributes the mask names.
+        attr: VerbsQpAttr,
+    },
+    /// `ibv_query_qp` → `set: u32` (the attributes set), then the attributes.
+    QueryQp {
+        /// The QP's token.
+        qp: u64,
+    },
+    /// `ibv_destroy_qp` of a QP no id owns.
+    VerbsDestroyQp {
+        /// The QP's token.
+        qp: u64,
+    },
+    /// `ibv_post_recv` on a QP no id owns.
+    QpPostRecv {
+        /// The QP's token.
+        qp: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// The receive buffer's length.
+        len: u32,
+    },
+}
+
+/// An address vector as `struct ibv_ah_attr` holds it (`is_global` for the GRH).
+pub fn ah_attr_of(av: &AddressVector) -> AhAttr {
+    let g = av.grh.unwrap_or_default();
+    AhAttr {
+        dgid: g.dgid,
+        flow_label: g.flow_label,
+        sgid_index: g.sgid_index,
+        hop_limit: g.hop_limit,
+        traffic_class: g.traffic_class,
+        dlid: av.dlid,
+        sl: av.sl,
+        src_path_bits: av.src_path_bits,
+        static_rate: av.static_rate,
+        is_global: av.grh.is_some(),
+        port_num: av.port_num,
+    }
+}
+
+/// The address vector a `struct ibv_ah_attr` describes.
+pub fn address_vector(ah: &AhAttr) -> AddressVector {
+    AddressVector {
+        dlid: ah.dlid,
+        sl: ah.sl,
+        src_path_bits: ah.src_path_bits,
+        static_rate: ah.static_rate,
+        grh: ah.is_global.then_some(GlobalRoute {
+            dgid: ah.dgid,
+            flow_label: ah.flow_label,
+            sgid_index: ah.sgid_index,
+            hop_limit: ah.hop_limit,
+            traffic_class: ah.traffic_class,
+        }),
+        port_num: ah.port_num,
+    }
+}
+
+/// The verbs state of an id's QP state (what `rdma_init_qp_attr` is asked for).
+pub fn verbs_state_of(s: QpState) -> VerbsQpState {
+    match s {
+        QpState::Reset => VerbsQpState::Reset,
+        QpState::Init => VerbsQpState::Init,
+        QpState::Rtr => VerbsQpState::Rtr,
+        QpState::Rts => VerbsQpState::Rts,
+        QpState::Err => VerbsQpState::Err,
+    }
+}
+
+/// The id QP state a verbs state is, if it is one of the five an id's QP goes through.
+pub fn qp_state_of(s: VerbsQpState) -> Option<QpState> {
+    Some(match s {
+        VerbsQpState::Reset => QpState::Reset,
+        VerbsQpState::Init => QpState::Init,
+        VerbsQpState::Rtr => QpState::Rtr,
+        VerbsQpState::Rts => QpState::Rts,
+        VerbsQpState::Err => QpState::Err,
+        VerbsQpState::Sqd | VerbsQpState::Sqe => return None,
+    })
 }
 
 /// The librdmacm calls the protocol carries as [`Request::Cm`], with their ops.
@@ -178,10 +288,10 @@ fn cm_op(call: &Invocation<u64, u64>) -> Option<Op> {
         I::PostRecv { .. } => Op::PostRecv,
         I::JoinMulticast { .. } => Op::JoinMcast,
         I::LeaveMulticast { .. } => Op::LeaveMcast,
+        I::InitQpAttr { .. } => Op::InitQpAttr,
+        I::Establish { .. } => Op::Establish,
         // Carried with the verbs side of them (CreateQp, PostSend, PostSendUd) or not at all.
         I::CreateQp { .. }
-        | I::Establish { .. }
-        | I::InitQpAttr { .. }
         | I::SetOption { .. }
         | I::MigrateId { .. }
         | I::GetLocalAddr { .. }
@@ -208,7 +318,75 @@ impl Enc {
     }
 }
 
+impl Enc {
+    /// Appends a verbs QP's attributes, every field of `struct ibv_qp_attr` but `cap`.
+    pub fn verbs_attr(&mut self, a: &VerbsQpAttr) -> &mut Self {
+        self.u32(a.qp_state.raw())
+            .u32(a.cur_qp_state.raw())
+            .u8(a.path_mtu)
+            .u32(a.path_mig_state)
+            .u32(a.qkey)
+            .u32(a.rq_psn)
+            .u32(a.sq_psn)
+            .u32(a.dest_qp_num)
+            .u32(a.qp_access_flags)
+            .ah_attr(&ah_attr_of(&a.ah_attr))
+            .ah_attr(&ah_attr_of(&a.alt_ah_attr))
+            .u16(a.pkey_index)
+            .u16(a.alt_pkey_index)
+            .u8(a.en_sqd_async_notify)
+            .u8(a.max_rd_atomic)
+            .u8(a.max_dest_rd_atomic)
+            .u8(a.min_rnr_timer)
+            .u8(a.port_num)
+            .u8(a.timeout)
+            .u8(a.retry_cnt)
+            .u8(a.rnr_retry)
+            .u8(a.alt_port_num)
+            .u8(a.alt_timeout)
+            .u32(a.rate_limit)
+    }
+}
+
 impl Dec<'_> {
+    /// Reads a verbs QP's attributes; `None` for a state past `IBV_QPS_ERR`.
+    pub fn verbs_attr(&mut self) -> Result<Option<VerbsQpAttr>, Malformed> {
+        let (state, cur) = (self.u32()?, self.u32()?);
+        let mut a = VerbsQpAttr {
+            path_mtu: self.u8()?,
+            path_mig_state: self.u32()?,
+            qkey: self.u32()?,
+            rq_psn: self.u32()?,
+            sq_psn: self.u32()?,
+            dest_qp_num: self.u32()?,
+            qp_access_flags: self.u32()?,
+            ah_attr: address_vector(&self.ah_attr()?),
+            alt_ah_attr: address_vector(&self.ah_attr()?),
+            pkey_index: self.u16()?,
+            alt_pkey_index: self.u16()?,
+            en_sqd_async_notify: self.u8()?,
+            max_rd_atomic: self.u8()?,
+            max_dest_rd_atomic: self.u8()?,
+            min_rnr_timer: self.u8()?,
+            port_num: self.u8()?,
+            timeout: self.u8()?,
+            retry_cnt: self.u8()?,
+            rnr_retry: self.u8()?,
+            alt_port_num: self.u8()?,
+            alt_timeout: self.u8()?,
+            rate_limit: self.u32()?,
+            ..VerbsQpAttr::default()
+        };
+        match (VerbsQpState::from_raw(state), VerbsQpState::from_raw(cur)) {
+            (Some(s), Some(c)) => {
+                a.qp_state = s;
+                a.cur_qp_state = c;
+                Ok(Some(a))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Reads a QP's capabilities (the message size left at [`QpCaps::new`]'s).
     pub fn caps(&mut self) -> Result<QpCaps, Malformed> {
         let mut caps = QpCaps::new();
@@ -242,6 +420,11 @@ impl Request {
             Request::DestroyCompChannel { .. } => Op::DestroyCompChannel,
             Request::RegMr { .. } => Op::RegMr,
             Request::DeregMr { .. } => Op::DeregMr,
+            Request::VerbsCreateQp { .. } => Op::VerbsCreateQp,
+            Request::ModifyQp { .. } => Op::ModifyQp,
+            Request::QueryQp { .. } => Op::QueryQp,
+            Request::VerbsDestroyQp { .. } => Op::VerbsDestroyQp,
+            Request::QpPostRecv { .. } => Op::QpPostRecv,
         })
     }
 
@@ -262,7 +445,7 @@ impl Request {
                 I::CreateId { channel, ps } => {
                     e.u64(*channel).u32(ps.raw());
                 }
-                I::DestroyId { id } | I::DestroyQp { id } | I::Disconnect { id } => {
+                I::DestroyId { id } | I::DestroyQp { id } | I::Disconnect { id } | I::Establish { id } => {
                     e.u64(*id);
                 }
                 I::BindAddr { id, addr } => {
@@ -293,6 +476,9 @@ impl Request {
                 }
                 I::JoinMulticast { id, group } | I::LeaveMulticast { id, group } => {
                     e.u64(*id).addr(Some(*group));
+                }
+                I::InitQpAttr { id, qp_state } => {
+                    e.u64(*id).u32(verbs_state_of(*qp_state).raw());
                 }
                 _ => unreachable!("op() refused it"),
             },
@@ -378,6 +564,28 @@ impl Request {
             }
             Request::DeregMr { key } => {
                 e.u32(*key);
+            }
+            Request::VerbsCreateQp {
+                caps,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                qp_type,
+            } => {
+                e.caps(caps)
+                    .u64(*send_cq)
+                    .u64(*recv_cq)
+                    .u8(*sq_sig_all as u8)
+                    .u32(*qp_type);
+            }
+            Request::ModifyQp { qp, mask, attr } => {
+                e.u64(*qp).u32(*mask).verbs_attr(attr);
+            }
+            Request::QueryQp { qp } | Request::VerbsDestroyQp { qp } => {
+                e.u64(*qp);
+            }
+            Request::QpPostRecv { qp, wr_id, len } => {
+                e.u64(*qp).u64(*wr_id).u32(*len);
             }
         }
         e
@@ -566,6 +774,40 @@ impl Request {
             }),
             Op::DeregMr => Ok(Request::DeregMr {
                 key: d.u32().map_err(bad)?,
+            }),
+            Op::VerbsCreateQp => Ok(Request::VerbsCreateQp {
+                caps: d.caps().map_err(bad)?,
+                send_cq: d.u64().map_err(bad)?,
+                recv_cq: d.u64().map_err(bad)?,
+                sq_sig_all: d.u8().map_err(bad)? != 0,
+                qp_type: d.u32().map_err(bad)?,
+            }),
+            Op::ModifyQp => {
+                let qp = d.u64().map_err(bad)?;
+                let mask = d.u32().map_err(bad)?;
+                // A state past IBV_QPS_ERR is uverbs' EINVAL.
+                let attr = d.verbs_attr().map_err(bad)?.ok_or(libc::EINVAL)?;
+                Ok(Request::ModifyQp { qp, mask, attr })
+            }
+            Op::QueryQp => Ok(Request::QueryQp {
+                qp: d.u64().map_err(bad)?,
+            }),
+            Op::VerbsDestroyQp => Ok(Request::VerbsDestroyQp {
+                qp: d.u64().map_err(bad)?,
+            }),
+            Op::QpPostRecv => Ok(Request::QpPostRecv {
+                qp: d.u64().map_err(bad)?,
+                wr_id: d.u64().map_err(bad)?,
+                len: d.u32().map_err(bad)?,
+            }),
+            Op::InitQpAttr => {
+                let id = d.u64().map_err(bad)?;
+                let state = VerbsQpState::from_raw(d.u32().map_err(bad)?).ok_or(libc::EINVAL)?;
+                let qp_state = qp_state_of(state).ok_or(libc::EINVAL)?;
+                cm(I::InitQpAttr { id, qp_state })
+            }
+            Op::Establish => cm(I::Establish {
+                id: d.u64().map_err(bad)?,
             }),
         }
     }
@@ -855,6 +1097,11 @@ mod tests {
             },
             I::JoinMulticast { id: 2, group },
             I::LeaveMulticast { id: 2, group },
+            I::InitQpAttr {
+                id: 2,
+                qp_state: QpState::Rtr,
+            },
+            I::Establish { id: 2 },
         ];
         let mut all: Vec<Request> = cm.into_iter().map(Request::Cm).collect();
         all.extend([
@@ -903,6 +1150,46 @@ mod tests {
                 access: 7,
             },
             Request::DeregMr { key: 5 },
+            Request::VerbsCreateQp {
+                caps,
+                send_cq: 4,
+                recv_cq: 4,
+                sq_sig_all: false,
+                qp_type: 2,
+            },
+            Request::ModifyQp {
+                qp: 0x12,
+                mask: 0x1f_ffff,
+                attr: VerbsQpAttr {
+                    qp_state: VerbsQpState::Rtr,
+                    cur_qp_state: VerbsQpState::Init,
+                    path_mtu: 3,
+                    dest_qp_num: 0x33,
+                    rq_psn: 0xabcdef,
+                    max_dest_rd_atomic: 1,
+                    min_rnr_timer: 12,
+                    pkey_index: 0,
+                    ah_attr: AddressVector {
+                        grh: Some(GlobalRoute {
+                            dgid: [9; 16],
+                            sgid_index: 1,
+                            hop_limit: 64,
+                            ..GlobalRoute::default()
+                        }),
+                        port_num: 1,
+                        ..AddressVector::default()
+                    },
+                    rate_limit: 7,
+                    ..VerbsQpAttr::default()
+                },
+            },
+            Request::QueryQp { qp: 0x12 },
+            Request::VerbsDestroyQp { qp: 0x12 },
+            Request::QpPostRecv {
+                qp: 0x12,
+                wr_id: 3,
+                len: 64,
+            },
         ]);
         all
     }
@@ -917,7 +1204,7 @@ mod tests {
         ops.sort_unstable();
         ops.dedup();
         // RdmaWrite shares its variant with RdmaRead; the first messages are not requests.
-        assert_eq!(ops.len(), 35 - 4 - 1, "{ops:?}");
+        assert_eq!(ops.len(), 43 - 5 - 1, "{ops:?}");
     }
 
     #[test]
@@ -955,12 +1242,35 @@ mod tests {
             "a first message"
         );
         assert_eq!(Request::decode(&777u32.to_le_bytes()), Err(libc::EPROTO));
+        let mut bad_state = Request::ModifyQp {
+            qp: 1,
+            mask: 1,
+            attr: VerbsQpAttr::default(),
+        }
+        .encode();
+        bad_state.0[16..20].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(
+            Request::decode(&bad_state.0),
+            Err(libc::EINVAL),
+            "a QP state past ERR"
+        );
+        let mut sqd = Request::Cm(Invocation::InitQpAttr {
+            id: 1,
+            qp_state: QpState::Rts,
+        })
+        .encode();
+        sqd.0[12..16].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(
+            Request::decode(&sqd.0),
+            Err(libc::EINVAL),
+            "rdma_init_qp_attr of SQD"
+        );
     }
 
     #[test]
     fn calls_the_protocol_does_not_carry_have_no_op() {
-        let establish = Request::Cm(Invocation::Establish { id: 1 });
-        assert_eq!(establish.op(), None);
+        let migrate = Request::Cm(Invocation::MigrateId { id: 1, channel: 2 });
+        assert_eq!(migrate.op(), None);
     }
 
     fn every_opening() -> Vec<Opening> {

@@ -4,8 +4,10 @@
 //!
 //! Sends and receives are copied through this library in the calling process: a send gathers
 //! its SGEs here and ships the bytes to the daemon; a receive's bytes come back with its
-//! completion and are scattered into the buffers posted for it. RDMA READ/WRITE are not
-//! served yet (`ENOSYS`).
+//! completion and are scattered into the buffers posted for it. RDMA READ and WRITE are the
+//! simulator's, over the registered regions the entries name. QPs are `rdma_create_qp`'s
+//! (an id's, moved by librdmacm) or `ibv_create_qp`'s (the application's, moved with
+//! `ibv_modify_qp`).
 #![allow(clippy::missing_safety_doc)] // the safety contract of each function is libibverbs' C one
 
 use std::collections::{HashMap, VecDeque};
@@ -45,6 +47,128 @@ pub struct QpPriv {
     pub cap: IbvQpCap,
     /// `sq_sig_all` as created.
     pub sq_sig_all: i32,
+    /// Made by `ibv_create_qp` (no id owns it; `token` is its own): the application moves
+    /// it with `ibv_modify_qp`.
+    pub verbs: bool,
+}
+
+/// `IBV_QPT_RC`.
+const IBV_QPT_RC: u32 = 2;
+
+/// `ibv_create_qp`: an RC or UD QP no id owns, in RESET, on `pd`'s device, reporting into CQs of
+/// this library. Its number (`qp_num`) is what the peer's `ibv_modify_qp` to RTR names.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    if pd.is_null() || attr.is_null() {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: attr is the caller's struct ibv_qp_init_attr; its CQs are NULL or this
+    // library's; pd came from ibv_alloc_pd.
+    let (a, context, send_cq, recv_cq) = unsafe {
+        let a = *attr;
+        (a, (*pd).context, cq_token(a.send_cq), cq_token(a.recv_cq))
+    };
+    if !a.srq.is_null() {
+        unsupported("ibv_create_qp with a shared receive queue");
+        return ptr::null_mut();
+    }
+    if a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UD {
+        crate::ffi::refuse(
+            "ibv_create_qp of a QP type other than IBV_QPT_RC and IBV_QPT_UD",
+            libc::EOPNOTSUPP,
+        );
+        return ptr::null_mut();
+    }
+    let mut caps = cm_core::QpCaps::new();
+    caps.max_send_wr = a.cap.max_send_wr;
+    caps.max_recv_wr = a.cap.max_recv_wr;
+    caps.max_send_sge = a.cap.max_send_sge;
+    caps.max_recv_sge = a.cap.max_recv_sge;
+    caps.max_inline_data = a.cap.max_inline_data;
+    let create = Request::VerbsCreateQp {
+        caps,
+        send_cq,
+        recv_cq,
+        sq_sig_all: a.sq_sig_all != 0,
+        qp_type: a.qp_type,
+    };
+    let buf = match rpc(&create) {
+        Ok(b) => b,
+        Err(errno) => {
+            fail(errno);
+            return ptr::null_mut();
+        }
+    };
+    let mut d = Dec::new(&buf);
+    let Ok((got, qp_num)) = d.caps().and_then(|caps| Ok((caps, d.u32()?))) else {
+        fail(libc::EPROTO);
+        return ptr::null_mut();
+    };
+    let cap = IbvQpCap {
+        max_send_wr: got.max_send_wr,
+        max_recv_wr: got.max_recv_wr,
+        max_send_sge: got.max_send_sge,
+        max_recv_sge: got.max_recv_sge,
+        max_inline_data: got.max_inline_data,
+    };
+    // SAFETY: as above: the caps are written back, as libibverbs does.
+    unsafe { (*attr).cap = cap };
+    let token = u64::from(qp_num);
+    lock(&registry().0).recvs.insert(token, Default::default());
+    let qp = Box::new(QpPriv {
+        public: IbvQp {
+            context,
+            qp_context: a.qp_context,
+            pd: pd as *mut c_void,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: ptr::null_mut(),
+            handle: qp_num,
+            qp_num,
+            state: 0,
+            qp_type: a.qp_type,
+            sync: [0; 11],
+            events_completed: 0,
+        },
+        token,
+        cap,
+        sq_sig_all: a.sq_sig_all,
+        verbs: true,
+    });
+    Box::into_raw(qp) as *mut IbvQp
+}
+
+/// `ibv_modify_qp` of a QP `ibv_create_qp` made, by the kernel's rules for each transition.
+/// A QP `rdma_create_qp` made is librdmacm's to move: refused (`ENOSYS`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: qp came from this library, so is QpPriv; attr is the caller's.
+    let (q, a) = unsafe { (&mut *(qp as *mut QpPriv), *attr) };
+    if !q.verbs {
+        crate::ffi::refuse("ibv_modify_qp on a QP rdma_create_qp made", libc::ENOSYS);
+        return libc::ENOSYS;
+    }
+    let Some(v) = a.to_verbs() else {
+        return libc::EINVAL;
+    };
+    let modify = Request::ModifyQp {
+        qp: q.token,
+        mask: attr_mask as u32,
+        attr: v,
+    };
+    match rpc(&modify) {
+        Ok(_) => {
+            if attr_mask as u32 & cm_core::QpAttrMask::STATE.bits() != 0 {
+                q.public.state = a.qp_state;
+            }
+            0
+        }
+        Err(errno) => errno,
+    }
 }
 
 /// The library's part of a completion channel.
@@ -350,8 +474,17 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: qp came from rdma_create_qp.
-    let token = unsafe { qp_token(qp) };
+    // SAFETY: qp came from rdma_create_qp or ibv_create_qp, so is QpPriv.
+    let (token, verbs) = unsafe { (qp_token(qp), (*(qp as *mut QpPriv)).verbs) };
+    if verbs {
+        if let Err(errno) = rpc(&Request::VerbsDestroyQp { qp: token }) {
+            return errno;
+        }
+        lock(&registry().0).recvs.remove(&token);
+        // SAFETY: qp is this library's QpPriv, given back once.
+        drop(unsafe { Box::from_raw(qp as *mut QpPriv) });
+        return 0;
+    }
     if let Err(errno) = crate::ffi::call(Invocation::DestroyQp { id: token }) {
         return errno;
     }
@@ -385,12 +518,21 @@ unsafe extern "C" fn post_recv(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad_wr: *mut 
                 wr_id: w.wr_id,
                 sges: list,
             });
-        let post = Invocation::PostRecv {
-            id: token,
-            wr_id: w.wr_id,
-            len,
+        // SAFETY: qp is this library's QpPriv.
+        let result = if unsafe { (*(qp as *mut QpPriv)).verbs } {
+            rpc(&Request::QpPostRecv {
+                qp: token,
+                wr_id: w.wr_id,
+                len,
+            })
+        } else {
+            crate::ffi::call(Invocation::PostRecv {
+                id: token,
+                wr_id: w.wr_id,
+                len,
+            })
         };
-        if let Err(errno) = crate::ffi::call(post) {
+        if let Err(errno) = result {
             if let Some(q) = lock(&registry().0).recvs.get_mut(&token) {
                 if let Some(pos) = q.iter().rposition(|r| r.wr_id == w.wr_id) {
                     q.remove(pos);
@@ -429,16 +571,20 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
     if token == 0 || num_entries < 0 || (num_entries > 0 && wc.is_null()) {
         return -libc::EINVAL;
     }
-    let buf = match rpc(&Request::PollCq {
-        cq: token,
-        max: num_entries as u32,
-    }) {
-        Ok(b) => b,
-        Err(errno) => return -errno,
-    };
-    let mut d = Dec::new(&buf);
-    let Ok(n) = d.u32() else { return -libc::EPROTO };
-    if n == 0 {
+    let mut filled = 0usize;
+    loop {
+        // SAFETY: wc has room for num_entries entries, filled of them written.
+        let got = unsafe { poll_some(token, num_entries as usize - filled, wc.add(filled)) };
+        let (n, more) = match got {
+            Ok(r) => r,
+            Err(errno) => return -errno,
+        };
+        filled += n;
+        if !more || filled >= num_entries as usize {
+            break;
+        }
+    }
+    if filled == 0 {
         let empties = EMPTY_POLLS.with(|c| {
             c.set(c.get().saturating_add(1));
             c.get()
@@ -449,8 +595,23 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
         return 0;
     }
     EMPTY_POLLS.with(|c| c.set(0));
-    for i in 0..n as usize {
-        let Ok(w) = d.wc() else { return -libc::EPROTO };
+    filled as c_int
+}
+
+/// One `PollCq` of at most `max` completions into `wc`: how many came, and whether more wait
+/// (one reply could not hold them all).
+unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bool), c_int> {
+    let buf = rpc(&Request::PollCq {
+        cq: token,
+        max: max as u32,
+    })?;
+    let mut d = Dec::new(&buf);
+    let n = d.u32().map_err(|_| libc::EPROTO)? as usize;
+    if n > max {
+        return Err(libc::EPROTO);
+    }
+    for i in 0..n {
+        let w = d.wc().map_err(|_| libc::EPROTO)?;
         let mut status = w.status;
         if w.opcode == IBV_WC_RECV {
             let posted = lock(&registry().0)
@@ -466,7 +627,7 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
                 }
             }
         }
-        // SAFETY: wc has room for num_entries entries and n <= num_entries.
+        // SAFETY: wc has room for max entries and i < n <= max.
         unsafe {
             *wc.add(i) = IbvWc {
                 wr_id: w.wr_id,
@@ -481,7 +642,8 @@ unsafe extern "C" fn poll_cq(cq: *mut IbvCq, num_entries: c_int, wc: *mut IbvWc)
             };
         }
     }
-    n as c_int
+    let more = d.u8().map_err(|_| libc::EPROTO)? == 1;
+    Ok((n, more))
 }
 
 unsafe fn scatter(sges: &[(u64, u32)], mut data: &[u8]) {
@@ -670,11 +832,28 @@ pub unsafe extern "C" fn ibv_query_qp(
     if qp.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: qp came from rdma_create_qp; attr is NULL or the caller's ibv_qp_attr (state at
-    // offset 0, cap at offset 36); init_attr is NULL or the caller's.
-    unsafe {
-        let q = &*(qp as *mut QpPriv);
+    // SAFETY: qp came from this library, so is QpPriv.
+    let q = unsafe { &mut *(qp as *mut QpPriv) };
+    if q.verbs {
+        let buf = match rpc(&Request::QueryQp { qp: q.token }) {
+            Ok(b) => b,
+            Err(errno) => return errno,
+        };
+        let mut d = Dec::new(&buf);
+        let (Ok(_set), Ok(Some(a))) = (d.u32(), d.verbs_attr()) else {
+            return libc::EPROTO;
+        };
+        // The data path may have moved the QP to ERR.
+        q.public.state = a.qp_state.raw();
         if !attr.is_null() {
+            // SAFETY: attr is the caller's struct ibv_qp_attr.
+            unsafe { ptr::write_unaligned(attr as *mut IbvQpAttr, IbvQpAttr::from_verbs(&a, q.cap)) };
+        }
+    }
+    // SAFETY: qp came from rdma_create_qp or ibv_create_qp; attr is NULL or the caller's
+    // ibv_qp_attr (state at offset 0, cap at offset 36); init_attr is NULL or the caller's.
+    unsafe {
+        if !attr.is_null() && !q.verbs {
             ptr::write_unaligned(attr as *mut u32, q.public.state);
             // qkey at offset 16: the UDP port space's.
             ptr::write_unaligned(attr.add(16) as *mut u32, crate::ffi::RDMA_UDP_QKEY);
@@ -1006,38 +1185,6 @@ pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
 #[no_mangle]
 pub extern "C" fn ibv_register_driver(_name: *const c_char, _init_func: *mut c_void) {}
 
-/// `struct ibv_qp_attr`.
-#[repr(C)]
-#[allow(dead_code)] // as IbvGlobalRoute
-struct IbvQpAttr {
-    qp_state: u32,
-    cur_qp_state: u32,
-    path_mtu: u32,
-    path_mig_state: u32,
-    qkey: u32,
-    rq_psn: u32,
-    sq_psn: u32,
-    dest_qp_num: u32,
-    qp_access_flags: u32,
-    cap: IbvQpCap,
-    ah_attr: IbvAhAttr,
-    alt_ah_attr: IbvAhAttr,
-    pkey_index: u16,
-    alt_pkey_index: u16,
-    en_sqd_async_notify: u8,
-    sq_draining: u8,
-    max_rd_atomic: u8,
-    max_dest_rd_atomic: u8,
-    min_rnr_timer: u8,
-    port_num: u8,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    alt_port_num: u8,
-    alt_timeout: u8,
-    rate_limit: u32,
-}
-
 /// `struct ib_uverbs_global_route` (`rdma/ib_user_verbs.h`).
 #[repr(C)]
 #[allow(dead_code)] // as IbvGlobalRoute
@@ -1157,11 +1304,6 @@ const _: () = {
     assert!(size_of::<IbvAhAttr>() == 32);
     assert!(offset_of!(IbvAhAttr, dlid) == 24);
     assert!(offset_of!(IbvAhAttr, port_num) == 30);
-    assert!(size_of::<IbvQpAttr>() == 144);
-    assert!(offset_of!(IbvQpAttr, ah_attr) == 56);
-    assert!(offset_of!(IbvQpAttr, alt_ah_attr) == 88);
-    assert!(offset_of!(IbvQpAttr, pkey_index) == 120);
-    assert!(offset_of!(IbvQpAttr, rate_limit) == 136);
     assert!(size_of::<UverbsAhAttr>() == 32);
     assert!(size_of::<UverbsQpAttr>() == 144);
     assert!(offset_of!(UverbsQpAttr, ah_attr) == 40);

@@ -1035,7 +1035,6 @@ fn refused_calls_answer_the_error_of_their_c_return_type_and_name_themselves_on_
         "rwritev",
         "riomap",
         "riowrite",
-        "ibv_modify_qp",
         "ibv_attach_mcast",
         "ibv_resize_cq",
         "ibv_query_srq",
@@ -1043,7 +1042,6 @@ fn refused_calls_answer_the_error_of_their_c_return_type_and_name_themselves_on_
     let enosys_after = [
         "ibv_resolve_eth_l2_from_gid",
         "ibv_rereg_mr",
-        "ibv_create_qp",
         "ibv_create_srq",
         "ibv_import_pd",
         "ibv_get_sysfs_path",

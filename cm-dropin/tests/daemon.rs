@@ -1270,3 +1270,71 @@ fn a_hello_sent_the_moment_its_connection_is_accepted_is_served() {
     assert_eq!(refused, 0, "{refused} of {HELLOS} hellos refused: {said:?}");
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
 }
+
+#[test]
+fn a_verbs_qp_is_its_processes_alone_and_every_request_on_it_from_another_is_refused() {
+    use cm_core::{QpCaps, VerbsQpAttr, VerbsQpState};
+    use cm_dropin::request::Request;
+    let (daemon, path) = one_host("verbs-qp-owner", "120");
+    let mine = attach(&path, "10.0.0.1");
+    let theirs = attach(&path, "10.0.0.1");
+    let cq = token_of(&mine, &Request::CreateCq { cqe: 8, channel: 0 }.encode());
+    let their_cq = token_of(&theirs, &Request::CreateCq { cqe: 8, channel: 0 }.encode());
+    let create = |cq| Request::VerbsCreateQp {
+        caps: QpCaps::new(),
+        send_cq: cq,
+        recv_cq: cq,
+        sq_sig_all: true,
+        qp_type: 2,
+    };
+    // Another process's CQ is no CQ of the caller's.
+    assert_eq!(ask(&mine, &create(their_cq).encode()).0, libc::EINVAL);
+    let (status, rest) = ask(&mine, &create(cq).encode());
+    assert_eq!(status, 0);
+    let qp = u64::from(u32::from_le_bytes(rest[20..24].try_into().expect("qp_num")));
+    let init = VerbsQpAttr {
+        qp_state: VerbsQpState::Init,
+        port_num: 1,
+        ..VerbsQpAttr::default()
+    };
+    let modify = Request::ModifyQp {
+        qp,
+        mask: 0x39,
+        attr: init,
+    };
+    let requests = [
+        modify.clone(),
+        Request::QueryQp { qp },
+        Request::QpPostRecv { qp, wr_id: 1, len: 8 },
+        Request::PostSend {
+            id: qp,
+            wr_id: 2,
+            signaled: true,
+            data: vec![1],
+        },
+        Request::VerbsDestroyQp { qp },
+    ];
+    for req in &requests {
+        assert_eq!(
+            ask(&theirs, &req.encode()).0,
+            libc::EINVAL,
+            "{req:?} from another process"
+        );
+    }
+    // The owner's are served, and the QP is gone once destroyed.
+    assert_eq!(ask(&mine, &modify.encode()).0, 0);
+    let (status, rest) = ask(&mine, &Request::QueryQp { qp }.encode());
+    assert_eq!(status, 0);
+    assert_eq!(
+        u32::from_le_bytes(rest[4..8].try_into().expect("state")),
+        1,
+        "INIT"
+    );
+    // A CQ a QP reports into is busy.
+    assert_eq!(ask(&mine, &Request::DestroyCq { cq }.encode()).0, libc::EBUSY);
+    assert_eq!(ask(&mine, &Request::VerbsDestroyQp { qp }.encode()).0, 0);
+    assert_eq!(ask(&mine, &Request::QueryQp { qp }.encode()).0, libc::EINVAL);
+    assert_eq!(ask(&mine, &Request::DestroyCq { cq }.encode()).0, 0);
+    drop((mine, theirs));
+    let _ = stop(daemon, libc::SIGTERM);
+}

@@ -658,6 +658,8 @@ enum Kind {
     Cq,
     Event,
     Key,
+    /// A verbs QP (`ibv_create_qp`).
+    Qp,
 }
 
 struct Ctx {
@@ -1466,7 +1468,8 @@ impl Gen<'_> {
                 e.u32(max);
             }
             Op::PostSend => {
-                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
+                e.u64(self.handle(c, kind, &mut refuse));
                 e.u64(self.rng.next_u64()).u8(self.rng.next_u32() as u8);
                 let n = if self.chance(10) {
                     MAX_MESSAGE as usize + self.below(2) as usize
@@ -1544,12 +1547,14 @@ impl Gen<'_> {
                 }
             }
             Op::PostSendUd => {
-                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
+                e.u64(self.handle(c, kind, &mut refuse));
                 e.u64(self.rng.next_u64()).u8(self.rng.next_u32() as u8);
                 let mut ignored = false;
-                let qpn = match self.below(4) {
+                let qpn = match self.below(5) {
                     0 => cm_dropin::proto::MCAST_QPN,
                     1 => self.handle(c, Kind::Id, &mut ignored) as u32,
+                    4 => self.handle(c, Kind::Qp, &mut ignored) as u32,
                     2 => self.below(1 << 24) as u32,
                     _ => self.rng.next_u32(),
                 };
@@ -1573,6 +1578,79 @@ impl Gen<'_> {
                     .u8(self.rng.next_u32() as u8)
                     .u32(self.rng.next_u32());
                 self.blob(&mut e, room);
+            }
+            Op::VerbsCreateQp => {
+                for _ in 0..5 {
+                    let v = if self.chance(50) {
+                        self.pick(&[1, 4, 16])
+                    } else {
+                        self.u32_edge()
+                    };
+                    e.u32(v);
+                }
+                for _ in 0..2 {
+                    let cq = if self.chance(10) {
+                        0
+                    } else {
+                        self.handle(c, Kind::Cq, &mut refuse)
+                    };
+                    e.u64(cq);
+                }
+                e.u8(self.rng.next_u32() as u8);
+                let wild = self.rng.next_u32();
+                let t = self.pick(&[2, 2, 2, 4, 3, wild]);
+                e.u32(t);
+            }
+            Op::ModifyQp => {
+                e.u64(self.handle(c, Kind::Qp, &mut refuse));
+                let wild = self.rng.next_u32();
+                let mask = self.pick(&[1, 0x39, 0x1f_ffff, 0x12_1381, 0x3_2e01, wild]);
+                e.u32(mask);
+                for _ in 0..2 {
+                    let wild = self.rng.next_u32();
+                    let s = self.pick(&[0, 1, 2, 3, 4, 5, 6, 7, wild]);
+                    e.u32(s);
+                }
+                e.u8(self.rng.next_u32() as u8);
+                for _ in 0..6 {
+                    e.u32(self.u32_edge());
+                }
+                let mut ignored = false;
+                let qpn = self.handle(c, Kind::Qp, &mut ignored);
+                e.u32(qpn as u32);
+                for _ in 0..2 {
+                    let mut ah = cm_core::AhAttr::for_ip(self.ip());
+                    if self.chance(30) {
+                        ah.sgid_index = self.rng.next_u32() as u8;
+                        ah.is_global = self.chance(50);
+                        ah.port_num = self.rng.next_u32() as u8;
+                    }
+                    e.ah_attr(&ah);
+                }
+                e.u16(self.rng.next_u32() as u16).u16(self.rng.next_u32() as u16);
+                for _ in 0..11 {
+                    let v = self.pick(&[0, 1, 7, 14, 31, 32, 128, 255]);
+                    e.u8(v as u8);
+                }
+                e.u32(self.u32_edge());
+            }
+            Op::QueryQp | Op::VerbsDestroyQp => {
+                e.u64(self.handle(c, Kind::Qp, &mut refuse));
+            }
+            Op::QpPostRecv => {
+                e.u64(self.handle(c, Kind::Qp, &mut refuse));
+                e.u64(self.rng.next_u64());
+                let len = self.pick(&[0, 1, 4096, MAX_MESSAGE, MAX_MESSAGE + 1, u32::MAX]);
+                e.u32(len);
+            }
+            Op::InitQpAttr => {
+                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                let wild = self.rng.next_u32();
+                let s = self.pick(&[1, 2, 3, 0, 4, 6, 7, wild]);
+                e.u32(s);
+            }
+            Op::Establish => {
+                e.u64(self.handle(c, Kind::Id, &mut refuse));
             }
             Op::JoinMcast | Op::LeaveMcast => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
@@ -1880,6 +1958,17 @@ fn send_request(ctx: &Ctx, c: &mut Client, req: &Req, st: &mut Stats) -> Result<
                 d.u32().map_err(bad)?;
             }
         }
+        Op::VerbsCreateQp => {
+            for _ in 0..5 {
+                d.u32().map_err(bad)?;
+            }
+            c.add(ctx, Kind::Qp, d.u32().map_err(bad)?.into());
+        }
+        Op::QueryQp | Op::InitQpAttr => {
+            d.u32().map_err(bad)?;
+            d.verbs_attr().map_err(bad)?;
+        }
+        Op::VerbsDestroyQp => c.m.gone(Kind::Qp, named()),
         Op::PollCq => {
             for _ in 0..d.u32().map_err(bad)? {
                 d.wc().map_err(bad)?;
@@ -1982,7 +2071,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 36] = [
+const ALL_OPS: [(Op, u64); 43] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2019,6 +2108,13 @@ const ALL_OPS: [(Op, u64); 36] = [
     (Op::JoinMcast, 2),
     (Op::LeaveMcast, 2),
     (Op::FabricHosts, 1),
+    (Op::VerbsCreateQp, 3),
+    (Op::ModifyQp, 3),
+    (Op::QueryQp, 1),
+    (Op::VerbsDestroyQp, 1),
+    (Op::QpPostRecv, 2),
+    (Op::InitQpAttr, 2),
+    (Op::Establish, 1),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use cm_core::{
     Access, AsyncEvent, ChannelHandle, CmBackend, CmEvent, ConnParam, IdHandle, IdMachine, IdOption,
-    LiveResources, MrHandle, MrInfo, PortSpace, QpAttr, QpCaps, QpState, Result, SendWr, SrqCaps, SrqHandle,
-    UdParam, WorkCompletion,
+    LiveResources, MrHandle, MrInfo, PortSpace, QpAttr, QpAttrMask, QpCaps, QpHandle, QpState, QpType,
+    Result, SendWr, SrqCaps, SrqHandle, UdParam, VerbsQp, VerbsQpAttr, WorkCompletion,
 };
 
 use crate::fabric::{RegionMemory, SimFabric};
@@ -106,6 +106,201 @@ impl SimHost {
             .inner()
             .borrow_mut()
             .reg_mr_with(self.host, id, memory, access)
+    }
+}
+
+/// Verbs QPs that no id owns: `ibv_create_qp`, `ibv_modify_qp`, `ibv_query_qp`,
+/// `ibv_destroy_qp` and the data path on them, for programs that connect their QPs themselves
+/// (exchanging QP numbers, PSNs and GIDs out of band, as `ibv_rc_pingpong` does) or through
+/// librdmacm with an external QP (`rdma_init_qp_attr`, `rdma_establish`).
+///
+/// The QP starts in RESET; [`verbs_modify_qp`](Self::verbs_modify_qp) moves it by the kernel's
+/// rules ([`VerbsQp::modify`]). Its RTR names its peer: `dest_qp_num` and an address vector
+/// whose `dgid` is the peer host's RoCE GID (its IPv4 address mapped into IPv6, source GID
+/// index 1). Data flows once both are in RTS and name each other; a send to a QP number nobody
+/// has, or to a QP in neither RTR nor RTS, is lost and completes with `RETRY_EXC_ERR` once the
+/// transport's retries (`retry_cnt`, each `timeout` long) run out, the QP going to ERR. Sends,
+/// receives, completions, the flush on ERR, one-sided requests and the trace are those of an
+/// id's QP. A UD QP sends datagrams ([`verbs_post_send_to`](Self::verbs_post_send_to)) once in
+/// RTS and takes those carrying its Q_Key from RTR on.
+///
+/// ```
+/// use std::time::Duration;
+/// use cm_core::{AddressVector, GlobalRoute, QpAttrMask as M, QpCaps, QpType, VerbsQpAttr, VerbsQpState};
+/// use cm_sim::SimFabric;
+///
+/// let fabric = SimFabric::builder().seed(1).host("10.0.0.1").host("10.0.0.2").build();
+/// let (mut a, mut b) = (fabric.host(0), fabric.host(1));
+/// let (qa, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new())?;
+/// let (qb, _) = b.verbs_create_qp(QpType::Rc, QpCaps::new())?;
+/// let gid = |ip: &str| ip.parse::<std::net::Ipv4Addr>().unwrap().to_ipv6_mapped().octets();
+/// let (na, nb) = (a.verbs_qp_num(qa)?, b.verbs_qp_num(qb)?);
+/// for (host, qp, peer_qp, peer_ip) in [(&mut a, qa, nb, "10.0.0.2"), (&mut b, qb, na, "10.0.0.1")] {
+///     let init = VerbsQpAttr { qp_state: VerbsQpState::Init, port_num: 1, ..VerbsQpAttr::default() };
+///     host.verbs_modify_qp(qp, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+///     let rtr = VerbsQpAttr {
+///         qp_state: VerbsQpState::Rtr,
+///         path_mtu: 3,
+///         dest_qp_num: peer_qp,
+///         ah_attr: AddressVector {
+///             grh: Some(GlobalRoute { dgid: gid(peer_ip), sgid_index: 1, hop_limit: 1, ..GlobalRoute::default() }),
+///             port_num: 1,
+///             ..AddressVector::default()
+///         },
+///         ..VerbsQpAttr::default()
+///     };
+///     let mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+///     host.verbs_modify_qp(qp, &rtr, mask)?;
+///     let rts = VerbsQpAttr { qp_state: VerbsQpState::Rts, timeout: 14, retry_cnt: 7, rnr_retry: 7, ..VerbsQpAttr::default() };
+///     let mask = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC;
+///     host.verbs_modify_qp(qp, &rts, mask)?;
+/// }
+/// b.verbs_post_recv(qb, 1, 64)?;
+/// a.verbs_post_send(qa, 2, b"ping")?;
+/// let mut wcs = Vec::new();
+/// b.verbs_poll_cq(qb, &mut wcs, 1, Duration::from_secs(1))?;
+/// assert_eq!(wcs[0].data, b"ping");
+/// # Ok::<(), cm_core::CmError>(())
+/// ```
+impl SimHost {
+    /// `ibv_create_qp` of `ty` with `caps` on the host's device: the QP (in RESET) and the
+    /// capabilities granted.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`](cm_core::CmError::NoDevice) while the device is removed,
+    /// [`CmError::InvalidArgument`](cm_core::CmError::InvalidArgument) for capabilities above
+    /// the device's.
+    pub fn verbs_create_qp(&mut self, ty: QpType, caps: QpCaps) -> Result<(QpHandle, QpCaps)> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_create_qp(self.host, ty, caps)
+    }
+
+    /// The QP's number (`ibv_qp.qp_num`), what a peer's RTR names as `dest_qp_num`.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for a QP this host does not
+    /// have.
+    pub fn verbs_qp_num(&self, qp: QpHandle) -> Result<u32> {
+        self.fabric.inner().borrow().verbs_qp_num(self.host, qp)
+    }
+
+    /// `ibv_modify_qp(qp, attr, mask)`.
+    ///
+    /// # Errors
+    /// What [`VerbsQp::modify`] refuses (`EINVAL`, `EOPNOTSUPP`);
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for a QP this host does not
+    /// have.
+    pub fn verbs_modify_qp(&mut self, qp: QpHandle, attr: &VerbsQpAttr, mask: QpAttrMask) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_modify_qp(self.host, qp, attr, mask)
+    }
+
+    /// `ibv_query_qp`: the QP's machine (its state, which follows the data path to ERR, and the
+    /// attributes set).
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for a QP this host does not
+    /// have.
+    pub fn verbs_query_qp(&self, qp: QpHandle) -> Result<VerbsQp> {
+        self.fabric.inner().borrow().verbs_query_qp(self.host, qp)
+    }
+
+    /// [`reg_mr_with`](Self::reg_mr_with) on the host's device without an id: the region a
+    /// verbs QP's work requests (and its peer's one-sided ones) name.
+    ///
+    /// # Errors
+    /// As `reg_mr_with`'s, [`CmError::NoDevice`](cm_core::CmError::NoDevice) while the device
+    /// is removed.
+    pub fn device_reg_mr_with(&mut self, memory: Box<dyn RegionMemory>, access: Access) -> Result<MrHandle> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .device_reg_mr_with(self.host, memory, access)
+    }
+
+    /// `ibv_destroy_qp`: the QP and its unpolled completions go.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for a QP this host does not
+    /// have.
+    pub fn verbs_destroy_qp(&mut self, qp: QpHandle) -> Result<()> {
+        self.fabric.inner().borrow_mut().verbs_destroy_qp(self.host, qp)
+    }
+
+    /// [`post_send`](CmBackend::post_send) on a verbs QP.
+    ///
+    /// # Errors
+    /// As `post_send`'s.
+    pub fn verbs_post_send(&mut self, qp: QpHandle, wr_id: u64, data: &[u8]) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_post_send(self.host, qp, wr_id, data)
+    }
+
+    /// [`post_send_to`](CmBackend::post_send_to) on a UD verbs QP, with an immediate if `imm`
+    /// names one: `dest.qkey` must be the receiving QP's Q_Key, else the datagram is dropped
+    /// there.
+    ///
+    /// # Errors
+    /// As `post_send_to`'s.
+    pub fn verbs_post_send_to(
+        &mut self,
+        qp: QpHandle,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_post_send_to(self.host, qp, wr_id, dest, data, imm)
+    }
+
+    /// [`post_send_wr`](CmBackend::post_send_wr) on a verbs QP: work requests over regions
+    /// (SEND and WRITE with immediate, RDMA READ and WRITE, atomics).
+    ///
+    /// # Errors
+    /// As `post_send_wr`'s.
+    pub fn verbs_post_send_wr(&mut self, qp: QpHandle, wr: &SendWr<'_>) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_post_send_wr(self.host, qp, wr)
+    }
+
+    /// [`post_recv`](CmBackend::post_recv) on a verbs QP.
+    ///
+    /// # Errors
+    /// As `post_recv`'s.
+    pub fn verbs_post_recv(&mut self, qp: QpHandle, wr_id: u64, len: u32) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_post_recv(self.host, qp, wr_id, len)
+    }
+
+    /// [`poll_cq`](CmBackend::poll_cq) on a verbs QP: its completions, waiting up to `timeout`
+    /// of virtual time for the first.
+    ///
+    /// # Errors
+    /// As `poll_cq`'s.
+    pub fn verbs_poll_cq(
+        &mut self,
+        qp: QpHandle,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+        timeout: Duration,
+    ) -> Result<usize> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_poll_cq(self.host, qp, out, max, timeout)
     }
 }
 

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use cm_core::{
-    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpCaps, RemoteAddr,
-    SendOp, SendWr, Sge, WcOpcode, WcStatus, GRH_LEN,
+    Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpAttr, QpAttrMask,
+    QpCaps, QpHandle, QpType, RemoteAddr, SendOp, SendWr, Sge, VerbsQpAttr, WcOpcode, WcStatus,
+    WorkCompletion, GRH_LEN,
 };
 use cm_core::{Invocation, Outcome};
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
@@ -237,6 +238,8 @@ struct Proc {
     host: SimHost,
     name: String,
     ids: HashSet<u64>,
+    /// Its verbs QPs (`ibv_create_qp`).
+    qps: HashSet<u64>,
     channels: HashSet<u64>,
     /// The daemon's ends of destroyed channels, kept until the program's end closes: a
     /// thread still blocked reading a destroyed channel keeps blocking, as on librdmacm,
@@ -264,6 +267,27 @@ struct IdEntry {
     /// A UD QP: its receives hold the GRH before the payload.
     ud: bool,
 }
+
+/// A verbs QP no id owns (`ibv_create_qp`), named by its token, which is also the number the
+/// process sees (`ibv_qp.qp_num`) and gives its peer.
+struct VerbsQpEntry {
+    proc: u64,
+    handle: QpHandle,
+    /// The simulator's number of the QP, which a peer's RTR names it by there.
+    sim_qpn: u32,
+    send_cq: u64,
+    recv_cq: u64,
+    sq_sig_all: bool,
+    /// As [`IdEntry::sends`].
+    sends: VecDeque<(bool, u32)>,
+    /// The QP number its RTR names, as the process gave it (what `ibv_query_qp` reports).
+    dest: u32,
+    /// A UD QP: its receives hold the GRH before the payload.
+    ud: bool,
+}
+
+/// Verbs QPs one process may have at once: each holds the daemon's and the simulator's memory.
+const MAX_VERBS_QPS: usize = 4096;
 
 /// A completion queue: the QPs that report into it and the completions not polled yet.
 struct CqEntry {
@@ -367,6 +391,10 @@ struct Daemon {
     fresh: Vec<(SeqConn, Instant)>,
     procs: HashMap<u64, Proc>,
     ids: HashMap<u64, IdEntry>,
+    /// Verbs QPs, by token (drawn with ids' tokens: one namespace of QP numbers).
+    vqps: HashMap<u64, VerbsQpEntry>,
+    /// The simulator's numbers of verbs QPs → their tokens, for the senders of datagrams.
+    vqp_by_sim: HashMap<u32, u64>,
     id_tokens: HashMap<(usize, IdHandle), u64>,
     channels: HashMap<u64, ChanEntry>,
     cqs: HashMap<u64, CqEntry>,
@@ -424,6 +452,87 @@ fn errno_of(e: &CmError) -> i32 {
     e.errno()
 }
 
+/// What `rdma_init_qp_attr` answers, as `struct ibv_qp_attr` holds it.
+fn verbs_attr_of(a: &QpAttr) -> VerbsQpAttr {
+    let state = a
+        .qp_state
+        .map(cm_dropin::request::verbs_state_of)
+        .unwrap_or_default();
+    VerbsQpAttr {
+        qp_state: state,
+        cur_qp_state: state,
+        pkey_index: a.pkey_index,
+        port_num: a.port_num,
+        qp_access_flags: a.qp_access_flags,
+        path_mtu: a.path_mtu,
+        dest_qp_num: a.dest_qp_num,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        qkey: a.qkey,
+        ah_attr: a.ah_attr,
+        ..VerbsQpAttr::default()
+    }
+}
+
+/// Puts the 40 bytes rxe puts ahead of a UD payload in front of a received datagram's bytes
+/// (the sender at `from`, this QP at `local`), and names the sending QP.
+fn with_grh(wire: &mut WireWc, from: Option<IpAddr>, local: Option<IpAddr>, src_qp: u32) {
+    // The simulator does not say which group a group's datagram came by: the header names the
+    // receiving QP's address.
+    let mut data = match from {
+        Some(addr) => cm_core::grh(addr, local, wire.data.len()).to_vec(),
+        None => vec![0; GRH_LEN],
+    };
+    data.extend_from_slice(&wire.data);
+    wire.data = data;
+    wire.byte_len = wire.data.len() as u32;
+    wire.src_qp = src_qp;
+    wire.wc_flags |= IBV_WC_GRH;
+}
+
+/// A completion of QP `t` as the process sees it, and the CQ it goes to (`cqs`: the
+/// QP's send and receive CQs): a send's length from `sends` (what was posted, in order), a
+/// successful unsignaled send dropped (`None`).
+fn wire_wc(
+    t: u64,
+    wc: WorkCompletion,
+    sends: &mut VecDeque<(bool, u32)>,
+    cqs: (u64, u64),
+) -> Option<(u64, WireWc)> {
+    let mut byte_len = wc.byte_len;
+    if wc.opcode == WcOpcode::Send {
+        let (visible, len) = sends.pop_front().unwrap_or((true, 0));
+        if !visible && wc.status == WcStatus::Success {
+            return None;
+        }
+        if wc.status == WcStatus::Success {
+            byte_len = len;
+        }
+    }
+    let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    let target = if requester { cqs.0 } else { cqs.1 };
+    Some((
+        target,
+        WireWc {
+            wr_id: wc.wr_id,
+            id: t,
+            status: wc.status as u32,
+            opcode: wc.opcode as u32,
+            byte_len,
+            imm_data: wc.imm_data.unwrap_or(0),
+            wc_flags: if wc.imm_data.is_some() { IBV_WC_WITH_IMM } else { 0 },
+            data: wc.data,
+            ..WireWc::default()
+        },
+    ))
+}
+
 impl Daemon {
     /// An id's token, which is also its QP's number (`qp_num`, 24 bits on the wire): counted.
     /// Ids are checked against their owner on every use, so knowing another's number is not
@@ -432,7 +541,10 @@ impl Daemon {
         // Past 2^24 ids the count comes round: 0 and ids still alive are skipped.
         loop {
             self.next_id = (self.next_id + 1) & 0x00FF_FFFF;
-            if self.next_id != 0 && !self.ids.contains_key(&self.next_id) {
+            if self.next_id != 0
+                && !self.ids.contains_key(&self.next_id)
+                && !self.vqps.contains_key(&self.next_id)
+            {
                 return self.next_id;
             }
         }
@@ -468,6 +580,14 @@ impl Daemon {
         }
     }
 
+    /// The caller's verbs QP `t`.
+    fn vqp_of(&self, proc: u64, t: u64) -> Result<(QpHandle, SimHost), i32> {
+        match self.vqps.get(&t) {
+            Some(e) if e.proc == proc => Ok((e.handle, self.procs[&proc].host.clone())),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
     fn handle_request(&mut self, proc: u64, msg: &[u8]) -> Vec<u8> {
         let mut reply = Enc::default();
         reply.i32(0);
@@ -497,7 +617,69 @@ impl Daemon {
                 wr_id,
                 signaled,
                 data,
+            } if self.vqps.contains_key(&id) => self.verbs_post_send(proc, id, wr_id, signaled, &data),
+            Request::PostSend {
+                id,
+                wr_id,
+                signaled,
+                data,
             } => self.post_send(proc, id, wr_id, signaled, &data),
+            Request::VerbsCreateQp {
+                caps,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                qp_type,
+            } => self.verbs_create_qp(proc, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+            Request::ModifyQp { qp, mask, attr } => self.verbs_modify_qp(proc, qp, mask, attr),
+            Request::QueryQp { qp } => {
+                let (handle, host) = self.vqp_of(proc, qp)?;
+                let m = host.verbs_query_qp(handle).map_err(|e| errno_of(&e))?;
+                let mut attr = m.attr();
+                attr.dest_qp_num = self.vqps[&qp].dest;
+                reply.u32(m.attr_mask().bits()).verbs_attr(&attr);
+                Ok(())
+            }
+            Request::VerbsDestroyQp { qp } => {
+                let (handle, mut host) = self.vqp_of(proc, qp)?;
+                host.verbs_destroy_qp(handle).map_err(|e| errno_of(&e))?;
+                self.vqp_gone(qp);
+                Ok(())
+            }
+            Request::QpPostRecv { qp, wr_id, len } => {
+                let (handle, mut host) = self.vqp_of(proc, qp)?;
+                // The GRH is the daemon's to put in front, as for an id's UD QP.
+                let len = if self.vqps[&qp].ud {
+                    len.saturating_sub(GRH_LEN as u32)
+                } else {
+                    len
+                };
+                host.verbs_post_recv(handle, wr_id, len).map_err(|e| errno_of(&e))
+            }
+            Request::PostSendUd {
+                id,
+                wr_id,
+                signaled,
+                mut dest,
+                imm,
+                data,
+            } if self.vqps.contains_key(&id) => {
+                if data.len() > proto::MAX_MESSAGE as usize {
+                    return Err(libc::EINVAL);
+                }
+                let (handle, mut host) = self.vqp_of(proc, id)?;
+                // A verbs QP is named by its token; another number is the simulator's (an id's
+                // UD QP, a group's).
+                if let Some(e) = self.vqps.get(&u64::from(dest.qp_num)) {
+                    dest.qp_num = e.sim_qpn;
+                }
+                host.verbs_post_send_to(handle, wr_id, &dest, &data, imm)
+                    .map_err(|e| errno_of(&e))?;
+                let e = self.vqps.get_mut(&id).expect("checked above");
+                let visible = signaled || e.sq_sig_all;
+                e.sends.push_back((visible, data.len() as u32));
+                Ok(())
+            }
             Request::PostSendUd {
                 id,
                 wr_id,
@@ -588,6 +770,9 @@ impl Daemon {
                 }
                 reply.u32(n);
                 reply.0.extend_from_slice(&out.0);
+                // Completions left for the next reply are in the CQ already: the library asks
+                // again at once, as one poll on a NIC would have returned them.
+                reply.u8(u8::from(!c.ready.is_empty() && (n as usize) < max));
                 Ok(())
             }
             Request::ReqNotifyCq { cq: t } => {
@@ -737,6 +922,9 @@ impl Daemon {
                 reply.u64(t);
             }
             (Invocation::DestroyId { id: t }, _) => self.forget_id(t),
+            (Invocation::InitQpAttr { .. }, Outcome::QpAttr(a)) => {
+                reply.u32(a.mask.bits()).verbs_attr(&verbs_attr_of(&a));
+            }
             (Invocation::DestroyQp { id: t }, _) => self.qp_gone(t),
             (Invocation::Listen { id: t, .. }, _) => {
                 if let Some(Ok(Some(addr))) = self.ids.get(&t).map(|e| host.get_local_addr(e.handle)) {
@@ -833,6 +1021,120 @@ impl Daemon {
         Ok(())
     }
 
+    /// `ibv_create_qp`: a verbs QP on the caller's host, reporting into its CQs.
+    fn verbs_create_qp(
+        &mut self,
+        proc: u64,
+        mut caps: QpCaps,
+        (send_cq, recv_cq): (u64, u64),
+        sq_sig_all: bool,
+        qp_type: u32,
+        reply: &mut Enc,
+    ) -> Result<(), i32> {
+        caps.max_message_size = proto::MAX_MESSAGE;
+        // verbs needs both CQs, of the caller's.
+        for cq in [send_cq, recv_cq] {
+            if self.cqs.get(&cq).is_none_or(|c| c.proc != proc) {
+                return Err(libc::EINVAL);
+            }
+        }
+        let ty = QpType::from_raw(qp_type).ok_or(libc::EINVAL)?;
+        let p = self.procs.get(&proc).ok_or(libc::EINVAL)?;
+        if p.qps.len() >= MAX_VERBS_QPS {
+            return Err(libc::ENOMEM);
+        }
+        let mut host = p.host.clone();
+        let (handle, got) = host.verbs_create_qp(ty, caps).map_err(|e| errno_of(&e))?;
+        let sim_qpn = host.verbs_qp_num(handle).map_err(|e| errno_of(&e))?;
+        let t = self.id_token();
+        self.vqps.insert(
+            t,
+            VerbsQpEntry {
+                proc,
+                handle,
+                sim_qpn,
+                send_cq,
+                recv_cq,
+                sq_sig_all,
+                sends: VecDeque::new(),
+                dest: 0,
+                ud: ty == QpType::Ud,
+            },
+        );
+        self.vqp_by_sim.insert(sim_qpn, t);
+        self.procs.get_mut(&proc).expect("looked up above").qps.insert(t);
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                if !c.qps.contains(&t) {
+                    c.qps.push(t);
+                }
+            }
+        }
+        reply.caps(&got).u32(t as u32);
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`: a destination is named by the number the process saw, which the
+    /// simulator knows by its own (a number no QP has is one nobody answers).
+    fn verbs_modify_qp(&mut self, proc: u64, t: u64, mask: u32, mut attr: VerbsQpAttr) -> Result<(), i32> {
+        let (handle, mut host) = self.vqp_of(proc, t)?;
+        let mask = QpAttrMask::from_bits(mask);
+        let named = attr.dest_qp_num;
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            attr.dest_qp_num = self.vqps.get(&u64::from(named)).map_or(0, |e| e.sim_qpn);
+        }
+        if let Err(e) = host.verbs_modify_qp(handle, &attr, mask) {
+            if self.debug {
+                // Why the kernel's rules refuse it, which the errno alone does not say.
+                eprintln!("cmsim-daemon: ibv_modify_qp of QP {t:#x} (mask {mask}): {e}");
+            }
+            return Err(errno_of(&e));
+        }
+        let e = self.vqps.get_mut(&t).expect("checked above");
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            e.dest = named & 0x00FF_FFFF;
+        }
+        if attr.qp_state == cm_core::VerbsQpState::Reset && mask.contains(QpAttrMask::STATE) {
+            e.dest = 0;
+        }
+        Ok(())
+    }
+
+    fn verbs_post_send(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        data: &[u8],
+    ) -> Result<(), i32> {
+        if data.len() > proto::MAX_MESSAGE as usize {
+            return Err(libc::EINVAL);
+        }
+        let (handle, mut host) = self.vqp_of(proc, t)?;
+        host.verbs_post_send(handle, wr_id, data)
+            .map_err(|e| errno_of(&e))?;
+        let e = self.vqps.get_mut(&t).expect("checked above");
+        let visible = signaled || e.sq_sig_all;
+        e.sends.push_back((visible, data.len() as u32));
+        Ok(())
+    }
+
+    /// Forgets a destroyed verbs QP, its CQ memberships and unpolled completions.
+    fn vqp_gone(&mut self, t: u64) {
+        let Some(e) = self.vqps.remove(&t) else { return };
+        self.vqp_by_sim.remove(&e.sim_qpn);
+        if let Some(p) = self.procs.get_mut(&e.proc) {
+            p.qps.remove(&t);
+        }
+        for cq in [e.send_cq, e.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.qps.retain(|q| *q != t);
+                c.ready.retain(|wc| wc.id != t);
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn post_send_ud(
         &mut self,
@@ -885,6 +1187,9 @@ impl Daemon {
         if total > u64::from(proto::MAX_MESSAGE) {
             return Err(libc::EINVAL);
         }
+        if self.vqps.contains_key(&t) {
+            return self.post_rdma_verbs(proc, t, wr_id, signaled, write, remote, local);
+        }
         let (id, mut host) = self.id_of(proc, t)?;
         let sq_sig_all = match self.ids.get(&t) {
             Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
@@ -894,7 +1199,7 @@ impl Daemon {
         for &(addr, len, lkey) in local {
             let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
             let base = self.mrs[&key].addr;
-            let (handle, _, _) = self.sim_region(key, proc, id).ok_or(libc::EINVAL)?;
+            let (handle, _, _) = self.sim_region(key, proc, Some(id)).ok_or(libc::EINVAL)?;
             sges.push(Sge::new(handle, addr - base, len));
         }
         let remote = self.remote_of(t, id, remote.rkey, remote.addr);
@@ -908,12 +1213,65 @@ impl Daemon {
         host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))
     }
 
+    /// [`post_rdma`](Self::post_rdma) on verbs QP `t`: the remote region is one of the
+    /// process whose QP `t`'s RTR names.
+    #[allow(clippy::too_many_arguments)]
+    fn post_rdma_verbs(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        write: bool,
+        remote: RemoteAddr,
+        local: &[(u64, u32, u32)],
+    ) -> Result<(), i32> {
+        let (handle, mut host) = self.vqp_of(proc, t)?;
+        let (sq_sig_all, dest) = {
+            let e = &self.vqps[&t];
+            (e.sq_sig_all, u64::from(e.dest))
+        };
+        let mut sges = Vec::with_capacity(local.len());
+        for &(addr, len, lkey) in local {
+            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+            let base = self.mrs[&key].addr;
+            let (mr, _, _) = self.sim_region(key, proc, None).ok_or(libc::EINVAL)?;
+            sges.push(Sge::new(mr, addr - base, len));
+        }
+        let owner = self.vqps.get(&dest).map(|e| e.proc);
+        let remote = match (owner, self.mrs.get(&remote.rkey)) {
+            (Some(owner), Some(m)) if m.proc == owner => {
+                let base = m.addr;
+                match self.sim_region(remote.rkey, owner, None) {
+                    Some((_, sim_addr, sim_rkey)) => RemoteAddr {
+                        addr: sim_addr.wrapping_add(remote.addr.wrapping_sub(base)),
+                        rkey: sim_rkey,
+                    },
+                    None => NOWHERE,
+                }
+            }
+            _ => NOWHERE,
+        };
+        let op = if write {
+            SendOp::Write { remote, imm: None }
+        } else {
+            SendOp::Read { remote }
+        };
+        let mut wr = SendWr::new(wr_id, op, &sges);
+        wr.signaled = signaled || sq_sig_all;
+        host.verbs_post_send_wr(handle, &wr).map_err(|e| errno_of(&e))
+    }
+
     /// Moves every completion the simulator has for the QPs of `cq` into their CQs' queues:
     /// sends to the send CQ (successful unsignaled ones dropped), receives to the receive CQ.
     fn collect_completions(&mut self, cq: u64) {
         let qps = self.cqs.get(&cq).map(|c| c.qps.clone()).unwrap_or_default();
         let mut wcs = Vec::new();
         for t in qps {
+            if self.vqps.contains_key(&t) {
+                self.collect_verbs_completions(t);
+                continue;
+            }
             let Some(e) = self.ids.get(&t) else { continue };
             let Some(p) = self.procs.get(&e.proc) else {
                 continue;
@@ -923,50 +1281,56 @@ impl Daemon {
             if host.try_poll_cq(e.handle, &mut wcs, usize::MAX).is_err() {
                 continue;
             }
-            for mut wc in wcs.drain(..) {
+            for wc in wcs.drain(..) {
                 let e = self.ids.get_mut(&t).expect("looked up above");
-                let is_send = wc.opcode == WcOpcode::Send;
-                if is_send {
-                    let (visible, len) = e.sends.pop_front().unwrap_or((true, 0));
-                    if !visible && wc.status == WcStatus::Success {
-                        continue;
-                    }
-                    if wc.status == WcStatus::Success {
-                        wc.byte_len = len;
-                    }
-                }
-                let requester = !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-                let target = if requester { e.send_cq } else { e.recv_cq };
-                let mut wire = WireWc {
-                    wr_id: wc.wr_id,
-                    id: t,
-                    status: wc.status as u32,
-                    opcode: wc.opcode as u32,
-                    byte_len: wc.byte_len,
-                    imm_data: wc.imm_data.unwrap_or(0),
-                    wc_flags: if wc.imm_data.is_some() { IBV_WC_WITH_IMM } else { 0 },
-                    ..WireWc::default()
+                let (ud, handle) = (e.ud, e.handle);
+                let sender = wc.sender.filter(|_| ud && wc.status == WcStatus::Success);
+                let Some((target, mut wire)) = wire_wc(t, wc, &mut e.sends, (e.send_cq, e.recv_cq)) else {
+                    continue;
                 };
-                match wc.sender {
-                    Some(from) if e.ud && wc.status == WcStatus::Success => {
-                        let local = host.get_local_addr(e.handle).ok().flatten().map(|a| a.ip());
-                        // The simulator does not say which group a group's datagram came by:
-                        // the header names the receiving QP's address.
-                        wire.data = match from.addr {
-                            Some(addr) => cm_core::grh(addr, local, wc.data.len()).to_vec(),
-                            None => vec![0; GRH_LEN],
-                        };
-                        wire.data.extend_from_slice(&wc.data);
-                        wire.byte_len = wire.data.len() as u32;
-                        wire.src_qp = from.qp_num;
-                        wire.wc_flags |= IBV_WC_GRH;
-                    }
-                    _ => wire.data = wc.data,
+                if let Some(from) = sender {
+                    let local = host.get_local_addr(handle).ok().flatten().map(|a| a.ip());
+                    with_grh(&mut wire, from.addr, local, from.qp_num);
                 }
                 if let Some(c) = self.cqs.get_mut(&target) {
                     c.fresh = true;
                     c.ready.push_back(wire);
                 }
+            }
+        }
+    }
+
+    /// Moves verbs QP `t`'s completions into its CQs, as
+    /// [`collect_completions`](Self::collect_completions) does an id's.
+    fn collect_verbs_completions(&mut self, t: u64) {
+        let Some(e) = self.vqps.get(&t) else { return };
+        let Some(p) = self.procs.get(&e.proc) else { return };
+        let mut host = p.host.clone();
+        let mut wcs: Vec<WorkCompletion> = Vec::new();
+        if host
+            .verbs_poll_cq(e.handle, &mut wcs, usize::MAX, Duration::ZERO)
+            .is_err()
+        {
+            return;
+        }
+        let local = Some(host.addr());
+        for wc in wcs {
+            let e = self.vqps.get_mut(&t).expect("looked up above");
+            let sender = wc.sender.filter(|_| e.ud && wc.status == WcStatus::Success);
+            let Some((target, mut wire)) = wire_wc(t, wc, &mut e.sends, (e.send_cq, e.recv_cq)) else {
+                continue;
+            };
+            if let Some(from) = sender {
+                // A verbs QP is named by its token, as its process sees it.
+                let src_qp = self
+                    .vqp_by_sim
+                    .get(&from.qp_num)
+                    .map_or(from.qp_num, |&t| t as u32);
+                with_grh(&mut wire, from.addr, local, src_qp);
+            }
+            if let Some(c) = self.cqs.get_mut(&target) {
+                c.fresh = true;
+                c.ready.push_back(wire);
             }
         }
     }
@@ -997,8 +1361,9 @@ impl Daemon {
 
     /// The simulator's handle, address and rkey for region `key` of process `owner`,
     /// registering it on first use through `via`, an id of that process (bound to the device
-    /// of its host, as registering needs).
-    fn sim_region(&mut self, key: u32, owner: u64, via: IdHandle) -> Option<(MrHandle, u64, u32)> {
+    /// of its host, as registering needs), or on the host's device itself (`None`: for verbs
+    /// QPs, which no id names).
+    fn sim_region(&mut self, key: u32, owner: u64, via: Option<IdHandle>) -> Option<(MrHandle, u64, u32)> {
         let m = self.mrs.get(&key).filter(|m| m.proc == owner)?;
         if let Some(known) = m.sim {
             return Some(known);
@@ -1012,7 +1377,11 @@ impl Daemon {
             addr: m.addr,
             len: m.len,
         };
-        let handle = host.reg_mr_with(via, Box::new(memory), access).ok()?;
+        let handle = match via {
+            Some(id) => host.reg_mr_with(id, Box::new(memory), access),
+            None => host.device_reg_mr_with(Box::new(memory), access),
+        }
+        .ok()?;
         let info = host.mr_info(handle).ok()?;
         let known = (handle, info.addr, info.rkey);
         self.mrs.get_mut(&key)?.sim = Some(known);
@@ -1046,7 +1415,7 @@ impl Daemon {
         let Some(base) = self.mrs.get(&rkey).filter(|m| m.proc == owner).map(|m| m.addr) else {
             return NOWHERE;
         };
-        match self.sim_region(rkey, owner, peer_id) {
+        match self.sim_region(rkey, owner, Some(peer_id)) {
             Some((_, sim_addr, sim_rkey)) => RemoteAddr {
                 addr: sim_addr.wrapping_add(remote_addr.wrapping_sub(base)),
                 rkey: sim_rkey,
@@ -1287,6 +1656,18 @@ impl Daemon {
             }
             self.forget_id(t);
         }
+        let mut qps: Vec<u64> = self
+            .procs
+            .get(&proc)
+            .map(|p| p.qps.iter().copied().collect())
+            .unwrap_or_default();
+        qps.sort_unstable();
+        for t in qps {
+            if let Some(e) = self.vqps.get(&t) {
+                let _ = host.verbs_destroy_qp(e.handle);
+            }
+            self.vqp_gone(t);
+        }
         self.cqs.retain(|_, c| c.proc != proc);
         let mut keys: Vec<u32> = self
             .mrs
@@ -1413,6 +1794,7 @@ impl Daemon {
                             host: h,
                             name,
                             ids: HashSet::new(),
+                            qps: HashSet::new(),
                             channels: HashSet::new(),
                             closed: Vec::new(),
                             unsent: None,
@@ -1882,6 +2264,8 @@ fn main() {
         fresh: Vec::new(),
         procs: HashMap::new(),
         ids: HashMap::new(),
+        vqps: HashMap::new(),
+        vqp_by_sim: HashMap::new(),
         id_tokens: HashMap::new(),
         channels: HashMap::new(),
         cqs: HashMap::new(),

@@ -692,6 +692,12 @@ impl Fabric {
 
     pub(crate) fn post_send(&mut self, host: u16, id: IdHandle, wr_id: u64, data: &[u8]) -> R<()> {
         let r = self.qp_for(host, id, Call::PostSend)?;
+        self.post_send_on(r, wr_id, data)
+    }
+
+    /// `post_send` on the QP in slot `r` (an id's or a carrier's).
+    #[inline(always)]
+    pub(super) fn post_send_on(&mut self, r: SlotRef, wr_id: u64, data: &[u8]) -> R<()> {
         if self.post(r, WcOpcode::Send, wr_id, data, data.len())? {
             self.deliver_sends(r);
         }
@@ -700,6 +706,12 @@ impl Fabric {
 
     pub(crate) fn post_recv(&mut self, host: u16, id: IdHandle, wr_id: u64, len: u32) -> R<()> {
         let r = self.qp_for(host, id, Call::PostRecv)?;
+        self.post_recv_on(r, wr_id, len)
+    }
+
+    /// `post_recv` on the QP in slot `r` (an id's or a carrier's).
+    #[inline(always)]
+    pub(super) fn post_recv_on(&mut self, r: SlotRef, wr_id: u64, len: u32) -> R<()> {
         if self.post(r, WcOpcode::Recv, wr_id, &[], len as usize)? {
             let remote = self.slot(r).remote;
             self.deliver_sends(remote);
@@ -740,6 +752,19 @@ impl Fabric {
         timeout: Duration,
     ) -> R<usize> {
         let r = self.qp_for(host, id, Call::PollCq)?;
+        self.poll_cq_on(host, r, out, max, timeout)
+    }
+
+    /// `poll_cq` on the QP in slot `r` (an id's or a carrier's) of `host`.
+    #[inline(always)]
+    pub(super) fn poll_cq_on(
+        &mut self,
+        host: u16,
+        r: SlotRef,
+        out: &mut Vec<WorkCompletion>,
+        max: usize,
+        timeout: Duration,
+    ) -> R<usize> {
         let deadline = self.deadline(timeout);
         let ready = |f: &Fabric| {
             f.ids

@@ -21,6 +21,10 @@ impl Fabric {
 
     #[inline(never)]
     pub(super) fn deliver_pending_sends(&mut self, sender: SlotRef) {
+        if self.verbs.is_some() && self.ids.get(sender).is_some_and(IdSlot::is_carrier) {
+            // A verbs QP finds its peer when it sends (it may have come or gone since).
+            self.link_verbs(sender);
+        }
         loop {
             let Some(s) = self.ids.get(sender) else { return };
             let remote = s.remote;
@@ -139,12 +143,18 @@ impl Fabric {
     /// partitioned. (A peer that destroyed its id told the IB CM; its sends still wait, as
     /// README's departures say.)
     pub(super) fn path_broken(&self, sender: SlotRef) -> bool {
-        if !self.links_faulted {
+        if !self.links_faulted && self.verbs.is_none() {
             return false;
         }
         let Some(s) = self.ids.get(sender) else {
             return false;
         };
+        if s.is_carrier() && self.carrier_unanswered(s) {
+            return true;
+        }
+        if !self.links_faulted {
+            return false;
+        }
         if s.peer_lost {
             return true;
         }

@@ -111,8 +111,21 @@ impl Fabric {
         data: &[u8],
         imm: Option<u32>,
     ) -> R<()> {
+        let r = self.qp_for(host, id, Call::PostSend)?;
+        self.post_send_to_on(host, r, wr_id, dest, data, imm)
+    }
+
+    /// `post_send_to` on the UD QP in slot `r` (an id's or a carrier's) of `host`.
+    pub(super) fn post_send_to_on(
+        &mut self,
+        host: u16,
+        r: SlotRef,
+        wr_id: u64,
+        dest: &UdParam,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> R<()> {
         let call = Call::PostSend;
-        let r = self.qp_for(host, id, call)?;
         let slot = self.slot(r);
         let local_ip = slot.local.get().map(|a| a.ip());
         let qp = slot.qp.as_mut().expect("checked");
@@ -254,7 +267,7 @@ impl Fabric {
         let Some(d) = self.datagrams.as_mut().and_then(|g| g.in_flight.take(n)) else {
             return;
         };
-        if !self.hosts[d.to_host as usize].reachable() || d.qkey != UDP_QKEY {
+        if !self.hosts[d.to_host as usize].reachable() {
             return;
         }
         if d.group.is_some_and(|g| !self.attached(g, d.qp_num)) {
@@ -265,7 +278,17 @@ impl Fabric {
             return;
         };
         let Some(slot) = self.ids.get(r) else { return };
-        if slot.host != d.to_host || slot.m.port_space().is_connected() || slot.m.qp() != Some(QpState::Rts) {
+        // An id's UD QP has the UDP port space's Q_Key and is in RTS from its creation; a verbs
+        // QP has the Q_Key it was given, and receives from RTR on.
+        let (qkey, ready) = if slot.is_carrier() {
+            (
+                self.carrier_qkey(r),
+                matches!(slot.m.qp(), Some(QpState::Rtr | QpState::Rts)),
+            )
+        } else {
+            (UDP_QKEY, slot.m.qp() == Some(QpState::Rts))
+        };
+        if d.qkey != qkey || slot.host != d.to_host || slot.m.port_space().is_connected() || !ready {
             return;
         }
         if slot.qp.as_ref().is_none_or(|q| q.qpn != d.qp_num) {

@@ -307,6 +307,30 @@ impl Fabric {
         self.register(host, memory, access)
     }
 
+    /// [`reg_mr_with`](Self::reg_mr_with) on the protection domain of the host's device itself
+    /// (a PD of `ibv_alloc_pd`, which no id names), for verbs QPs' work requests.
+    pub(crate) fn device_reg_mr_with(
+        &mut self,
+        host: u16,
+        memory: Box<dyn RegionMemory>,
+        access: Access,
+    ) -> R<MrHandle> {
+        let call = Call::RegMr;
+        self.host_up(host, call)?;
+        if !self.hosts[host as usize].device {
+            return Err(CmError::NoDevice { call });
+        }
+        access.check()?;
+        let len = memory.len();
+        if len == 0 || len > self.cfg.max_mr_size {
+            return Err(CmError::InvalidArgument {
+                call,
+                reason: "region length 0 or above the device's max_mr_size",
+            });
+        }
+        self.register(host, memory, access)
+    }
+
     /// `ibv_reg_mr`'s checks: the id bound to a device, flags verbs accepts, a length of 1 up
     /// to the device's largest region.
     fn check_reg(&self, host: u16, id: IdHandle, len: u64, access: Access) -> R<()> {

@@ -59,6 +59,7 @@ mod srq;
 mod storage;
 mod strike;
 mod time_control;
+mod verbs;
 mod wire;
 
 use self::clock::*;
@@ -145,6 +146,8 @@ pub(crate) struct Fabric {
     /// One-sided requests and answers in flight, made with the first request, with the
     /// random stream they draw from.
     rdma: Option<Box<onesided::Wire>>,
+    /// Verbs QPs no id owns, made with the first one.
+    verbs: Option<Box<verbs::VerbsQps>>,
 }
 
 type R<T> = Result<T, CmError>;
@@ -184,6 +187,7 @@ impl Fabric {
             regions: None,
             srqs: None,
             rdma: None,
+            verbs: None,
             cfg,
         }
     }

@@ -108,6 +108,11 @@ impl Fabric {
 
     pub(crate) fn post_send_wr(&mut self, host: u16, id: IdHandle, wr: &SendWr<'_>) -> R<()> {
         let r = self.qp_for(host, id, Call::PostSend)?;
+        self.post_send_wr_on(host, r, wr)
+    }
+
+    /// `post_send_wr` on the QP in slot `r` (an id's or a carrier's) of `host`.
+    pub(super) fn post_send_wr_on(&mut self, host: u16, r: SlotRef, wr: &SendWr<'_>) -> R<()> {
         // Fields, not `region_view`: the regions are read while the id's slot is changed.
         let (tag, epoch) = (
             self.hosts[host as usize].tag,

@@ -26,6 +26,13 @@ pub(super) struct IdOptions {
     packet_lifetime: Option<u8>,
 }
 
+impl IdOptions {
+    /// Sets the transport's local ACK timeout exponent (a verbs QP's `timeout` attribute).
+    pub(super) fn set_ack_timeout(&mut self, t: u8) {
+        self.ack_timeout = Some(t);
+    }
+}
+
 pub(super) type OptionTable = HashMap<SlotRef, IdOptions, FxBuild>;
 
 impl Fabric {

@@ -172,7 +172,11 @@ impl Fabric {
             if let Some(qp) = slot.qp.as_mut() {
                 qp.flush();
             }
+            if slot.is_carrier() {
+                self.carrier_failed(id);
+            }
         }
+        let slot = self.slot(id);
         if before != Some(QpState::Rts) && next.qp() == Some(QpState::Rts) {
             // Sends that waited for this QP (or were posted on it before it was ready) can go.
             // `deliver_sends(id)`'s test on the slot at hand (its machine is `next`, at RTS).

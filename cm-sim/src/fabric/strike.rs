@@ -63,6 +63,16 @@ impl Fabric {
     /// Drops an id without a word on the wire: the end of every destroy, and all of it when
     /// the id's host crashed or its device went.
     pub(super) fn vanish(&mut self, r: SlotRef) {
+        if self.slot(r).is_carrier() {
+            // A verbs QP of a crashed host.
+            self.forget_carrier(r);
+            let host = self.slot(r).host;
+            self.ids.discard(r);
+            self.ids_changed();
+            self.forget_options(r);
+            self.hosts[host as usize].counts.qps -= 1;
+            return;
+        }
         let s = self.slot(r);
         let (host, ps, channel, queued, timers, kept) = (
             s.host,
@@ -262,6 +272,12 @@ impl Fabric {
         self.discard_queued_events(host);
         for r in self.ids_on(host) {
             let s = self.slot(r);
+            if s.is_carrier() {
+                // A verbs QP: its device went, so it fails.
+                let next = s.m.qp_error();
+                self.set_machine(r, next);
+                continue;
+            }
             if !s.visible {
                 // A request nobody retrieved yet: its child goes with the device.
                 if let Some(listener) = self.ids.refs().into_iter().find(|l| {

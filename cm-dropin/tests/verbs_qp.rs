@@ -1,0 +1,408 @@
+//! Verbs QPs no id owns, through the drop-in: C programs that make their QPs with
+//! `ibv_create_qp` and move them with `ibv_modify_qp`, as `ibv_rc_pingpong` and perftest do,
+//! and an rdma_cm pair that connects such QPs with `rdma_init_qp_attr` and `rdma_establish`, as
+//! rdma-core v52's cmtime does. Every wait is bounded; a test skips (with a message) where no C
+//! compiler or rdma-core headers are installed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+mod common;
+use common::{wait, Output};
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
+const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
+const SERVER: &str = "10.0.0.1";
+const CLIENT: &str = "10.0.0.2";
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts a daemon of its own for test `name` on `hosts`, seed 7, ending after `processes`
+/// programs detached (or `max_seconds`): its socket, once it exists, and the daemon.
+fn start_daemon(
+    name: &str,
+    hosts: &[&str],
+    processes: usize,
+    max_seconds: u32,
+    extra: &[&str],
+) -> (PathBuf, Child) {
+    let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+    let mut cmd = Command::new(DAEMON);
+    cmd.arg("--socket").arg(&socket);
+    for h in hosts {
+        cmd.args(["--host", h]);
+    }
+    let daemon = cmd
+        .args(["--seed", "7", "--max-seconds", &max_seconds.to_string()])
+        .args(["--processes", &processes.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-daemon");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not create {}",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (socket, daemon)
+}
+
+/// Compiles `tests/c/<name>.c` against the installed rdma-core headers and libraries; `None`
+/// (with a message) when there is no C compiler or no headers.
+fn compile_c(name: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    // Tests run in parallel and several compile the same program: each gets its own file.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
+    let status = Command::new("cc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-lrdmacm", "-libverbs"])
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!(
+                "skipped: cannot compile {} (needs cc, librdmacm-dev, libibverbs-dev)",
+                src.display()
+            );
+            None
+        }
+    }
+}
+
+/// Starts `program` under `cmsim-run` on `host`, its stdin and stdout piped; `listener`: wait
+/// for a listener at that address first.
+fn spawn(socket: &Path, host: &str, listener: Option<&str>, program: &[&str]) -> Child {
+    let mut cmd = Command::new(RUN);
+    if let Some(l) = listener {
+        cmd.args(["--wait-for-listener", l]);
+    }
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["--host", host, "--"])
+        .args(program)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run")
+}
+
+/// The lines of `out`, as they come, on a channel.
+fn lines(out: ChildStdout) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The first line of `rx` within the bound; panics with what the program said otherwise.
+fn first_line(rx: &mpsc::Receiver<String>, child: Child, what: &str) -> (String, Child) {
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(l) => (l, child),
+        Err(_) => {
+            let o = wait(child, Duration::from_secs(10), what);
+            panic!("{what} printed no line: {}{}", o.stdout, o.stderr);
+        }
+    }
+}
+
+/// Waits for `child` (whose stdout `rx` carries), then its stdout's lines.
+fn finish(child: Child, rx: mpsc::Receiver<String>, what: &str) -> (Output, Vec<String>) {
+    let o = wait(child, LIMIT, what);
+    (o, rx.try_iter().collect())
+}
+
+/// What a relayed pair left: each one's first line, exit and later lines, and the daemon's exit.
+struct Relayed {
+    server_line: String,
+    client_line: String,
+    server: (Output, Vec<String>),
+    client: (Output, Vec<String>),
+    daemon: Output,
+}
+
+/// Runs `server` and `client` on a fabric of their own, each telling its QP with its first line
+/// on stdout and learning the other's on stdin, the test relaying the two lines as
+/// `ibv_rc_pingpong`'s TCP connection would.
+fn relayed(name: &str, server: &[&str], client: &[&str]) -> Relayed {
+    let (socket, daemon) = start_daemon(name, &[SERVER, CLIENT], 2, 120, &[]);
+    let mut server = spawn(&socket, SERVER, None, server);
+    let mut client = spawn(&socket, CLIENT, None, client);
+    let (srx, crx) = (
+        lines(server.stdout.take().expect("piped")),
+        lines(client.stdout.take().expect("piped")),
+    );
+    let (server_line, mut server) = first_line(&srx, server, "server");
+    let (client_line, mut client) = first_line(&crx, client, "client");
+    writeln!(server.stdin.as_mut().expect("piped"), "{client_line}").expect("tell the server");
+    writeln!(client.stdin.as_mut().expect("piped"), "{server_line}").expect("tell the client");
+    let server = finish(server, srx, "server");
+    let client = finish(client, crx, "client");
+    let daemon = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    Relayed {
+        server_line,
+        client_line,
+        server,
+        client,
+        daemon,
+    }
+}
+
+#[test]
+fn a_verbs_rc_ping_pong_exchanges_qp_numbers_out_of_band_and_its_messages_arrive() {
+    let Some(prog) = compile_c("vpingpong") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let r = relayed("vpingpong", &[&prog, "server", "20"], &[&prog, "client", "20"]);
+    let _ = std::fs::remove_file(&prog);
+    let (sline, cline) = (&r.server_line, &r.client_line);
+    for line in [sline, cline] {
+        assert!(
+            line.starts_with("QP ") && line.contains(" PSN ") && line.contains(" GID "),
+            "{line}"
+        );
+    }
+    // The GIDs are the hosts' IPv4 addresses mapped into IPv6.
+    assert!(sline.ends_with("00000000000000000000ffff0a000001"), "{sline}");
+    assert!(cline.ends_with("00000000000000000000ffff0a000002"), "{cline}");
+    assert_ne!(sline[3..9], cline[3..9], "two QP numbers");
+    let ((s, s_out), (c, c_out)) = (&r.server, &r.client);
+    assert_eq!(s_out, &["vpingpong: ok 20"], "server: {}", s.stderr);
+    assert_eq!(c_out, &["vpingpong: ok 20"], "client: {}", c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(r.daemon.status.success(), "daemon: {}", r.daemon.stderr);
+}
+
+#[test]
+fn ud_verbs_qps_exchange_datagrams_through_address_handles() {
+    let Some(prog) = compile_c("vud") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let r = relayed("vud", &[&prog, "server"], &[&prog, "client"]);
+    let _ = std::fs::remove_file(&prog);
+    let ((s, s_out), (c, c_out)) = (&r.server, &r.client);
+    assert_eq!(s_out, &["vud: ok"], "server: {} {}", r.server_line, s.stderr);
+    assert_eq!(c_out, &["vud: ok"], "client: {} {}", r.client_line, c.stderr);
+    assert!(s.status.success() && c.status.success());
+    assert!(r.daemon.status.success(), "daemon: {}", r.daemon.stderr);
+}
+
+#[test]
+fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
+    let Some(prog) = compile_c("vpingpong") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (socket, daemon) = start_daemon("vpingpong-lost", &[SERVER, CLIENT], 1, 120, &[]);
+    let mut client = spawn(&socket, CLIENT, None, &[&prog, "client", "1"]);
+    let crx = lines(client.stdout.take().expect("piped"));
+    let (_, mut client) = first_line(&crx, client, "client");
+    // A QP number nobody has on the server's host.
+    writeln!(
+        client.stdin.as_mut().expect("piped"),
+        "QP 00abcd PSN 000001 GID 00000000000000000000ffff0a000001"
+    )
+    .expect("tell the client");
+    let (c, c_out) = finish(client, crx, "client");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(
+        c_out,
+        ["vpingpong: completion transport retry counter exceeded for wr 2"],
+        "client: {}",
+        c.stderr
+    );
+    assert!(!c.status.success());
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+}
+
+#[test]
+fn an_rdma_cm_pair_connects_its_own_qps_with_init_qp_attr_and_establish() {
+    let Some(prog) = compile_c("extqp") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (socket, daemon) = start_daemon("extqp", &[SERVER, CLIENT], 2, 120, &[]);
+    let server = spawn(&socket, SERVER, None, &[&prog, "server", SERVER]);
+    let client = spawn(&socket, CLIENT, Some("10.0.0.1:7471"), &[&prog, "client", SERVER]);
+    let c = wait(client, LIMIT, "client");
+    let s = wait(server, LIMIT, "server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(c.stdout, "extqp: ok\n", "client: {}", c.stderr);
+    assert_eq!(s.stdout, "extqp: ok\n", "server: {}", s.stderr);
+    assert!(c.status.success() && s.status.success());
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+}
+
+#[test]
+fn rping_with_its_own_qp_pings_with_rdma_read_and_write_and_validates_the_data() {
+    if !Path::new("/usr/bin/rping").exists() {
+        eprintln!("skipped: /usr/bin/rping is not installed (apt-get install rdmacm-utils)");
+        return;
+    }
+    // `-q`: rping makes its QP with ibv_create_qp, moves it with rdma_init_qp_attr and
+    // ibv_modify_qp, and names it in conn_param.qp_num; the server RDMA READs the client's
+    // ping and WRITEs it back, which -V checks every time.
+    let trace = std::env::temp_dir().join(format!("cmsim-rping-q-{}.trace", std::process::id()));
+    let trace_arg = trace.to_str().expect("utf-8 path");
+    let (socket, daemon) = start_daemon("rping-q", &[SERVER, CLIENT], 2, 120, &["--trace", trace_arg]);
+    let common = ["-q", "-a", SERVER, "-p", "7471", "-C", "20", "-S", "1000", "-v"];
+    let server_args: Vec<&str> = ["rping", "-s"].into_iter().chain(common).collect();
+    let client_args: Vec<&str> = ["rping", "-c", "-V"].into_iter().chain(common).collect();
+    let server = spawn(&socket, SERVER, None, &server_args);
+    let client = spawn(&socket, CLIENT, Some("10.0.0.1:7471"), &client_args);
+    let c = wait(client, LIMIT, "rping client");
+    let s = wait(server, LIMIT, "rping server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+    let pings: Vec<&str> = c
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .collect();
+    assert_eq!(pings.len(), 20, "{}", c.stdout);
+    assert!(
+        pings[19].starts_with("ping data: rdma-ping-19: TUVWXYZ"),
+        "{}",
+        pings[19]
+    );
+    assert!(
+        !c.stderr.contains("mismatch") && !c.stdout.contains("mismatch"),
+        "{}",
+        c.stderr
+    );
+    // The READs and WRITEs went through the simulator, between the two verbs QPs.
+    let lines = std::fs::read_to_string(&trace).expect("the trace");
+    let _ = std::fs::remove_file(&trace);
+    for op in ["RDMA_READ", "RDMA_WRITE"] {
+        let step = format!("{op} completed with {CLIENT} status=0");
+        let n = lines
+            .lines()
+            .filter(|l| l.contains(&format!(" {SERVER} ")) && l.ends_with(&step))
+            .count();
+        assert_eq!(n, 20, "{step}:\n{lines}");
+    }
+}
+
+/// Whether something listens on TCP `port` of this machine (`/proc/net/tcp`, state 0A).
+fn tcp_listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Runs Debian's `program` (`ibv_rc_pingpong` or `ibv_ud_pingpong`), unmodified, as server on
+/// one simulated host and client on the other. Their QP numbers, PSNs and GIDs go over their
+/// own TCP connection, the client told the server's simulated address (the drop-in puts each
+/// simulated host's sockets on a loopback address of its own); the QPs, and every message, are
+/// the simulator's.
+fn debian_pingpong(program: &str, port: u16, extra: &[&str]) -> Option<(Output, Output)> {
+    let path = format!("/usr/bin/{program}");
+    if !Path::new(&path).exists() {
+        eprintln!("skipped: {path} is not installed (apt-get install ibverbs-utils)");
+        return None;
+    }
+    let (socket, daemon) = start_daemon(program, &[SERVER, CLIENT], 2, 120, &[]);
+    let port = port.to_string();
+    let args: Vec<&str> = ["-g", "1", "-n", "200", "-p", &port]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let server_args: Vec<&str> = std::iter::once(program).chain(args.iter().copied()).collect();
+    let server = spawn(&socket, SERVER, None, &server_args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !tcp_listening(port.parse().expect("a port")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{program} did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client_args: Vec<&str> = std::iter::once(program)
+        .chain(args.iter().copied())
+        .chain([SERVER])
+        .collect();
+    let client = spawn(&socket, CLIENT, None, &client_args);
+    let c = wait(client, LIMIT, "client");
+    let s = wait(server, LIMIT, "server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+    Some((s, c))
+}
+
+/// A TCP port for this test process's `n`th pair: tests of several runs may overlap.
+fn port(n: u16) -> u16 {
+    20_000 + (std::process::id() % 10_000) as u16 * 3 + n
+}
+
+#[test]
+fn debians_ibv_rc_pingpong_runs_200_round_trips_over_standalone_rc_qps() {
+    let Some((s, c)) = debian_pingpong("ibv_rc_pingpong", port(0), &[]) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("200 iters in"), "{who}: {}", o.stdout);
+    }
+    assert!(s.stdout.contains("GID ::ffff:10.0.0.1"), "{}", s.stdout);
+    assert!(c.stdout.contains("remote address: LID 0x0000"), "{}", c.stdout);
+}
+
+#[test]
+fn debians_ibv_ud_pingpong_runs_200_round_trips_over_standalone_ud_qps() {
+    let Some((s, c)) = debian_pingpong("ibv_ud_pingpong", port(1), &[]) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("200 iters in"), "{who}: {}", o.stdout);
+    }
+}
+
+#[test]
+fn debians_ibv_rc_pingpong_waits_on_completion_events_with_100_kb_messages() {
+    // -e: each round waits in ibv_get_cq_event, re-arms and polls once for two completions,
+    // more than one reply of the daemon's holds at this size.
+    let Some((s, c)) = debian_pingpong("ibv_rc_pingpong", port(2), &["-e", "-s", "100000"]) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("40000000 bytes in"), "{who}: {}", o.stdout);
+    }
+}
