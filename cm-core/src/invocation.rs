@@ -408,12 +408,24 @@ impl<Id, Ch, D: AsRef<[u8]>> Invocation<Id, Ch, D> {
     }
 }
 
-impl<D: AsRef<[u8]>> Invocation<IdHandle, ChannelHandle, D> {
+impl Invocation<IdHandle, ChannelHandle> {
     /// Makes the call on `b`.
     ///
     /// # Errors
     /// The call's own.
     pub fn invoke<B: CmBackend + ?Sized>(&self, b: &mut B) -> Result<Outcome> {
+        self.invoke_lent(b)
+    }
+}
+
+impl<D: AsRef<[u8]>> Invocation<IdHandle, ChannelHandle, D> {
+    /// [`invoke`](Invocation::invoke) for a call whose payloads are held as `D` (lent, for
+    /// one): the call is made with them where they are. `invoke` itself takes the default
+    /// `Vec<u8>` only, so that a call written without its types still names one method.
+    ///
+    /// # Errors
+    /// The call's own.
+    pub fn invoke_lent<B: CmBackend + ?Sized>(&self, b: &mut B) -> Result<Outcome> {
         use Invocation as I;
         let done = |r: Result<()>| r.map(|()| Outcome::Done);
         match self {

@@ -849,7 +849,7 @@ impl<'a> World<'a> {
             Ok(made) => made,
             Err(never) => match never {},
         };
-        let r = made.invoke(&mut self.host(h));
+        let r = made.invoke_lent(&mut self.host(h));
         match r {
             Ok(Outcome::Channel(ch)) => {
                 self.note(i, op, || format!("{:?}", Ok::<_, CmError>(ch)));
