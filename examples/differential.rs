@@ -193,7 +193,7 @@ enum Op {
     /// `init_qp_attr` for RTR, the transition that needs the peer's answer.
     InitQpAttrRtr,
     Establish,
-    /// `post_send_to` a datagram destination (every probed id is RC: see `RawCall::PostSendTo`).
+    /// `post_send_to` a datagram destination (every probed id is RC: see `HwBackend::raw_call`).
     PostSendTo,
     /// `set_option` of each `IdOption`; REUSEADDR both ways, as the kernel takes enabling it in
     /// other states than disabling it.
@@ -741,33 +741,8 @@ impl Probed for SimHost {
 #[cfg(feature = "differential")]
 impl Probed for cm::hw::HwBackend {
     fn issue(&mut self, call: &Invocation) -> Rc {
-        use cm::hw::{RawCall, RawOutcome};
-        use Invocation as I;
-        let id = *call.id().expect("every probe is a call on an id");
-        let call = match call.clone() {
-            I::BindAddr { addr, .. } => RawCall::BindAddr(addr),
-            I::ResolveAddr { dst, timeout, .. } => RawCall::ResolveAddr(dst, timeout),
-            I::ResolveRoute { timeout, .. } => RawCall::ResolveRoute(timeout),
-            I::Listen { backlog, .. } => RawCall::Listen(backlog),
-            I::CreateQp { caps, .. } => RawCall::CreateQp(caps),
-            I::DestroyQp { .. } => RawCall::DestroyQp,
-            I::Connect { param, .. } => RawCall::Connect(param),
-            I::Accept { param, .. } => RawCall::Accept(param),
-            I::Reject { private_data, .. } => RawCall::Reject(private_data),
-            I::Disconnect { .. } => RawCall::Disconnect,
-            I::DestroyId { .. } => RawCall::DestroyId,
-            I::PostSend { data, .. } => RawCall::PostSend(data),
-            I::PostRecv { len, .. } => RawCall::PostRecv(len),
-            I::InitQpAttr { qp_state, .. } => RawCall::InitQpAttr(qp_state),
-            I::Establish { .. } => RawCall::Establish,
-            I::PostSendTo { data, dest, .. } => RawCall::PostSendTo(data, dest),
-            I::SetOption { option, .. } => RawCall::SetOption(option),
-            I::MigrateId { channel, .. } => RawCall::MigrateId(channel),
-            I::JoinMulticast { group, .. } => RawCall::JoinMulticast(group),
-            I::LeaveMulticast { group, .. } => RawCall::LeaveMulticast(group),
-            other => return Rc::NotIssued(format!("{} is no probe", other.call().name())),
-        };
-        match self.raw_call(id, call) {
+        use cm::hw::RawOutcome;
+        match self.raw_call(call) {
             RawOutcome::Ok => Rc::Ok,
             RawOutcome::Failed(e) => Rc::Errno(e),
             RawOutcome::NotIssued(why) => Rc::NotIssued(why.to_string()),
