@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use cm::api::{
     errno, AhAttr, Call, ChannelHandle, CmBackend, CmError, CmEventType, ConnParam, IdHandle, IdMachine,
-    IdOption, PortSpace, QpCaps, QpState, UdParam, UDP_QKEY,
+    IdOption, Invocation, PortSpace, QpCaps, QpState, UdParam, UDP_QKEY,
 };
 use cm::sim::{SimFabric, SimHost};
 
@@ -193,7 +193,7 @@ enum Op {
     /// `init_qp_attr` for RTR, the transition that needs the peer's answer.
     InitQpAttrRtr,
     Establish,
-    /// `post_send_to` a datagram destination (every probed id is RC: see `RawCall::PostSendTo`).
+    /// `post_send_to` a datagram destination (every probed id is RC: see `HwBackend::raw_call`).
     PostSendTo,
     /// `set_option` of each `IdOption`; REUSEADDR both ways, as the kernel takes enabling it in
     /// other states than disabling it.
@@ -284,36 +284,92 @@ impl Op {
         }
     }
 
-    /// The machine's verdict for the call on an id in `m`: the return and the QP's state after.
-    fn verdict(self, m: &IdMachine) -> (Rc, Option<QpState>) {
-        let step = match self {
-            Op::BindAddr => m.bind_addr(false),
-            Op::ResolveAddr => m.resolve_addr(),
-            Op::ResolveRoute => m.resolve_route(),
-            Op::Listen => m.listen(),
-            Op::CreateQp => m.create_qp(),
-            Op::DestroyQp => m.destroy_qp(),
-            Op::Connect => m.connect(0),
-            Op::Accept => m.accept(0),
-            Op::Reject => m.reject(0),
-            Op::Disconnect => m.disconnect(),
-            Op::DestroyId => m.destroy(),
-            Op::PostSend => m.post_send().map(|()| *m),
-            Op::PostRecv => m.post_recv().map(|()| *m),
-            Op::InitQpAttrRtr => m.init_qp_attr(QpState::Rtr).map(|()| *m),
-            Op::Establish => m.establish(),
-            Op::PostSendTo => m.post_send_to().map(|()| *m),
+    /// The call the probe makes on `id`: `addr` is the address it binds, resolves, sends to
+    /// or takes its group's family from, `t` its wait, `spare` the channel a migration moves
+    /// the id to.
+    fn call<Id, Ch>(self, id: Id, addr: SocketAddr, t: Duration, spare: Ch) -> Invocation<Id, Ch> {
+        use Invocation as I;
+        match self {
+            Op::BindAddr => I::BindAddr { id, addr },
+            Op::ResolveAddr => I::ResolveAddr {
+                id,
+                src: None,
+                dst: addr,
+                timeout: t,
+            },
+            Op::ResolveRoute => I::ResolveRoute { id, timeout: t },
+            Op::Listen => I::Listen { id, backlog: 8 },
+            Op::CreateQp => I::CreateQp {
+                id,
+                caps: QpCaps::new(),
+            },
+            Op::DestroyQp => I::DestroyQp { id },
+            Op::Connect => I::Connect {
+                id,
+                param: ConnParam::new(),
+            },
+            Op::Accept => I::Accept {
+                id,
+                param: ConnParam::new(),
+            },
+            Op::Reject => I::Reject {
+                id,
+                private_data: Vec::new(),
+            },
+            Op::Disconnect => I::Disconnect { id },
+            Op::DestroyId => I::DestroyId { id },
+            Op::PostSend => I::PostSend {
+                id,
+                wr_id: 1,
+                data: b"probe".to_vec(),
+            },
+            Op::PostRecv => I::PostRecv {
+                id,
+                wr_id: 1,
+                len: 64,
+            },
+            Op::InitQpAttrRtr => I::InitQpAttr {
+                id,
+                qp_state: QpState::Rtr,
+            },
+            Op::Establish => I::Establish { id },
+            Op::PostSendTo => I::PostSendTo {
+                id,
+                wr_id: 1,
+                dest: probe_dest(addr),
+                data: b"probe".to_vec(),
+            },
             Op::SetTos | Op::SetReuseAddr | Op::SetReuseAddrOff | Op::SetAfOnly | Op::SetAckTimeout => {
-                let option = self.option().expect("a set_option probe");
-                m.set_option(option).map(|()| *m)
+                I::SetOption {
+                    id,
+                    option: self.option().expect("a set_option probe"),
+                }
             }
-            Op::MigrateId => m.migrate().map(|()| *m),
-            Op::JoinMulticast => m.join_multicast().map(|()| *m),
+            Op::MigrateId => I::MigrateId { id, channel: spare },
+            Op::JoinMulticast => I::JoinMulticast {
+                id,
+                group: probe_group(addr),
+            },
+            Op::LeaveMulticast => I::LeaveMulticast {
+                id,
+                group: probe_group(addr),
+            },
+        }
+    }
+
+    /// The machine's verdict for the call (at `addr`) on an id in `m`: the return and the QP's
+    /// state after.
+    fn verdict(self, m: &IdMachine, addr: SocketAddr) -> (Rc, Option<QpState>) {
+        let step = match self {
             // Memberships are the backend's, not the machine's: a group the id never joined is
             // not there to leave, in any state.
             Op::LeaveMulticast => Err(CmError::AddrNotAvailable {
                 call: Call::LeaveMulticast,
             }),
+            _ => self
+                .call((), addr, Duration::ZERO, ())
+                .check(m)
+                .map(|next| next.unwrap_or(*m)),
         };
         match step {
             Ok(next) => (Rc::Ok, next.qp()),
@@ -655,8 +711,7 @@ fn drive<B: CmBackend>(server: &mut B, client: &mut B, st: St, a: Addrs, w: Wait
 
 /// A backend the probe can make a call on: guarded (the simulator) or raw (librdmacm).
 trait Probed: CmBackend {
-    /// `spare` is the channel `migrate_id` moves the id to.
-    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration, spare: ChannelHandle) -> Rc;
+    fn issue(&mut self, call: &Invocation) -> Rc;
     fn qp(&self, id: IdHandle) -> Option<QpState>;
     /// Lets time pass without an event (the simulator's clock runs only in its waits).
     fn pause(&mut self, ch: ChannelHandle, t: Duration) -> Option<cm::CmEvent>;
@@ -670,31 +725,8 @@ fn rc_of(r: Result<(), CmError>) -> Rc {
 }
 
 impl Probed for SimHost {
-    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration, spare: ChannelHandle) -> Rc {
-        rc_of(match op {
-            Op::BindAddr => self.bind_addr(id, addr),
-            Op::ResolveAddr => self.resolve_addr(id, None, addr, t),
-            Op::ResolveRoute => self.resolve_route(id, t),
-            Op::Listen => self.listen(id, 8),
-            Op::CreateQp => self.create_qp(id, QpCaps::new()).map(|_| ()),
-            Op::DestroyQp => self.destroy_qp(id),
-            Op::Connect => self.connect(id, &ConnParam::new()),
-            Op::Accept => self.accept(id, &ConnParam::new()),
-            Op::Reject => self.reject(id, b""),
-            Op::Disconnect => self.disconnect(id),
-            Op::DestroyId => self.destroy_id(id),
-            Op::PostSend => self.post_send(id, 1, b"probe"),
-            Op::PostRecv => self.post_recv(id, 1, 64),
-            Op::InitQpAttrRtr => self.init_qp_attr(id, QpState::Rtr).map(|_| ()),
-            Op::Establish => self.establish(id),
-            Op::PostSendTo => self.post_send_to(id, 1, &probe_dest(addr), b"probe"),
-            Op::SetTos | Op::SetReuseAddr | Op::SetReuseAddrOff | Op::SetAfOnly | Op::SetAckTimeout => {
-                self.set_option(id, op.option().expect("a set_option probe"))
-            }
-            Op::MigrateId => self.migrate_id(id, spare),
-            Op::JoinMulticast => self.join_multicast(id, probe_group(addr)),
-            Op::LeaveMulticast => self.leave_multicast(id, probe_group(addr)),
-        })
+    fn issue(&mut self, call: &Invocation) -> Rc {
+        rc_of(call.invoke(self).map(|_| ()))
     }
 
     fn qp(&self, id: IdHandle) -> Option<QpState> {
@@ -708,33 +740,9 @@ impl Probed for SimHost {
 
 #[cfg(feature = "differential")]
 impl Probed for cm::hw::HwBackend {
-    fn issue(&mut self, id: IdHandle, op: Op, addr: SocketAddr, t: Duration, spare: ChannelHandle) -> Rc {
-        use cm::hw::{RawCall, RawOutcome};
-        let call = match op {
-            Op::BindAddr => RawCall::BindAddr(addr),
-            Op::ResolveAddr => RawCall::ResolveAddr(addr, t),
-            Op::ResolveRoute => RawCall::ResolveRoute(t),
-            Op::Listen => RawCall::Listen(8),
-            Op::CreateQp => RawCall::CreateQp(QpCaps::new()),
-            Op::DestroyQp => RawCall::DestroyQp,
-            Op::Connect => RawCall::Connect(ConnParam::new()),
-            Op::Accept => RawCall::Accept(ConnParam::new()),
-            Op::Reject => RawCall::Reject(Vec::new()),
-            Op::Disconnect => RawCall::Disconnect,
-            Op::DestroyId => RawCall::DestroyId,
-            Op::PostSend => RawCall::PostSend(b"probe".to_vec()),
-            Op::PostRecv => RawCall::PostRecv(64),
-            Op::InitQpAttrRtr => RawCall::InitQpAttr(QpState::Rtr),
-            Op::Establish => RawCall::Establish,
-            Op::PostSendTo => RawCall::PostSendTo(b"probe".to_vec(), probe_dest(addr)),
-            Op::SetTos | Op::SetReuseAddr | Op::SetReuseAddrOff | Op::SetAfOnly | Op::SetAckTimeout => {
-                RawCall::SetOption(op.option().expect("a set_option probe"))
-            }
-            Op::MigrateId => RawCall::MigrateId(spare),
-            Op::JoinMulticast => RawCall::JoinMulticast(probe_group(addr)),
-            Op::LeaveMulticast => RawCall::LeaveMulticast(probe_group(addr)),
-        };
-        match self.raw_call(id, call) {
+    fn issue(&mut self, call: &Invocation) -> Rc {
+        use cm::hw::RawOutcome;
+        match self.raw_call(call) {
             RawOutcome::Ok => Rc::Ok,
             RawOutcome::Failed(e) => Rc::Errno(e),
             RawOutcome::NotIssued(why) => Rc::NotIssued(why.to_string()),
@@ -787,20 +795,20 @@ fn probe<B: Probed>(
             }
         }
     }
-    let machine = b.id_machine(target.id).map_err(|e| format!("id_machine: {e}"))?;
-    let verdict = op.verdict(&machine);
-    let qp_before = b.qp(target.id);
     // A bind needs an address of its own (the port 0 picks one); the rest aim at the listener.
     let call_addr = match op {
         Op::BindAddr => SocketAddr::new(if target.on_server { addr.ip() } else { local }, 0),
         _ => addr,
     };
+    let machine = b.id_machine(target.id).map_err(|e| format!("id_machine: {e}"))?;
+    let verdict = op.verdict(&machine, call_addr);
+    let qp_before = b.qp(target.id);
     // The channel migrate_id moves the id to; made for every probe so that each drives the
     // same resources.
     let spare = b
         .create_event_channel()
         .map_err(|e| format!("spare channel: {e}"))?;
-    let rc = b.issue(target.id, op, call_addr, w.event, spare);
+    let rc = b.issue(&op.call(target.id, call_addr, w.event, spare));
     // A migrated id's events arrive on the spare channel.
     let id_ch = if rc == Rc::Ok && op == Op::MigrateId {
         spare
@@ -835,7 +843,7 @@ fn probe<B: Probed>(
     // The kernel is left without the membership: the join's events were acked above, so
     // librdmacm's leave does not wait.
     if rc == Rc::Ok && op == Op::JoinMulticast {
-        match b.issue(target.id, Op::LeaveMulticast, call_addr, w.event, spare) {
+        match b.issue(&Op::LeaveMulticast.call(target.id, call_addr, w.event, spare)) {
             Rc::Ok => {}
             other => return Err(format!("leave after the join: {other}")),
         }

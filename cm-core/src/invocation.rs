@@ -5,7 +5,9 @@
 //! default) is what [`invoke`](Invocation::invoke) makes on a backend; the C drop-in's wire
 //! protocol carries `Invocation<u64, u64>` (its tokens), which the daemon turns into handles with
 //! [`map_handles`](Invocation::map_handles), checking each one is the caller's; a generator of
-//! call sequences names ids by their index in its own list.
+//! call sequences names ids by their index in its own list. Byte payloads (private data,
+//! messages) are a `Vec<u8>` unless the third parameter says otherwise: a generator that stores
+//! many calls can lend them (`&'static [u8]`) instead of owning a copy in each.
 //!
 //! ```
 //! use cm_core::{CmBackend, Invocation, Outcome, PortSpace};
@@ -31,13 +33,14 @@ use crate::{
     QpCaps, QpState, Result, UdParam,
 };
 
-/// A call of [`CmBackend`] with its arguments, ids named by `Id` and channels by `Ch`.
+/// A call of [`CmBackend`] with its arguments, ids named by `Id`, channels by `Ch` and byte
+/// payloads held as `D`.
 ///
 /// It covers the calls that take ids, channels and plain values; the event, completion, memory
 /// region and shared receive queue calls, which hand over values of their own
 /// ([`CmEvent`](crate::CmEvent), buffers), are made directly.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Invocation<Id = IdHandle, Ch = ChannelHandle> {
+pub enum Invocation<Id = IdHandle, Ch = ChannelHandle, D = Vec<u8>> {
     /// `rdma_create_event_channel`.
     CreateEventChannel,
     /// `rdma_destroy_event_channel`.
@@ -120,7 +123,7 @@ pub enum Invocation<Id = IdHandle, Ch = ChannelHandle> {
         /// The id.
         id: Id,
         /// The private data.
-        private_data: Vec<u8>,
+        private_data: D,
     },
     /// `rdma_disconnect`.
     Disconnect {
@@ -170,7 +173,7 @@ pub enum Invocation<Id = IdHandle, Ch = ChannelHandle> {
         /// The work request id.
         wr_id: u64,
         /// The message.
-        data: Vec<u8>,
+        data: D,
     },
     /// `ibv_post_recv`.
     PostRecv {
@@ -190,7 +193,7 @@ pub enum Invocation<Id = IdHandle, Ch = ChannelHandle> {
         /// Where it goes.
         dest: UdParam,
         /// The payload.
-        data: Vec<u8>,
+        data: D,
     },
     /// `rdma_join_multicast`.
     JoinMulticast {
@@ -225,7 +228,7 @@ pub enum Outcome {
     Addr(Option<SocketAddr>),
 }
 
-impl<Id, Ch> Invocation<Id, Ch> {
+impl<Id, Ch, D> Invocation<Id, Ch, D> {
     /// The call it makes.
     pub const fn call(&self) -> Call {
         match self {
@@ -293,7 +296,7 @@ impl<Id, Ch> Invocation<Id, Ch> {
         self,
         mut id: impl FnMut(Id) -> std::result::Result<I2, E>,
         mut channel: impl FnMut(Ch) -> std::result::Result<C2, E>,
-    ) -> std::result::Result<Invocation<I2, C2>, E> {
+    ) -> std::result::Result<Invocation<I2, C2, D>, E> {
         use Invocation as I;
         Ok(match self {
             I::CreateEventChannel => I::CreateEventChannel,
@@ -360,7 +363,9 @@ impl<Id, Ch> Invocation<Id, Ch> {
             I::LeaveMulticast { id: i, group } => I::LeaveMulticast { id: id(i)?, group },
         })
     }
+}
 
+impl<Id, Ch, D: AsRef<[u8]>> Invocation<Id, Ch, D> {
     /// The id machine's check of the call on an id in state `m`: the machine after it where the
     /// call moves the id, `None` where it leaves it as it is (or acts on no id), or the error
     /// every backend answers. The call itself is not made.
@@ -388,7 +393,7 @@ impl<Id, Ch> Invocation<Id, Ch> {
                 m.accept_external(param.private_data.len())
             }
             I::Accept { param, .. } => m.accept(param.private_data.len()),
-            I::Reject { private_data, .. } => m.reject(private_data.len()),
+            I::Reject { private_data, .. } => m.reject(private_data.as_ref().len()),
             I::Disconnect { .. } => m.disconnect(),
             I::Establish { .. } => m.establish(),
             I::InitQpAttr { qp_state, .. } => return m.init_qp_attr(*qp_state).map(|()| None),
@@ -409,6 +414,18 @@ impl Invocation<IdHandle, ChannelHandle> {
     /// # Errors
     /// The call's own.
     pub fn invoke<B: CmBackend + ?Sized>(&self, b: &mut B) -> Result<Outcome> {
+        self.invoke_lent(b)
+    }
+}
+
+impl<D: AsRef<[u8]>> Invocation<IdHandle, ChannelHandle, D> {
+    /// [`invoke`](Invocation::invoke) for a call whose payloads are held as `D` (lent, for
+    /// one): the call is made with them where they are. `invoke` itself takes the default
+    /// `Vec<u8>` only, so that a call written without its types still names one method.
+    ///
+    /// # Errors
+    /// The call's own.
+    pub fn invoke_lent<B: CmBackend + ?Sized>(&self, b: &mut B) -> Result<Outcome> {
         use Invocation as I;
         let done = |r: Result<()>| r.map(|()| Outcome::Done);
         match self {
@@ -429,7 +446,7 @@ impl Invocation<IdHandle, ChannelHandle> {
             I::Listen { id, backlog } => done(b.listen(*id, *backlog)),
             I::Connect { id, param } => done(b.connect(*id, param)),
             I::Accept { id, param } => done(b.accept(*id, param)),
-            I::Reject { id, private_data } => done(b.reject(*id, private_data)),
+            I::Reject { id, private_data } => done(b.reject(*id, private_data.as_ref())),
             I::Disconnect { id } => done(b.disconnect(*id)),
             I::Establish { id } => done(b.establish(*id)),
             I::InitQpAttr { id, qp_state } => b.init_qp_attr(*id, *qp_state).map(Outcome::QpAttr),
@@ -437,14 +454,14 @@ impl Invocation<IdHandle, ChannelHandle> {
             I::MigrateId { id, channel } => done(b.migrate_id(*id, *channel)),
             I::GetLocalAddr { id } => b.get_local_addr(*id).map(Outcome::Addr),
             I::GetPeerAddr { id } => b.get_peer_addr(*id).map(Outcome::Addr),
-            I::PostSend { id, wr_id, data } => done(b.post_send(*id, *wr_id, data)),
+            I::PostSend { id, wr_id, data } => done(b.post_send(*id, *wr_id, data.as_ref())),
             I::PostRecv { id, wr_id, len } => done(b.post_recv(*id, *wr_id, *len)),
             I::PostSendTo {
                 id,
                 wr_id,
                 dest,
                 data,
-            } => done(b.post_send_to(*id, *wr_id, dest, data)),
+            } => done(b.post_send_to(*id, *wr_id, dest, data.as_ref())),
             I::JoinMulticast { id, group } => done(b.join_multicast(*id, *group)),
             I::LeaveMulticast { id, group } => done(b.leave_multicast(*id, *group)),
         }
@@ -498,6 +515,31 @@ mod tests {
             .on_event(CmEventType::AddrResolved)
             .unwrap();
         assert_eq!(bound.state(), IdState::AddrResolved);
+    }
+
+    #[test]
+    fn a_lent_payload_is_checked_like_an_owned_one_and_keeps_through_renaming() {
+        static TOO_LONG: [u8; 300] = [0x5A; 300];
+        let idle = IdMachine::new(PortSpace::Tcp);
+        let lent: Invocation<u8, u8, &[u8]> = Invocation::Reject {
+            id: 0,
+            private_data: &TOO_LONG,
+        };
+        let owned: Invocation<u8, u8> = Invocation::Reject {
+            id: 0,
+            private_data: TOO_LONG.to_vec(),
+        };
+        assert_eq!(lent.check(&idle), owned.check(&idle));
+        assert_eq!(lent.check(&idle), Err(idle.reject(300).unwrap_err()));
+        let renamed = lent.map_handles(|i| Ok::<_, ()>(u16::from(i) + 1), |c| Ok(u16::from(c)));
+        let Ok(Invocation::Reject { id, private_data }) = renamed else {
+            panic!("renaming keeps the call")
+        };
+        assert_eq!((id, private_data.len()), (1, 300));
+        assert!(
+            std::ptr::eq(private_data, &TOO_LONG[..]),
+            "the payload is lent, not copied"
+        );
     }
 
     #[test]

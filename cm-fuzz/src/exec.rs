@@ -2,6 +2,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{self, AssertUnwindSafe};
@@ -9,12 +10,12 @@ use std::sync::Once;
 use std::time::Duration;
 
 use cm_core::{
-    errno, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, LiveResources,
-    MrHandle, SrqHandle, WorkCompletion,
+    errno, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, IdHandle, Invocation,
+    LiveResources, MrHandle, Outcome, SrqHandle, WorkCompletion,
 };
 use cm_sim::{ConfigError, SimFabric, SimHost};
 
-use crate::gen::{FabricSpec, HandleRef, HostSel, Op, Owner, ParamSel, Scenario};
+use crate::gen::{group_addr, FabricSpec, FuzzCall, HandleRef, HostSel, Op, Owner, Scenario};
 use crate::stats::Stats;
 
 mod onesided;
@@ -362,32 +363,9 @@ pub(crate) fn error_call(e: &CmError) -> Option<Call> {
 /// The call an operation is, for matching against the call its errors name.
 fn op_call(op: &Op) -> Option<Call> {
     Some(match op {
-        Op::CreateEventChannel { .. } => Call::CreateEventChannel,
-        Op::DestroyEventChannel { .. } => Call::DestroyEventChannel,
-        Op::CreateId { .. } => Call::CreateId,
-        Op::DestroyId { .. } => Call::DestroyId,
-        Op::BindAddr { .. } => Call::BindAddr,
-        Op::ResolveAddr { .. } => Call::ResolveAddr,
-        Op::ResolveRoute { .. } => Call::ResolveRoute,
-        Op::CreateQp { .. } => Call::CreateQp,
-        Op::DestroyQp { .. } => Call::DestroyQp,
-        Op::Listen { .. } => Call::Listen,
-        Op::Connect { .. } => Call::Connect,
-        Op::Accept { .. } => Call::Accept,
-        Op::Reject { .. } => Call::Reject,
-        Op::Disconnect { .. } => Call::Disconnect,
-        Op::InitQpAttr { .. } => Call::InitQpAttr,
-        Op::Establish { .. } => Call::Establish,
+        Op::Call { call, .. } => call.call(),
         Op::GetCmEvent { .. } | Op::TryGetCmEvent { .. } | Op::TakeCmEvent { .. } => Call::GetCmEvent,
-        Op::SetOption { .. } => Call::SetOption,
-        Op::MigrateId { .. } => Call::MigrateId,
         Op::AckHeld { .. } | Op::AckForged { .. } => Call::AckCmEvent,
-        Op::GetLocalAddr { .. } => Call::GetLocalAddr,
-        Op::GetPeerAddr { .. } => Call::GetPeerAddr,
-        Op::PostSend { .. } | Op::PostSendTo { .. } => Call::PostSend,
-        Op::JoinMulticast { .. } => Call::JoinMulticast,
-        Op::LeaveMulticast { .. } => Call::LeaveMulticast,
-        Op::PostRecv { .. } => Call::PostRecv,
         Op::PollCq { .. } | Op::TryPollCq { .. } => Call::PollCq,
         Op::IdMachine { .. }
         | Op::LiveResources { .. }
@@ -534,14 +512,6 @@ impl<'a> World<'a> {
         self.hosts[h.fabric as usize][h.host as usize].clone()
     }
 
-    /// The first address of host `to` of the first fabric (a host it lacks: an address no host
-    /// has, whose datagrams go nowhere).
-    fn host_ip(&self, to: usize) -> std::net::IpAddr {
-        self.hosts[0]
-            .get(to)
-            .map_or(std::net::IpAddr::from([10, 9, 9, 9]), |host| host.addr())
-    }
-
     fn learn_tag(&mut self, h: HostSel, owner: u32) {
         self.tags[h.fabric as usize][h.host as usize].get_or_insert(owner);
     }
@@ -595,18 +565,6 @@ impl<'a> World<'a> {
         Self::pick(own, &self.all_chans, r, cm_core::backend::channel_handle, |o| {
             self.owner_tag(o)
         })
-    }
-
-    fn conn_param(p: &ParamSel) -> ConnParam {
-        let mut c = ConnParam::new().with_private_data(&vec![0xA5; p.private_len]);
-        c.responder_resources = p.responder_resources;
-        c.initiator_depth = p.initiator_depth;
-        c.retry_count = p.retry_count;
-        c.rnr_retry_count = p.rnr_retry_count;
-        c.flow_control = p.flow_control;
-        c.srq = p.srq;
-        c.qp_num = p.qp_num;
-        c
     }
 
     /// Checks an error answer and counts it.
@@ -748,126 +706,7 @@ impl<'a> World<'a> {
 
     fn step(&mut self, i: usize, op: &Op) -> Checked {
         match *op {
-            Op::CreateEventChannel { h } => {
-                let r = self.host(h).create_event_channel();
-                self.note(i, op, || format!("{r:?}"));
-                match r {
-                    Ok(ch) => {
-                        self.learn_tag(h, ch.owner());
-                        self.chans[h.fabric as usize][h.host as usize].push(ch);
-                        self.all_chans.push(ch);
-                        Ok(())
-                    }
-                    Err(e) => self.check_err(i, op, &e),
-                }
-            }
-            Op::DestroyEventChannel { h, ch } => {
-                let ch = self.chan(h, ch);
-                let r = self.host(h).destroy_event_channel(ch);
-                self.unit(i, op, r)
-            }
-            Op::CreateId { h, ch, ps } => {
-                let ch = self.chan(h, ch);
-                let r = self.host(h).create_id(ch, ps);
-                self.note(i, op, || format!("{r:?}"));
-                match r {
-                    Ok(id) => {
-                        if self.dead_ids.remove(&id) {
-                            // A slot's generation wrapped: a stale handle now names a new id.
-                            return fail(
-                                Check::EventId,
-                                "create_id reissued a destroyed handle",
-                                format!("{op} gave {id:?}, a handle already used and destroyed"),
-                                Some(i),
-                            );
-                        }
-                        self.learn_tag(h, id.owner());
-                        self.ids[h.fabric as usize][h.host as usize].push(id);
-                        self.all_ids.push(id);
-                        Ok(())
-                    }
-                    Err(e) => self.check_err(i, op, &e),
-                }
-            }
-            Op::DestroyId { h, id } => {
-                let id = self.id(h, id);
-                let r = self.host(h).destroy_id(id);
-                if r.is_ok() {
-                    self.dead_ids.insert(id);
-                }
-                self.unit(i, op, r)
-            }
-            Op::BindAddr { h, id, addr } => {
-                let (id, addr) = (self.id(h, id), self.scenario.resolve_addr(h.fabric, addr));
-                let r = self.host(h).bind_addr(id, addr);
-                self.unit(i, op, r)
-            }
-            Op::ResolveAddr {
-                h,
-                id,
-                src,
-                dst,
-                timeout,
-            } => {
-                let id = self.id(h, id);
-                let src = src.map(|a| self.scenario.resolve_addr(h.fabric, a));
-                let dst = self.scenario.resolve_addr(h.fabric, dst);
-                let r = self.host(h).resolve_addr(id, src, dst, timeout);
-                self.unit(i, op, r)
-            }
-            Op::ResolveRoute { h, id, timeout } => {
-                let id = self.id(h, id);
-                let r = self.host(h).resolve_route(id, timeout);
-                self.unit(i, op, r)
-            }
-            Op::CreateQp { h, id, caps } => {
-                let id = self.id(h, id);
-                let r = self.host(h).create_qp(id, caps).map(|_| ());
-                self.unit(i, op, r)
-            }
-            Op::DestroyQp { h, id } => {
-                let id = self.id(h, id);
-                let r = self.host(h).destroy_qp(id);
-                self.unit(i, op, r)
-            }
-            Op::Listen { h, id, backlog } => {
-                let id = self.id(h, id);
-                let r = self.host(h).listen(id, backlog);
-                self.unit(i, op, r)
-            }
-            Op::Connect { h, id, ref param } => {
-                let id = self.id(h, id);
-                let r = self.host(h).connect(id, &Self::conn_param(param));
-                self.unit(i, op, r)
-            }
-            Op::Accept { h, id, ref param } => {
-                let id = self.id(h, id);
-                let r = self.host(h).accept(id, &Self::conn_param(param));
-                self.unit(i, op, r)
-            }
-            Op::Reject { h, id, private_len } => {
-                let id = self.id(h, id);
-                let r = self.host(h).reject(id, &vec![0x5A; private_len]);
-                self.unit(i, op, r)
-            }
-            Op::Disconnect { h, id } => {
-                let id = self.id(h, id);
-                let r = self.host(h).disconnect(id);
-                self.unit(i, op, r)
-            }
-            Op::InitQpAttr { h, id, qp_state } => {
-                let id = self.id(h, id);
-                let r = self.host(h).init_qp_attr(id, qp_state);
-                if let Ok(attr) = &r {
-                    format!("{attr:?}").hash(&mut self.digest);
-                }
-                self.unit(i, op, r.map(|_| ()))
-            }
-            Op::Establish { h, id } => {
-                let id = self.id(h, id);
-                let r = self.host(h).establish(id);
-                self.unit(i, op, r)
-            }
+            Op::Call { h, ref call } => self.step_call(i, op, h, call),
             Op::GetCmEvent { h, ch, timeout, ack } => {
                 let ch = self.chan(h, ch);
                 let r = self.host(h).get_cm_event(ch, timeout);
@@ -887,17 +726,6 @@ impl<'a> World<'a> {
                     Seen::of(ev)
                 });
                 self.taken_answer(i, op, h, r, read.get())
-            }
-            Op::SetOption { h, id, option } => {
-                let id = self.id(h, id);
-                let r = self.host(h).set_option(id, option);
-                self.unit(i, op, r)
-            }
-            Op::MigrateId { h, id, ch } => {
-                let id = self.id(h, id);
-                let ch = self.chan(h, ch);
-                let r = self.host(h).migrate_id(id, ch);
-                self.unit(i, op, r)
             }
             Op::AckHeld { on, n } => {
                 if self.held.is_empty() {
@@ -949,65 +777,6 @@ impl<'a> World<'a> {
                         Some(i),
                     );
                 }
-                self.unit(i, op, r)
-            }
-            Op::GetLocalAddr { h, id } => {
-                let id = self.id(h, id);
-                let r = self.host(h).get_local_addr(id);
-                if let Ok(a) = &r {
-                    a.hash(&mut self.digest);
-                }
-                self.unit(i, op, r.map(|_| ()))
-            }
-            Op::GetPeerAddr { h, id } => {
-                let id = self.id(h, id);
-                let r = self.host(h).get_peer_addr(id);
-                if let Ok(a) = &r {
-                    a.hash(&mut self.digest);
-                }
-                self.unit(i, op, r.map(|_| ()))
-            }
-            Op::PostSend { h, id, wr_id, len } => {
-                let id = self.id(h, id);
-                let r = self.host(h).post_send(id, wr_id, &vec![0x3C; len]);
-                self.unit(i, op, r)
-            }
-            Op::PostSendTo {
-                h,
-                id,
-                wr_id,
-                len,
-                to,
-                qp_num,
-                qkey,
-            } => {
-                let id = self.id(h, id);
-                let to_ip = if qp_num == cm_core::MULTICAST_QPN {
-                    group_addr(0).ip()
-                } else {
-                    self.host_ip(to)
-                };
-                let dest = cm_core::UdParam {
-                    qp_num,
-                    qkey,
-                    ah_attr: cm_core::AhAttr::for_ip(to_ip),
-                };
-                let r = self.host(h).post_send_to(id, wr_id, &dest, &vec![0x5A; len]);
-                self.unit(i, op, r)
-            }
-            Op::JoinMulticast { h, id, group } => {
-                let id = self.id(h, id);
-                let r = self.host(h).join_multicast(id, group_addr(group));
-                self.unit(i, op, r)
-            }
-            Op::LeaveMulticast { h, id, group } => {
-                let id = self.id(h, id);
-                let r = self.host(h).leave_multicast(id, group_addr(group));
-                self.unit(i, op, r)
-            }
-            Op::PostRecv { h, id, wr_id, len } => {
-                let id = self.id(h, id);
-                let r = self.host(h).post_recv(id, wr_id, len);
                 self.unit(i, op, r)
             }
             Op::PollCq { h, id, max, timeout } => {
@@ -1067,6 +836,57 @@ impl<'a> World<'a> {
             | Op::ArmSrqLimit { .. }
             | Op::CreateQpOnSrq { .. }
             | Op::GetAsyncEvent { .. } => self.step_onesided(i, op),
+        }
+    }
+
+    /// A librdmacm call: its handles looked up on `h`, made there, its answer checked and what
+    /// it made (a channel, an id) filed as the host's.
+    fn step_call(&mut self, i: usize, op: &Op, h: HostSel, call: &FuzzCall) -> Checked {
+        let made = call
+            .clone()
+            .map_handles(|r| Ok::<_, Infallible>(self.id(h, r)), |r| Ok(self.chan(h, r)));
+        let made = match made {
+            Ok(made) => made,
+            Err(never) => match never {},
+        };
+        let r = made.invoke_lent(&mut self.host(h));
+        match r {
+            Ok(Outcome::Channel(ch)) => {
+                self.note(i, op, || format!("{:?}", Ok::<_, CmError>(ch)));
+                self.learn_tag(h, ch.owner());
+                self.chans[h.fabric as usize][h.host as usize].push(ch);
+                self.all_chans.push(ch);
+                Ok(())
+            }
+            Ok(Outcome::Id(id)) => {
+                self.note(i, op, || format!("{:?}", Ok::<_, CmError>(id)));
+                if self.dead_ids.remove(&id) {
+                    // A slot's generation wrapped: a stale handle now names a new id.
+                    return fail(
+                        Check::EventId,
+                        "create_id reissued a destroyed handle",
+                        format!("{op} gave {id:?}, a handle already used and destroyed"),
+                        Some(i),
+                    );
+                }
+                self.learn_tag(h, id.owner());
+                self.ids[h.fabric as usize][h.host as usize].push(id);
+                self.all_ids.push(id);
+                Ok(())
+            }
+            r => {
+                match &r {
+                    Ok(Outcome::QpAttr(attr)) => format!("{attr:?}").hash(&mut self.digest),
+                    Ok(Outcome::Addr(a)) => a.hash(&mut self.digest),
+                    Ok(_) => {
+                        if let Invocation::DestroyId { id } = &made {
+                            self.dead_ids.insert(*id);
+                        }
+                    }
+                    Err(_) => {}
+                }
+                self.unit(i, op, r.map(|_| ()))
+            }
         }
     }
 
@@ -1332,12 +1152,6 @@ pub fn run_checked(scenario: &Scenario) -> RunResult {
 
 /// How long each run may take on the wall clock before the watchdog gives up on it.
 pub const DEFAULT_WALL_LIMIT: Duration = Duration::from_secs(60);
-
-/// Group `n` of [`GROUPS`](crate::gen::GROUPS) as a join's address.
-fn group_addr(n: usize) -> std::net::SocketAddr {
-    let ip: std::net::IpAddr = crate::gen::GROUPS[n].parse().expect("a valid address");
-    std::net::SocketAddr::new(ip, 0)
-}
 
 /// What the checks read of a retrieved event, taken while it is at hand: `take_cm_event` lends
 /// the event only to its `read`.

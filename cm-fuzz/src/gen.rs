@@ -4,9 +4,13 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use cm_core::{Access, CmEventType, IdOption, PortSpace, QpCaps, QpState, SrqCaps};
+use cm_core::{
+    Access, AhAttr, CmEventType, ConnParam, IdOption, Invocation, PortSpace, QpCaps, QpState, SrqCaps,
+    UdParam,
+};
 use cm_sim::{Fault, FaultSchedule, SimConfig, TraceMode};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -207,108 +211,141 @@ pub struct AddrSel {
     pub port: u16,
 }
 
-/// Connection parameters for connect / accept.
+/// Connection parameters for connect / accept, as drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ParamSel {
+struct ParamSel {
     /// Private data length (may exceed every limit).
-    pub private_len: usize,
+    private_len: usize,
     /// `responder_resources`.
-    pub responder_resources: u8,
+    responder_resources: u8,
     /// `initiator_depth`.
-    pub initiator_depth: u8,
+    initiator_depth: u8,
     /// `retry_count`.
-    pub retry_count: u8,
+    retry_count: u8,
     /// `rnr_retry_count`.
-    pub rnr_retry_count: u8,
+    rnr_retry_count: u8,
     /// `flow_control`.
-    pub flow_control: u8,
+    flow_control: u8,
     /// `srq`.
-    pub srq: bool,
+    srq: bool,
     /// `qp_num`.
-    pub qp_num: u32,
+    qp_num: u32,
+}
+
+impl ParamSel {
+    /// The parameters the call is made with.
+    fn conn(self) -> ConnParam {
+        let mut c = ConnParam::new().with_private_data(pattern(Fill::Param, self.private_len));
+        c.responder_resources = self.responder_resources;
+        c.initiator_depth = self.initiator_depth;
+        c.retry_count = self.retry_count;
+        c.rnr_retry_count = self.rnr_retry_count;
+        c.flow_control = self.flow_control;
+        c.srq = self.srq;
+        c.qp_num = self.qp_num;
+        c
+    }
+}
+
+/// A librdmacm call as the fuzzer stores it: ids and channels named relative to the calling
+/// host, payloads lent from [`pattern`].
+pub type FuzzCall = Invocation<HandleRef, HandleRef, &'static [u8]>;
+
+/// The longest payload a call is generated with (a SEND one past a MiB).
+const LONGEST_PAYLOAD: usize = (1 << 20) + 1;
+
+/// The byte a payload is made of: each kind of call has its own, so that a payload delivered
+/// elsewhere shows where it came from.
+#[derive(Clone, Copy)]
+enum Fill {
+    /// SEND messages.
+    Send = 0x3C,
+    /// Reject private data and datagrams.
+    Reject = 0x5A,
+    /// Connect and accept private data.
+    Param = 0xA5,
+}
+
+/// `len` bytes of `fill` (`len` at most [`LONGEST_PAYLOAD`]), made once per fill and lent to
+/// every call: scenarios hold many calls, some with a MiB of payload each.
+fn pattern(fill: Fill, len: usize) -> &'static [u8] {
+    static BUFFERS: [OnceLock<Vec<u8>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let slot = match fill {
+        Fill::Send => 0,
+        Fill::Reject => 1,
+        Fill::Param => 2,
+    };
+    &BUFFERS[slot].get_or_init(|| vec![fill as u8; LONGEST_PAYLOAD])[..len]
+}
+
+/// `rdma_reject`'s private data of `len` bytes.
+fn reject_data(len: usize) -> &'static [u8] {
+    pattern(Fill::Reject, len)
+}
+
+/// A SEND's message of `len` bytes.
+fn send_data(len: usize) -> &'static [u8] {
+    pattern(Fill::Send, len)
+}
+
+/// A datagram's payload of `len` bytes.
+fn datagram_data(len: usize) -> &'static [u8] {
+    pattern(Fill::Reject, len)
+}
+
+/// Group `n` of [`GROUPS`] as a socket address.
+pub(crate) fn group_addr(n: usize) -> SocketAddr {
+    let ip: IpAddr = GROUPS[n].parse().expect("a valid address");
+    SocketAddr::new(ip, 0)
+}
+
+/// The first address of host `h` on the caller's fabric, port `port`.
+const fn host_addr(h: HostSel, port: u16) -> AddrSel {
+    AddrSel {
+        ip: IpSel::Host {
+            host: h.host,
+            which: 0,
+        },
+        port,
+    }
+}
+
+/// The librdmacm call `call` made on host `h`.
+pub(crate) const fn call(h: HostSel, call: FuzzCall) -> Op {
+    Op::Call { h, call }
+}
+
+/// Resolves an address argument for a call made on `fabric`, whose hosts' addresses are
+/// `hosts`.
+fn resolve(hosts: &[Vec<Vec<IpAddr>>; 2], fabric: u8, a: AddrSel) -> SocketAddr {
+    let ip = match a.ip {
+        IpSel::Host { host, which } => {
+            let hosts = &hosts[fabric as usize];
+            let ips = &hosts[host as usize % hosts.len()];
+            ips[which as usize % ips.len()]
+        }
+        IpSel::OtherFabric(host) => {
+            let hosts = &hosts[1 - fabric as usize];
+            hosts[host as usize % hosts.len()][0]
+        }
+        IpSel::Literal(ip) => ip,
+    };
+    SocketAddr::new(ip, a.port)
 }
 
 /// One call of the sequence. Every `CmBackend` method has one, plus the fabric-level calls
-/// (`inject`, `advance`, `run_until_idle`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// (`inject`, `advance`, `run_until_idle`): the librdmacm calls that [`Invocation`] covers are
+/// [`Op::Call`]; what is the fuzzer's own is here beside it: retrieving events and acking them
+/// (held, on another host, forged), polling completions, the checks' looks (`id_machine`,
+/// `live_resources`), memory regions and shared receive queues, and the fabric's calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // fields are the call's arguments, named after the trait's parameters
 pub enum Op {
-    CreateEventChannel {
+    /// A librdmacm call on host `h`: its ids and channels are named relative to `h`, its
+    /// other arguments are the values it is made with.
+    Call {
         h: HostSel,
-    },
-    DestroyEventChannel {
-        h: HostSel,
-        ch: HandleRef,
-    },
-    CreateId {
-        h: HostSel,
-        ch: HandleRef,
-        ps: PortSpace,
-    },
-    DestroyId {
-        h: HostSel,
-        id: HandleRef,
-    },
-    BindAddr {
-        h: HostSel,
-        id: HandleRef,
-        addr: AddrSel,
-    },
-    ResolveAddr {
-        h: HostSel,
-        id: HandleRef,
-        src: Option<AddrSel>,
-        dst: AddrSel,
-        timeout: Duration,
-    },
-    ResolveRoute {
-        h: HostSel,
-        id: HandleRef,
-        timeout: Duration,
-    },
-    CreateQp {
-        h: HostSel,
-        id: HandleRef,
-        caps: QpCaps,
-    },
-    DestroyQp {
-        h: HostSel,
-        id: HandleRef,
-    },
-    Listen {
-        h: HostSel,
-        id: HandleRef,
-        backlog: i32,
-    },
-    Connect {
-        h: HostSel,
-        id: HandleRef,
-        param: ParamSel,
-    },
-    Accept {
-        h: HostSel,
-        id: HandleRef,
-        param: ParamSel,
-    },
-    Reject {
-        h: HostSel,
-        id: HandleRef,
-        private_len: usize,
-    },
-    Disconnect {
-        h: HostSel,
-        id: HandleRef,
-    },
-    /// `init_qp_attr` (external QPs).
-    InitQpAttr {
-        h: HostSel,
-        id: HandleRef,
-        qp_state: QpState,
-    },
-    /// `establish` (external QPs).
-    Establish {
-        h: HostSel,
-        id: HandleRef,
+        call: FuzzCall,
     },
     /// `get_cm_event`; `ack` acks the event at once on the same host, else it is held.
     GetCmEvent {
@@ -327,16 +364,6 @@ pub enum Op {
         h: HostSel,
         ch: HandleRef,
     },
-    SetOption {
-        h: HostSel,
-        id: HandleRef,
-        option: IdOption,
-    },
-    MigrateId {
-        h: HostSel,
-        id: HandleRef,
-        ch: HandleRef,
-    },
     /// Acks the `n`-th most recent held event on host `on`, or on its own host when `None`.
     AckHeld {
         on: Option<HostSel>,
@@ -350,49 +377,6 @@ pub enum Op {
         event: CmEventType,
         status: i32,
         token: u64,
-    },
-    GetLocalAddr {
-        h: HostSel,
-        id: HandleRef,
-    },
-    GetPeerAddr {
-        h: HostSel,
-        id: HandleRef,
-    },
-    PostSend {
-        h: HostSel,
-        id: HandleRef,
-        wr_id: u64,
-        len: usize,
-    },
-    /// A datagram to QP `qp_num` (with Q_Key `qkey`) of host `to`'s first address.
-    PostSendTo {
-        h: HostSel,
-        id: HandleRef,
-        wr_id: u64,
-        len: usize,
-        to: usize,
-        qp_num: u32,
-        qkey: u32,
-    },
-    /// `join_multicast` of group `group`, an index into the fuzzer's group table (239.1.1.1,
-    /// ff0e::1, and 10.0.0.1, which is no multicast address).
-    JoinMulticast {
-        h: HostSel,
-        id: HandleRef,
-        group: usize,
-    },
-    /// `leave_multicast` of group `group`, an index into the fuzzer's group table.
-    LeaveMulticast {
-        h: HostSel,
-        id: HandleRef,
-        group: usize,
-    },
-    PostRecv {
-        h: HostSel,
-        id: HandleRef,
-        wr_id: u64,
-        len: u32,
     },
     PollCq {
         h: HostSel,
@@ -491,6 +475,20 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// Whether it is the QP an application step makes or the receive it posts on it (left out
+    /// where the application brings its own QP).
+    fn is_qp_setup(&self) -> bool {
+        matches!(
+            self,
+            Op::Call {
+                call: Invocation::CreateQp { .. } | Invocation::PostRecv { .. },
+                ..
+            }
+        )
+    }
+}
+
 /// The groups the fuzzer joins, leaves and sends to (a send to QP `0xFFFFFF` goes to the
 /// first); the last is a unicast address, which joins refuse.
 pub(crate) const GROUPS: [&str; 3] = ["239.1.1.1", "ff0e::1", "10.0.0.1"];
@@ -499,35 +497,12 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Debug of the variant is exact and complete; handles read better in their own form.
         match self {
-            Op::CreateEventChannel { h } => write!(f, "{h} create_event_channel()"),
-            Op::DestroyEventChannel { h, ch } => write!(f, "{h} destroy_event_channel({ch})"),
-            Op::CreateId { h, ch, ps } => write!(f, "{h} create_id({ch}, {ps})"),
-            Op::DestroyId { h, id } => write!(f, "{h} destroy_id({id})"),
-            Op::BindAddr { h, id, addr } => write!(f, "{h} bind_addr({id}, {addr:?})"),
-            Op::ResolveAddr {
-                h,
-                id,
-                src,
-                dst,
-                timeout,
-            } => write!(f, "{h} resolve_addr({id}, {src:?}, {dst:?}, {timeout:?})"),
-            Op::ResolveRoute { h, id, timeout } => write!(f, "{h} resolve_route({id}, {timeout:?})"),
-            Op::CreateQp { h, id, caps } => write!(f, "{h} create_qp({id}, {caps:?})"),
-            Op::DestroyQp { h, id } => write!(f, "{h} destroy_qp({id})"),
-            Op::Listen { h, id, backlog } => write!(f, "{h} listen({id}, {backlog})"),
-            Op::Connect { h, id, param } => write!(f, "{h} connect({id}, {param:?})"),
-            Op::Accept { h, id, param } => write!(f, "{h} accept({id}, {param:?})"),
-            Op::Reject { h, id, private_len } => write!(f, "{h} reject({id}, {private_len} bytes)"),
-            Op::Disconnect { h, id } => write!(f, "{h} disconnect({id})"),
-            Op::InitQpAttr { h, id, qp_state } => write!(f, "{h} init_qp_attr({id}, {qp_state})"),
-            Op::Establish { h, id } => write!(f, "{h} establish({id})"),
+            Op::Call { h, call } => write!(f, "{h} {}", Shown(call)),
             Op::GetCmEvent { h, ch, timeout, ack } => {
                 write!(f, "{h} get_cm_event({ch}, {timeout:?}){}", ack_note(*ack))
             }
             Op::TryGetCmEvent { h, ch, ack } => write!(f, "{h} try_get_cm_event({ch}){}", ack_note(*ack)),
             Op::TakeCmEvent { h, ch } => write!(f, "{h} take_cm_event({ch})"),
-            Op::SetOption { h, id, option } => write!(f, "{h} set_option({id}, {option})"),
-            Op::MigrateId { h, id, ch } => write!(f, "{h} migrate_id({id}, {ch})"),
             Op::AckHeld { on: Some(h), n } => write!(f, "{h} ack_cm_event(held[-{n}]) (maybe not its host)"),
             Op::AckHeld { on: None, n } => write!(f, "ack_cm_event(held[-{n}]) on its own host"),
             Op::AckForged {
@@ -541,24 +516,6 @@ impl fmt::Display for Op {
                 f,
                 "{h} ack_cm_event(cm_event({id}, {listen_id:?}, {event}, {status}, .., token {token}))"
             ),
-            Op::GetLocalAddr { h, id } => write!(f, "{h} get_local_addr({id})"),
-            Op::GetPeerAddr { h, id } => write!(f, "{h} get_peer_addr({id})"),
-            Op::PostSend { h, id, wr_id, len } => write!(f, "{h} post_send({id}, {wr_id}, {len} bytes)"),
-            Op::PostSendTo {
-                h,
-                id,
-                wr_id,
-                len,
-                to,
-                qp_num,
-                qkey,
-            } => write!(
-                f,
-                "{h} post_send_to({id}, {wr_id}, qp {qp_num:#x} qkey {qkey:#x} of host {to}, {len} bytes)"
-            ),
-            Op::JoinMulticast { h, id, group } => write!(f, "{h} join_multicast({id}, {})", GROUPS[*group]),
-            Op::LeaveMulticast { h, id, group } => write!(f, "{h} leave_multicast({id}, {})", GROUPS[*group]),
-            Op::PostRecv { h, id, wr_id, len } => write!(f, "{h} post_recv({id}, {wr_id}, {len})"),
             Op::PollCq { h, id, max, timeout } => write!(f, "{h} poll_cq({id}, max {max}, {timeout:?})"),
             Op::TryPollCq { h, id, max } => write!(f, "{h} try_poll_cq({id}, max {max})"),
             Op::IdMachine { h, id } => write!(f, "{h} id_machine({id})"),
@@ -589,6 +546,84 @@ fn ack_note(ack: bool) -> &'static str {
         " + ack"
     } else {
         " (held)"
+    }
+}
+
+/// A call as the log shows it: the trait method's name, handles in their own form, private
+/// data and payloads by their length.
+struct Shown<'a>(&'a FuzzCall);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Invocation as I;
+        match self.0 {
+            I::CreateEventChannel => write!(f, "create_event_channel()"),
+            I::DestroyEventChannel { channel } => write!(f, "destroy_event_channel({channel})"),
+            I::CreateId { channel, ps } => write!(f, "create_id({channel}, {ps})"),
+            I::DestroyId { id } => write!(f, "destroy_id({id})"),
+            I::BindAddr { id, addr } => write!(f, "bind_addr({id}, {addr})"),
+            I::ResolveAddr {
+                id,
+                src,
+                dst,
+                timeout,
+            } => write!(f, "resolve_addr({id}, {src:?}, {dst}, {timeout:?})"),
+            I::ResolveRoute { id, timeout } => write!(f, "resolve_route({id}, {timeout:?})"),
+            I::CreateQp { id, caps } => write!(f, "create_qp({id}, {caps:?})"),
+            I::DestroyQp { id } => write!(f, "destroy_qp({id})"),
+            I::Listen { id, backlog } => write!(f, "listen({id}, {backlog})"),
+            I::Connect { id, param } => write!(f, "connect({id}, {})", ShownParam(param)),
+            I::Accept { id, param } => write!(f, "accept({id}, {})", ShownParam(param)),
+            I::Reject { id, private_data } => write!(f, "reject({id}, {} bytes)", private_data.len()),
+            I::Disconnect { id } => write!(f, "disconnect({id})"),
+            I::Establish { id } => write!(f, "establish({id})"),
+            I::InitQpAttr { id, qp_state } => write!(f, "init_qp_attr({id}, {qp_state})"),
+            I::SetOption { id, option } => write!(f, "set_option({id}, {option})"),
+            I::MigrateId { id, channel } => write!(f, "migrate_id({id}, {channel})"),
+            I::GetLocalAddr { id } => write!(f, "get_local_addr({id})"),
+            I::GetPeerAddr { id } => write!(f, "get_peer_addr({id})"),
+            I::PostSend { id, wr_id, data } => write!(f, "post_send({id}, {wr_id}, {} bytes)", data.len()),
+            I::PostRecv { id, wr_id, len } => write!(f, "post_recv({id}, {wr_id}, {len})"),
+            I::PostSendTo {
+                id,
+                wr_id,
+                dest,
+                data,
+            } => {
+                let gid = Ipv6Addr::from(dest.ah_attr.dgid);
+                let to = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
+                write!(
+                    f,
+                    "post_send_to({id}, {wr_id}, qp {:#x} qkey {:#x} at {to}, {} bytes)",
+                    dest.qp_num,
+                    dest.qkey,
+                    data.len()
+                )
+            }
+            I::JoinMulticast { id, group } => write!(f, "join_multicast({id}, {})", group.ip()),
+            I::LeaveMulticast { id, group } => write!(f, "leave_multicast({id}, {})", group.ip()),
+        }
+    }
+}
+
+/// Connection parameters as the log shows them: private data by its length.
+struct ShownParam<'a>(&'a ConnParam);
+
+impl fmt::Display for ShownParam<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = self.0;
+        write!(
+            f,
+            "{} bytes, resources {}/{}, retries {}/{}, flow control {}, srq {}, qp {:#x}",
+            p.private_data.len(),
+            p.responder_resources,
+            p.initiator_depth,
+            p.retry_count,
+            p.rnr_retry_count,
+            p.flow_control,
+            p.srq,
+            p.qp_num
+        )
     }
 }
 
@@ -628,6 +663,8 @@ pub(crate) struct Gen {
     pair: (HostSel, HostSel),
     /// Each fabric's device limits, once its configuration is drawn.
     limits: [DeviceLimits; 2],
+    /// Each fabric's hosts' addresses, once drawn: address arguments are resolved against them.
+    addrs: [Vec<Vec<IpAddr>>; 2],
 }
 
 /// Mixed into the seed of the one-sided calls' stream.
@@ -717,6 +754,7 @@ impl Gen {
             cast: (h0, h0),
             pair: (h0, h0),
             limits: [DeviceLimits::default(); 2],
+            addrs: [Vec::new(), Vec::new()],
         }
     }
 
@@ -746,6 +784,29 @@ impl Gen {
                 IpAddr::V6(Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, 9)),
                 IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
             ])),
+        }
+    }
+
+    /// The address `a` names for a call made on `h`.
+    fn at(&self, h: HostSel, a: AddrSel) -> SocketAddr {
+        resolve(&self.addrs, h.fabric, a)
+    }
+
+    /// Where a datagram to QP `qp_num` goes: the first address of host `to` of the first
+    /// fabric (a host it lacks: an address no host has, whose datagrams go nowhere), or the
+    /// first group for the multicast QP number.
+    fn datagram_dest(&self, to: usize, qp_num: u32, qkey: u32) -> UdParam {
+        let ip = if qp_num == cm_core::MULTICAST_QPN {
+            group_addr(0).ip()
+        } else {
+            self.addrs[0]
+                .get(to)
+                .map_or(IpAddr::from([10, 9, 9, 9]), |ips| ips[0])
+        };
+        UdParam {
+            qp_num,
+            qkey,
+            ah_attr: AhAttr::for_ip(ip),
         }
     }
 
@@ -1033,89 +1094,121 @@ impl Gen {
     }
 
     fn op(&mut self, hosts: &[usize; 2]) -> Op {
+        use Invocation as I;
         let h = self.any_host(hosts);
         let id = self.handle(hosts);
         match self.below(1000) {
-            0..=39 => Op::CreateEventChannel { h },
-            40..=59 => Op::DestroyEventChannel {
+            0..=39 => call(h, I::CreateEventChannel),
+            40..=59 => call(
                 h,
-                ch: self.handle(hosts),
-            },
-            60..=139 => Op::CreateId {
-                h,
-                ch: self.handle(hosts),
-                ps: if self.chance(750) {
-                    PortSpace::Tcp
-                } else {
-                    self.pick(&PortSpace::ALL)
+                I::DestroyEventChannel {
+                    channel: self.handle(hosts),
                 },
-            },
-            140..=169 => Op::DestroyId { h, id },
-            170..=219 => Op::BindAddr {
+            ),
+            60..=139 => call(
                 h,
-                id,
-                addr: self.addr(),
-            },
-            220..=289 => Op::ResolveAddr {
+                I::CreateId {
+                    channel: self.handle(hosts),
+                    ps: if self.chance(750) {
+                        PortSpace::Tcp
+                    } else {
+                        self.pick(&PortSpace::ALL)
+                    },
+                },
+            ),
+            140..=169 => call(h, I::DestroyId { id }),
+            170..=219 => {
+                let addr = self.addr();
+                call(
+                    h,
+                    I::BindAddr {
+                        id,
+                        addr: self.at(h, addr),
+                    },
+                )
+            }
+            220..=289 => {
+                let src = if self.chance(150) { Some(self.addr()) } else { None };
+                let dst = self.addr();
+                call(
+                    h,
+                    I::ResolveAddr {
+                        id,
+                        src: src.map(|a| self.at(h, a)),
+                        dst: self.at(h, dst),
+                        timeout: self.resolve_timeout(),
+                    },
+                )
+            }
+            290..=339 => call(
                 h,
-                id,
-                src: if self.chance(150) { Some(self.addr()) } else { None },
-                dst: self.addr(),
-                timeout: self.resolve_timeout(),
-            },
-            290..=339 => Op::ResolveRoute {
+                I::ResolveRoute {
+                    id,
+                    timeout: self.resolve_timeout(),
+                },
+            ),
+            340..=389 => call(
                 h,
-                id,
-                timeout: self.resolve_timeout(),
-            },
-            340..=389 => Op::CreateQp {
+                I::CreateQp {
+                    id,
+                    caps: self.caps(),
+                },
+            ),
+            390..=409 => call(h, I::DestroyQp { id }),
+            410..=449 => call(
                 h,
-                id,
-                caps: self.caps(),
-            },
-            390..=409 => Op::DestroyQp { h, id },
-            410..=449 => Op::Listen {
+                I::Listen {
+                    id,
+                    backlog: self.pick(&[0, 1, 2, 8, -1, i32::MIN, i32::MAX]),
+                },
+            ),
+            450..=499 => call(
                 h,
-                id,
-                backlog: self.pick(&[0, 1, 2, 8, -1, i32::MIN, i32::MAX]),
-            },
-            450..=499 => Op::Connect {
+                I::Connect {
+                    id,
+                    param: self.param().conn(),
+                },
+            ),
+            500..=539 => call(
                 h,
-                id,
-                param: self.param(),
-            },
-            500..=539 => Op::Accept {
+                I::Accept {
+                    id,
+                    param: self.param().conn(),
+                },
+            ),
+            540..=554 => call(
                 h,
-                id,
-                param: self.param(),
-            },
-            540..=554 => Op::Reject {
-                h,
-                id,
-                private_len: self.private_len(),
-            },
-            555..=584 => Op::Disconnect { h, id },
+                I::Reject {
+                    id,
+                    private_data: reject_data(self.private_len()),
+                },
+            ),
+            555..=584 => call(h, I::Disconnect { id }),
             585..=694 => Op::GetCmEvent {
                 h,
                 ch: self.handle(hosts),
                 timeout: self.wait(),
                 ack: self.chance(850),
             },
-            695..=699 => Op::SetOption {
+            695..=699 => call(
                 h,
-                id,
-                option: match self.below(4) {
-                    0 => IdOption::Tos(self.pick(&[0, 0x10, 0xff])),
-                    1 => IdOption::ReuseAddr(self.chance(500)),
-                    2 => IdOption::AfOnly(self.chance(500)),
-                    _ => IdOption::AckTimeout(self.pick(&[0, 1, 14, 31, 32, 255])),
+                I::SetOption {
+                    id,
+                    option: match self.below(4) {
+                        0 => IdOption::Tos(self.pick(&[0, 0x10, 0xff])),
+                        1 => IdOption::ReuseAddr(self.chance(500)),
+                        2 => IdOption::AfOnly(self.chance(500)),
+                        _ => IdOption::AckTimeout(self.pick(&[0, 1, 14, 31, 32, 255])),
+                    },
                 },
-            },
-            700..=704 => Op::MigrateId {
+            ),
+            700..=704 => call(
                 h,
-                id,
-                ch: self.handle(hosts),
-            },
+                I::MigrateId {
+                    id,
+                    channel: self.handle(hosts),
+                },
+            ),
             705..=724 => Op::TryGetCmEvent {
                 h,
                 ch: self.handle(hosts),
@@ -1157,39 +1250,54 @@ impl Gen {
                     token: self.pick(&[0, 1, 2, 3, u64::MAX]),
                 }
             }
-            785..=799 => Op::GetLocalAddr { h, id },
-            800..=814 => Op::GetPeerAddr { h, id },
-            815..=839 => Op::PostSend {
+            785..=799 => call(h, I::GetLocalAddr { id }),
+            800..=814 => call(h, I::GetPeerAddr { id }),
+            815..=839 => call(
                 h,
-                wr_id: self.below(4),
-                len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, (1 << 20) + 1]),
-                id,
-            },
-            846..=847 => Op::JoinMulticast {
+                I::PostSend {
+                    wr_id: self.below(4),
+                    data: send_data(self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, (1 << 20) + 1])),
+                    id,
+                },
+            ),
+            846..=847 => call(
                 h,
-                id,
-                group: self.below(GROUPS.len() as u64) as usize,
-            },
-            848..=849 => Op::LeaveMulticast {
+                I::JoinMulticast {
+                    id,
+                    group: group_addr(self.below(GROUPS.len() as u64) as usize),
+                },
+            ),
+            848..=849 => call(
                 h,
-                id,
-                group: self.below(GROUPS.len() as u64) as usize,
-            },
-            840..=845 => Op::PostSendTo {
+                I::LeaveMulticast {
+                    id,
+                    group: group_addr(self.below(GROUPS.len() as u64) as usize),
+                },
+            ),
+            840..=845 => {
+                let wr_id = self.below(4);
+                let len = self.pick(&[0, 1, 64, 1024, 1025, 4096, 4097]);
+                let to = self.below(3) as usize;
+                let qp_num = self.pick(&[0x11, 0x12, 0x13, 0x14, 0x00FF_FFFF, u32::MAX]);
+                let qkey = self.pick(&[cm_core::UDP_QKEY, 0]);
+                call(
+                    h,
+                    I::PostSendTo {
+                        id,
+                        wr_id,
+                        dest: self.datagram_dest(to, qp_num, qkey),
+                        data: datagram_data(len),
+                    },
+                )
+            }
+            850..=884 => call(
                 h,
-                wr_id: self.below(4),
-                len: self.pick(&[0, 1, 64, 1024, 1025, 4096, 4097]),
-                to: self.below(3) as usize,
-                qp_num: self.pick(&[0x11, 0x12, 0x13, 0x14, 0x00FF_FFFF, u32::MAX]),
-                qkey: self.pick(&[cm_core::UDP_QKEY, 0]),
-                id,
-            },
-            850..=884 => Op::PostRecv {
-                h,
-                wr_id: self.below(4),
-                len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, u32::MAX]),
-                id,
-            },
+                I::PostRecv {
+                    wr_id: self.below(4),
+                    len: self.pick(&[0, 1, 64, 4096, 4097, 1 << 20, u32::MAX]),
+                    id,
+                },
+            ),
             885..=914 => Op::PollCq {
                 h,
                 id,
@@ -1204,19 +1312,21 @@ impl Gen {
             935..=939 => Op::IdMachine { h, id },
             940..=944 => {
                 if self.chance(500) {
-                    Op::Establish { h, id }
+                    call(h, I::Establish { id })
                 } else {
-                    Op::InitQpAttr {
+                    call(
                         h,
-                        id,
-                        qp_state: self.pick(&[
-                            QpState::Init,
-                            QpState::Rtr,
-                            QpState::Rts,
-                            QpState::Reset,
-                            QpState::Err,
-                        ]),
-                    }
+                        I::InitQpAttr {
+                            id,
+                            qp_state: self.pick(&[
+                                QpState::Init,
+                                QpState::Rtr,
+                                QpState::Rts,
+                                QpState::Reset,
+                                QpState::Err,
+                            ]),
+                        },
+                    )
                 }
             }
             945..=949 => Op::LiveResources { h },
@@ -1269,6 +1379,7 @@ impl Gen {
         kind: u64,
         (fabric, server, client, port): (u8, HostSel, HostSel, u16),
     ) -> Vec<Op> {
+        use Invocation as I;
         self.pair = (server, client);
         let ps = if self.chance(850) {
             PortSpace::Tcp
@@ -1284,80 +1395,79 @@ impl Gen {
         };
         match kind {
             0 => vec![
-                Op::CreateEventChannel { h: server },
-                Op::CreateId {
-                    h: server,
-                    ch: NEWEST,
-                    ps,
-                },
-                Op::BindAddr {
-                    h: server,
-                    id: NEWEST,
-                    addr: AddrSel {
-                        ip: IpSel::Host {
-                            host: server.host,
-                            which: 0,
-                        },
-                        port,
+                call(server, I::CreateEventChannel),
+                call(server, I::CreateId { channel: NEWEST, ps }),
+                call(
+                    server,
+                    I::BindAddr {
+                        id: NEWEST,
+                        addr: self.at(server, host_addr(server, port)),
                     },
-                },
-                Op::Listen {
-                    h: server,
-                    id: NEWEST,
-                    backlog: self.pick(&[0, 1, 8]),
-                },
+                ),
+                call(
+                    server,
+                    I::Listen {
+                        id: NEWEST,
+                        backlog: self.pick(&[0, 1, 8]),
+                    },
+                ),
             ],
             1 | 2 => {
                 // Some applications bring their own QP (an external QP): no backend QP, its
                 // number in the parameters.
                 let external = self.chance(150);
                 let mut ops = vec![
-                    Op::CreateEventChannel { h: client },
-                    Op::CreateId {
-                        h: client,
-                        ch: NEWEST,
-                        ps,
-                    },
-                    Op::ResolveAddr {
-                        h: client,
-                        id: NEWEST,
-                        src: None,
-                        dst: AddrSel {
-                            ip: IpSel::Host {
-                                host: server.host,
-                                which: 0,
-                            },
-                            port,
+                    call(client, I::CreateEventChannel),
+                    call(client, I::CreateId { channel: NEWEST, ps }),
+                    call(
+                        client,
+                        I::ResolveAddr {
+                            id: NEWEST,
+                            src: None,
+                            // The server's address as seen from the client's fabric.
+                            dst: self.at(client, host_addr(server, port)),
+                            timeout: Duration::from_secs(2),
                         },
-                        timeout: Duration::from_secs(2),
-                    },
+                    ),
                     get(client),
-                    Op::ResolveRoute {
-                        h: client,
-                        id: NEWEST,
-                        timeout: Duration::from_secs(2),
-                    },
+                    call(
+                        client,
+                        I::ResolveRoute {
+                            id: NEWEST,
+                            timeout: Duration::from_secs(2),
+                        },
+                    ),
                     get(client),
-                    Op::CreateQp {
-                        h: client,
-                        id: NEWEST,
-                        caps: QpCaps::new(),
-                    },
-                    Op::PostRecv {
-                        h: client,
-                        id: NEWEST,
-                        wr_id: 1,
-                        len: 4096,
-                    },
-                    Op::Connect {
-                        h: client,
-                        id: NEWEST,
-                        param: self.step_param(),
-                    },
+                    call(
+                        client,
+                        I::CreateQp {
+                            id: NEWEST,
+                            caps: QpCaps::new(),
+                        },
+                    ),
+                    call(
+                        client,
+                        I::PostRecv {
+                            id: NEWEST,
+                            wr_id: 1,
+                            len: 4096,
+                        },
+                    ),
+                    call(
+                        client,
+                        I::Connect {
+                            id: NEWEST,
+                            param: self.step_param().conn(),
+                        },
+                    ),
                 ];
                 if external {
-                    ops.retain(|op| !matches!(op, Op::CreateQp { .. } | Op::PostRecv { .. }));
-                    if let Some(Op::Connect { param, .. }) = ops.last_mut() {
+                    ops.retain(|op| !op.is_qp_setup());
+                    if let Some(Op::Call {
+                        call: I::Connect { param, .. },
+                        ..
+                    }) = ops.last_mut()
+                    {
                         param.qp_num = EXTERNAL_QPN;
                     }
                 }
@@ -1367,60 +1477,78 @@ impl Gen {
                 let external = self.chance(150);
                 let mut ops = vec![
                     get(server),
-                    Op::CreateQp {
-                        h: server,
-                        id: NEWEST,
-                        caps: QpCaps::new(),
-                    },
-                    Op::PostRecv {
-                        h: server,
-                        id: NEWEST,
-                        wr_id: 2,
-                        len: 4096,
-                    },
+                    call(
+                        server,
+                        I::CreateQp {
+                            id: NEWEST,
+                            caps: QpCaps::new(),
+                        },
+                    ),
+                    call(
+                        server,
+                        I::PostRecv {
+                            id: NEWEST,
+                            wr_id: 2,
+                            len: 4096,
+                        },
+                    ),
                 ];
                 ops.push(if self.chance(850) {
-                    Op::Accept {
-                        h: server,
-                        id: NEWEST,
-                        param: self.step_param(),
-                    }
+                    call(
+                        server,
+                        I::Accept {
+                            id: NEWEST,
+                            param: self.step_param().conn(),
+                        },
+                    )
                 } else {
-                    Op::Reject {
-                        h: server,
-                        id: NEWEST,
-                        private_len: self.private_len(),
-                    }
+                    call(
+                        server,
+                        I::Reject {
+                            id: NEWEST,
+                            private_data: reject_data(self.private_len()),
+                        },
+                    )
                 });
                 ops.push(get(client));
                 if external {
-                    ops.retain(|op| !matches!(op, Op::CreateQp { .. } | Op::PostRecv { .. }));
-                    if let Some(Op::Accept { param, .. }) =
-                        ops.iter_mut().find(|op| matches!(op, Op::Accept { .. }))
-                    {
+                    ops.retain(|op| !op.is_qp_setup());
+                    if let Some(Op::Call {
+                        call: I::Accept { param, .. },
+                        ..
+                    }) = ops.iter_mut().find(|op| {
+                        matches!(
+                            op,
+                            Op::Call {
+                                call: I::Accept { .. },
+                                ..
+                            }
+                        )
+                    }) {
                         param.qp_num = EXTERNAL_QPN + 1;
                     }
                     // After CONNECT_RESPONSE the application's QP is ready: the RTU goes out.
-                    ops.push(Op::InitQpAttr {
-                        h: client,
-                        id: NEWEST,
-                        qp_state: QpState::Rtr,
-                    });
-                    ops.push(Op::Establish {
-                        h: client,
-                        id: NEWEST,
-                    });
+                    ops.push(call(
+                        client,
+                        I::InitQpAttr {
+                            id: NEWEST,
+                            qp_state: QpState::Rtr,
+                        },
+                    ));
+                    ops.push(call(client, I::Establish { id: NEWEST }));
                 }
                 ops.push(get(server));
                 ops
             }
             4 => vec![
-                Op::PostSend {
-                    h: client,
-                    id: NEWEST,
-                    wr_id: 3,
-                    len: self.pick(&[0, 64, 4096]),
-                },
+                call(
+                    client,
+                    I::PostSend {
+                        id: NEWEST,
+                        wr_id: 3,
+                        data: send_data(self.pick(&[0, 64, 4096])),
+                    },
+                ),
                 Op::PollCq {
                     h: client,
                     id: NEWEST,
@@ -1435,15 +1563,9 @@ impl Gen {
                 },
             ],
             5 => vec![
-                Op::Disconnect {
-                    h: client,
-                    id: NEWEST,
-                },
+                call(client, I::Disconnect { id: NEWEST }),
                 get(server),
-                Op::Disconnect {
-                    h: server,
-                    id: NEWEST,
-                },
+                call(server, I::Disconnect { id: NEWEST }),
                 get(client),
                 Op::PollCq {
                     h: client,
@@ -1453,18 +1575,9 @@ impl Gen {
                 },
             ],
             6 => vec![
-                Op::DestroyQp {
-                    h: client,
-                    id: NEWEST,
-                },
-                Op::DestroyId {
-                    h: client,
-                    id: NEWEST,
-                },
-                Op::DestroyEventChannel {
-                    h: client,
-                    ch: NEWEST,
-                },
+                call(client, I::DestroyQp { id: NEWEST }),
+                call(client, I::DestroyId { id: NEWEST }),
+                call(client, I::DestroyEventChannel { channel: NEWEST }),
             ],
             _ => vec![
                 get(client),
@@ -1507,6 +1620,7 @@ impl Scenario {
         let mut g = Gen::new(seed, skip);
         let hosts = [2 + g.below(2) as usize, 2 + g.below(2) as usize];
         let fabrics = [g.fabric(0, hosts[0]), g.fabric(1, hosts[1])];
+        g.addrs = [fabrics[0].hosts.clone(), fabrics[1].hosts.clone()];
         g.cast = (g.host_on(0, &hosts), g.host_on(0, &hosts));
         let calls = 20 + g.below(181) as usize;
         // Some sequences are pure noise, most mix application steps with noise.
@@ -1524,12 +1638,14 @@ impl Scenario {
                         fabric: f as u8,
                         host,
                     };
-                    ops.push(Op::CreateEventChannel { h });
-                    ops.push(Op::CreateId {
+                    ops.push(call(h, Invocation::CreateEventChannel));
+                    ops.push(call(
                         h,
-                        ch: NEWEST,
-                        ps: PortSpace::Tcp,
-                    });
+                        Invocation::CreateId {
+                            channel: NEWEST,
+                            ps: PortSpace::Tcp,
+                        },
+                    ));
                 }
             }
         }
@@ -1559,22 +1675,5 @@ impl Scenario {
     /// Host counts of the two fabrics.
     pub fn host_counts(&self) -> [usize; 2] {
         [self.fabrics[0].hosts.len(), self.fabrics[1].hosts.len()]
-    }
-
-    /// Resolves an address argument for a call made on `fabric`.
-    pub fn resolve_addr(&self, fabric: u8, a: AddrSel) -> SocketAddr {
-        let ip = match a.ip {
-            IpSel::Host { host, which } => {
-                let hosts = &self.fabrics[fabric as usize].hosts;
-                let ips = &hosts[host as usize % hosts.len()];
-                ips[which as usize % ips.len()]
-            }
-            IpSel::OtherFabric(host) => {
-                let hosts = &self.fabrics[1 - fabric as usize].hosts;
-                hosts[host as usize % hosts.len()][0]
-            }
-            IpSel::Literal(ip) => ip,
-        };
-        SocketAddr::new(ip, a.port)
     }
 }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 pub use exec::{run_checked, run_once, Check, Failure, RunOptions, RunResult, DEFAULT_WALL_LIMIT};
 pub use gen::{
-    AddrSel, FabricSpec, HandleRef, HostSel, IpSel, KeySel, Known, KnownSet, OffSel, Op, Owner, ParamSel,
+    AddrSel, FabricSpec, FuzzCall, HandleRef, HostSel, IpSel, KeySel, Known, KnownSet, OffSel, Op, Owner,
     RegionSel, RemoteSel, Scenario, SgeSel, WrOp, WrSel,
 };
 pub use stats::{error_kind, Stats};

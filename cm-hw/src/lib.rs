@@ -82,7 +82,7 @@ mod sys;
 
 #[cfg(feature = "differential")]
 #[doc(hidden)]
-pub use backend::differential::{RawCall, RawOutcome};
+pub use backend::differential::RawOutcome;
 pub use backend::{HwBackend, MAX_MESSAGE_SIZE, MAX_MR_SIZE, MAX_QP_BUFFER_BYTES};
 /// rdma-core's C API (the `rdma-sys` bindings this crate is built on), for the types of
 /// [`RawId`]: an application that drives its own QPs calls verbs through it or another crate.

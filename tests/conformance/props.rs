@@ -17,8 +17,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cm::api::{
-    errno, Call, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle, IdMachine,
-    PortSpace, QpCaps, QpState, WcStatus,
+    errno, Call, ChannelHandle, CmBackend, CmError, CmEvent, CmEventType, ConnParam, HandleKind, IdHandle,
+    IdMachine, Invocation, Outcome, PortSpace, QpCaps, QpState, WcStatus,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -38,51 +38,35 @@ enum Pick {
     Exact(usize),
 }
 
+/// A librdmacm call on the id a [`Pick`] chooses, with the arguments it is made with.
+type IdCall = Invocation<Pick, ()>;
+
+/// One step of a case. The calls whose arguments exist only on the bed (its addresses and
+/// ports, its waits, the work request numbers the run hands out) are named by what the step
+/// makes of them; every call goes through [`Run::call`].
 #[derive(Clone, Debug)]
 enum Op {
     CreateId {
         side: bool,
         datagram: bool,
     },
+    /// A call on the id its `Invocation` picks.
+    Call(Box<IdCall>),
+    /// `bind_addr` to the id's host at port base + `port` (0: an ephemeral port, 4: the
+    /// wildcard of the bed's family at base + 3).
     Bind {
         id: Pick,
         port: u8,
     },
+    /// `resolve_addr` to base + `port` of the server, the client or an address nobody has.
     ResolveAddr {
         id: Pick,
         to_server: bool,
         port: u8,
         unreachable: bool,
     },
+    /// `resolve_route` with the bed's wait.
     ResolveRoute {
-        id: Pick,
-    },
-    CreateQp {
-        id: Pick,
-    },
-    DestroyQp {
-        id: Pick,
-    },
-    Listen {
-        id: Pick,
-        backlog: u8,
-    },
-    Connect {
-        id: Pick,
-        pdata: u8,
-    },
-    Accept {
-        id: Pick,
-        pdata: u8,
-    },
-    Reject {
-        id: Pick,
-        pdata: u8,
-    },
-    Disconnect {
-        id: Pick,
-    },
-    DestroyId {
         id: Pick,
     },
     Foreign {
@@ -96,10 +80,12 @@ enum Op {
     AckHeld {
         which: Index,
     },
+    /// `post_send` of `len` bytes, numbered by the run.
     PostSend {
         id: Pick,
         len: u8,
     },
+    /// `post_recv` of `len` bytes, numbered by the run.
     PostRecv {
         id: Pick,
         len: u8,
@@ -114,6 +100,73 @@ enum Op {
     },
 }
 
+fn on_id(call: IdCall) -> Op {
+    Op::Call(Box::new(call))
+}
+
+fn create_qp(id: Pick) -> Op {
+    on_id(Invocation::CreateQp {
+        id,
+        caps: QpCaps::new(),
+    })
+}
+
+fn destroy_qp(id: Pick) -> Op {
+    on_id(Invocation::DestroyQp { id })
+}
+
+fn listen(id: Pick, backlog: u8) -> Op {
+    on_id(Invocation::Listen {
+        id,
+        backlog: i32::from(backlog),
+    })
+}
+
+fn connect(id: Pick, pdata: u8) -> Op {
+    on_id(Invocation::Connect {
+        id,
+        param: ConnParam::new().with_private_data(&vec![0xC0; usize::from(pdata)]),
+    })
+}
+
+fn accept(id: Pick, pdata: u8) -> Op {
+    on_id(Invocation::Accept {
+        id,
+        param: ConnParam::new().with_private_data(&vec![0xA0; usize::from(pdata)]),
+    })
+}
+
+fn reject(id: Pick, pdata: u8) -> Op {
+    on_id(Invocation::Reject {
+        id,
+        private_data: vec![0x5E; usize::from(pdata)],
+    })
+}
+
+fn disconnect(id: Pick) -> Op {
+    on_id(Invocation::Disconnect { id })
+}
+
+fn destroy_id(id: Pick) -> Op {
+    on_id(Invocation::DestroyId { id })
+}
+
+/// Whether an aimed pick may choose an id in state `m` for `call`: the machine allows the call
+/// (with no private data, whose length is the call's own business), and a listen aims at bound
+/// ids only.
+fn aims(call: &IdCall, m: &IdMachine) -> bool {
+    let mut bare = call.clone();
+    match &mut bare {
+        Invocation::Connect { param, .. } | Invocation::Accept { param, .. } => {
+            param.private_data = ConnParam::new().private_data;
+        }
+        Invocation::Reject { private_data, .. } => private_data.clear(),
+        Invocation::Listen { .. } if m.state() != cm::api::IdState::AddrBound => return false,
+        _ => {}
+    }
+    bare.check(m).is_ok()
+}
+
 fn pick(aim: f64) -> impl Strategy<Value = Pick> {
     (any::<Index>(), prop::bool::weighted(aim)).prop_map(|(index, aim)| Pick::Random { index, aim })
 }
@@ -126,14 +179,14 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (id(), any::<bool>(), 1u8..4, prop::bool::weighted(0.1))
             .prop_map(|(id, to_server, port, unreachable)| Op::ResolveAddr { id, to_server, port, unreachable }),
         3 => id().prop_map(|id| Op::ResolveRoute { id }),
-        3 => id().prop_map(|id| Op::CreateQp { id }),
-        1 => id().prop_map(|id| Op::DestroyQp { id }),
-        2 => (id(), 0u8..3).prop_map(|(id, backlog)| Op::Listen { id, backlog }),
-        3 => (id(), 0u8..60).prop_map(|(id, pdata)| Op::Connect { id, pdata }),
-        3 => (id(), 0u8..200).prop_map(|(id, pdata)| Op::Accept { id, pdata }),
-        1 => (id(), 0u8..150).prop_map(|(id, pdata)| Op::Reject { id, pdata }),
-        2 => id().prop_map(|id| Op::Disconnect { id }),
-        2 => id().prop_map(|id| Op::DestroyId { id }),
+        3 => id().prop_map(create_qp),
+        1 => id().prop_map(destroy_qp),
+        2 => (id(), 0u8..3).prop_map(|(id, backlog)| listen(id, backlog)),
+        3 => (id(), 0u8..60).prop_map(|(id, pdata)| connect(id, pdata)),
+        3 => (id(), 0u8..200).prop_map(|(id, pdata)| accept(id, pdata)),
+        1 => (id(), 0u8..150).prop_map(|(id, pdata)| reject(id, pdata)),
+        2 => id().prop_map(disconnect),
+        2 => id().prop_map(destroy_id),
         1 => id().prop_map(|id| Op::Foreign { id }),
         8 => (any::<bool>(), 0u8..4, prop::bool::weighted(0.85)).prop_map(|(side, wait, ack)| Op::GetEvent { side, wait, ack }),
         2 => any::<Index>().prop_map(|which| Op::AckHeld { which }),
@@ -223,17 +276,22 @@ impl<B: CmBackend> Run<'_, B> {
         Ok(())
     }
 
-    /// Runs one call on id `i`: `model` computes the model's next machine, `call` does it.
-    fn call(
-        &mut self,
-        i: usize,
-        name: Call,
-        model: impl FnOnce(&IdMachine) -> Result<IdMachine, CmError>,
-        call: impl FnOnce(&mut B, IdHandle) -> Result<(), CmError>,
-    ) -> Result<bool, TestCaseError> {
+    /// Makes `call` on the id of the model's index it names and checks it against the model
+    /// (the machine's own verdict, [`Invocation::check`]); whether it succeeded.
+    fn call(&mut self, call: Invocation<usize, ()>) -> Result<bool, TestCaseError> {
+        let i = *call.id().expect("the calls made are on an id");
         let (side, handle, alive) = (self.ids[i].side, self.ids[i].handle, self.ids[i].alive);
-        let got = call(self.backend(side), handle);
+        let name = call.call();
+        let had_qp = self.ids[i].m.qp().is_some() && alive;
+        let made: Invocation<IdHandle, ChannelHandle> = call
+            .map_handles(|_| Ok(handle), |()| Err("the calls on an id take no channel"))
+            .map_err(TestCaseError::fail)?;
+        let got = made.invoke(self.backend(side)).map(|_: Outcome| ());
         self.log.push(format!("{name} {handle} -> {got:?}"));
+        if name == Call::DestroyQp && had_qp {
+            // Completions not polled are lost with the QP.
+            self.ids[i].outstanding.clear();
+        }
         let succeeded = got.is_ok();
         if !alive {
             let unknown = Err(CmError::UnknownHandle {
@@ -243,7 +301,8 @@ impl<B: CmBackend> Run<'_, B> {
             prop_assert_eq!(got, unknown, "use after destroy");
             return Ok(false);
         }
-        let want = model(&self.ids[i].m);
+        let m = self.ids[i].m;
+        let want = made.check(&m).map(|next| next.unwrap_or(m));
         match (want, got) {
             (Ok(next), Ok(())) => {
                 if name == Call::DestroyId {
@@ -303,13 +362,7 @@ impl<B: CmBackend> Run<'_, B> {
                     4 => SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), base + 3),
                     p => SocketAddr::new(ip, base + u16::from(p)),
                 };
-                let wildcard = addr.ip().is_unspecified();
-                if self.call(
-                    i,
-                    Call::BindAddr,
-                    |m| m.bind_addr(wildcard),
-                    |b, h| b.bind_addr(h, addr),
-                )? {
+                if self.call(Invocation::BindAddr { id: i, addr })? {
                     self.ids[i].on_port1 = port == 1;
                 }
             }
@@ -328,96 +381,31 @@ impl<B: CmBackend> Run<'_, B> {
                     (false, false) => client_ip,
                 };
                 let dst = SocketAddr::new(ip, base + u16::from(port));
-                let timeout = waits(1);
-                self.call(i, Call::ResolveAddr, IdMachine::resolve_addr, |b, h| {
-                    b.resolve_addr(h, None, dst, timeout)
-                })?;
+                let call = Invocation::ResolveAddr {
+                    id: i,
+                    src: None,
+                    dst,
+                    timeout: waits(1),
+                };
+                self.call(call)?;
             }
             Op::ResolveRoute { ref id } => {
                 let Some(i) = self.pick(id, |m| m.resolve_route().is_ok()) else {
                     return Ok(());
                 };
                 let timeout = waits(2);
-                self.call(i, Call::ResolveRoute, IdMachine::resolve_route, |b, h| {
-                    b.resolve_route(h, timeout)
-                })?;
+                self.call(Invocation::ResolveRoute { id: i, timeout })?;
             }
-            Op::CreateQp { ref id } => {
-                let Some(i) = self.pick(id, |m| m.create_qp().is_ok()) else {
+            Op::Call(ref call) => {
+                let pick = call.id().expect("the generated calls are on an id");
+                let Some(i) = self.pick(pick, |m| aims(call, m)) else {
                     return Ok(());
                 };
-                self.call(i, Call::CreateQp, IdMachine::create_qp, |b, h| {
-                    b.create_qp(h, QpCaps::new()).map(|_| ())
-                })?;
-            }
-            Op::DestroyQp { ref id } => {
-                let Some(i) = self.pick(id, |m| m.destroy_qp().is_ok()) else {
-                    return Ok(());
-                };
-                let had_qp = self.ids[i].m.qp().is_some() && self.ids[i].alive;
-                self.call(i, Call::DestroyQp, IdMachine::destroy_qp, |b, h| b.destroy_qp(h))?;
-                if had_qp {
-                    // Completions not polled are lost with the QP.
-                    self.ids[i].outstanding.clear();
-                }
-            }
-            Op::Listen { ref id, backlog } => {
-                let Some(i) = self.pick(id, |m| {
-                    m.listen().is_ok() && m.state() == cm::api::IdState::AddrBound
-                }) else {
-                    return Ok(());
-                };
-                self.call(i, Call::Listen, IdMachine::listen, |b, h| {
-                    b.listen(h, i32::from(backlog))
-                })?;
-            }
-            Op::Connect { ref id, pdata } => {
-                let Some(i) = self.pick(id, |m| m.connect(0).is_ok()) else {
-                    return Ok(());
-                };
-                let param = ConnParam::new().with_private_data(&vec![0xC0; usize::from(pdata)]);
-                self.call(
-                    i,
-                    Call::Connect,
-                    |m| m.connect(param.private_data.len()),
-                    |b, h| b.connect(h, &param),
-                )?;
-            }
-            Op::Accept { ref id, pdata } => {
-                let Some(i) = self.pick(id, |m| m.accept(0).is_ok()) else {
-                    return Ok(());
-                };
-                let param = ConnParam::new().with_private_data(&vec![0xA0; usize::from(pdata)]);
-                self.call(
-                    i,
-                    Call::Accept,
-                    |m| m.accept(param.private_data.len()),
-                    |b, h| b.accept(h, &param),
-                )?;
-            }
-            Op::Reject { ref id, pdata } => {
-                let Some(i) = self.pick(id, |m| m.reject(0).is_ok()) else {
-                    return Ok(());
-                };
-                let data = vec![0x5E; usize::from(pdata)];
-                self.call(
-                    i,
-                    Call::Reject,
-                    |m| m.reject(data.len()),
-                    |b, h| b.reject(h, &data),
-                )?;
-            }
-            Op::Disconnect { ref id } => {
-                let Some(i) = self.pick(id, |m| m.disconnect().is_ok()) else {
-                    return Ok(());
-                };
-                self.call(i, Call::Disconnect, IdMachine::disconnect, |b, h| b.disconnect(h))?;
-            }
-            Op::DestroyId { ref id } => {
-                let Some(i) = self.pick(id, |m| m.destroy().is_ok()) else {
-                    return Ok(());
-                };
-                self.call(i, Call::DestroyId, IdMachine::destroy, |b, h| b.destroy_id(h))?;
+                let call = call
+                    .clone()
+                    .map_handles(|_| Ok::<_, std::convert::Infallible>(i), Ok)
+                    .unwrap_or_else(|never| match never {});
+                self.call(call)?;
             }
             Op::Foreign { ref id } => {
                 let Some(i) = self.pick(id, |_| true) else {
@@ -448,12 +436,11 @@ impl<B: CmBackend> Run<'_, B> {
                 self.next_wr += 1;
                 let wr = self.next_wr;
                 let data = vec![0xDA; usize::from(len)];
-                if self.call(
-                    i,
-                    Call::PostSend,
-                    |m| m.post_send().map(|()| *m),
-                    |b, h| b.post_send(h, wr, &data),
-                )? {
+                if self.call(Invocation::PostSend {
+                    id: i,
+                    wr_id: wr,
+                    data,
+                })? {
                     self.ids[i].outstanding.insert(wr);
                 }
             }
@@ -464,12 +451,11 @@ impl<B: CmBackend> Run<'_, B> {
                 self.next_wr += 1;
                 let wr = self.next_wr;
                 let len = u32::from(len);
-                if self.call(
-                    i,
-                    Call::PostRecv,
-                    |m| m.post_recv().map(|()| *m),
-                    |b, h| b.post_recv(h, wr, len),
-                )? {
+                if self.call(Invocation::PostRecv {
+                    id: i,
+                    wr_id: wr,
+                    len,
+                })? {
                     self.ids[i].outstanding.insert(wr);
                 }
             }
@@ -521,9 +507,9 @@ impl<B: CmBackend> Run<'_, B> {
             ack: true,
         };
         let release = if m.qp().is_some() {
-            Op::DestroyQp { id: id() }
+            destroy_qp(id())
         } else {
-            Op::DestroyId { id: id() }
+            destroy_id(id())
         };
         // Connect where a listener waits, when there is one.
         let listening = |s: usize| {
@@ -542,7 +528,7 @@ impl<B: CmBackend> Run<'_, B> {
             .any(|o| o.alive && o.side == self.ids[i].side && o.on_port1);
         match (m.state(), m.role(), m.phase()) {
             (S::Idle, _, _) if choice % 3 == 0 && !port1_taken => Op::Bind { id: id(), port: 1 },
-            (S::AddrBound, _, _) if self.ids[i].on_port1 => Op::Listen { id: id(), backlog: 0 },
+            (S::AddrBound, _, _) if self.ids[i].on_port1 => listen(id(), 0),
             (S::Idle | S::AddrBound, _, _) => Op::ResolveAddr {
                 id: id(),
                 to_server,
@@ -550,22 +536,13 @@ impl<B: CmBackend> Run<'_, B> {
                 unreachable: choice == 255,
             },
             (S::AddrResolved, _, _) => Op::ResolveRoute { id: id() },
-            (S::RouteResolved, _, _) if m.qp().is_none() => Op::CreateQp { id: id() },
-            (S::RouteResolved, _, _) => Op::Connect {
-                id: id(),
-                pdata: choice % 57,
-            },
-            (S::Connect, Role::Passive, P::Requested) if m.qp().is_none() => Op::CreateQp { id: id() },
-            (S::Connect, Role::Passive, P::Requested) if choice % 8 == 0 => Op::Reject {
-                id: id(),
-                pdata: choice % 149,
-            },
-            (S::Connect, Role::Passive, P::Requested) => Op::Accept {
-                id: id(),
-                pdata: choice % 197,
-            },
+            (S::RouteResolved, _, _) if m.qp().is_none() => create_qp(id()),
+            (S::RouteResolved, _, _) => connect(id(), choice % 57),
+            (S::Connect, Role::Passive, P::Requested) if m.qp().is_none() => create_qp(id()),
+            (S::Connect, Role::Passive, P::Requested) if choice % 8 == 0 => reject(id(), choice % 149),
+            (S::Connect, Role::Passive, P::Requested) => accept(id(), choice % 197),
             (S::Connect, _, P::Established) => match choice % 5 {
-                0 | 1 => Op::Disconnect { id: id() },
+                0 | 1 => disconnect(id()),
                 2 => Op::PostSend {
                     id: id(),
                     len: choice % 65,
@@ -578,11 +555,11 @@ impl<B: CmBackend> Run<'_, B> {
             },
             (S::Connect, _, P::Failed | P::Rejected) | (S::DeviceRemoval, _, _) => release,
             (S::Disconnect, _, _) => match choice % 3 {
-                0 => Op::Disconnect { id: id() },
+                0 => disconnect(id()),
                 1 => Op::PollCq { id: id() },
                 _ => release,
             },
-            (S::Listen, _, _) if choice % 16 == 0 => Op::DestroyId { id: id() },
+            (S::Listen, _, _) if choice % 16 == 0 => destroy_id(id()),
             _ => wait,
         }
     }
@@ -823,16 +800,16 @@ fn lifecycle_op() -> impl Strategy<Value = Op> {
         24 => (any::<Index>(), any::<u8>()).prop_map(|(which, choice)| Op::Drive { which, choice }),
         2 => any::<bool>().prop_map(|side| Op::CreateId { side, datagram: false }),
         2 => id().prop_map(|id| Op::Bind { id, port: 1 }),
-        2 => id().prop_map(|id| Op::Listen { id, backlog: 0 }),
+        2 => id().prop_map(|id| listen(id, 0)),
         3 => (id(), any::<bool>()).prop_map(|(id, to_server)| Op::ResolveAddr { id, to_server, port: 1, unreachable: false }),
         3 => id().prop_map(|id| Op::ResolveRoute { id }),
-        3 => id().prop_map(|id| Op::CreateQp { id }),
-        3 => id().prop_map(|id| Op::Connect { id, pdata: 8 }),
-        3 => id().prop_map(|id| Op::Accept { id, pdata: 8 }),
-        1 => id().prop_map(|id| Op::Reject { id, pdata: 4 }),
-        2 => id().prop_map(|id| Op::Disconnect { id }),
-        1 => id().prop_map(|id| Op::DestroyId { id }),
-        1 => id().prop_map(|id| Op::DestroyQp { id }),
+        3 => id().prop_map(create_qp),
+        3 => id().prop_map(|id| connect(id, 8)),
+        3 => id().prop_map(|id| accept(id, 8)),
+        1 => id().prop_map(|id| reject(id, 4)),
+        2 => id().prop_map(disconnect),
+        1 => id().prop_map(destroy_id),
+        1 => id().prop_map(destroy_qp),
         10 => (any::<bool>(), 0u8..4).prop_map(|(side, wait)| Op::GetEvent { side, wait, ack: true }),
         2 => (id(), 1u8..=64).prop_map(|(id, len)| Op::PostSend { id, len }),
         2 => (id(), 64u8..=128).prop_map(|(id, len)| Op::PostRecv { id, len }),

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use cm_core::{Access, SrqCaps};
+use cm_core::{Access, Invocation, SrqCaps};
 use cm_sim::SimConfig;
 use rand_core::RngCore;
 
@@ -474,7 +474,10 @@ impl Gen {
         let mut on_srq = None;
         for (i, op) in block.iter_mut().enumerate() {
             match *op {
-                Op::CreateQp { h, id, mut caps } => {
+                Op::Call {
+                    h,
+                    call: Invocation::CreateQp { id, mut caps },
+                } => {
                     if self.chance(300) {
                         caps.max_send_sge = self.pick(&[2, 4]);
                     }
@@ -507,10 +510,13 @@ impl Gen {
                             srq: NEWEST,
                         };
                     } else {
-                        *op = Op::CreateQp { h, id, caps };
+                        *op = super::call(h, Invocation::CreateQp { id, caps });
                     }
                 }
-                Op::PostRecv { h, wr_id, len, .. } if on_srq == Some(h) => {
+                Op::Call {
+                    h,
+                    call: Invocation::PostRecv { wr_id, len, .. },
+                } if on_srq == Some(h) => {
                     *op = Op::PostSrqRecv {
                         h,
                         srq: NEWEST,
@@ -612,12 +618,14 @@ impl Gen {
         }
         if self.chance(300) {
             // A receive for a WRITE or SEND with an immediate.
-            steps.push(Op::PostRecv {
-                h: resp,
-                id: NEWEST,
-                wr_id: 50,
-                len: 4096,
-            });
+            steps.push(super::call(
+                resp,
+                Invocation::PostRecv {
+                    id: NEWEST,
+                    wr_id: 50,
+                    len: 4096,
+                },
+            ));
         }
         for _ in 0..1 + self.below(4) {
             // Hostile requests on a live connection, too: what the checks at the post and at

@@ -9,62 +9,13 @@
 
 use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use cm_core::{Call, ChannelHandle, CmBackend, ConnParam, IdHandle, IdOption, QpCaps, QpState, WcOpcode};
+use cm_core::{Call, ChannelHandle, CmBackend, IdHandle, Invocation, QpCaps, QpState, WcOpcode};
 
 use super::{HwBackend, QpEntry};
 use crate::convert;
 use crate::sys;
 use cm_core::backend::WrPool;
-
-/// One trait call, with its arguments, to be made on librdmacm directly.
-#[derive(Clone, Debug)]
-pub enum RawCall {
-    /// `rdma_bind_addr`.
-    BindAddr(SocketAddr),
-    /// `rdma_resolve_addr` from no source address.
-    ResolveAddr(SocketAddr, Duration),
-    /// `rdma_resolve_route`.
-    ResolveRoute(Duration),
-    /// `rdma_listen`.
-    Listen(i32),
-    /// `rdma_create_qp` with the backend's PD, CQ and buffers.
-    CreateQp(QpCaps),
-    /// `rdma_destroy_qp`.
-    DestroyQp,
-    /// `rdma_connect` (never a NULL parameter).
-    Connect(ConnParam),
-    /// `rdma_accept` (never a NULL parameter).
-    Accept(ConnParam),
-    /// `rdma_reject`.
-    Reject(Vec<u8>),
-    /// `rdma_disconnect`.
-    Disconnect,
-    /// `rdma_destroy_id`.
-    DestroyId,
-    /// `ibv_post_send` of the bytes.
-    PostSend(Vec<u8>),
-    /// `ibv_post_recv` of a buffer of this length.
-    PostRecv(u32),
-    /// `rdma_init_qp_attr` for this state (the attributes are dropped; only the answer counts).
-    InitQpAttr(QpState),
-    /// `rdma_establish`.
-    Establish,
-    /// `post_send_to` of the bytes. On a UD QP a datagram to the destination; on a connected QP
-    /// the send `post_send` makes, since verbs ignore a work request's `wr.ud` there
-    /// (`ibv_post_send(3)`): what librdmacm's `rdma_post_ud_send` would put on the connection.
-    PostSendTo(Vec<u8>, cm_core::UdParam),
-    /// `rdma_set_option` at level `RDMA_OPTION_ID`.
-    SetOption(IdOption),
-    /// `rdma_migrate_id` to the channel.
-    MigrateId(ChannelHandle),
-    /// `rdma_join_multicast` of the group (NULL context), whatever the id's port space or state.
-    JoinMulticast(SocketAddr),
-    /// `rdma_leave_multicast` of the group, joined or not (librdmacm looks the group up in the
-    /// id's memberships before it asks the kernel).
-    LeaveMulticast(SocketAddr),
-}
 
 /// What librdmacm (or verbs) answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,13 +29,27 @@ pub enum RawOutcome {
 }
 
 impl HwBackend {
-    /// Makes `call` on `id` through librdmacm without asking the id's machine first.
+    /// Makes `call` through librdmacm without asking its id's machine first.
     ///
     /// The machine is moved on when the call succeeded and the machine allows the call, and left
     /// as it was otherwise, so that the events that follow are delivered (and counted) as usual.
-    /// A handle this backend does not know is `NotIssued`.
+    /// A handle this backend does not know is `NotIssued`, and so are the calls that have no
+    /// state check to bypass (creating and destroying channels, creating ids, the address
+    /// getters: make them through the trait).
+    ///
+    /// How a call is made where librdmacm and the trait part: `resolve_addr` as given;
+    /// `connect` and `accept` never with a NULL parameter; `init_qp_attr`'s attributes are
+    /// dropped (only the answer counts); `post_send_to` on a connected QP is the send
+    /// `post_send` makes, since verbs ignore a work request's `wr.ud` there (`ibv_post_send(3)`),
+    /// which is what `rdma_post_ud_send` would put on the connection; `join_multicast` has a NULL
+    /// context, whatever the id's port space or state; `leave_multicast` is made for a group
+    /// joined or not (librdmacm looks it up in the id's memberships before it asks the kernel).
     #[doc(hidden)]
-    pub fn raw_call(&mut self, id: IdHandle, call: RawCall) -> RawOutcome {
+    pub fn raw_call(&mut self, call: &Invocation) -> RawOutcome {
+        use Invocation as I;
+        let Some(&id) = call.id() else {
+            return RawOutcome::NotIssued("no id: the call has no state check to bypass");
+        };
         let Ok(index) = self.id_index(cm_core::Call::GetLocalAddr, id) else {
             return RawOutcome::NotIssued("unknown handle");
         };
@@ -92,50 +57,62 @@ impl HwBackend {
         let device = e.raw.verbs().is_some();
         let m = e.machine;
         let result = match call {
-            RawCall::BindAddr(addr) => e.raw.bind_addr(&addr).map(|()| m.bind_addr(!device)),
-            RawCall::ResolveAddr(dst, t) => e
+            I::CreateEventChannel | I::DestroyEventChannel { .. } | I::CreateId { .. } => {
+                unreachable!("calls without an id returned above")
+            }
+            I::GetLocalAddr { .. } | I::GetPeerAddr { .. } => {
+                return RawOutcome::NotIssued("no state check to bypass: make it through the trait")
+            }
+            I::BindAddr { addr, .. } => e.raw.bind_addr(addr).map(|()| m.bind_addr(!device)),
+            I::ResolveAddr {
+                src, dst, timeout, ..
+            } => e
                 .raw
-                .resolve_addr(None, &dst, convert::millis_ceil(t))
+                .resolve_addr(src.as_ref(), dst, convert::millis_ceil(*timeout))
                 .map(|()| m.resolve_addr()),
-            RawCall::ResolveRoute(_) if !device => {
+            I::ResolveRoute { .. } if !device => {
                 return RawOutcome::NotIssued("no device: rdma_resolve_route dereferences id->verbs")
             }
-            RawCall::ResolveRoute(t) => e
+            I::ResolveRoute { timeout, .. } => e
                 .raw
-                .resolve_route(convert::millis_ceil(t))
+                .resolve_route(convert::millis_ceil(*timeout))
                 .map(|()| m.resolve_route()),
-            RawCall::Listen(backlog) => e.raw.listen(backlog).map(|()| m.listen()),
-            RawCall::Connect(_) if !device => {
+            I::Listen { backlog, .. } => e.raw.listen(*backlog).map(|()| m.listen()),
+            I::Connect { .. } if !device => {
                 return RawOutcome::NotIssued(
                     "no device: rdma_connect's parameter check dereferences id->verbs",
                 )
             }
-            RawCall::Connect(p) => e.raw.connect(&p).map(|()| m.connect(p.private_data.len())),
-            RawCall::Accept(_) if !device => {
+            I::Connect { param, .. } => e.raw.connect(param).map(|()| m.connect(param.private_data.len())),
+            I::Accept { .. } if !device => {
                 return RawOutcome::NotIssued("no device: rdma_accept dereferences id->verbs")
             }
-            RawCall::Accept(p) => e.raw.accept(&p).map(|()| m.accept(p.private_data.len())),
-            RawCall::Reject(data) => e.raw.reject(&data).map(|()| m.reject(data.len())),
-            RawCall::Disconnect => e.raw.disconnect().map(|()| m.disconnect()),
-            RawCall::CreateQp(caps) => return self.raw_create_qp(index, caps),
-            RawCall::DestroyQp => return self.raw_destroy_qp(index),
-            RawCall::DestroyId => return self.raw_destroy_id(id, index),
-            RawCall::PostSend(data) => return self.raw_post(index, WcOpcode::Send, &data, 0),
-            RawCall::PostRecv(len) => return self.raw_post(index, WcOpcode::Recv, &[], len),
-            RawCall::InitQpAttr(state) => e
+            I::Accept { param, .. } => e.raw.accept(param).map(|()| m.accept(param.private_data.len())),
+            I::Reject { private_data, .. } => {
+                e.raw.reject(private_data).map(|()| m.reject(private_data.len()))
+            }
+            I::Disconnect { .. } => e.raw.disconnect().map(|()| m.disconnect()),
+            I::CreateQp { caps, .. } => return self.raw_create_qp(index, *caps),
+            I::DestroyQp { .. } => return self.raw_destroy_qp(index),
+            I::DestroyId { .. } => return self.raw_destroy_id(id, index),
+            I::PostSend { wr_id, data, .. } => return self.raw_post(index, WcOpcode::Send, *wr_id, data, 0),
+            I::PostRecv { wr_id, len, .. } => return self.raw_post(index, WcOpcode::Recv, *wr_id, &[], *len),
+            I::InitQpAttr { qp_state, .. } => e
                 .raw
-                .init_qp_attr(state)
-                .map(|_| m.init_qp_attr(state).map(|()| m)),
+                .init_qp_attr(*qp_state)
+                .map(|_| m.init_qp_attr(*qp_state).map(|()| m)),
             // The sys wrapper's one check is librdmacm's own (EINVAL while id->qp is set).
-            RawCall::Establish => e.raw.establish().map(|()| m.establish()),
-            RawCall::PostSendTo(data, dest) => return self.raw_post_send_to(index, &data, &dest),
-            RawCall::SetOption(option) => e
+            I::Establish { .. } => e.raw.establish().map(|()| m.establish()),
+            I::PostSendTo {
+                wr_id, dest, data, ..
+            } => return self.raw_post_send_to(index, *wr_id, data, dest),
+            I::SetOption { option, .. } => e
                 .raw
-                .set_option(option)
-                .map(|()| m.set_option(option).map(|()| m)),
-            RawCall::MigrateId(channel) => return self.raw_migrate(index, channel),
-            RawCall::JoinMulticast(group) => return self.raw_join(index, group),
-            RawCall::LeaveMulticast(group) => return self.raw_leave(index, group),
+                .set_option(*option)
+                .map(|()| m.set_option(*option).map(|()| m)),
+            I::MigrateId { channel, .. } => return self.raw_migrate(index, *channel),
+            I::JoinMulticast { group, .. } => return self.raw_join(index, *group),
+            I::LeaveMulticast { group, .. } => return self.raw_leave(index, *group),
         };
         match result {
             Ok(next) => {
@@ -242,7 +219,7 @@ impl HwBackend {
         }
     }
 
-    fn raw_post(&mut self, index: u32, op: WcOpcode, data: &[u8], len: u32) -> RawOutcome {
+    fn raw_post(&mut self, index: u32, op: WcOpcode, wr_id: u64, data: &[u8], len: u32) -> RawOutcome {
         let e = self.ids.at_mut(index).expect("checked");
         let Some(q) = e.qp.as_mut() else {
             return RawOutcome::NotIssued("no QP: the verbs call would get a NULL QP");
@@ -255,7 +232,7 @@ impl HwBackend {
         } else {
             len
         };
-        let Some(slot) = q.pool.post(op, 0, size) else {
+        let Some(slot) = q.pool.post(op, wr_id, size) else {
             return RawOutcome::NotIssued("queue full");
         };
         let result = if op == WcOpcode::Send {
@@ -272,15 +249,21 @@ impl HwBackend {
         }
     }
 
-    fn raw_post_send_to(&mut self, index: u32, data: &[u8], dest: &cm_core::UdParam) -> RawOutcome {
+    fn raw_post_send_to(
+        &mut self,
+        index: u32,
+        wr_id: u64,
+        data: &[u8],
+        dest: &cm_core::UdParam,
+    ) -> RawOutcome {
         let e = self.ids.at_mut(index).expect("checked");
         if e.machine.port_space().is_connected() {
-            return self.raw_post(index, WcOpcode::Send, data, 0);
+            return self.raw_post(index, WcOpcode::Send, wr_id, data, 0);
         }
         let Some(q) = e.qp.as_mut() else {
             return RawOutcome::NotIssued("no QP: the verbs call would get a NULL QP");
         };
-        let Some(slot) = q.pool.post(WcOpcode::Send, 0, data.len() as u32) else {
+        let Some(slot) = q.pool.post(WcOpcode::Send, wr_id, data.len() as u32) else {
             return RawOutcome::NotIssued("queue full");
         };
         match q.raw.post_send_to(slot, data, dest) {
