@@ -20,9 +20,10 @@ mod onesided;
 use onesided::DeviceLimits;
 pub use onesided::{KeySel, OffSel, RegionSel, RemoteSel, SgeSel, WrOp, WrSel};
 
-/// Families of inputs that reach a simulator defect already known (issue #9). The default
-/// generates every family; `--allow-known` leaves the named ones out so a campaign can measure
-/// everything else while the fixes are pending.
+/// Families of inputs that reach a simulator defect already known (the ones
+/// [`likely_known`](crate::likely_known) names in a report). The default generates every
+/// family; `--allow-known` leaves the named ones out so a campaign can measure everything else
+/// while the fixes are pending.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Known {
     /// `SimConfig` values the builder's setters refuse but `SimBuilder::config` takes unchecked
