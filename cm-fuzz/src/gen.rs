@@ -249,7 +249,7 @@ impl ParamSel {
 }
 
 /// A librdmacm call as the fuzzer stores it: ids and channels named relative to the calling
-/// host, payloads lent from [`pattern`].
+/// host, payloads lent from the generator's static fill patterns (`pattern`).
 pub type FuzzCall = Invocation<HandleRef, HandleRef, &'static [u8]>;
 
 /// The longest payload a call is generated with (a SEND one past a MiB).
