@@ -68,10 +68,10 @@ fn loss_and_a_server_crash_are_survived_by_retrying() {
     assert!(fabric.live_resources().is_clean());
 }
 
-/// The first application of issue 23 (10 clients, 20 % CM loss, the server's host crashing at
-/// 2 s and back at 3 s): the echo server destroys its child right after answering a disconnect,
-/// so a lost DREP used to leave the client's DREQ unanswered for 68.7 s and end in -110. As on a
-/// fabric, the DREQ's next try now meets no id and the server's host answers it (cm_issue_drep).
+/// The echo application with 10 clients, 20 % CM loss and the server's host crashing at 2 s
+/// and back at 3 s: the echo server destroys its child right after answering a disconnect, so
+/// when that DREP is lost the DREQ's next try meets no id. As on a fabric, the server's host
+/// answers it (cm_issue_drep), rather than the client waiting out its 68.7 s and ending in -110.
 #[test]
 fn a_lost_drep_to_a_destroyed_peer_is_answered_by_its_host_not_timed_out() {
     let (mut answered, mut client_disconnects) = (0, 0);

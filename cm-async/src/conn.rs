@@ -282,7 +282,7 @@ impl<B: CmBackend + 'static, R: Runtime> Listener<B, R> {
     /// goes on; the passive side's `ESTABLISHED` is taken by the connection's first operation.
     /// Dropping the future halfway leaves nothing behind.
     pub async fn accept(&self) -> Result<(Connection<B, R>, Vec<u8>)> {
-        // Without a `Request` in between: at 136 bytes, moving one into its `accept` was a
+        // Without a `Request` in between: at 136 bytes, moving one into its `accept` would be a
         // call to `memcpy`, and dropping it a check for nothing. A set-up that fails drops the
         // connection, which releases the id, as a failed `Request::accept` does.
         loop {
@@ -433,8 +433,8 @@ pub struct Connection<B: CmBackend, R: Runtime> {
     /// The event that ended the connection, once one came.
     ended: Cell<Option<(CmEventType, i32)>>,
     /// The private data of the event that ended the connection. A `Cell` (taken and put back
-    /// to be read) rather than a `RefCell`: the flag's 8 bytes took the connection past 128,
-    /// where each of its moves (returned by `connect`, into `disconnect`) became a `memcpy` call.
+    /// to be read) rather than a `RefCell`: the flag's 8 bytes would take the connection past
+    /// 128, where each of its moves (returned by `connect`, into `disconnect`) is a `memcpy` call.
     end_data: Cell<Vec<u8>>,
 }
 
@@ -541,7 +541,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// end ([`Error::Disconnected`], ...).
     pub fn recv(&self) -> impl Future<Output = Result<Vec<u8>>> + '_ {
         // A poll function around the wait's, not an `async fn`: a task waiting for a message
-        // polls it at every wake, and the state machine was one more layer to go through.
+        // polls it at every wake, and a state machine would be one more layer to go through.
         let mut wait = self.wait_cq("recv", |cq| {
             let i = cq.iter().position(|wc| wc.opcode == WcOpcode::Recv)?;
             cq.remove(i)
@@ -728,9 +728,9 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
     /// this side either way.
     #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
     pub fn disconnect(self) -> impl Future<Output = Result<Closed>> {
-        // An `async` block that uses the connection where it was captured, not an `async fn`:
-        // that moved its argument (128 bytes) into the future's locals at the first poll.
-        // The connection is dropped (released) when the block completes, as it was.
+        // An `async` block that uses the connection where it was captured, not an `async fn`,
+        // which would move its argument (128 bytes) into the future's locals at the first
+        // poll. The connection is dropped (released) when the block completes.
         async move {
             // As in `connect`, each wait polls the bound itself. It is made by the first wait that
             // finds nothing (in this first poll, so at the same instant): a passive side that saw
@@ -833,7 +833,7 @@ impl<B: CmBackend + 'static, R: Runtime> Connection<B, R> {
 
     /// Waits until `pick` finds its completion in the mailbox, or the connection ends. The
     /// poll function itself, not an `async fn` around it: `recv` and `send` await it at each
-    /// of their polls, and the extra state machine was one more layer to go through.
+    /// of their polls, and an extra state machine would be one more layer to go through.
     fn wait_cq<'a>(
         &'a self,
         op: &'static str,

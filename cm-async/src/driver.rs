@@ -28,8 +28,8 @@ pub(crate) struct EventInfo {
 /// What nearly every id needs (one event at a time, one waiting task) is inline; the rest is
 /// in [`Rare`], allocated for the ids that need it. A mailbox is moved when it is made and when
 /// it is removed (and when another's removal fills its place): at 120 bytes with its id in the
-/// table (at most 128), those moves are a few vector stores, where the 176 bytes it had with its queues inline
-/// were a call to `memcpy` each (six per lifecycle).
+/// table (at most 128), those moves are a few vector stores, where with its queues inline (176
+/// bytes) each would be a call to `memcpy`.
 #[derive(Default)]
 pub(crate) struct Mailbox {
     /// The oldest event not taken, kept inline: an id rarely has two waiting, and a queue
@@ -179,7 +179,7 @@ impl Hasher for IdHasher {
 
 /// The mailboxes, found by their id's slot number: a backend hands out ids from a slab, so
 /// the numbers of the ids alive on a channel are few and small, and a table indexed by them
-/// answers a lookup (several per event) in a few instructions where hashing took dozens. An
+/// answers a lookup (several per event) in a few instructions where hashing takes dozens. An
 /// id whose number is far beyond the others' goes to a hash map instead, so that the table
 /// stays about as long as the ids alive are many.
 #[derive(Default)]
@@ -249,8 +249,8 @@ impl Boxes {
     }
 
     /// Removes `id`'s mailbox, found at `p` by [`position`](Self::position), where it lies:
-    /// returned by value (as [`remove`](Self::remove) does) it was copied out and again into
-    /// its caller before it was dropped.
+    /// returned by value (as [`remove`](Self::remove) does) it would be copied out and again
+    /// into its caller before being dropped.
     #[inline]
     fn discard_at(&mut self, id: IdHandle, p: usize) {
         self.at[id.index() as usize] = 0;
@@ -700,7 +700,7 @@ impl<B: CmBackend> Drop for State<B> {
 /// Hands what `ev` says to the mailbox of the id it is for and wakes the task waiting
 /// there. Returns the child id of a request nobody owns any more, to refuse once the event
 /// is acked. Takes the event by reference: a `CmEvent` is over 300 bytes, and each move of
-/// it was a copy.
+/// it would be a copy.
 fn deliver(boxes: &mut Boxes, spare: &mut Vec<Vec<u8>>, ev: &CmEvent) -> Option<IdHandle> {
     let request = ev.event() == CmEventType::ConnectRequest;
     let owner = if request {

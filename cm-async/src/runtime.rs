@@ -154,8 +154,8 @@ pub(crate) trait Sink<T> {
 
 pin_project_lite::pin_project! {
     /// A future and where its output goes, polled as one task. A struct rather than an `async`
-    /// block: the block kept the future twice (captured, then awaited), each a copy of the whole
-    /// future per spawn, and was one state machine more to go through at every poll.
+    /// block: the block would keep the future twice (captured, then awaited), each a copy of the
+    /// whole future per spawn, and be one state machine more to go through at every poll.
     pub(crate) struct Delivering<F, S> {
         #[pin]
         fut: F,

@@ -762,7 +762,7 @@ struct Executor<T> {
     /// core's.
     task_wakers: Vec<Arc<TaskWaker>>,
     /// [`Core::ready`], held here too: it is looked at before and after every poll, and
-    /// through the core it was one load more each time.
+    /// through the core it would be one load more each time.
     woken: Arc<Woken>,
     /// `futs[i]`: the future of the task in slot `i` of [`Core::tasks`]. Held by the executor
     /// rather than in the core's tasks, so that a poll reaches it without a borrow and without

@@ -205,7 +205,7 @@ pub const MAX_PRIVATE_DATA: usize = 256;
 pub struct PrivateData(Stored);
 
 /// Every event carries a `PrivateData`, and most carry zeros: writing (or copying) a zeroed
-/// 256-byte buffer for each of them was a `memset` per event. `Zeros` writes only the length.
+/// 256-byte buffer for each of them would be a `memset` per event. `Zeros` writes only the length.
 /// The data variant's length is non-zero (empty data is `Zeros`), so the enum keeps the size of
 /// the buffer and a length: the zero length is the niche that marks `Zeros`.
 // The size is the buffer's whichever variant is stored; boxing it would allocate per event.

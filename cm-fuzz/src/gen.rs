@@ -20,9 +20,10 @@ mod onesided;
 use onesided::DeviceLimits;
 pub use onesided::{KeySel, OffSel, RegionSel, RemoteSel, SgeSel, WrOp, WrSel};
 
-/// Families of inputs that reach a simulator defect already known (issue #9). The default
-/// generates every family; `--allow-known` leaves the named ones out so a campaign can measure
-/// everything else while the fixes are pending.
+/// Families of inputs that reach a simulator defect already known (the ones
+/// [`likely_known`](crate::likely_known) names in a report). The default generates every
+/// family; `--allow-known` leaves the named ones out so a campaign can measure everything else
+/// while the fixes are pending.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Known {
     /// `SimConfig` values the builder's setters refuse but `SimBuilder::config` takes unchecked
@@ -248,7 +249,7 @@ impl ParamSel {
 }
 
 /// A librdmacm call as the fuzzer stores it: ids and channels named relative to the calling
-/// host, payloads lent from `pattern`.
+/// host, payloads lent from the generator's static fill patterns (`pattern`).
 pub type FuzzCall = Invocation<HandleRef, HandleRef, &'static [u8]>;
 
 /// The longest payload a call is generated with (a SEND one past a MiB).

@@ -194,7 +194,7 @@ pub fn replay_command(seed: u64, skip: KnownSet, min: Option<&Minimised>) -> Str
     cmd
 }
 
-/// Which issue #9 defect a failure signature most likely is (for the report; the campaign
+/// Which known defect a failure signature most likely is (for the report; the campaign
 /// reports every failure either way).
 pub fn likely_known(failure: &Failure) -> Option<&'static str> {
     let s = &failure.signature;

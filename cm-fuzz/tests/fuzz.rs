@@ -7,8 +7,9 @@ use cm_fuzz::{
     Op, RunOptions, Scenario,
 };
 
-/// Every input family the fuzzer has, minus the ones reaching defects issue #9 lists and the
-/// simulator does not fix yet: a failure here is a new defect (or a fixed one come back).
+/// Every input family the fuzzer has, minus the ones reaching known defects (`cm_fuzz::Known`)
+/// that the simulator does not fix yet: a failure here is a new defect (or a fixed one come
+/// back).
 fn without_known() -> KnownSet {
     KnownSet::parse("all").unwrap()
 }

@@ -1,6 +1,6 @@
 //! A first-in first-out queue of `Copy` values on a plain `Vec` and a cursor: the channels'
-//! event queues take a push and a pop per event, and `VecDeque`'s push was a call (about 25
-//! instructions each, issue 14) where `Vec`'s is inlined.
+//! event queues take a push and a pop per event, and `VecDeque`'s push is left a call in the
+//! simulator's build where `Vec`'s is inlined.
 
 /// A FIFO queue: pushed at the end of `items`, popped at `head`. It empties often (a channel's
 /// events are retrieved as they come), and then starts again at the front; one that never

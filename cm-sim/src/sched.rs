@@ -126,9 +126,8 @@ impl<A> RadixHeap<A> {
         self.min
     }
 
-    // Inlined into both callers: `pop_due`, which the blocking calls' loop runs, was built with
-    // it inlined before `pop_earliest` became a second caller (out of line, it cost the raw
-    // trait's lifecycle 100 instructions more).
+    // Inlined into both callers: `pop_due` runs in the blocking calls' loop, where a call here
+    // costs the raw trait's lifecycle more than the second copy of the code costs in size.
     #[inline(always)]
     fn pop(&mut self) -> Option<Entry<A>> {
         if !self.late.is_empty() {
@@ -226,7 +225,7 @@ pub(crate) struct Queue<A> {
     /// The lane the last pop took from, for [`take_lookahead`](Queue::take_lookahead).
     fifo_popped: Option<usize>,
     /// Entries queued: counted, since the fabric asks after every cancelled timer, and summing
-    /// the heap's 64 buckets each time was a tenth of a 100 000-connection run.
+    /// the heap's 64 buckets at each of those questions shows in runs at scale.
     len: usize,
     /// Whether [`take_lookahead`](Queue::take_lookahead) is asked for: only worth its cost
     /// when what the actions touch is larger than the caches.

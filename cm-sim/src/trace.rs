@@ -290,8 +290,8 @@ impl TraceRecord {
     /// `h` after FNV-1a over the record's 24-byte encoding (`encode`, which the tests keep as
     /// the definition), computed from the fields: the same value, with the runs of zero bytes
     /// most records have (a time's high bytes, an id's, the status and the padding) folded into
-    /// one multiplication each. A record was 130 instructions hashed byte by byte, twelve
-    /// records a lifecycle (issue 14).
+    /// one multiplication each: every record of a run is hashed, and the byte-by-byte loop is
+    /// several times as long.
     #[inline(always)]
     fn fold_into(&self, h: u64) -> u64 {
         let time = self.time.as_nanos();
@@ -420,8 +420,8 @@ impl Trace {
         }
     }
 
-    // Twelve records a lifecycle: the call and its by-reference record cost 13 instructions
-    // each (issue 14).
+    // `#[inline]`: called for every record, several a connection, where the call and the
+    // record passed by reference cost more than the record's own work.
     #[inline]
     pub(crate) fn record(&mut self, record: TraceRecord) {
         // Every fault passes here when it strikes, scheduled or injected.

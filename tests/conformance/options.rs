@@ -1,4 +1,4 @@
-//! Issue 12, part B, on every backend: `rdma_set_option` (`REUSEADDR`, `AFONLY`, `TOS`,
+//! The per-id options on every backend: `rdma_set_option` (`REUSEADDR`, `AFONLY`, `TOS`,
 //! `ACK_TIMEOUT`), `rdma_migrate_id`, synchronous ids, `rdma_getaddrinfo` and `rdma_create_ep`.
 
 use std::net::SocketAddr;

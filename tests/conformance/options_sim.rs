@@ -1,4 +1,4 @@
-//! Issue 12, part B, on the simulator only: what the options change in time and in the port
+//! The per-id options on the simulator only: what the options change in time and in the port
 //! table, which needs virtual time, faults, or hosts with several address families. The hardware
 //! runner does not include this file.
 

@@ -636,7 +636,8 @@ fn qp_capabilities_above_the_device_maxima_are_refused_with_einval() {
 }
 
 /// Needs a device limit no NIC has: with `max_qp_wr` at `u32::MAX` each queue passes its own
-/// check and the two together overflow the QP's slot numbering (`post_recv` used to panic).
+/// check and the two together overflow the QP's slot numbering, which must be refused, not
+/// panic in `post_recv`.
 #[test]
 fn queues_whose_work_requests_together_overflow_a_u32_are_refused_like_the_hardware_backend() {
     let config = cm::sim::SimConfig {

@@ -386,9 +386,8 @@ impl Exchange {
 
     /// Whether the exchange takes `input` in its state: what a call the exchange may refuse
     /// (accept, reject, establish) asks before the fabric carries the transition out.
-    // Without building the effects: asked through `on`, the list of a call's effects was built
-    // and dropped wherever inlining left it unseen that nothing reads it (72 instructions a
-    // lifecycle, once the accept grew).
+    // Without building the effects: asked through `on`, the list of a call's effects would be
+    // built and dropped wherever inlining leaves it unseen that nothing reads it.
     #[inline(always)]
     pub(crate) fn takes(self, input: Input, p: Params) -> bool {
         self.on_with(input, p, &mut Discard).is_some()
@@ -398,7 +397,7 @@ impl Exchange {
     /// instead of collected in a list; nothing is handed when the input is refused.
     // The fabric's effector carries each effect out where it is named: the effect is a
     // constant there and its match folds, where a list built at run time (the wire state of a
-    // received message, a destroy or a timer is known only then) was walked and matched.
+    // received message, a destroy or a timer is known only then) would be walked and matched.
     #[inline(always)]
     pub(crate) fn on_with(self, input: Input, p: Params, fx: &mut impl Effector) -> Option<Exchange> {
         use Wire::*;

@@ -226,8 +226,8 @@ impl Fabric {
     }
 
     /// `rdma_create_qp`, with `attr.srq` when `srq` names one. Always inlined: `create_qp`
-    /// (every connection's) then folds the SRQ's branches away and stays inlined where it was
-    /// before SRQs (out of line, a lifecycle cost 1 % more).
+    /// (every connection's) then folds the SRQ's branches away, as if there were no SRQs;
+    /// out of line it would make every lifecycle slower.
     #[inline(always)]
     fn create_qp_with(
         &mut self,
@@ -577,8 +577,8 @@ impl Fabric {
 
     /// The event `t` stands for, with its parameters, as `get_cm_event` returns it (always
     /// `Ok(Some(_))`). Built in what is returned, one return per kind of parameters: an event is
-    /// over 300 bytes and every copy of it showed in profiles (built in a `CmEvent` and then
-    /// wrapped, it was copied once more). The payload is read where it lies and then let go:
+    /// over 300 bytes and every copy of it shows in profiles (built in a `CmEvent` and then
+    /// wrapped, it would be copied once more). The payload is read where it lies and then let go:
     /// its sender may still keep it to send again.
     #[inline(always)]
     fn event_of(&mut self, t: Taken) -> R<Option<CmEvent>> {

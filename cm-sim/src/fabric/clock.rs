@@ -150,7 +150,7 @@ impl Fabric {
 
     /// Runs scheduled actions up to `deadline`, stopping early as soon as
     /// `done` holds. Returns whether `done` held.
-    // Generic: through `&dyn Fn` the test after every action was an indirect call.
+    // Generic: through `&dyn Fn` the test after every action would be an indirect call.
     pub(super) fn run_until(&mut self, deadline: SimTime, done: impl Fn(&Fabric) -> bool) -> bool {
         loop {
             if done(self) {
@@ -201,8 +201,9 @@ impl Fabric {
         self.dispatch(action);
     }
 
-    /// Moves the clock to `deadline` once nothing before it is left to run; to the last stale
-    /// timer removed unseen when running until idle, where such timers used to move it.
+    /// Moves the clock to `deadline` once nothing before it is left to run; when running until
+    /// idle, to the last stale timer removed unseen, as that timer would have if it had stayed
+    /// queued, so that sweeping stale timers never changes the virtual time a run ends at.
     fn reach(&mut self, deadline: SimTime) {
         self.now = self.now.max(if deadline == SimTime::NEVER {
             self.removed_until

@@ -278,7 +278,7 @@ impl Fabric {
     /// state: the calls that can be refused (accept, reject, establish) ask first.
     // Each effect is a constant where the exchange names it, so its match folds; a list of
     // effects built at run time (the wire state of a received message, a timer or a destroy
-    // is known only then) was walked and matched.
+    // is known only then) would be walked and matched.
     #[inline(always)]
     pub(super) fn transition(
         &mut self,

@@ -104,8 +104,8 @@ pub(crate) struct Fabric {
     /// and DREQ cancels a timeout a minute away), so without removing them the queue grows with
     /// every connection ever made, and each push and pop with it.
     stale_timers: usize,
-    /// The latest time of a cancelled timer removed from `sched`: running until idle used to
-    /// pop such timers and move the clock to them, and still does.
+    /// The latest time of a cancelled timer removed from `sched`: running until idle moves the
+    /// clock to it, as popping the timer would, so that the sweep never changes virtual time.
     removed_until: SimTime,
     payloads: Pool<Payload>,
     ports: Ports,

@@ -392,8 +392,8 @@ mod tests {
         );
     }
 
-    /// Two ids per connection, so a byte here is two per connection at scale (the slot was 200
-    /// bytes before its addresses were packed).
+    /// Two ids per connection, so a byte here is two per connection at scale (the addresses are
+    /// packed into 16 bytes each to keep the slot at this size).
     #[test]
     fn an_id_slot_is_no_larger_than_it_was_made() {
         assert!(
