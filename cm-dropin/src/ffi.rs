@@ -121,6 +121,9 @@ pub(crate) struct Registry {
     groups: HashMap<(u64, IpAddr), usize>,
     /// QP (id token) → its posted receives, in order, waiting for their data.
     pub(crate) recvs: HashMap<u64, std::collections::VecDeque<crate::verbs::PostedRecv>>,
+    /// QP token → its number (`qp->qp_num`), which its completions' `qp_num` reports: for a
+    /// UD QP of `rdma_create_qp` the simulator's number, not the token.
+    pub(crate) qp_nums: HashMap<u64, u32>,
 }
 
 static REGISTRY: OnceLock<(Mutex<Registry>, Condvar)> = OnceLock::new();
@@ -986,7 +989,11 @@ pub unsafe extern "C" fn rdma_create_qp(
     let Ok((got, qp_num)) = d.caps().and_then(|caps| Ok((caps, d.u32()?))) else {
         return fail(libc::EPROTO);
     };
-    lock(&registry().0).recvs.insert(token, Default::default());
+    {
+        let mut reg = lock(&registry().0);
+        reg.recvs.insert(token, Default::default());
+        reg.qp_nums.insert(token, qp_num);
+    }
     // SAFETY: attr is the caller's (written back as librdmacm does); id is a live IdPriv.
     unsafe {
         (*attr).cap = IbvQpCap {
@@ -1053,7 +1060,11 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
         eprintln!("cmsim: rdma_destroy_qp: {}", cm_core::errno_text(errno));
         return;
     }
-    lock(&registry().0).recvs.remove(&token);
+    {
+        let mut reg = lock(&registry().0);
+        reg.recvs.remove(&token);
+        reg.qp_nums.remove(&token);
+    }
     // SAFETY: id is a live IdPriv; its qp, when set, is this library's QpPriv.
     unsafe {
         let qp = std::mem::replace(&mut (*id).qp, ptr::null_mut());
@@ -1068,6 +1079,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
 pub(crate) fn forget_qp(token: u64, qp: *mut IbvQp) {
     let mut reg = lock(&registry().0);
     reg.recvs.remove(&token);
+    reg.qp_nums.remove(&token);
     if let Some(&id) = reg.ids.get(&token) {
         let id = id as *mut RdmaCmId;
         // SAFETY: ids in the registry are live IdPriv; the registry lock serialises this.

@@ -115,7 +115,11 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
     // SAFETY: as above: the caps are written back, as libibverbs does.
     unsafe { (*attr).cap = cap };
     let token = u64::from(qp_num);
-    lock(&registry().0).recvs.insert(token, Default::default());
+    {
+        let mut reg = lock(&registry().0);
+        reg.recvs.insert(token, Default::default());
+        reg.qp_nums.insert(token, qp_num);
+    }
     let qp = Box::new(QpPriv {
         public: IbvQp {
             context,
@@ -422,7 +426,19 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     rpc(&send).err().unwrap_or(0)
                 }
             }
-            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
+            // The immediate rides on a work request over registered memory, which the
+            // simulator gathers itself.
+            IBV_WR_SEND_WITH_IMM => {
+                let send = Request::PostSendImm {
+                    id: token,
+                    wr_id: w.wr_id,
+                    signaled,
+                    imm: w.imm_data,
+                    sges: list.iter().map(|s| (s.addr, s.length, s.lkey)).collect(),
+                };
+                rpc(&send).err().unwrap_or(0)
+            }
+            IBV_WR_SEND => {
                 let mut data = Vec::new();
                 for s in &list {
                     // SAFETY: each SGE names memory of the caller's, readable for its length.
@@ -480,7 +496,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         if let Err(errno) = rpc(&Request::VerbsDestroyQp { qp: token }) {
             return errno;
         }
-        lock(&registry().0).recvs.remove(&token);
+        {
+            let mut reg = lock(&registry().0);
+            reg.recvs.remove(&token);
+            reg.qp_nums.remove(&token);
+        }
         // SAFETY: qp is this library's QpPriv, given back once.
         drop(unsafe { Box::from_raw(qp as *mut QpPriv) });
         return 0;
@@ -613,6 +633,13 @@ unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bo
     for i in 0..n {
         let w = d.wc().map_err(|_| libc::EPROTO)?;
         let mut status = w.status;
+        // verbs reports the local QP's number; a token with none known (its QP destroyed
+        // meanwhile) stands for itself, as a connected QP's number is its token.
+        let qp_num = lock(&registry().0)
+            .qp_nums
+            .get(&w.id)
+            .copied()
+            .unwrap_or(w.id as u32);
         if w.opcode == IBV_WC_RECV {
             let posted = lock(&registry().0)
                 .recvs
@@ -634,7 +661,7 @@ unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bo
                 status,
                 opcode: w.opcode,
                 byte_len: w.byte_len,
-                qp_num: w.id as u32,
+                qp_num,
                 src_qp: w.src_qp,
                 imm_data: w.imm_data,
                 wc_flags: w.wc_flags,

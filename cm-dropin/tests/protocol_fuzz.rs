@@ -1546,6 +1546,30 @@ impl Gen<'_> {
                     }
                 }
             }
+            Op::PostSendImm => {
+                let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
+                e.u64(self.handle(c, kind, &mut refuse));
+                e.u64(self.rng.next_u64())
+                    .u8(self.rng.next_u32() as u8)
+                    .u32(self.rng.next_u32());
+                let entries = self.entries(c, false);
+                let total: u64 = entries.iter().map(|&(_, len, _)| u64::from(len)).sum();
+                let n = match self.below(30) {
+                    0 => 65 + self.below(200) as u32,
+                    // Fewer entries than the count says: malformed.
+                    1 => entries.len() as u32 + 1,
+                    _ => entries.len() as u32,
+                };
+                e.u32(n);
+                for &(addr, len, lkey) in &entries {
+                    e.u64(addr).u32(len).u32(lkey);
+                }
+                if n > 64 || (n as usize == entries.len() && total > u64::from(MAX_MESSAGE)) {
+                    expect = Expect::Errno(libc::EINVAL);
+                } else if !entries.iter().all(|&(addr, len, _)| c.holds(addr, len)) {
+                    refuse = true;
+                }
+            }
             Op::PostSendUd => {
                 let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
                 e.u64(self.handle(c, kind, &mut refuse));
@@ -2071,7 +2095,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 43] = [
+const ALL_OPS: [(Op, u64); 44] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2115,11 +2139,13 @@ const ALL_OPS: [(Op, u64); 43] = [
     (Op::QpPostRecv, 2),
     (Op::InitQpAttr, 2),
     (Op::Establish, 1),
+    (Op::PostSendImm, 2),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).
-const DATA_OPS: [(Op, u64); 11] = [
+const DATA_OPS: [(Op, u64); 12] = [
     (Op::PostSend, 5),
+    (Op::PostSendImm, 2),
     (Op::PostRecv, 5),
     (Op::PollCq, 5),
     (Op::RegMr, 4),

@@ -708,6 +708,13 @@ impl Daemon {
                 },
                 &sges,
             ),
+            Request::PostSendImm {
+                id,
+                wr_id,
+                signaled,
+                imm,
+                sges,
+            } => self.post_send_imm(proc, id, wr_id, signaled, imm, &sges),
             Request::QueryAddrs { id } => {
                 let (id, mut host) = self.id_of(proc, id)?;
                 let local = host.get_local_addr(id).map_err(|e| errno_of(&e))?;
@@ -1211,6 +1218,60 @@ impl Daemon {
         let mut wr = SendWr::new(wr_id, op, &sges);
         wr.signaled = signaled || sq_sig_all;
         host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))
+    }
+
+    /// An `IBV_WR_SEND_WITH_IMM` of the caller's registered memory (`local`: address, length,
+    /// lkey) on connected QP `t` (an id's or a verbs one), gathered by the simulator. Its
+    /// completion is filtered and sized as a [`PostSend`](Request::PostSend)'s, in the same
+    /// order on the QP's send queue, so the simulator reports every one.
+    fn post_send_imm(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        imm: u32,
+        local: &[(u64, u32, u32)],
+    ) -> Result<(), i32> {
+        let total: u64 = local.iter().map(|&(_, len, _)| u64::from(len)).sum();
+        if total > u64::from(proto::MAX_MESSAGE) {
+            return Err(libc::EINVAL);
+        }
+        let via = if self.vqps.contains_key(&t) {
+            if self.vqps[&t].ud {
+                return Err(libc::EINVAL);
+            }
+            None
+        } else {
+            let (id, _) = self.id_of(proc, t)?;
+            match self.ids.get(&t) {
+                Some(e) if e.has_qp && !e.ud => Some(id),
+                _ => return Err(libc::EINVAL),
+            }
+        };
+        let mut sges = Vec::with_capacity(local.len());
+        for &(addr, len, lkey) in local {
+            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+            let base = self.mrs[&key].addr;
+            let (handle, _, _) = self.sim_region(key, proc, via).ok_or(libc::EINVAL)?;
+            sges.push(Sge::new(handle, addr - base, len));
+        }
+        let wr = SendWr::new(wr_id, SendOp::Send { imm: Some(imm) }, &sges);
+        match via {
+            Some(id) => {
+                let (_, mut host) = self.id_of(proc, t)?;
+                host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))?;
+                self.sent(t, signaled, total as usize);
+            }
+            None => {
+                let (handle, mut host) = self.vqp_of(proc, t)?;
+                host.verbs_post_send_wr(handle, &wr).map_err(|e| errno_of(&e))?;
+                let e = self.vqps.get_mut(&t).expect("checked above");
+                let visible = signaled || e.sq_sig_all;
+                e.sends.push_back((visible, total as u32));
+            }
+        }
+        Ok(())
     }
 
     /// [`post_rdma`](Self::post_rdma) on verbs QP `t`: the remote region is one of the
