@@ -1892,8 +1892,6 @@ unsupported_errno!(EOPNOTSUPP: ibv_query_ece, ibv_set_ece);
 
 unsupported_ptr!(
     ibv_qp_to_qp_ex,
-    ibv_reg_mr_iova,
-    ibv_reg_mr_iova2,
     ibv_reg_dmabuf_mr,
     ibv_create_srq,
     ibv_import_device,

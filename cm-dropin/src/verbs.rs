@@ -281,6 +281,56 @@ pub unsafe extern "C" fn ibv_reg_mr(
     }))
 }
 
+/// `ibv_reg_mr_iova2`, which rdma-core's headers call for `ibv_reg_mr` whenever the access
+/// flags are not a compile-time constant: a region addressed by its own virtual address
+/// (`iova == addr`) is `ibv_reg_mr`'s. Another iova, by which a peer would address the region,
+/// is not modelled: refused with `EINVAL` and a line on stderr.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { reg_mr_at("ibv_reg_mr_iova2", pd, addr, length, iova, access as c_int) }
+}
+
+/// `ibv_reg_mr_iova`: as [`ibv_reg_mr_iova2`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { reg_mr_at("ibv_reg_mr_iova", pd, addr, length, iova, access) }
+}
+
+/// `ibv_reg_mr` of a region whose iova must be its address; `call` names the refusal.
+unsafe fn reg_mr_at(
+    call: &str,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut IbvMr {
+    if iova != addr as u64 {
+        eprintln!(
+            "cmsim: {call} with an iova ({iova:#x}) other than the region's address ({:#x}) is not supported: EINVAL",
+            addr as u64
+        );
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: the caller's arguments, as ibv_reg_mr takes them.
+    unsafe { ibv_reg_mr(pd, addr, length, access) }
+}
+
 /// `ibv_dereg_mr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
