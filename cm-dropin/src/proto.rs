@@ -130,6 +130,8 @@ pub enum Op {
     Establish,
     /// `ibv_post_send` of an `IBV_WR_SEND_WITH_IMM` on a connected QP, over registered memory.
     PostSendImm,
+    /// `ibv_post_send` of an `IBV_WR_ATOMIC_CMP_AND_SWP` or `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    Atomic,
 }
 
 /// The QP number that addresses a multicast group.
@@ -200,7 +202,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 44] = [
+        const ALL: [Op; 45] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -245,6 +247,7 @@ impl Op {
             InitQpAttr,
             Establish,
             PostSendImm,
+            Atomic,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -614,10 +617,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=44 {
+        for v in 1..=45 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(45), None);
+        assert_eq!(Op::from_u32(46), None);
     }
 }

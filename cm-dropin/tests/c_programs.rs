@@ -555,6 +555,24 @@ fn sent_bytes_arrive_intact_across_sge_boundaries_with_their_immediate_and_unsig
 }
 
 #[test]
+fn fetch_and_add_and_compare_and_swap_read_the_old_value_and_update_the_peers_memory() {
+    let Some(prog) = compile_c("atomic") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "atomic",
+        &[&prog, "server", SERVER],
+        &[&prog, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
 fn a_ud_qp_of_rdma_create_qp_reports_its_own_qp_number_in_completions() {
     let Some(prog) = compile_c("udqpn") else {
         return;

@@ -1,6 +1,7 @@
 //! Debian 12's perftest, unmodified, between two simulated hosts: the server on 10.0.0.1, the
 //! client told `10.0.0.1`, both over perftest's own TCP exchange of QP numbers, keys and
-//! addresses, and over rdma_cm (`-R`). Each run is 100 iterations of 4096 bytes; the result
+//! addresses, and over rdma_cm (`-R`). Each run is 100 iterations of 4096 bytes (8 for the
+//! atomics); the result
 //! row each program prints is checked (the size and count asked, a positive bandwidth or
 //! ordered latencies). Every wait is bounded; a test skips (with a message) where perftest is
 //! not installed (`apt-get install perftest`).
@@ -194,6 +195,29 @@ fn ib_write_bw_writes_100_times_4096_bytes_over_tcp_and_rdma_cm_exchanges() {
 #[test]
 fn ib_read_bw_reads_100_times_4096_bytes_over_tcp_and_rdma_cm_exchanges() {
     bw("ib_read_bw", 4);
+}
+
+#[test]
+fn ib_atomic_bw_runs_100_fetch_and_adds_and_100_compare_and_swaps_over_tcp_and_rdma_cm_exchanges() {
+    // Atomics are 8 bytes: perftest refuses -s for them.
+    for (atomic, n) in [("FETCH_AND_ADD", 12), ("CMP_AND_SWAP", 14)] {
+        for rdma_cm in [false, true] {
+            let Some((s, c)) = perftest("ib_atomic_bw", port(n + rdma_cm as u16), rdma_cm, &["-A", atomic])
+            else {
+                return;
+            };
+            check_bw(
+                &c,
+                "8",
+                &format!("ib_atomic_bw -A {atomic} client (-R: {rdma_cm})"),
+            );
+            check_bw(
+                &s,
+                "8",
+                &format!("ib_atomic_bw -A {atomic} server (-R: {rdma_cm})"),
+            );
+        }
+    }
 }
 
 #[test]
