@@ -79,7 +79,7 @@ fn tcp_listening(port: u16) -> bool {
 /// A TCP (or rdma_cm) port for this test process's `n`th pair: tests of several runs may
 /// overlap.
 fn port(n: u16) -> u16 {
-    21_000 + (std::process::id() % 1_000) as u16 * 20 + n
+    21_000 + (std::process::id() % 1_000) as u16 * 24 + n
 }
 
 /// Runs `program` with `extra` options as server and client; `rdma_cm`: with `-R`, the client
@@ -113,8 +113,17 @@ fn perftest(program: &str, port: u16, rdma_cm: bool, extra: &[&str]) -> Option<(
     };
     args.push(SERVER);
     let client = spawn(&socket, CLIENT, client_listener, &args);
-    let c = wait(client, LIMIT, "client");
-    let s = wait(server, LIMIT, "server");
+    // A side past the bound is killed, and both sides' output shown: where a run stops.
+    let (c, s) = match (within(client, LIMIT), within(server, Duration::from_secs(10))) {
+        (Ok(c), Ok(s)) => (c, s),
+        (c, s) => {
+            let (c, s) = (c.unwrap_or_else(|o| o), s.unwrap_or_else(|o| o));
+            panic!(
+                "{name}: a side did not finish within its bound\nclient ({}): {}\n{}\nserver ({}): {}\n{}",
+                c.status, c.stdout, c.stderr, s.status, s.stdout, s.stderr
+            );
+        }
+    };
     let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
     let _ = std::fs::remove_file(&socket);
     assert!(d.status.success(), "daemon: {}", d.stderr);
@@ -122,6 +131,20 @@ fn perftest(program: &str, port: u16, rdma_cm: bool, extra: &[&str]) -> Option<(
         assert!(o.status.success(), "{name} {who}: {}\n{}", o.stdout, o.stderr);
     }
     Some((s, c))
+}
+
+/// `child`'s output once it exits within `limit`; else it is killed and its output so far is
+/// the error.
+fn within(mut child: Child, limit: Duration) -> Result<Output, Output> {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(wait(child, Duration::from_secs(10), "a killed side"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(wait(child, Duration::from_secs(10), "a finished side"))
 }
 
 /// The numbers of the result row of `out`: the one that starts with the size and iteration
@@ -146,8 +169,8 @@ fn check_bw(o: &Output, bytes: &str, who: &str) {
 
 /// A latency test's row: bytes, iterations, then min, max, typical, average, stdev and the
 /// percentiles in µs: min ≤ average ≤ max, min > 0.
-fn check_lat(o: &Output, who: &str) {
-    let r = row(&o.stdout, SIZE).unwrap_or_else(|| panic!("{who}: no result row:\n{}", o.stdout));
+fn check_lat(o: &Output, bytes: &str, who: &str) {
+    let r = row(&o.stdout, bytes).unwrap_or_else(|| panic!("{who}: no result row:\n{}", o.stdout));
     assert!(r.len() >= 7, "{who}: {r:?}");
     let (min, max, avg) = (r[2], r[3], r[5]);
     assert!(
@@ -159,25 +182,39 @@ fn check_lat(o: &Output, who: &str) {
 
 /// Both exchanges of a bandwidth test, each side's row checked.
 fn bw(program: &str, n: u16) {
+    bw_with(program, n, SIZE, &[]);
+}
+
+/// [`bw`] of `size` bytes with `extra` options.
+fn bw_with(program: &str, n: u16, size: &str, extra: &[&str]) {
+    let mut args = vec!["-s", size];
+    args.extend_from_slice(extra);
     for rdma_cm in [false, true] {
-        let Some((s, c)) = perftest(program, port(n + rdma_cm as u16), rdma_cm, &["-s", SIZE]) else {
+        let Some((s, c)) = perftest(program, port(n + rdma_cm as u16), rdma_cm, &args) else {
             return;
         };
-        check_bw(&c, SIZE, &format!("{program} client (-R: {rdma_cm})"));
-        check_bw(&s, SIZE, &format!("{program} server (-R: {rdma_cm})"));
+        check_bw(&c, size, &format!("{program} {extra:?} client (-R: {rdma_cm})"));
+        check_bw(&s, size, &format!("{program} {extra:?} server (-R: {rdma_cm})"));
     }
 }
 
 /// Both exchanges of a latency test; `server_reports`: whether the server prints a row too
 /// (`ib_read_lat`'s does not: only the client reads).
 fn lat(program: &str, n: u16, server_reports: bool) {
+    lat_with(program, n, server_reports, SIZE, &[]);
+}
+
+/// [`lat`] of `size` bytes with `extra` options.
+fn lat_with(program: &str, n: u16, server_reports: bool, size: &str, extra: &[&str]) {
+    let mut args = vec!["-s", size];
+    args.extend_from_slice(extra);
     for rdma_cm in [false, true] {
-        let Some((s, c)) = perftest(program, port(n + rdma_cm as u16), rdma_cm, &["-s", SIZE]) else {
+        let Some((s, c)) = perftest(program, port(n + rdma_cm as u16), rdma_cm, &args) else {
             return;
         };
-        check_lat(&c, &format!("{program} client (-R: {rdma_cm})"));
+        check_lat(&c, size, &format!("{program} {extra:?} client (-R: {rdma_cm})"));
         if server_reports {
-            check_lat(&s, &format!("{program} server (-R: {rdma_cm})"));
+            check_lat(&s, size, &format!("{program} {extra:?} server (-R: {rdma_cm})"));
         }
     }
 }
@@ -233,4 +270,16 @@ fn ib_write_lat_measures_100_write_ping_pongs_of_4096_bytes_over_tcp_and_rdma_cm
 #[test]
 fn ib_read_lat_measures_100_reads_of_4096_bytes_over_tcp_and_rdma_cm_exchanges() {
     lat("ib_read_lat", 10, false);
+}
+
+#[test]
+fn ib_send_bw_and_ib_send_lat_run_over_ud_qps_over_tcp_and_rdma_cm_exchanges() {
+    // A UD message fits the port's active MTU (1024, as on rxe): perftest refuses more.
+    bw_with("ib_send_bw", 16, "1024", &["-c", "UD"]);
+    lat_with("ib_send_lat", 18, true, "1024", &["-c", "UD"]);
+}
+
+#[test]
+fn ib_send_bw_waiting_on_completion_events_sends_100_messages_over_tcp_and_rdma_cm_exchanges() {
+    bw_with("ib_send_bw", 20, SIZE, &["-e"]);
 }
