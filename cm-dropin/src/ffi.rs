@@ -114,6 +114,9 @@ static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 pub(crate) struct Registry {
     /// id token → `*mut IdPriv` (as an address: the registry is shared between threads).
     ids: HashMap<u64, usize>,
+    /// The addresses of the live ids (`ids`' values): an id pointer is looked up here before it
+    /// is read, so one the application destroyed already is refused, not read after its free.
+    live: std::collections::HashSet<usize>,
     /// counted id token → events retrieved by the application and not acked yet.
     unacked: HashMap<u64, u32>,
     /// (id token, group) → the context given to `rdma_join_multicast`, which its events
@@ -440,12 +443,20 @@ fn new_id(
         owns_channel: false,
         ep_attr: None,
     }));
-    lock(&registry().0).ids.insert(token, id as usize);
+    let mut reg = lock(&registry().0);
+    reg.ids.insert(token, id as usize);
+    reg.live.insert(id as usize);
+    drop(reg);
     id
 }
 
 unsafe fn token_of(id: *mut RdmaCmId) -> Option<u64> {
     if id.is_null() {
+        return None;
+    }
+    // perftest 4.5's rdma_cm client retries its connect with the ids it destroyed.
+    if !lock(&registry().0).live.contains(&(id as usize)) {
+        eprintln!("cmsim: an rdma_cm_id that is not live (destroyed already?) was passed: EINVAL");
         return None;
     }
     // SAFETY: non-NULL ids come from this library, so they are IdPriv.
@@ -535,6 +546,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     }
     let mut reg = lock(m);
     reg.ids.remove(&token);
+    reg.live.remove(&(id as usize));
     reg.unacked.remove(&token);
     reg.groups.retain(|(id, _), _| *id != token);
     drop(reg);

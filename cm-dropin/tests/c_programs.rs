@@ -573,7 +573,7 @@ fn fetch_and_add_and_compare_and_swap_read_the_old_value_and_update_the_peers_me
 }
 
 #[test]
-fn a_ud_qp_of_rdma_create_qp_reports_its_own_qp_number_in_completions() {
+fn a_ud_qp_of_rdma_create_qp_reports_its_own_qp_number_in_completions_and_a_destroyed_id_is_einval() {
     let Some(prog) = compile_c("udqpn") else {
         return;
     };
@@ -587,6 +587,12 @@ fn a_ud_qp_of_rdma_create_qp_reports_its_own_qp_number_in_completions() {
     let _ = std::fs::remove_file(&prog);
     assert_eq!(s.stdout, "udqpn server: ok\n", "{}", s.stderr);
     assert_eq!(c.stdout, "udqpn client: ok\n", "{}", c.stderr);
+    assert!(
+        c.stderr
+            .contains("cmsim: an rdma_cm_id that is not live (destroyed already?) was passed: EINVAL"),
+        "{}",
+        c.stderr
+    );
     assert!(d.status.success(), "{}", d.stderr);
 }
 

@@ -4,7 +4,8 @@
  *   udqpn server ADDR    accepts one SIDR request, receives one datagram
  *   udqpn client ADDR    resolves ADDR, sends one datagram to the server's QP
  *
- * Prints "udqpn SIDE: ok" when every check passed. */
+ * The client then passes an id it destroyed (EINVAL). Prints "udqpn SIDE: ok" when every
+ * check passed. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,6 +149,13 @@ int main(int argc, char **argv)
 		wc = poll_one(id->send_cq);
 		bad |= check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 2, "the send completes");
 		bad |= check(wc.qp_num == id->qp->qp_num, "the send's completion names the client's QP");
+		/* An id destroyed already is refused, not read after its free (perftest 4.5's
+		 * rdma_cm client retries with such ids). */
+		struct rdma_cm_id *gone;
+		if (rdma_create_id(ch, &gone, NULL, RDMA_PS_UDP) || rdma_destroy_id(gone))
+			die("rdma_create_id/rdma_destroy_id");
+		errno = 0;
+		bad |= check(rdma_destroy_id(gone) == -1 && errno == EINVAL, "a destroyed id is EINVAL");
 	}
 	printf("udqpn %s: %s\n", argv[1], bad ? "FAILED" : "ok");
 	return bad;
