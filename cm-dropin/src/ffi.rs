@@ -114,6 +114,9 @@ static CLIENT: Mutex<Option<Client>> = Mutex::new(None);
 pub(crate) struct Registry {
     /// id token → `*mut IdPriv` (as an address: the registry is shared between threads).
     ids: HashMap<u64, usize>,
+    /// The addresses of the live ids (`ids`' values): an id pointer is looked up here before it
+    /// is read, so one the application destroyed already is refused, not read after its free.
+    live: std::collections::HashSet<usize>,
     /// counted id token → events retrieved by the application and not acked yet.
     unacked: HashMap<u64, u32>,
     /// (id token, group) → the context given to `rdma_join_multicast`, which its events
@@ -121,6 +124,9 @@ pub(crate) struct Registry {
     groups: HashMap<(u64, IpAddr), usize>,
     /// QP (id token) → its posted receives, in order, waiting for their data.
     pub(crate) recvs: HashMap<u64, std::collections::VecDeque<crate::verbs::PostedRecv>>,
+    /// QP token → its number (`qp->qp_num`), which its completions' `qp_num` reports: for a
+    /// UD QP of `rdma_create_qp` the simulator's number, not the token.
+    pub(crate) qp_nums: HashMap<u64, u32>,
 }
 
 static REGISTRY: OnceLock<(Mutex<Registry>, Condvar)> = OnceLock::new();
@@ -437,12 +443,20 @@ fn new_id(
         owns_channel: false,
         ep_attr: None,
     }));
-    lock(&registry().0).ids.insert(token, id as usize);
+    let mut reg = lock(&registry().0);
+    reg.ids.insert(token, id as usize);
+    reg.live.insert(id as usize);
+    drop(reg);
     id
 }
 
 unsafe fn token_of(id: *mut RdmaCmId) -> Option<u64> {
     if id.is_null() {
+        return None;
+    }
+    // perftest 4.5's rdma_cm client retries its connect with the ids it destroyed.
+    if !lock(&registry().0).live.contains(&(id as usize)) {
+        eprintln!("cmsim: an rdma_cm_id that is not live (destroyed already?) was passed: EINVAL");
         return None;
     }
     // SAFETY: non-NULL ids come from this library, so they are IdPriv.
@@ -532,6 +546,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     }
     let mut reg = lock(m);
     reg.ids.remove(&token);
+    reg.live.remove(&(id as usize));
     reg.unacked.remove(&token);
     reg.groups.retain(|(id, _), _| *id != token);
     drop(reg);
@@ -986,7 +1001,11 @@ pub unsafe extern "C" fn rdma_create_qp(
     let Ok((got, qp_num)) = d.caps().and_then(|caps| Ok((caps, d.u32()?))) else {
         return fail(libc::EPROTO);
     };
-    lock(&registry().0).recvs.insert(token, Default::default());
+    {
+        let mut reg = lock(&registry().0);
+        reg.recvs.insert(token, Default::default());
+        reg.qp_nums.insert(token, qp_num);
+    }
     // SAFETY: attr is the caller's (written back as librdmacm does); id is a live IdPriv.
     unsafe {
         (*attr).cap = IbvQpCap {
@@ -1053,7 +1072,11 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
         eprintln!("cmsim: rdma_destroy_qp: {}", cm_core::errno_text(errno));
         return;
     }
-    lock(&registry().0).recvs.remove(&token);
+    {
+        let mut reg = lock(&registry().0);
+        reg.recvs.remove(&token);
+        reg.qp_nums.remove(&token);
+    }
     // SAFETY: id is a live IdPriv; its qp, when set, is this library's QpPriv.
     unsafe {
         let qp = std::mem::replace(&mut (*id).qp, ptr::null_mut());
@@ -1068,6 +1091,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
 pub(crate) fn forget_qp(token: u64, qp: *mut IbvQp) {
     let mut reg = lock(&registry().0);
     reg.recvs.remove(&token);
+    reg.qp_nums.remove(&token);
     if let Some(&id) = reg.ids.get(&token) {
         let id = id as *mut RdmaCmId;
         // SAFETY: ids in the registry are live IdPriv; the registry lock serialises this.
@@ -1880,8 +1904,6 @@ unsupported_errno!(EOPNOTSUPP: ibv_query_ece, ibv_set_ece);
 
 unsupported_ptr!(
     ibv_qp_to_qp_ex,
-    ibv_reg_mr_iova,
-    ibv_reg_mr_iova2,
     ibv_reg_dmabuf_mr,
     ibv_create_srq,
     ibv_import_device,

@@ -15,7 +15,7 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -128,6 +128,10 @@ pub enum Op {
     InitQpAttr,
     /// `rdma_establish`.
     Establish,
+    /// `ibv_post_send` of an `IBV_WR_SEND_WITH_IMM` on a connected QP, over registered memory.
+    PostSendImm,
+    /// `ibv_post_send` of an `IBV_WR_ATOMIC_CMP_AND_SWP` or `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    Atomic,
 }
 
 /// The QP number that addresses a multicast group.
@@ -198,7 +202,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 43] = [
+        const ALL: [Op; 45] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -242,6 +246,8 @@ impl Op {
             QpPostRecv,
             InitQpAttr,
             Establish,
+            PostSendImm,
+            Atomic,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -611,10 +617,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=43 {
+        for v in 1..=45 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(44), None);
+        assert_eq!(Op::from_u32(46), None);
     }
 }

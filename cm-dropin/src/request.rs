@@ -106,6 +106,45 @@ pub enum Request {
         /// The local entries: address, length, lkey.
         sges: Vec<(u64, u32, u32)>,
     },
+    /// `ibv_post_send` of an `IBV_WR_SEND_WITH_IMM` on a connected QP: the message is
+    /// gathered by the simulator from the caller's registered memory (the entries; inline data
+    /// must lie in a registered region too), and its immediate reported at the receiver.
+    PostSendImm {
+        /// The QP's token, as [`PostSend`](Request::PostSend)'s.
+        id: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// `IBV_SEND_SIGNALED`.
+        signaled: bool,
+        /// `imm_data`, as the work request holds it (network order).
+        imm: u32,
+        /// The local entries: address, length, lkey.
+        sges: Vec<(u64, u32, u32)>,
+    },
+    /// `ibv_post_send` of an atomic on a connected QP: the 8 bytes at `remote_addr` of the
+    /// peer's region `rkey` become `swap` if they equal `compare_add` (compare and swap), or
+    /// have `compare_add` added (fetch and add); their value before lands in the one local
+    /// entry. Carried out by the simulator.
+    Atomic {
+        /// Compare and swap, else fetch and add.
+        cmp_swap: bool,
+        /// The QP's token, as [`PostSend`](Request::PostSend)'s.
+        id: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// `IBV_SEND_SIGNALED`.
+        signaled: bool,
+        /// `wr.atomic.remote_addr`.
+        remote_addr: u64,
+        /// `wr.atomic.rkey`.
+        rkey: u32,
+        /// `wr.atomic.compare_add`.
+        compare_add: u64,
+        /// `wr.atomic.swap`.
+        swap: u64,
+        /// The local entry: address, length, lkey.
+        sge: (u64, u32, u32),
+    },
     /// → `local: addr, peer: addr`.
     QueryAddrs {
         /// The id token.
@@ -410,6 +449,8 @@ impl Request {
             Request::PostSendUd { .. } => Op::PostSendUd,
             Request::Rdma { write: true, .. } => Op::RdmaWrite,
             Request::Rdma { write: false, .. } => Op::RdmaRead,
+            Request::PostSendImm { .. } => Op::PostSendImm,
+            Request::Atomic { .. } => Op::Atomic,
             Request::QueryAddrs { .. } => Op::QueryAddrs,
             Request::AckEvent { .. } => Op::AckEvent,
             Request::CreateCq { .. } => Op::CreateCq,
@@ -520,6 +561,45 @@ impl Request {
                     .u8(imm.is_some() as u8)
                     .u32(imm.unwrap_or(0))
                     .bytes(data);
+            }
+            Request::Atomic {
+                cmp_swap,
+                id,
+                wr_id,
+                signaled,
+                remote_addr,
+                rkey,
+                compare_add,
+                swap,
+                sge,
+            } => {
+                e.u8(*cmp_swap as u8)
+                    .u64(*id)
+                    .u64(*wr_id)
+                    .u8(*signaled as u8)
+                    .u64(*remote_addr)
+                    .u32(*rkey)
+                    .u64(*compare_add)
+                    .u64(*swap)
+                    .u64(sge.0)
+                    .u32(sge.1)
+                    .u32(sge.2);
+            }
+            Request::PostSendImm {
+                id,
+                wr_id,
+                signaled,
+                imm,
+                sges,
+            } => {
+                e.u64(*id)
+                    .u64(*wr_id)
+                    .u8(*signaled as u8)
+                    .u32(*imm)
+                    .u32(sges.len() as u32);
+                for &(addr, len, lkey) in sges {
+                    e.u64(addr).u32(len).u32(lkey);
+                }
             }
             Request::Rdma {
                 id,
@@ -712,6 +792,47 @@ impl Request {
                     dest,
                     imm: with_imm.then_some(imm),
                     data: d.bytes().map_err(bad)?.to_vec(),
+                })
+            }
+            Op::Atomic => Ok(Request::Atomic {
+                cmp_swap: d.u8().map_err(bad)? != 0,
+                id: d.u64().map_err(bad)?,
+                wr_id: d.u64().map_err(bad)?,
+                signaled: d.u8().map_err(bad)? != 0,
+                remote_addr: d.u64().map_err(bad)?,
+                rkey: d.u32().map_err(bad)?,
+                compare_add: d.u64().map_err(bad)?,
+                swap: d.u64().map_err(bad)?,
+                sge: (
+                    d.u64().map_err(bad)?,
+                    d.u32().map_err(bad)?,
+                    d.u32().map_err(bad)?,
+                ),
+            }),
+            Op::PostSendImm => {
+                let id = d.u64().map_err(bad)?;
+                let wr_id = d.u64().map_err(bad)?;
+                let signaled = d.u8().map_err(bad)? != 0;
+                let imm = d.u32().map_err(bad)?;
+                let n = d.u32().map_err(bad)? as usize;
+                // More entries than any QP takes is refused, not an allocation.
+                if n > MAX_SGE {
+                    return Err(libc::EINVAL);
+                }
+                let mut sges = Vec::with_capacity(n);
+                for _ in 0..n {
+                    sges.push((
+                        d.u64().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                        d.u32().map_err(bad)?,
+                    ));
+                }
+                Ok(Request::PostSendImm {
+                    id,
+                    wr_id,
+                    signaled,
+                    imm,
+                    sges,
                 })
             }
             Op::RdmaWrite | Op::RdmaRead => {
@@ -1136,6 +1257,24 @@ mod tests {
                 rkey: 77,
                 sges: vec![(0x2000, 16, 5), (0x3000, 8, 6)],
             },
+            Request::Atomic {
+                cmp_swap: true,
+                id: 2,
+                wr_id: 5,
+                signaled: true,
+                remote_addr: 0x1008,
+                rkey: 77,
+                compare_add: 1,
+                swap: 2,
+                sge: (0x2000, 8, 5),
+            },
+            Request::PostSendImm {
+                id: 2,
+                wr_id: 4,
+                signaled: false,
+                imm: 0x7856_3412,
+                sges: vec![(0x2000, 16, 5)],
+            },
             Request::QueryAddrs { id: 2 },
             Request::AckEvent { event: 99 },
             Request::CreateCq { cqe: 16, channel: 0 },
@@ -1204,7 +1343,7 @@ mod tests {
         ops.sort_unstable();
         ops.dedup();
         // RdmaWrite shares its variant with RdmaRead; the first messages are not requests.
-        assert_eq!(ops.len(), 43 - 5 - 1, "{ops:?}");
+        assert_eq!(ops.len(), 45 - 5 - 1, "{ops:?}");
     }
 
     #[test]

@@ -31,6 +31,8 @@ const IBV_QPT_UD: u32 = 4;
 const IBV_WR_SEND: u32 = 2;
 const IBV_WR_RDMA_READ: u32 = 4;
 const IBV_WR_SEND_WITH_IMM: u32 = 3;
+const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
+const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
 const IBV_SEND_SIGNALED: u32 = 2;
 const IBV_WC_RECV: u32 = 128;
 const IBV_WC_SUCCESS: u32 = 0;
@@ -115,7 +117,11 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
     // SAFETY: as above: the caps are written back, as libibverbs does.
     unsafe { (*attr).cap = cap };
     let token = u64::from(qp_num);
-    lock(&registry().0).recvs.insert(token, Default::default());
+    {
+        let mut reg = lock(&registry().0);
+        reg.recvs.insert(token, Default::default());
+        reg.qp_nums.insert(token, qp_num);
+    }
     let qp = Box::new(QpPriv {
         public: IbvQp {
             context,
@@ -277,6 +283,56 @@ pub unsafe extern "C" fn ibv_reg_mr(
     }))
 }
 
+/// `ibv_reg_mr_iova2`, which rdma-core's headers call for `ibv_reg_mr` whenever the access
+/// flags are not a compile-time constant: a region addressed by its own virtual address
+/// (`iova == addr`) is `ibv_reg_mr`'s. Another iova, by which a peer would address the region,
+/// is not modelled: refused with `EINVAL` and a line on stderr.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut IbvMr {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { reg_mr_at("ibv_reg_mr_iova2", pd, addr, length, iova, access as c_int) }
+}
+
+/// `ibv_reg_mr_iova`: as [`ibv_reg_mr_iova2`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { reg_mr_at("ibv_reg_mr_iova", pd, addr, length, iova, access) }
+}
+
+/// `ibv_reg_mr` of a region whose iova must be its address; `call` names the refusal.
+unsafe fn reg_mr_at(
+    call: &str,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut IbvMr {
+    if iova != addr as u64 {
+        eprintln!(
+            "cmsim: {call} with an iova ({iova:#x}) other than the region's address ({:#x}) is not supported: EINVAL",
+            addr as u64
+        );
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: the caller's arguments, as ibv_reg_mr takes them.
+    unsafe { ibv_reg_mr(pd, addr, length, access) }
+}
+
 /// `ibv_dereg_mr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
@@ -368,7 +424,8 @@ unsafe fn sges(list: *const IbvSge, n: i32) -> Vec<IbvSge> {
     unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()
 }
 
-/// `ops.post_send`: SEND and SEND_WITH_IMM; the bytes are gathered now, so the buffers are
+/// `ops.post_send`: SEND and SEND_WITH_IMM, RDMA READ and WRITE, the two atomics; a SEND's
+/// bytes are gathered now, so the buffers are
 /// free again as soon as this returns (stronger than verbs promises).
 unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut *mut IbvSendWr) -> c_int {
     // SAFETY: qp came from rdma_create_qp.
@@ -422,7 +479,19 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                     rpc(&send).err().unwrap_or(0)
                 }
             }
-            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM => {
+            // The immediate rides on a work request over registered memory, which the
+            // simulator gathers itself.
+            IBV_WR_SEND_WITH_IMM => {
+                let send = Request::PostSendImm {
+                    id: token,
+                    wr_id: w.wr_id,
+                    signaled,
+                    imm: w.imm_data,
+                    sges: list.iter().map(|s| (s.addr, s.length, s.lkey)).collect(),
+                };
+                rpc(&send).err().unwrap_or(0)
+            }
+            IBV_WR_SEND => {
                 let mut data = Vec::new();
                 for s in &list {
                     // SAFETY: each SGE names memory of the caller's, readable for its length.
@@ -451,8 +520,36 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
                 };
                 rpc(&rdma).err().unwrap_or(0)
             }
+            // verbs takes one 8-byte entry for the old value; the simulator checks it.
+            IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD if list.len() == 1 => {
+                // SAFETY: cur is the caller's whole struct ibv_send_wr, whose wr.atomic is
+                // remote_addr at 40, compare_add at 48, swap at 56 and rkey at 64.
+                let (remote_addr, compare_add, swap, rkey) = unsafe {
+                    let base = cur as *const u8;
+                    (
+                        (base.add(40) as *const u64).read_unaligned(),
+                        (base.add(48) as *const u64).read_unaligned(),
+                        (base.add(56) as *const u64).read_unaligned(),
+                        (base.add(64) as *const u32).read_unaligned(),
+                    )
+                };
+                let s = &list[0];
+                let atomic = Request::Atomic {
+                    cmp_swap: w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP,
+                    id: token,
+                    wr_id: w.wr_id,
+                    signaled,
+                    remote_addr,
+                    rkey,
+                    compare_add,
+                    swap,
+                    sge: (s.addr, s.length, s.lkey),
+                };
+                rpc(&atomic).err().unwrap_or(0)
+            }
+            IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD => libc::EINVAL,
             _ => {
-                unsupported("ibv_post_send with an atomic or WRITE_WITH_IMM opcode");
+                unsupported("ibv_post_send with a WRITE_WITH_IMM or another opcode");
                 libc::ENOSYS
             }
         };
@@ -480,7 +577,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         if let Err(errno) = rpc(&Request::VerbsDestroyQp { qp: token }) {
             return errno;
         }
-        lock(&registry().0).recvs.remove(&token);
+        {
+            let mut reg = lock(&registry().0);
+            reg.recvs.remove(&token);
+            reg.qp_nums.remove(&token);
+        }
         // SAFETY: qp is this library's QpPriv, given back once.
         drop(unsafe { Box::from_raw(qp as *mut QpPriv) });
         return 0;
@@ -613,6 +714,13 @@ unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bo
     for i in 0..n {
         let w = d.wc().map_err(|_| libc::EPROTO)?;
         let mut status = w.status;
+        // verbs reports the local QP's number; a token with none known (its QP destroyed
+        // meanwhile) stands for itself, as a connected QP's number is its token.
+        let qp_num = lock(&registry().0)
+            .qp_nums
+            .get(&w.id)
+            .copied()
+            .unwrap_or(w.id as u32);
         if w.opcode == IBV_WC_RECV {
             let posted = lock(&registry().0)
                 .recvs
@@ -634,7 +742,7 @@ unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bo
                 status,
                 opcode: w.opcode,
                 byte_len: w.byte_len,
-                qp_num: w.id as u32,
+                qp_num,
                 src_qp: w.src_qp,
                 imm_data: w.imm_data,
                 wc_flags: w.wc_flags,

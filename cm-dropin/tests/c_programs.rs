@@ -536,7 +536,7 @@ fn rdma_getaddrinfo_follows_cm_cores_rules_and_resolves_names_through_the_system
 }
 
 #[test]
-fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_silent() {
+fn sent_bytes_arrive_intact_across_sge_boundaries_with_their_immediate_and_unsignaled_sends_stay_silent() {
     let Some(echo) = compile_c("echo") else {
         return;
     };
@@ -551,6 +551,48 @@ fn sent_bytes_arrive_intact_across_sge_boundaries_and_unsignaled_sends_stay_sile
     assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
     assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
     assert!(s.status.success() && c.status.success());
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn fetch_and_add_and_compare_and_swap_read_the_old_value_and_update_the_peers_memory() {
+    let Some(prog) = compile_c("atomic") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "atomic",
+        &[&prog, "server", SERVER],
+        &[&prog, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(s.stdout, "server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "client: ok\n", "{}", c.stderr);
+    assert!(d.status.success(), "{}", d.stderr);
+}
+
+#[test]
+fn a_ud_qp_of_rdma_create_qp_reports_its_own_qp_number_in_completions_and_a_destroyed_id_is_einval() {
+    let Some(prog) = compile_c("udqpn") else {
+        return;
+    };
+    let prog = prog.to_string_lossy().into_owned();
+    let (s, c, d) = finishing_pair(
+        "udqpn",
+        &[&prog, "server", SERVER],
+        &[&prog, "client", SERVER],
+        &[],
+    );
+    let _ = std::fs::remove_file(&prog);
+    assert_eq!(s.stdout, "udqpn server: ok\n", "{}", s.stderr);
+    assert_eq!(c.stdout, "udqpn client: ok\n", "{}", c.stderr);
+    assert!(
+        c.stderr
+            .contains("cmsim: an rdma_cm_id that is not live (destroyed already?) was passed: EINVAL"),
+        "{}",
+        c.stderr
+    );
     assert!(d.status.success(), "{}", d.stderr);
 }
 

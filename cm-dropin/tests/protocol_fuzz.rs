@@ -1546,6 +1546,56 @@ impl Gen<'_> {
                     }
                 }
             }
+            Op::Atomic => {
+                e.u8(self.rng.next_u32() as u8);
+                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                e.u64(self.rng.next_u64()).u8(self.rng.next_u32() as u8);
+                // Both ends are written: the target at the peer (the scratch buffer's or
+                // nobody's memory), and the old value into the local entry.
+                let remote = if c.focus.is_some() && self.chance(60) {
+                    self.ctx.scratch + self.below(SCRATCH_LEN - 8 + 1)
+                } else {
+                    self.write_addr(8)
+                };
+                let key = self.rkey(c);
+                e.u64(remote)
+                    .u32(key)
+                    .u64(self.rng.next_u64())
+                    .u64(self.rng.next_u64());
+                let entry = self
+                    .entries(c, true)
+                    .first()
+                    .copied()
+                    .unwrap_or_else(|| (self.write_addr(8), 8, 0));
+                e.u64(entry.0).u32(entry.1).u32(entry.2);
+                if !c.holds(entry.0, entry.1) {
+                    refuse = true;
+                }
+            }
+            Op::PostSendImm => {
+                let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
+                e.u64(self.handle(c, kind, &mut refuse));
+                e.u64(self.rng.next_u64())
+                    .u8(self.rng.next_u32() as u8)
+                    .u32(self.rng.next_u32());
+                let entries = self.entries(c, false);
+                let total: u64 = entries.iter().map(|&(_, len, _)| u64::from(len)).sum();
+                let n = match self.below(30) {
+                    0 => 65 + self.below(200) as u32,
+                    // Fewer entries than the count says: malformed.
+                    1 => entries.len() as u32 + 1,
+                    _ => entries.len() as u32,
+                };
+                e.u32(n);
+                for &(addr, len, lkey) in &entries {
+                    e.u64(addr).u32(len).u32(lkey);
+                }
+                if n > 64 || (n as usize == entries.len() && total > u64::from(MAX_MESSAGE)) {
+                    expect = Expect::Errno(libc::EINVAL);
+                } else if !entries.iter().all(|&(addr, len, _)| c.holds(addr, len)) {
+                    refuse = true;
+                }
+            }
             Op::PostSendUd => {
                 let kind = if self.chance(30) { Kind::Qp } else { Kind::Id };
                 e.u64(self.handle(c, kind, &mut refuse));
@@ -1749,10 +1799,10 @@ impl Gen<'_> {
 }
 
 /// Whether a request of `op` names memory of this process the daemon will write: a region to
-/// register, or RDMA (a WRITE's target, a READ's entries). Such a request is only ever sent as
+/// register, or RDMA (a WRITE's target, a READ's entries, both ends of an atomic). Such a request is only ever sent as
 /// drawn (perhaps cut short or extended), never made of random bytes.
 fn names_memory(op: Op) -> bool {
-    matches!(op, Op::RegMr | Op::RdmaWrite | Op::RdmaRead)
+    matches!(op, Op::RegMr | Op::RdmaWrite | Op::RdmaRead | Op::Atomic)
 }
 
 /// Whether the daemon answers a datagram: all but acks (whose op is all it needs to see)
@@ -1978,7 +2028,7 @@ fn send_request(ctx: &Ctx, c: &mut Client, req: &Req, st: &mut Stats) -> Result<
             d.addr().map_err(bad)?;
             d.addr().map_err(bad)?;
         }
-        Op::RdmaWrite | Op::RdmaRead => st.rdma_served += 1,
+        Op::RdmaWrite | Op::RdmaRead | Op::Atomic => st.rdma_served += 1,
         Op::DestroyChannel => c.m.gone(Kind::Channel, named()),
         Op::DestroyCompChannel => c.m.gone(Kind::CompChannel, named()),
         Op::DestroyId => c.m.gone(Kind::Id, named()),
@@ -2071,7 +2121,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 43] = [
+const ALL_OPS: [(Op, u64); 45] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2115,11 +2165,15 @@ const ALL_OPS: [(Op, u64); 43] = [
     (Op::QpPostRecv, 2),
     (Op::InitQpAttr, 2),
     (Op::Establish, 1),
+    (Op::PostSendImm, 2),
+    (Op::Atomic, 2),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).
-const DATA_OPS: [(Op, u64); 11] = [
+const DATA_OPS: [(Op, u64); 13] = [
     (Op::PostSend, 5),
+    (Op::PostSendImm, 2),
+    (Op::Atomic, 3),
     (Op::PostRecv, 5),
     (Op::PollCq, 5),
     (Op::RegMr, 4),

@@ -336,7 +336,8 @@ fn debian_pingpong(program: &str, port: u16, extra: &[&str]) -> Option<(Output, 
         eprintln!("skipped: {path} is not installed (apt-get install ibverbs-utils)");
         return None;
     }
-    let (socket, daemon) = start_daemon(program, &[SERVER, CLIENT], 2, 120, &[]);
+    // Two tests run ibv_rc_pingpong at once: the port tells their daemons' sockets apart.
+    let (socket, daemon) = start_daemon(&format!("{program}-{port}"), &[SERVER, CLIENT], 2, 120, &[]);
     let port = port.to_string();
     let args: Vec<&str> = ["-g", "1", "-n", "200", "-p", &port]
         .into_iter()

@@ -533,6 +533,35 @@ fn wire_wc(
     ))
 }
 
+/// A one-sided operation a connected QP carries out at its peer's memory, the NIC's work.
+#[derive(Clone, Copy)]
+enum OneSided {
+    /// `IBV_WR_RDMA_WRITE`.
+    Write,
+    /// `IBV_WR_RDMA_READ`.
+    Read,
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    CompareSwap { compare: u64, swap: u64 },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd { add: u64 },
+}
+
+impl OneSided {
+    /// The simulator's operation at `remote`.
+    fn op(self, remote: RemoteAddr) -> SendOp {
+        match self {
+            OneSided::Write => SendOp::Write { remote, imm: None },
+            OneSided::Read => SendOp::Read { remote },
+            OneSided::CompareSwap { compare, swap } => SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            },
+            OneSided::FetchAdd { add } => SendOp::FetchAdd { remote, add },
+        }
+    }
+}
+
 impl Daemon {
     /// An id's token, which is also its QP's number (`qp_num`, 24 bits on the wire): counted.
     /// Ids are checked against their owner on every use, so knowing another's number is not
@@ -701,13 +730,45 @@ impl Daemon {
                 id,
                 wr_id,
                 signaled,
-                write,
+                if write { OneSided::Write } else { OneSided::Read },
                 RemoteAddr {
                     addr: remote_addr,
                     rkey,
                 },
                 &sges,
             ),
+            Request::PostSendImm {
+                id,
+                wr_id,
+                signaled,
+                imm,
+                sges,
+            } => self.post_send_imm(proc, id, wr_id, signaled, imm, &sges),
+            Request::Atomic {
+                cmp_swap,
+                id,
+                wr_id,
+                signaled,
+                remote_addr,
+                rkey,
+                compare_add,
+                swap,
+                sge,
+            } => {
+                let kind = if cmp_swap {
+                    OneSided::CompareSwap {
+                        compare: compare_add,
+                        swap,
+                    }
+                } else {
+                    OneSided::FetchAdd { add: compare_add }
+                };
+                let remote = RemoteAddr {
+                    addr: remote_addr,
+                    rkey,
+                };
+                self.post_rdma(proc, id, wr_id, signaled, kind, remote, &[sge])
+            }
             Request::QueryAddrs { id } => {
                 let (id, mut host) = self.id_of(proc, id)?;
                 let local = host.get_local_addr(id).map_err(|e| errno_of(&e))?;
@@ -1177,7 +1238,7 @@ impl Daemon {
         t: u64,
         wr_id: u64,
         signaled: bool,
-        write: bool,
+        kind: OneSided,
         remote: RemoteAddr,
         local: &[(u64, u32, u32)],
     ) -> Result<(), i32> {
@@ -1188,7 +1249,7 @@ impl Daemon {
             return Err(libc::EINVAL);
         }
         if self.vqps.contains_key(&t) {
-            return self.post_rdma_verbs(proc, t, wr_id, signaled, write, remote, local);
+            return self.post_rdma_verbs(proc, t, wr_id, signaled, kind, remote, local);
         }
         let (id, mut host) = self.id_of(proc, t)?;
         let sq_sig_all = match self.ids.get(&t) {
@@ -1202,15 +1263,64 @@ impl Daemon {
             let (handle, _, _) = self.sim_region(key, proc, Some(id)).ok_or(libc::EINVAL)?;
             sges.push(Sge::new(handle, addr - base, len));
         }
-        let remote = self.remote_of(t, id, remote.rkey, remote.addr);
-        let op = if write {
-            SendOp::Write { remote, imm: None }
-        } else {
-            SendOp::Read { remote }
-        };
+        let op = kind.op(self.remote_of(t, id, remote.rkey, remote.addr));
         let mut wr = SendWr::new(wr_id, op, &sges);
         wr.signaled = signaled || sq_sig_all;
         host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))
+    }
+
+    /// An `IBV_WR_SEND_WITH_IMM` of the caller's registered memory (`local`: address, length,
+    /// lkey) on connected QP `t` (an id's or a verbs one), gathered by the simulator. Its
+    /// completion is filtered and sized as a [`PostSend`](Request::PostSend)'s, in the same
+    /// order on the QP's send queue, so the simulator reports every one.
+    fn post_send_imm(
+        &mut self,
+        proc: u64,
+        t: u64,
+        wr_id: u64,
+        signaled: bool,
+        imm: u32,
+        local: &[(u64, u32, u32)],
+    ) -> Result<(), i32> {
+        let total: u64 = local.iter().map(|&(_, len, _)| u64::from(len)).sum();
+        if total > u64::from(proto::MAX_MESSAGE) {
+            return Err(libc::EINVAL);
+        }
+        let via = if self.vqps.contains_key(&t) {
+            if self.vqps[&t].ud {
+                return Err(libc::EINVAL);
+            }
+            None
+        } else {
+            let (id, _) = self.id_of(proc, t)?;
+            match self.ids.get(&t) {
+                Some(e) if e.has_qp && !e.ud => Some(id),
+                _ => return Err(libc::EINVAL),
+            }
+        };
+        let mut sges = Vec::with_capacity(local.len());
+        for &(addr, len, lkey) in local {
+            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+            let base = self.mrs[&key].addr;
+            let (handle, _, _) = self.sim_region(key, proc, via).ok_or(libc::EINVAL)?;
+            sges.push(Sge::new(handle, addr - base, len));
+        }
+        let wr = SendWr::new(wr_id, SendOp::Send { imm: Some(imm) }, &sges);
+        match via {
+            Some(id) => {
+                let (_, mut host) = self.id_of(proc, t)?;
+                host.post_send_wr(id, &wr).map_err(|e| errno_of(&e))?;
+                self.sent(t, signaled, total as usize);
+            }
+            None => {
+                let (handle, mut host) = self.vqp_of(proc, t)?;
+                host.verbs_post_send_wr(handle, &wr).map_err(|e| errno_of(&e))?;
+                let e = self.vqps.get_mut(&t).expect("checked above");
+                let visible = signaled || e.sq_sig_all;
+                e.sends.push_back((visible, total as u32));
+            }
+        }
+        Ok(())
     }
 
     /// [`post_rdma`](Self::post_rdma) on verbs QP `t`: the remote region is one of the
@@ -1222,7 +1332,7 @@ impl Daemon {
         t: u64,
         wr_id: u64,
         signaled: bool,
-        write: bool,
+        kind: OneSided,
         remote: RemoteAddr,
         local: &[(u64, u32, u32)],
     ) -> Result<(), i32> {
@@ -1252,11 +1362,7 @@ impl Daemon {
             }
             _ => NOWHERE,
         };
-        let op = if write {
-            SendOp::Write { remote, imm: None }
-        } else {
-            SendOp::Read { remote }
-        };
+        let op = kind.op(remote);
         let mut wr = SendWr::new(wr_id, op, &sges);
         wr.signaled = signaled || sq_sig_all;
         host.verbs_post_send_wr(handle, &wr).map_err(|e| errno_of(&e))

@@ -1,7 +1,9 @@
 /*
  * Device discovery on the drop-in, run on a fabric host with address ADDR (IPv4):
  * ibv_get_device_list, ibv_open_device, the device/port/GID/P_Key queries and their errors,
- * a PD, CQ and MR on the opened context, ibv_close_device.
+ * a PD, CQ and MR on the opened context (by ibv_reg_mr with constant access flags, and by
+ * ibv_reg_mr_iova2, which the headers make of ibv_reg_mr with flags known only at run time,
+ * and ibv_reg_mr_iova at the region's own address; another iova is EINVAL), ibv_close_device.
  *
  * Exit status 0 when every check passed; prints "devices: ok".
  */
@@ -106,6 +108,21 @@ int main(int argc, char **argv)
 	check(mr != NULL, "ibv_reg_mr on the opened context");
 	if (mr)
 		check(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	if (pd) {
+		volatile int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+		mr = ibv_reg_mr(pd, buf, sizeof(buf), access);
+		check(mr && mr->addr == buf && mr->length == sizeof(buf) && mr->lkey,
+		      "ibv_reg_mr with run-time flags (ibv_reg_mr_iova2)");
+		if (mr)
+			check(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr of ibv_reg_mr_iova2's");
+		mr = ibv_reg_mr_iova(pd, buf, sizeof(buf), (uintptr_t)buf, IBV_ACCESS_LOCAL_WRITE);
+		check(mr && mr->addr == buf, "ibv_reg_mr_iova at the region's address");
+		if (mr)
+			check(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr of ibv_reg_mr_iova's");
+		errno = 0;
+		mr = ibv_reg_mr_iova(pd, buf, sizeof(buf), 0x1000, IBV_ACCESS_LOCAL_WRITE);
+		check(!mr && errno == EINVAL, "ibv_reg_mr_iova at another iova is EINVAL");
+	}
 	if (cq)
 		check(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
 	if (pd)

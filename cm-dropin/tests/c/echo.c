@@ -1,7 +1,8 @@
 /*
  * A message and its transformed echo over synchronous librdmacm endpoints, checked byte for
  * byte: gather from several SGEs, scatter across SGE boundaries, byte_len, and an unsignaled
- * send whose success is not reported (sq_sig_all = 0).
+ * send whose success is not reported (sq_sig_all = 0), the client's send carrying an immediate
+ * (IBV_WR_SEND_WITH_IMM) that the server's completion reports with the QP's own number.
  *
  *   echo server ADDR     serves one connection
  *   echo client ADDR     connects, sends, checks the echo
@@ -13,6 +14,9 @@
 #include <string.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <arpa/inet.h>
+
+#define IMM 0x12345678u /* the client's immediate, in host order */
 
 #define LEN 6000 /* bytes of the big message */
 
@@ -117,6 +121,9 @@ int main(int argc, char **argv)
 			return fail("rdma_get_recv_comp");
 		bad |= check(wc.status == IBV_WC_SUCCESS && wc.wr_id == 10, "server receive completes");
 		bad |= check(wc.byte_len == LEN, "server receives the whole message");
+		bad |= check((wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == IMM,
+			     "server's completion carries the client's immediate");
+		bad |= check(wc.qp_num == id->qp->qp_num, "server's completion names its own QP");
 		for (i = 0; i < LEN; i++) {
 			unsigned char got = i < 1000 ? in1[i] : i < 3500 ? in2[i - 1000] : in3[i - 3500];
 			if (got != pattern(i)) {
@@ -146,6 +153,8 @@ int main(int argc, char **argv)
 			return fail("rdma_connect");
 		for (i = 0; i < LEN; i++)
 			(i < LEN / 2 ? out1 : out2)[i % (LEN / 2)] = pattern(i);
+		swr.opcode = IBV_WR_SEND_WITH_IMM;
+		swr.imm_data = htonl(IMM);
 		if (ibv_post_send(id->qp, &swr, &bad_swr))
 			return fail("ibv_post_send");
 		if (wait_send(id, &wc))
@@ -159,6 +168,7 @@ int main(int argc, char **argv)
 		if (wait_recv(id, &wc))
 			return fail("rdma_get_recv_comp");
 		bad |= check(wc.wr_id == 10 && wc.byte_len == LEN, "the echo arrives whole");
+		bad |= check(!(wc.wc_flags & IBV_WC_WITH_IMM), "a plain send carries no immediate");
 		for (i = 0; i < LEN; i++) {
 			unsigned char got = i < 1000 ? in1[i] : i < 3500 ? in2[i - 1000] : in3[i - 3500];
 			if (got != (pattern(i) ^ 0x5a)) {
