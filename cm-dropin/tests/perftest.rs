@@ -6,61 +6,21 @@
 //! ordered latencies). Every wait is bounded; a test skips (with a message) where perftest is
 //! not installed (`apt-get install perftest`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::{wait, Output};
+#[path = "common/fabric.rs"]
+mod fabric;
+use fabric::{spawn_on as spawn, start_daemon};
 
-const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
-const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
 const SERVER: &str = "10.0.0.1";
 const CLIENT: &str = "10.0.0.2";
 const LIMIT: Duration = Duration::from_secs(60);
 const ITERS: &str = "100";
 const SIZE: &str = "4096";
-
-/// Starts a daemon of its own for run `name`, seed 7, ending once its two programs detached
-/// (or after 120 s): its socket, once it exists, and the daemon.
-fn start_daemon(name: &str) -> (PathBuf, Child) {
-    let socket = std::env::temp_dir().join(format!("cmsim-pt-{name}-{}.sock", std::process::id()));
-    let daemon = Command::new(DAEMON)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--host", SERVER, "--host", CLIENT])
-        .args(["--seed", "7", "--max-seconds", "120", "--processes", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start cmsim-daemon");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not create {}",
-            socket.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (socket, daemon)
-}
-
-fn spawn(socket: &Path, host: &str, listener: Option<&str>, program: &[&str]) -> Child {
-    let mut cmd = Command::new(RUN);
-    if let Some(l) = listener {
-        cmd.args(["--wait-for-listener", l]);
-    }
-    cmd.arg("--socket")
-        .arg(socket)
-        .args(["--host", host, "--"])
-        .args(program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start cmsim-run")
-}
 
 /// Whether something listens on TCP `port` of this machine (`/proc/net/tcp`, state 0A): the
 /// server's exchange socket, on its simulated host's loopback address.
@@ -117,7 +77,7 @@ fn pair(
     extra: &[&str],
 ) -> Result<(Output, Output), String> {
     // Several runs of one program may be under way at once: the port tells their sockets apart.
-    let (socket, daemon) = start_daemon(&format!("{name}-{port}"));
+    let (socket, daemon) = start_daemon(&format!("pt-{name}-{port}"), &[SERVER, CLIENT], 2, 120, &[]);
     let port_s = port.to_string();
     let mut args: Vec<&str> = vec![program, "-n", ITERS, "-p", &port_s];
     args.extend_from_slice(extra);

@@ -5,100 +5,20 @@
 //! compiler or rdma-core headers are installed.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, ChildStdout};
 use std::sync::mpsc;
 use std::time::Duration;
 
 mod common;
 use common::{wait, Output};
+#[path = "common/fabric.rs"]
+mod fabric;
+use fabric::{compile_c, spawn_on as spawn, start_daemon};
 
-const DAEMON: &str = env!("CARGO_BIN_EXE_cmsim-daemon");
-const RUN: &str = env!("CARGO_BIN_EXE_cmsim-run");
 const SERVER: &str = "10.0.0.1";
 const CLIENT: &str = "10.0.0.2";
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// Starts a daemon of its own for test `name` on `hosts`, seed 7, ending after `processes`
-/// programs detached (or `max_seconds`): its socket, once it exists, and the daemon.
-fn start_daemon(
-    name: &str,
-    hosts: &[&str],
-    processes: usize,
-    max_seconds: u32,
-    extra: &[&str],
-) -> (PathBuf, Child) {
-    let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
-    let mut cmd = Command::new(DAEMON);
-    cmd.arg("--socket").arg(&socket);
-    for h in hosts {
-        cmd.args(["--host", h]);
-    }
-    let daemon = cmd
-        .args(["--seed", "7", "--max-seconds", &max_seconds.to_string()])
-        .args(["--processes", &processes.to_string()])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start cmsim-daemon");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the daemon did not create {}",
-            socket.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (socket, daemon)
-}
-
-/// Compiles `tests/c/<name>.c` against the installed rdma-core headers and libraries; `None`
-/// (with a message) when there is no C compiler or no headers.
-fn compile_c(name: &str) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c")
-        .join(format!("{name}.c"));
-    // Tests run in parallel and several compile the same program: each gets its own file.
-    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let out = std::env::temp_dir().join(format!("cmsim-{name}-{}-{n}", std::process::id()));
-    let status = Command::new("cc")
-        .args(["-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .status();
-    match status {
-        Ok(s) if s.success() => Some(out),
-        _ => {
-            eprintln!(
-                "skipped: cannot compile {} (needs cc, librdmacm-dev, libibverbs-dev)",
-                src.display()
-            );
-            None
-        }
-    }
-}
-
-/// Starts `program` under `cmsim-run` on `host`, its stdin and stdout piped; `listener`: wait
-/// for a listener at that address first.
-fn spawn(socket: &Path, host: &str, listener: Option<&str>, program: &[&str]) -> Child {
-    let mut cmd = Command::new(RUN);
-    if let Some(l) = listener {
-        cmd.args(["--wait-for-listener", l]);
-    }
-    cmd.arg("--socket")
-        .arg(socket)
-        .args(["--host", host, "--"])
-        .args(program)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start cmsim-run")
-}
 
 /// The lines of `out`, as they come, on a channel.
 fn lines(out: ChildStdout) -> mpsc::Receiver<String> {
@@ -170,12 +90,11 @@ fn relayed(name: &str, server: &[&str], client: &[&str]) -> Relayed {
 
 #[test]
 fn a_verbs_rc_ping_pong_exchanges_qp_numbers_out_of_band_and_its_messages_arrive() {
-    let Some(prog) = compile_c("vpingpong") else {
+    let Some(program) = compile_c("vpingpong", &["rdmacm", "ibverbs"]) else {
         return;
     };
-    let prog = prog.to_string_lossy().into_owned();
+    let prog = program.path();
     let r = relayed("vpingpong", &[&prog, "server", "20"], &[&prog, "client", "20"]);
-    let _ = std::fs::remove_file(&prog);
     let (sline, cline) = (&r.server_line, &r.client_line);
     for line in [sline, cline] {
         assert!(
@@ -196,12 +115,11 @@ fn a_verbs_rc_ping_pong_exchanges_qp_numbers_out_of_band_and_its_messages_arrive
 
 #[test]
 fn ud_verbs_qps_exchange_datagrams_through_address_handles() {
-    let Some(prog) = compile_c("vud") else {
+    let Some(program) = compile_c("vud", &["rdmacm", "ibverbs"]) else {
         return;
     };
-    let prog = prog.to_string_lossy().into_owned();
+    let prog = program.path();
     let r = relayed("vud", &[&prog, "server"], &[&prog, "client"]);
-    let _ = std::fs::remove_file(&prog);
     let ((s, s_out), (c, c_out)) = (&r.server, &r.client);
     assert_eq!(s_out, &["vud: ok"], "server: {} {}", r.server_line, s.stderr);
     assert_eq!(c_out, &["vud: ok"], "client: {} {}", r.client_line, c.stderr);
@@ -211,10 +129,10 @@ fn ud_verbs_qps_exchange_datagrams_through_address_handles() {
 
 #[test]
 fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
-    let Some(prog) = compile_c("vpingpong") else {
+    let Some(program) = compile_c("vpingpong", &["rdmacm", "ibverbs"]) else {
         return;
     };
-    let prog = prog.to_string_lossy().into_owned();
+    let prog = program.path();
     let (socket, daemon) = start_daemon("vpingpong-lost", &[SERVER, CLIENT], 1, 120, &[]);
     let mut client = spawn(&socket, CLIENT, None, &[&prog, "client", "1"]);
     let crx = lines(client.stdout.take().expect("piped"));
@@ -228,7 +146,6 @@ fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
     let (c, c_out) = finish(client, crx, "client");
     let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
     let _ = std::fs::remove_file(&socket);
-    let _ = std::fs::remove_file(&prog);
     assert_eq!(
         c_out,
         ["vpingpong: completion transport retry counter exceeded for wr 2"],
@@ -241,10 +158,10 @@ fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
 
 #[test]
 fn an_rdma_cm_pair_connects_its_own_qps_with_init_qp_attr_and_establish() {
-    let Some(prog) = compile_c("extqp") else {
+    let Some(program) = compile_c("extqp", &["rdmacm", "ibverbs"]) else {
         return;
     };
-    let prog = prog.to_string_lossy().into_owned();
+    let prog = program.path();
     let (socket, daemon) = start_daemon("extqp", &[SERVER, CLIENT], 2, 120, &[]);
     let server = spawn(&socket, SERVER, None, &[&prog, "server", SERVER]);
     let client = spawn(&socket, CLIENT, Some("10.0.0.1:7471"), &[&prog, "client", SERVER]);
@@ -252,7 +169,6 @@ fn an_rdma_cm_pair_connects_its_own_qps_with_init_qp_attr_and_establish() {
     let s = wait(server, LIMIT, "server");
     let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
     let _ = std::fs::remove_file(&socket);
-    let _ = std::fs::remove_file(&prog);
     assert_eq!(c.stdout, "extqp: ok\n", "client: {}", c.stderr);
     assert_eq!(s.stdout, "extqp: ok\n", "server: {}", s.stderr);
     assert!(c.status.success() && s.status.success());

@@ -26,29 +26,7 @@ impl Fabric {
 
     /// [`start`](Fabric::start) with more daemon arguments (faults, say).
     pub(crate) fn start_with(name: &str, hosts: &[&str], processes: usize, extra: &[&str]) -> Fabric {
-        let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
-        let mut cmd = Command::new(DAEMON);
-        cmd.arg("--socket").arg(&socket);
-        for h in hosts {
-            cmd.args(["--host", h]);
-        }
-        let daemon = cmd
-            .args(["--seed", "7", "--max-seconds", "60"])
-            .args(["--processes", &processes.to_string()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start cmsim-daemon");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not create {}",
-                socket.display()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let (socket, daemon) = start_daemon(name, hosts, processes, 60, extra);
         Fabric {
             socket,
             daemon: Some(daemon),
@@ -57,15 +35,7 @@ impl Fabric {
 
     /// Starts `program` on the simulated host `host`.
     pub(crate) fn spawn(&self, host: &str, program: &[&str]) -> Child {
-        Command::new(RUN)
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(["--host", host, "--"])
-            .args(program)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start cmsim-run")
+        spawn_on(&self.socket, host, None, program)
     }
 
     /// Runs `program` on `host` to its end (at most 30 s).
@@ -89,6 +59,60 @@ impl Drop for Fabric {
         }
         let _ = std::fs::remove_file(&self.socket);
     }
+}
+
+/// Starts a daemon of its own for test `name` on `hosts` (host 0 first), seed 7, ending once
+/// `processes` programs attached and left (or after `max_seconds`): its socket, once it exists,
+/// and the daemon.
+pub(crate) fn start_daemon(
+    name: &str,
+    hosts: &[&str],
+    processes: usize,
+    max_seconds: u32,
+    extra: &[&str],
+) -> (PathBuf, Child) {
+    let socket = std::env::temp_dir().join(format!("cmsim-{name}-{}.sock", std::process::id()));
+    let mut cmd = Command::new(DAEMON);
+    cmd.arg("--socket").arg(&socket);
+    for h in hosts {
+        cmd.args(["--host", h]);
+    }
+    let daemon = cmd
+        .args(["--seed", "7", "--max-seconds", &max_seconds.to_string()])
+        .args(["--processes", &processes.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-daemon");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not create {}",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (socket, daemon)
+}
+
+/// Starts `program` under `cmsim-run` on `host` of the daemon at `socket`, its stdin, stdout
+/// and stderr piped; `listener`: wait for a listener at that address first.
+pub(crate) fn spawn_on(socket: &Path, host: &str, listener: Option<&str>, program: &[&str]) -> Child {
+    let mut cmd = Command::new(RUN);
+    if let Some(l) = listener {
+        cmd.args(["--wait-for-listener", l]);
+    }
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["--host", host, "--"])
+        .args(program)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start cmsim-run")
 }
 
 /// A compiled C program, removed when dropped.
