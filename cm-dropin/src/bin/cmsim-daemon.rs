@@ -1256,13 +1256,7 @@ impl Daemon {
             Some(e) if e.has_qp && !e.ud => e.sq_sig_all,
             _ => return Err(libc::EINVAL),
         };
-        let mut sges = Vec::with_capacity(local.len());
-        for &(addr, len, lkey) in local {
-            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
-            let base = self.mrs[&key].addr;
-            let (handle, _, _) = self.sim_region(key, proc, Some(id)).ok_or(libc::EINVAL)?;
-            sges.push(Sge::new(handle, addr - base, len));
-        }
+        let sges = self.local_sges(proc, local, Some(id))?;
         let op = kind.op(self.remote_of(t, id, remote.rkey, remote.addr));
         let mut wr = SendWr::new(wr_id, op, &sges);
         wr.signaled = signaled || sq_sig_all;
@@ -1298,13 +1292,7 @@ impl Daemon {
                 _ => return Err(libc::EINVAL),
             }
         };
-        let mut sges = Vec::with_capacity(local.len());
-        for &(addr, len, lkey) in local {
-            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
-            let base = self.mrs[&key].addr;
-            let (handle, _, _) = self.sim_region(key, proc, via).ok_or(libc::EINVAL)?;
-            sges.push(Sge::new(handle, addr - base, len));
-        }
+        let sges = self.local_sges(proc, local, via)?;
         let wr = SendWr::new(wr_id, SendOp::Send { imm: Some(imm) }, &sges);
         match via {
             Some(id) => {
@@ -1341,13 +1329,7 @@ impl Daemon {
             let e = &self.vqps[&t];
             (e.sq_sig_all, u64::from(e.dest))
         };
-        let mut sges = Vec::with_capacity(local.len());
-        for &(addr, len, lkey) in local {
-            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
-            let base = self.mrs[&key].addr;
-            let (mr, _, _) = self.sim_region(key, proc, None).ok_or(libc::EINVAL)?;
-            sges.push(Sge::new(mr, addr - base, len));
-        }
+        let sges = self.local_sges(proc, local, None)?;
         let owner = self.vqps.get(&dest).map(|e| e.proc);
         let remote = match (owner, self.mrs.get(&remote.rkey)) {
             (Some(owner), Some(m)) if m.proc == owner => {
@@ -1439,6 +1421,25 @@ impl Daemon {
                 c.ready.push_back(wire);
             }
         }
+    }
+
+    /// The simulator's entries for the caller's memory `local` (address, length, lkey), each
+    /// inside one of the caller's regions, registered on the device of id `via` (`None`: the
+    /// host's device, as a verbs QP's); `EINVAL` for memory no region of the caller's holds.
+    fn local_sges(
+        &mut self,
+        proc: u64,
+        local: &[(u64, u32, u32)],
+        via: Option<IdHandle>,
+    ) -> Result<Vec<Sge>, i32> {
+        let mut sges = Vec::with_capacity(local.len());
+        for &(addr, len, lkey) in local {
+            let key = self.local_key(proc, addr, len, lkey).ok_or(libc::EINVAL)?;
+            let base = self.mrs[&key].addr;
+            let (handle, _, _) = self.sim_region(key, proc, via).ok_or(libc::EINVAL)?;
+            sges.push(Sge::new(handle, addr - base, len));
+        }
+        Ok(sges)
     }
 
     /// The key of process `proc`'s region that holds `len` bytes at `addr` for a local entry:
