@@ -12,6 +12,10 @@
 //! cargo run --release --features hw --example echo -- --backend hw --server 10.0.0.1 --clients 100 --messages 100
 //! ```
 //!
+//! With `--handoff` (hardware only) the same echo runs on `Send` handles (`cm::app::tokio::CmThread`):
+//! the server accepts on one task and hands each connection to a worker `tokio::spawn`ed on
+//! the multi-threaded runtime, and each client is a `tokio::spawn`ed task too; no `LocalSet`.
+//!
 //! Prints each client's result, then `seed:` and `trace-hash:`. Options: `--clients N`,
 //! `--messages M`, `--seed S` (or `CM_SIM_SEED`), `--loss PER_MILLE` (CM messages lost between
 //! the server and every client), `--crash-server SECS` (the server host crashes then, and
@@ -124,6 +128,74 @@ pub mod app {
     }
 }
 
+/// The same echo on `Send` handles: connections that move between tasks of tokio's
+/// multi-threaded runtime.
+#[cfg(feature = "hw")]
+pub mod handoff {
+    use std::time::Duration;
+
+    use cm::app::tokio::{SendCm, SendConnection, SendListener};
+    use cm::app::{ConnOptions, Error};
+    use cm::CmBackend;
+
+    use super::app::{Plan, Report};
+
+    /// Accepts on `listener` until dropped, each connection served by a worker of its own
+    /// on whichever thread the runtime picks.
+    pub async fn server<B: CmBackend + 'static>(listener: SendListener<B>) -> Result<(), Error> {
+        loop {
+            let (conn, _hello) = listener.accept().await?;
+            tokio::spawn(serve(conn));
+        }
+    }
+
+    async fn serve<B: CmBackend + 'static>(conn: SendConnection<B>) {
+        while let Ok(msg) = conn.recv().await {
+            if conn.send(&msg).await.is_err() {
+                break;
+            }
+        }
+        let _ = conn.disconnect().await;
+    }
+
+    /// One client as `app::client` is: a session, tried again after a transient failure.
+    pub async fn client<B: CmBackend + 'static>(cm: &SendCm<B>, plan: Plan) -> Result<Report, Error> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match session(cm, &plan).await {
+                Ok(echoed) => return Ok(Report { echoed, attempts }),
+                Err(e) if e.is_transient() && attempts <= plan.retries => {
+                    tokio::time::sleep(Duration::from_millis(100) * attempts).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn session<B: CmBackend + 'static>(cm: &SendCm<B>, plan: &Plan) -> Result<u32, Error> {
+        let timed = |op| Error::TimedOut { op };
+        let opts = ConnOptions {
+            private_data: format!("client {}", plan.client).into_bytes(),
+            ..ConnOptions::default()
+        };
+        let conn = cm.connect(plan.server, &opts).await?;
+        for i in 0..plan.messages {
+            let msg = format!("client {} message {i}", plan.client).into_bytes();
+            tokio::time::timeout(plan.op_timeout, conn.send(&msg))
+                .await
+                .map_err(|_| timed("send"))??;
+            let got = tokio::time::timeout(plan.op_timeout, conn.recv())
+                .await
+                .map_err(|_| timed("recv"))??;
+            assert_eq!(got, msg, "an echo came back different");
+        }
+        let closed = conn.disconnect().await?;
+        assert!(closed.unread.is_empty(), "echoes nobody asked for: {closed:?}");
+        Ok(plan.messages)
+    }
+}
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -150,6 +222,8 @@ pub struct Args {
     pub backend: String,
     /// Hardware: the address the server listens on (port 7471 unless given).
     pub server: Option<String>,
+    /// Hardware: run on `Send` handles, connections handed to spawned workers.
+    pub handoff: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -162,6 +236,7 @@ fn parse_args() -> Result<Args, String> {
         trace: None,
         backend: "sim".into(),
         server: None,
+        handoff: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -176,6 +251,7 @@ fn parse_args() -> Result<Args, String> {
             "--trace" => a.trace = Some(val()?),
             "--backend" => a.backend = val()?,
             "--server" => a.server = Some(val()?),
+            "--handoff" => a.handoff = true,
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -301,9 +377,6 @@ fn main() -> ExitCode {
 /// Runs echo on the RDMA device: the application code above, on tokio.
 #[cfg(feature = "hw")]
 fn run_hw(args: &Args) -> ExitCode {
-    use cm::app::tokio::TokioRuntime;
-    use cm::hw::HwBackend;
-
     let Some(server) = &args.server else {
         eprintln!("echo: --backend hw needs --server ADDR (an address of the RDMA device)");
         return ExitCode::from(2);
@@ -319,8 +392,80 @@ fn run_hw(args: &Args) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let run = if args.handoff {
+        rt.block_on(run_handoff(args, server))
+    } else {
+        run_local(&rt, args, server)
+    };
+    let results = match run {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("echo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    for (c, r) in results.iter().enumerate() {
+        match r {
+            Ok(rep) => println!("client {c}: {} echoed, {} attempt(s)", rep.echoed, rep.attempts),
+            Err(e) => println!("client {c}: {e}"),
+        }
+    }
+    println!("clients: {} ok, {failed} failed", results.len() - failed);
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(feature = "hw")]
+type ClientResults = Result<Vec<Result<app::Report, cm::app::Error>>, cm::app::Error>;
+
+/// Echo on `Send` handles: one `CmThread` drives the server's channel and the clients' one;
+/// every task is `tokio::spawn`ed.
+#[cfg(feature = "hw")]
+async fn run_handoff(args: &Args, server: SocketAddr) -> ClientResults {
+    use cm::app::tokio::CmThread;
+    use cm::app::ConnOptions;
+    use cm::hw::HwBackend;
+    use std::sync::Arc;
+
+    let thread = CmThread::start()?;
+    let server_cm = thread.cm(|_| HwBackend::new()).await?;
+    let client_cm = Arc::new(thread.cm(|_| HwBackend::new()).await?);
+    let listener = server_cm.listen(server, ConnOptions::default()).await?;
+    let srv = tokio::spawn(handoff::server(listener));
+    let clients: Vec<_> = (0..args.clients)
+        .map(|c| {
+            let plan = app::Plan {
+                server,
+                client: c,
+                messages: args.messages,
+                retries: 5,
+                op_timeout: Duration::from_secs(30),
+            };
+            let cm = client_cm.clone();
+            tokio::spawn(async move { handoff::client(&cm, plan).await })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for c in clients {
+        results.push(c.await.expect("client task"));
+    }
+    srv.abort();
+    let _ = srv.await;
+    Ok(results)
+}
+
+/// Echo in a `LocalSet`: the application code above, generic over backend and runtime.
+#[cfg(feature = "hw")]
+fn run_local(rt: &tokio::runtime::Runtime, args: &Args, server: SocketAddr) -> ClientResults {
+    use cm::app::tokio::TokioRuntime;
+    use cm::hw::HwBackend;
+
     let local = tokio::task::LocalSet::new();
-    let run = local.block_on(&rt, async {
+    local.block_on(rt, async {
         let tr = TokioRuntime::new();
         let server_cm = tr.cm(HwBackend::new()?)?;
         let client_cm = tr.cm(HwBackend::new()?)?;
@@ -345,27 +490,7 @@ fn run_hw(args: &Args) -> ExitCode {
         srv.abort();
         let _ = srv.await;
         Ok::<_, cm::app::Error>(results)
-    });
-    let results = match run {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("echo: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let failed = results.iter().filter(|r| r.is_err()).count();
-    for (c, r) in results.iter().enumerate() {
-        match r {
-            Ok(rep) => println!("client {c}: {} echoed, {} attempt(s)", rep.echoed, rep.attempts),
-            Err(e) => println!("client {c}: {e}"),
-        }
-    }
-    println!("clients: {} ok, {failed} failed", results.len() - failed);
-    if failed > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    })
 }
 
 #[cfg(not(feature = "hw"))]

@@ -111,6 +111,10 @@ PROJECT_BINS=(
   "cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend hw --role both --bind @ADDR --server @ADDR --connections @N"
   "sim-cmtime|cmtime|180|build --release --features hw --example cmtime|example:cmtime|--backend sim --bind 10.0.0.2 --server 10.0.0.1 --connections @N --seed 1"
   "echo|echo|180|build --release --features hw,tokio --example echo|example:echo|--backend hw --server @ADDR --clients 100 --messages 100"
+  # The same echo on `Send` handles (`--handoff`): accepted on one task, each connection served
+  # by a `tokio::spawn`ed worker of the multi-threaded runtime; 20 clients x 50 messages, a
+  # fifth of the run above, bound 120 s.
+  "echo-handoff|echo|120|build --release --features hw,tokio --example echo|example:echo|--backend hw --server @ADDR --clients 20 --messages 50 --handoff"
   # The remote counter (issue 24): 4 clients x 100 RDMA fetch-and-adds on one server's 8 bytes,
   # on tokio over rxe; its last line reads as echo's. Each add is a round trip through rxe
   # (about a millisecond under TCG): a few seconds, bound 120 s.

@@ -387,6 +387,219 @@ mod on_tokio {
         );
     }
 
+    type State = (SimFabric, Rc<StandIn>);
+
+    /// A `CmThread` whose state is a three-host fabric seeded `seed` and its stand-in fds.
+    fn ticking_thread(seed: u64) -> cm::app::tokio::CmThread<State> {
+        cm::app::tokio::CmThread::start_with(move || {
+            let fabric = SimFabric::builder()
+                .seed(seed)
+                .host("10.0.0.1")
+                .host("10.0.0.2")
+                .host("10.0.0.3")
+                .build();
+            (fabric, Rc::new(StandIn::new()))
+        })
+        .expect("driver thread")
+    }
+
+    /// Host `host`'s backend, made on the thread from its state.
+    fn backend(host: usize) -> impl FnOnce(&State) -> Result<Ticking> + Send + 'static {
+        move |(fabric, fds): &State| {
+            Ok(Ticking {
+                host: fabric.host(host),
+                fds: fds.clone(),
+            })
+        }
+    }
+
+    /// The fabric's clock, moved on in real time on the thread that owns it.
+    async fn start_ticker(thread: &cm::app::tokio::CmThread<State>) {
+        thread
+            .run(|(fabric, fds): &State| {
+                let (fabric, fds) = (fabric.clone(), fds.clone());
+                async move {
+                    tokio::task::spawn_local(async move {
+                        loop {
+                            tokio::time::sleep(Duration::from_micros(100)).await;
+                            fabric.advance(Duration::from_millis(1));
+                            fds.tick();
+                        }
+                    });
+                }
+            })
+            .await
+            .expect("ticker");
+    }
+
+    /// A `recv` on a `Send` connection cut short by a timeout takes no message: the next one
+    /// gets what the peer sends after it.
+    #[test]
+    fn a_send_connections_recv_cancelled_by_a_timeout_takes_no_message() {
+        use cm::app::ConnOptions;
+        let thread = ticking_thread(43);
+        let server: SocketAddr = "10.0.0.1:7471".parse().unwrap();
+        let rt = multi_threaded_runtime(2);
+        rt.block_on(async {
+            start_ticker(&thread).await;
+            let server_cm = thread.cm(backend(0)).await.expect("server channel");
+            let client_cm = thread.cm(backend(1)).await.expect("client channel");
+            let listener = server_cm
+                .listen(server, ConnOptions::default())
+                .await
+                .expect("listen");
+            let (timed_out, go) = tokio::sync::oneshot::channel();
+            let served = tokio::spawn(async move {
+                let (conn, _) = listener.accept().await.expect("accept");
+                let cut = tokio::time::timeout(Duration::from_millis(50), conn.recv()).await;
+                assert!(cut.is_err(), "nothing was sent yet: {cut:?}");
+                timed_out.send(()).expect("client waits");
+                let got = tokio::time::timeout(Duration::from_secs(20), conn.recv())
+                    .await
+                    .expect("bounded")
+                    .expect("message");
+                conn.send(b"ok").await.expect("reply");
+                let ended = conn.recv().await;
+                assert!(
+                    matches!(ended, Err(cm::app::Error::Disconnected { .. })),
+                    "{ended:?}"
+                );
+                let closed = conn.disconnect().await;
+                (got, closed.map(|c| c.unread.len()))
+            });
+            let conn = client_cm
+                .connect(server, &ConnOptions::default())
+                .await
+                .expect("connect");
+            go.await.expect("server timed out");
+            conn.send(b"after the timeout").await.expect("send");
+            let reply = tokio::time::timeout(Duration::from_secs(20), conn.recv()).await;
+            assert_eq!(reply.expect("bounded").expect("reply"), b"ok");
+            conn.disconnect().await.expect("client disconnect");
+            let (got, closed) = tokio::time::timeout(Duration::from_secs(30), served)
+                .await
+                .expect("bounded")
+                .expect("server");
+            assert_eq!(got, b"after the timeout");
+            assert_eq!(closed.expect("closed"), 0);
+        });
+    }
+
+    /// What a tokio server does with `Send` connections: one task accepts, and each
+    /// connection is handed to a worker `tokio::spawn`ed on the multi-threaded runtime, no
+    /// `LocalSet` anywhere. The fabric, its stand-in fds and every backend live on the
+    /// `CmThread`, made there from its state.
+    #[test]
+    fn send_connections_are_accepted_on_one_task_and_served_by_spawned_workers() {
+        use cm::app::tokio::SendConnection;
+        use cm::app::ConnOptions;
+        use std::sync::Arc;
+
+        fn send_and_sync<T: Send + Sync>(_: &T) {}
+        let thread = ticking_thread(41);
+        let server: SocketAddr = "10.0.0.1:7471".parse().unwrap();
+        let rt = multi_threaded_runtime(2);
+        const CONNECTIONS: usize = 4;
+        const MESSAGES: usize = 10;
+        rt.block_on(async {
+            start_ticker(&thread).await;
+            let server_cm = thread.cm(backend(0)).await.expect("server channel");
+            let listener = server_cm
+                .listen(server, ConnOptions::default())
+                .await
+                .expect("listen");
+            send_and_sync(&listener);
+            let acceptor = tokio::spawn(async move {
+                let mut workers = Vec::new();
+                for _ in 0..CONNECTIONS {
+                    let (conn, hello): (SendConnection<Ticking>, Vec<u8>) =
+                        listener.accept().await.expect("accept");
+                    send_and_sync(&conn);
+                    workers.push(tokio::spawn(async move {
+                        let on = std::thread::current().name().map(str::to_owned);
+                        let mut echoed = 0;
+                        while let Ok(msg) = conn.recv().await {
+                            conn.send(&msg).await.expect("echo");
+                            echoed += 1;
+                        }
+                        let closed = conn.disconnect().await.expect("closed");
+                        (hello[0], echoed, on, closed.unread.len())
+                    }));
+                }
+                let mut served = Vec::new();
+                for w in workers {
+                    served.push(w.await.expect("worker"));
+                }
+                served
+            });
+            let mut cms = Vec::new();
+            for host in [1usize, 2] {
+                cms.push(Arc::new(thread.cm(backend(host)).await.expect("client channel")));
+            }
+            let mut tasks = Vec::new();
+            for (n, cm) in cms.into_iter().cycle().take(CONNECTIONS).enumerate() {
+                tasks.push(tokio::spawn(async move {
+                    let opts = ConnOptions {
+                        private_data: vec![n as u8],
+                        ..ConnOptions::default()
+                    };
+                    let conn = cm.connect(server, &opts).await.expect("connect");
+                    for i in 0..MESSAGES {
+                        let msg = format!("{n}:{i}").into_bytes();
+                        conn.send(&msg).await.expect("send");
+                        let echo = tokio::time::timeout(Duration::from_secs(20), conn.recv())
+                            .await
+                            .expect("bounded")
+                            .expect("echo");
+                        assert_eq!(echo, msg);
+                    }
+                    conn.disconnect().await.expect("disconnect");
+                }));
+            }
+            for t in tasks {
+                tokio::time::timeout(Duration::from_secs(60), t)
+                    .await
+                    .expect("bounded")
+                    .expect("client");
+            }
+            let mut served = tokio::time::timeout(Duration::from_secs(30), acceptor)
+                .await
+                .expect("bounded")
+                .expect("acceptor");
+            served.sort();
+            for (n, (hello, echoed, on, unread)) in served.into_iter().enumerate() {
+                assert_eq!((hello as usize, echoed, unread), (n, MESSAGES, 0));
+                assert_ne!(
+                    on.as_deref(),
+                    Some("cm-driver"),
+                    "workers run on the runtime's threads"
+                );
+            }
+        });
+        let clean = rt.block_on(async {
+            for _ in 0..500 {
+                let live = thread
+                    .run(|(fabric, _): &State| {
+                        let live = fabric.live_resources();
+                        async move { live }
+                    })
+                    .await
+                    .expect("state");
+                if live.is_clean() {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(thread
+                .run(|(fabric, _): &State| {
+                    let live = format!("{:?}", fabric.live_resources());
+                    async move { live }
+                })
+                .await)
+        });
+        assert_eq!(clean, Ok(()), "everything released once the handles are gone");
+    }
+
     fn multi_threaded_runtime(workers: usize) -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)

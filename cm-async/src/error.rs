@@ -74,6 +74,10 @@ pub enum Error {
     /// The event channel's driver is gone (its backend failed, or the host crashed).
     #[error("the event channel failed: {0}")]
     ChannelFailed(CmError),
+    /// A `tokio::CmThread`'s thread is gone (it could not start, or it
+    /// panicked), or the handle's object was released there.
+    #[error("the thread driving the channel is gone")]
+    DriverGone,
 }
 
 impl Error {

@@ -68,25 +68,33 @@
 //! On tokio the same two functions run with `TokioRuntime::new().cm(backend)` in a
 //! `tokio::task::LocalSet` (see `examples/echo.rs`, `--backend hw`).
 //!
-//! # `Send`, threads, and why tasks stay on one thread
+//! # `Send`, threads, and where tasks run
 //!
 //! tokio's multi-threaded `spawn` wants `Send` futures; the simulator's `SimHost` is `Rc`-based
 //! and single-threaded on purpose, and the raw trait's speed (`lifecycle/sim`) must not pay for
 //! locks. The layer therefore shares a channel's driver between its objects with `Rc` and
 //! `RefCell` (never borrowed across an `.await`), and [`Runtime::spawn`] takes futures that need
-//! not be `Send`. On tokio, tasks are spawned with `spawn_local` and run in a `LocalSet`, which
-//! runs inside a multi-threaded runtime on the thread that drives it (the echo example and its
-//! test do exactly that); the fds are watched by tokio's reactor on whichever thread. To use
-//! more cores, give each thread its own `LocalSet`, backend and `Cm`, all on one multi-threaded
-//! runtime whose worker threads run the reactor and the timers (`tests/echo.rs` runs three such
-//! threads at once). The hardware backend is `Send`, so it can be made on one thread and moved
-//! to another before its channel is opened. Connections themselves cannot move between
-//! threads: each holds an `Rc` of its channel's driver, and the driver's state (mailboxes,
-//! wakers, the backend's handles) is borrowed without a lock by whichever task runs. The alternative (a driver owning the
-//! backend behind a lock, handing out `Send` handles) would put a lock and a cross-thread
-//! wake-up on every call of the simulator too, and the simulator's determinism would then
-//! depend on a multi-threaded scheduler; the application code is the same under both designs,
-//! generic over backend and runtime, without `cfg`.
+//! not be `Send`: [`Cm`], [`Listener`], [`Request`] and [`Connection`] are not `Send`. There
+//! are two ways to use them on tokio:
+//!
+//! * **`Send` handles** (`tokio::CmThread`, feature `tokio`): a thread of its own owns the
+//!   backends and the objects, and `SendCm`, `SendListener`, `SendRequest` and
+//!   `SendConnection` are `Send + Sync` handles whose operations are messages to it. A server
+//!   accepts on one task and hands each connection to `tokio::spawn`ed workers on any thread,
+//!   without a `LocalSet` (`tests/echo.rs` does, on the multi-threaded runtime). Each operation
+//!   costs a channel send and a reply on top of the layer's own work.
+//! * **In a `LocalSet`**: `TokioRuntime::cm` in a `tokio::task::LocalSet`, tasks spawned with
+//!   `spawn_local`, on the thread that drives the set (the fds are watched by tokio's reactor
+//!   on whichever thread). No message passing; for more cores, one `LocalSet`, backend and `Cm`
+//!   per thread on one multi-threaded runtime (`tests/echo.rs` runs three such threads at once).
+//!   The hardware backend is `Send`, so it can be made on one thread and moved to another
+//!   before its channel is opened.
+//!
+//! Why not a driver owning the backend behind a lock, with every object `Send`: the lock and a
+//! cross-thread wake-up would then sit on every call of the simulator too, and the simulator's
+//! determinism would depend on a multi-threaded scheduler. With the thread and its messages,
+//! only the tokio path pays, and the application code over [`Cm`] stays generic over backend
+//! and runtime, without `cfg`.
 //!
 //! # The simulator's executor
 //!

@@ -18,6 +18,9 @@ use crate::driver::{Registrations, Shared};
 use crate::error::Result;
 use crate::runtime::{joinable, JoinHandle, Runtime};
 
+mod send;
+pub use send::{CmThread, SendCm, SendConnection, SendListener, SendRequest};
+
 /// A backend with file descriptors to wait on: the event channel's (readable when
 /// `try_get_cm_event` has an event) and each QP's completion channel (readable after
 /// `try_poll_cq` returned 0 and a completion arrived since).
