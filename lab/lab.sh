@@ -562,7 +562,7 @@ build_project() {
     log "  $suite: ${exe#"$CARGO_DIR"/}"
     PROJECT_EXE[$suite]=$exe
   done
-  if dropin_selected; then build_dropin "$deadline"; fi
+  if dropin_selected || perftest_selected; then build_dropin "$deadline"; fi
 }
 
 # Copy the built project binaries into the image and register their suites.
@@ -981,6 +981,191 @@ print_dropin_comparisons() {
   done
 }
 
+# ---------------------------------------------------------------- perftest --
+# Debian's perftest, the runs cm-dropin/tests/perftest.rs makes on the simulator, run twice with
+# the same flags: on rxe in the guest (server and client on the guest's address), and on the
+# simulator through cmsim-daemon/cmsim-run on the host before the VM boots (two hosts, as
+# dropin_run_sim does, for the same reasons). The summary compares exit statuses and the result
+# row's message size and iteration count, and records both figures (BW average MB/s, or t_avg
+# us) and their ratio: a ratio is recorded, never a gate, since TCG's speed is not rxe's.
+# Each row: suite | bound (s) | exchange (tcp: perftest's own TCP socket; cm: rdma_cm, -R) |
+# port | program and options (server and client alike; the client adds the server's address).
+# Bounds: 1000 iterations take well under 10 s on rxe under TCG; 60 s each, nine runs.
+PERFTEST_RUNS=(
+  "perftest-send-bw|60|tcp|18515|ib_send_bw -n 1000"
+  "perftest-send-bw-cm|60|cm|18516|ib_send_bw -n 1000 -R"
+  "perftest-write-bw|60|tcp|18517|ib_write_bw -n 1000"
+  "perftest-read-bw|60|tcp|18518|ib_read_bw -n 1000"
+  "perftest-atomic-bw|60|tcp|18519|ib_atomic_bw -n 1000 -A FETCH_AND_ADD"
+  "perftest-send-lat|60|tcp|18520|ib_send_lat -n 1000"
+  "perftest-write-lat|60|tcp|18521|ib_write_lat -n 1000"
+  "perftest-write-lat-cm|60|cm|18522|ib_write_lat -n 1000 -R"
+  "perftest-read-lat|60|tcp|18523|ib_read_lat -n 1000"
+)
+
+perftest_selected() {
+  local row
+  command -v ib_send_bw >/dev/null || return 1
+  [[ -z $ONLY ]] && return 0
+  for row in "${PERFTEST_RUNS[@]}"; do [[ ",$ONLY," == *",${row%%|*},"* ]] && return 0; done
+  return 1
+}
+
+# The guest side. perftest 4.5's -R server listens anew for its data connection after the
+# exchange, and a client quicker than that is rejected (REJECTED, error 8) and fails: a race of
+# perftest's own, so a pair that lost it runs again, at most three times on each side. The
+# record is dropin's shape: "server-rc:", "client-rc:", "{server,client}-{out,err}: TEXT".
+add_perftest_suites() {
+  local row suite tmo xchg port cmd p
+  if ! command -v ib_send_bw >/dev/null; then
+    log "perftest suites skipped: perftest is not installed on the host (apt-get install perftest)"
+    return 0
+  fi
+  for p in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat; do
+    put_elf "$(command -v "$p")"
+  done
+  for row in "${PERFTEST_RUNS[@]}"; do
+    IFS='|' read -r suite tmo xchg port cmd <<<"$row"
+    add_suite "$suite" perftest "$tmo" <<EOF
+# $cmd on rxe, over $xchg, port $port
+tcp_listening() {
+  awk -v p=":\$(printf %04X $port)" 'NR > 1 && \$4 == "0A" && substr(\$2, length(\$2) - 4) == p { f = 1 } END { exit !f }' /proc/net/tcp
+}
+for attempt in 1 2 3; do
+  $cmd -p $port > /tmp/server.out 2> /tmp/server.err &
+  srv=\$!
+  i=0
+  if [ $xchg = cm ]; then
+    wait_listen $port >/dev/null || { cat /tmp/server.out /tmp/server.err; exit 1; }
+  else
+    while ! tcp_listening && [ \$i -lt 100 ]; do usleep 100000; i=\$((i + 1)); done
+  fi
+  timeout $((tmo / 3 - 5)) $cmd -p $port $ADDR > /tmp/client.out 2> /tmp/client.err
+  crc=\$?
+  src=
+  wait_pid \$srv 10 || src=hung
+  [ -z "\$src" ] && { wait \$srv; src=\$?; }
+  grep -q 'REJECTED; error: 8' /tmp/client.err || break
+  echo "lab: attempt \$attempt lost perftest's -R race, again"
+done
+echo "server-rc: \$src"; echo "client-rc: \$crc"
+for f in server.out server.err client.out client.err; do
+  sed "s/^/\${f%.*}-\${f#*.}: /" /tmp/\$f
+done
+[ \$crc = 0 ] && [ \$src = 0 ]
+EOF
+  done
+}
+
+# The host side: one run on fresh fabric daemons (seed 7, two hosts), again after a lost -R
+# race as on rxe; the record to $OUT/<suite>.sim.
+perftest_run_sim() {
+  local suite=$1 tmo=$2 xchg=$3 port=$4 cmd=$5
+  local dir=$WORK/perftest sock=$WORK/perftest/$suite.sock srv dmn src crc i attempt hex wait_for DROPIN_RC
+  mkdir -p "$dir"
+  hex=$(printf ':%04X' "$port")
+  for attempt in 1 2 3; do
+    rm -f "$sock"; crc=0; i=0
+    timeout -k 5 "$((tmo + 15))" "${DROPIN_EXE[cmsim-daemon]}" --socket "$sock" \
+      --host "$DROPIN_SIM_SERVER" --host "$DROPIN_SIM_CLIENT" --seed 7 --processes 2 \
+      --max-seconds "$((tmo + 10))" > "$OUT/$suite.daemon" 2>&1 &
+    dmn=$!
+    while [[ ! -S $sock ]] && kill -0 "$dmn" 2>/dev/null && ((i < 100)); do sleep 0.1; i=$((i + 1)); done
+    # shellcheck disable=SC2086  # the command is a word list by design
+    timeout -k 5 "$tmo" "${DROPIN_EXE[cmsim-run]}" --socket "$sock" --host "$DROPIN_SIM_SERVER" -- \
+      $cmd -p "$port" > "$dir/server.out" 2> "$dir/server.err" &
+    srv=$!
+    wait_for=()
+    if [[ $xchg == cm ]]; then
+      wait_for=(--wait-for-listener "$DROPIN_SIM_SERVER:$port")
+    else
+      i=0
+      while ! awk -v p="$hex" 'NR > 1 && $4 == "0A" && $2 ~ p"$" { f = 1 } END { exit !f }' /proc/net/tcp \
+          && kill -0 "$srv" 2>/dev/null && ((i < 200)); do sleep 0.1; i=$((i + 1)); done
+    fi
+    # shellcheck disable=SC2086
+    timeout -k 5 "$((tmo / 3))" "${DROPIN_EXE[cmsim-run]}" --socket "$sock" --host "$DROPIN_SIM_CLIENT" \
+      "${wait_for[@]}" -- $cmd -p "$port" "$DROPIN_SIM_SERVER" > "$dir/client.out" 2> "$dir/client.err" || crc=$?
+    dropin_wait "$srv" 15; src=$DROPIN_RC
+    dropin_wait "$dmn" 20
+    grep -q 'REJECTED; error: 8' "$dir/client.err" || break
+  done
+  {
+    echo "fabric-rc: $DROPIN_RC"
+    echo "server-rc: $src"; echo "client-rc: $crc"
+    for f in server.out server.err client.out client.err; do sed "s/^/${f%.*}-${f#*.}: /" "$dir/$f"; done
+  } > "$OUT/$suite.sim"
+  rm -f "$sock"
+}
+
+run_perftest_sims() {
+  local row suite tmo xchg port cmd t0
+  for row in "${PERFTEST_RUNS[@]}"; do
+    IFS='|' read -r suite tmo xchg port cmd <<<"$row"
+    [[ -n ${SUITE_KIND[$suite]:-} ]] || continue
+    log "simulator: $suite (on the host, cmsim-daemon)"
+    t0=$EPOCHREALTIME
+    perftest_run_sim "$suite" "$tmo" "$xchg" "$port" "$cmd"
+    log "simulator: $suite finished after $(elapsed "$t0")s"
+  done
+}
+
+# One record's facts: "rc SERVER CLIENT", then the client's result row as "BYTES ITERS FIGURE"
+# (the row under perftest's "#bytes" header; the figure is BW average for bandwidth tests and
+# t_avg for latency tests), or "no result row".
+perftest_facts() {
+  awk '
+    /^server-rc: / { src = $2 } /^client-rc: / { crc = $2 }
+    /^client-out: / && on == 1 && NF > 3 { row = $0; on = 2 }
+    /^client-out: .*#bytes/ { on = 1; lat = ($0 ~ /t_avg/) }
+    END {
+      printf "rc %s %s\n", src, crc
+      if (row == "") { print "no result row"; exit }
+      n = split(row, f, " ")
+      # f[1] is the "client-out:" tag
+      printf "%s %s %s\n", f[2], f[3], (lat ? f[7] : f[5])
+    }' "$1"
+}
+
+# One line per run: same (both exited 0 with the same size and iterations) or DIFFERENT, both
+# figures and the simulator's over rxe's. Adds to summarize's counters.
+print_perftest_comparisons() {
+  local row suite tmo xchg port cmd rxe sim verdict unit ratio
+  local -a shown=()
+  for row in "${PERFTEST_RUNS[@]}"; do
+    IFS='|' read -r suite tmo xchg port cmd <<<"$row"
+    [[ -n ${SUITE_KIND[$suite]:-} ]] && shown+=("$row")
+  done
+  ((${#shown[@]})) || return 0
+  echo
+  log "perftest, rxe (guest) vs simulator (host, cm-dropin): exit codes, message size x iterations compared; figures recorded (sim/rxe), not compared"
+  for row in "${shown[@]}"; do
+    IFS='|' read -r suite tmo xchg port cmd <<<"$row"
+    rxe="no record"; sim="no record"
+    [[ -f $OUT/$suite.log ]] && rxe=$(perftest_facts "$OUT/$suite.log")
+    [[ -f $OUT/$suite.sim ]] && sim=$(perftest_facts "$OUT/$suite.sim")
+    local rr sr
+    rr=$(head -1 <<<"$rxe"); sr=$(head -1 <<<"$sim")
+    local rsize rfig ssize sfig
+    rsize=$(sed -n 2p <<<"$rxe" | awk '{ print $1 " B x " $2 }'); rfig=$(sed -n 2p <<<"$rxe" | awk '{ print $3 }')
+    ssize=$(sed -n 2p <<<"$sim" | awk '{ print $1 " B x " $2 }'); sfig=$(sed -n 2p <<<"$sim" | awk '{ print $3 }')
+    if [[ $rr == "rc 0 0" && $sr == "rc 0 0" && -n $rfig && -n $sfig && $rsize == "$ssize" ]] \
+        && grep -qx 'fabric-rc: 0' "$OUT/$suite.sim"; then
+      verdict=same; passed=$((passed + 1))
+    else
+      verdict=DIFFERENT; failed=$((failed + 1))
+    fi
+    unit="MB/s"; [[ $cmd == *_lat* ]] && unit="us"
+    ratio=$(awk -v s="$sfig" -v r="$rfig" 'BEGIN { if (r + 0 > 0 && s != "") printf "%.2f", s / r; else print "?" }')
+    log "$(printf '%-16s %-9s %s | rxe: %s, %s %s | sim: %s, %s %s | sim/rxe %s' "${suite#perftest-}" "$verdict" \
+      "$cmd" "$rr" "${rfig:-?}" "$unit" "$sr" "${sfig:-?}" "$unit" "$ratio")"
+    if [[ $verdict != same ]]; then
+      log "  rxe: $(tr '\n' ';' <<<"$rxe") sim: $(tr '\n' ';' <<<"$sim")"
+      log "  records: ${OUT#"$REPO"/}/$suite.log (rxe), $suite.sim and $suite.daemon (simulator)"
+    fi
+  done
+}
+
 build_initramfs() {
   log "building initramfs"
   rm -rf "$ROOT" "$OUT"; mkdir -p "$ROOT" "$OUT"
@@ -1014,7 +1199,7 @@ build_initramfs() {
 
   add_rdmacore_suites
   ((PROJECT)) && add_project_suites && add_interop_suites && add_udaddy_suites && add_mckey_suites
-  if ((PROJECT)); then add_dropin_suites; fi
+  if ((PROJECT)); then add_dropin_suites; add_perftest_suites; fi
   add_extra_suites
   # The pair topology's files (its modules, nft and the libraries no other binary brought, its
   # suites) come last and go only into its own image: what they add to the tree is listed and
@@ -1344,6 +1529,7 @@ summarize() {
   done
   print_cmtime_tables
   print_dropin_comparisons
+  print_perftest_comparisons
   echo
   log "$passed passed, $failed failed"
   ((failed == 0 && timed_out == 0))
@@ -1400,6 +1586,7 @@ main() {
     return 0
   fi
   run_dropin_sims
+  run_perftest_sims
   boot_all
   summarize
 }
