@@ -94,6 +94,13 @@ struct Server {
     children: usize,
     /// Requests accepted so far.
     accepted: usize,
+    /// Whether a `DISCONNECTED` child is only disconnected (its DREP sent) when the event is
+    /// handled, and torn down by [`Server::teardown`] once the events queued with it were
+    /// answered too: a peer's disconnect then waits for no other child's teardown, as with
+    /// rdma-core's cmtime, whose server hands teardown to a worker thread.
+    defer_teardown: bool,
+    /// Children disconnected and waiting for [`Server::teardown`].
+    disconnected: Vec<IdHandle>,
 }
 
 impl Server {
@@ -108,7 +115,19 @@ impl Server {
             listener,
             children: 0,
             accepted: 0,
+            defer_teardown: false,
+            disconnected: Vec::new(),
         })
+    }
+
+    /// Destroys the children [`Server::handle`] left disconnected (with `defer_teardown`).
+    fn teardown<B: CmBackend>(&mut self, b: &mut B) -> Result<(), CmError> {
+        for id in std::mem::take(&mut self.disconnected) {
+            b.destroy_qp(id)?;
+            b.destroy_id(id)?;
+            self.children -= 1;
+        }
+        Ok(())
     }
 
     /// Handles every event queued now; whether there was one.
@@ -132,6 +151,10 @@ impl Server {
                 self.accepted += 1;
             }
             CmEventType::Established | CmEventType::TimewaitExit => {}
+            CmEventType::Disconnected if self.defer_teardown => {
+                b.disconnect(id)?;
+                self.disconnected.push(id);
+            }
             CmEventType::Disconnected => {
                 b.disconnect(id)?;
                 b.destroy_qp(id)?;
@@ -163,16 +186,20 @@ fn serve<B: CmBackend>(
     ready: impl FnOnce(),
 ) -> Result<usize, CmError> {
     let mut server = Server::listen(b, addr)?;
+    server.defer_teardown = true;
     ready();
     let limit = Instant::now() + Duration::from_secs(600);
     while server.accepted < n || server.children > 0 {
         if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > limit {
             return Err(timed_out(cm::api::Call::GetCmEvent));
         }
-        // Blocks until an event arrives (bounded, to look at `stop` now and then).
+        // Blocks until an event arrives (bounded, to look at `stop` now and then), then
+        // answers every event queued behind it before tearing down the disconnected.
         if let Some(ev) = b.get_cm_event(server.ch, REMOTE_WAIT)? {
             server.handle(b, ev)?;
+            server.pump(b)?;
         }
+        server.teardown(b)?;
     }
     let accepted = server.accepted;
     server.close(b)?;

@@ -150,7 +150,7 @@ UDADDY_SUITES=(udaddy-client udaddy-server)
 
 # Suites that run the project's cmtime against rdma-core's (see add_interop_suites); they need
 # the cmtime binary built even when its own suite is not selected.
-INTEROP_SUITES=(interop-client interop-server)
+INTEROP_SUITES=(interop-client interop-server cmtime-syscalls)
 
 # Suites registered for this run (filled by add_suite, in run order).
 SUITE_NAMES=()
@@ -687,6 +687,37 @@ echo
 wait_pid \$srv 20 || { echo "lab: the project's cmtime server did not finish"; rc=1; }
 echo "--- project server"; cat /tmp/cmtime-server.log
 exit \$rc
+EOF
+  # System calls per connection (strace -f -c): ours on the hw backend (server thread and client
+  # in one process) against rdma-core v44's cmtime (a server and a client process), 100
+  # connections each. Counts, not times: TCG cannot blur them. About 20 s; bound 240 s.
+  put_elf "$(command -v strace)"
+  add_suite cmtime-syscalls plain 240 <<EOF
+n=100
+strace -f -c -o /tmp/ours.sc /lab/bin/cmtime --backend hw --role both --bind $ADDR --server $ADDR --connections \$n > /tmp/ours.out 2>&1
+orc=\$?
+strace -f -c -o /tmp/theirs-server.sc cmtime -b $ADDR -c \$n > /tmp/theirs-server.out 2>&1 &
+st=\$!
+wait_listen 7471 || { cat /tmp/theirs-server.out; exit 1; }
+timeout 150 strace -f -c -o /tmp/theirs-client.sc cmtime -s $ADDR -b $ADDR -c \$n > /tmp/theirs-client.out 2>&1
+trc=\$?
+usleep 500000
+# The v44 server never exits: stop the traced cmtime, and strace writes its table.
+for p in \$(pidof cmtime); do kill \$p; done
+wait_pid \$st 10
+echo "--- ours (rc \$orc)"; cat /tmp/ours.out
+echo "--- rdma-core client (rc \$trc)"; cat /tmp/theirs-client.out
+# "% time seconds usecs/call calls [errors] syscall": the calls per syscall, summed over the
+# server's and the client's tables for rdma-core, per connection.
+awk -v n=\$n '
+  FNR == 1 { side = (FILENAME ~ /ours/) ? "ours" : "theirs" }
+  \$1 ~ /^[0-9.]+\$/ && \$NF != "total" && NF >= 5 { c[side, \$NF] += \$4; names[\$NF] = 1; t[side] += \$4 }
+  END {
+    printf "syscalls per connection (%d connections): syscall ours rdma-core\\n", n
+    for (s in names) printf "syscalls: %-16s %8.2f %8.2f\\n", s, c["ours", s] / n, c["theirs", s] / n
+    printf "syscalls: %-16s %8.2f %8.2f\\n", "TOTAL", t["ours"] / n, t["theirs"] / n
+  }' /tmp/ours.sc /tmp/theirs-server.sc /tmp/theirs-client.sc | sort -k2
+[ \$orc = 0 ] && [ \$trc = 0 ]
 EOF
 }
 

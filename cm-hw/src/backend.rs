@@ -4,7 +4,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cm_core::backend::{post_gate, Admission, Slab, SlotRef, WrPool};
 use cm_core::{
@@ -995,7 +995,7 @@ impl CmBackend for HwBackend {
     #[cfg_attr(feature = "tracing", tracing::instrument(level = "debug", skip(self), ret))]
     fn get_cm_event(&mut self, channel: ChannelHandle, timeout: Duration) -> Result<Option<CmEvent>> {
         let ch = self.channel_index(Call::GetCmEvent, channel)?;
-        let deadline = convert::deadline(Instant::now(), timeout);
+        let mut bound = convert::Bound::new(timeout);
         loop {
             match self.channels.at(ch).expect("checked").raw.get_event() {
                 Ok(raw) => {
@@ -1006,12 +1006,16 @@ impl CmBackend for HwBackend {
                 Err(e) if would_block(e) || e == libc::EINTR => {}
                 Err(e) => return Err(os_error(Call::GetCmEvent, e)),
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = bound.left() else {
                 return Ok(None);
-            }
-            let wait = convert::millis_ceil(deadline - now);
-            match self.channels.at(ch).expect("checked").raw.wait_readable(wait) {
+            };
+            match self
+                .channels
+                .at(ch)
+                .expect("checked")
+                .raw
+                .wait_readable(convert::millis_ceil(left))
+            {
                 Ok(_) => {}
                 Err(e) if e == libc::EINTR => {}
                 Err(e) => return Err(os_error(Call::GetCmEvent, e)),
@@ -1183,8 +1187,8 @@ impl CmBackend for HwBackend {
         if max == 0 {
             return Ok(0);
         }
-        // One deadline for the whole wait, however many times the CQ is polled.
-        let deadline = convert::deadline(Instant::now(), timeout);
+        // One bound for the whole wait, however many times the CQ is polled.
+        let mut bound = convert::Bound::new(timeout);
         let mut round = 0;
         let mut armed = false;
         loop {
@@ -1192,10 +1196,9 @@ impl CmBackend for HwBackend {
             if appended > 0 {
                 return Ok(appended);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = bound.left() else {
                 return Ok(0);
-            }
+            };
             if round < YIELD_ROUNDS {
                 // A completion is often microseconds away: yielding beats a system call.
                 std::thread::yield_now();
@@ -1211,7 +1214,7 @@ impl CmBackend for HwBackend {
                 .expect("checked")
                 .raw;
             if armed {
-                match q.wait_cq_event(convert::millis_ceil(deadline - now)) {
+                match q.wait_cq_event(convert::millis_ceil(left)) {
                     Ok(_) => {}
                     Err(e) if e == libc::EINTR => {}
                     Err(e) => return Err(os_error(Call::PollCq, e)),

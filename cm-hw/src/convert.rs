@@ -33,6 +33,34 @@ pub(crate) fn deadline(now: Instant, timeout: Duration) -> Instant {
         .unwrap_or(now)
 }
 
+/// A wait's bound whose clock is read only once the wait has to wait: a call that finds its
+/// answer at once, or whose timeout is zero, reads no clock (each read is a system call where
+/// the clock source has no vDSO, as under emulation). The deadline counts from the first
+/// look that found nothing.
+pub(crate) struct Bound {
+    timeout: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Bound {
+    pub(crate) fn new(timeout: Duration) -> Bound {
+        Bound {
+            timeout,
+            deadline: None,
+        }
+    }
+
+    /// What is left of the wait; `None` once it is over (at once for a zero timeout).
+    pub(crate) fn left(&mut self) -> Option<Duration> {
+        if self.timeout.is_zero() {
+            return None;
+        }
+        let now = Instant::now();
+        let at = *self.deadline.get_or_insert_with(|| deadline(now, self.timeout));
+        at.checked_duration_since(now).filter(|d| !d.is_zero())
+    }
+}
+
 /// A socket address in the C layout librdmacm takes.
 pub(crate) enum RawSockAddr {
     /// `struct sockaddr_in`.
@@ -182,6 +210,18 @@ mod tests {
         );
         let far = deadline(now, Duration::MAX);
         assert!(far > now);
+    }
+
+    #[test]
+    fn a_bound_ends_at_once_for_a_zero_timeout_and_after_its_timeout_otherwise() {
+        assert_eq!(Bound::new(Duration::ZERO).left(), None);
+        let mut b = Bound::new(Duration::from_millis(20));
+        let first = b.left().expect("a wait starts with its timeout left");
+        assert!(first <= Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(25));
+        assert_eq!(b.left(), None);
+        let mut forever = Bound::new(Duration::MAX);
+        assert!(forever.left().is_some());
     }
 
     #[test]

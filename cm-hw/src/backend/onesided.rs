@@ -2,7 +2,7 @@
 //! receive queues and asynchronous events, each checked with cm-core's rules (the simulator's)
 //! before verbs is called.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cm_core::backend::{send_wr_gate, Admission, WrPool};
 use cm_core::{
@@ -259,7 +259,7 @@ impl HwBackend {
     /// `timeout` on the async fds of the devices it uses.
     pub(super) fn get_async_event_checked(&mut self, timeout: Duration) -> Result<Option<AsyncEvent>> {
         let call = Call::GetAsyncEvent;
-        let deadline = convert::deadline(Instant::now(), timeout);
+        let mut bound = convert::Bound::new(timeout);
         loop {
             self.inbox
                 .read(self.pds.values())
@@ -267,14 +267,10 @@ impl HwBackend {
             if let Some(raw) = self.inbox.take() {
                 return Ok(Some(self.async_event(raw)));
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = bound.left() else {
                 return Ok(None);
-            }
-            match self
-                .inbox
-                .wait(self.pds.values(), convert::millis_ceil(deadline - now))
-            {
+            };
+            match self.inbox.wait(self.pds.values(), convert::millis_ceil(left)) {
                 Ok(_) => {}
                 Err(e) if e == libc::EINTR => {}
                 Err(e) => return Err(os_error(call, e)),
