@@ -27,6 +27,7 @@ use cm_core::Invocation;
 /// `IBV_WC_GRH`: the receive buffer starts with the 40-byte GRH.
 const IBV_WC_GRH: u32 = 1;
 const IBV_WR_RDMA_WRITE: u32 = 0;
+const IBV_WR_RDMA_WRITE_WITH_IMM: u32 = 1;
 const IBV_QPT_UD: u32 = 4;
 const IBV_WR_SEND: u32 = 2;
 const IBV_WR_RDMA_READ: u32 = 4;
@@ -424,7 +425,8 @@ unsafe fn sges(list: *const IbvSge, n: i32) -> Vec<IbvSge> {
     unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()
 }
 
-/// `ops.post_send`: SEND and SEND_WITH_IMM, RDMA READ and WRITE, the two atomics; a SEND's
+/// `ops.post_send`: SEND and SEND_WITH_IMM, RDMA READ, WRITE and WRITE_WITH_IMM, the two
+/// atomics; a SEND's
 /// bytes are gathered now, so the buffers are
 /// free again as soon as this returns (stronger than verbs promises).
 unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut *mut IbvSendWr) -> c_int {
@@ -508,9 +510,10 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
             }
             // The simulator carries these out over the registered regions the entries name,
             // reaching this process's memory as a NIC would, in the QP's order and virtual time.
-            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ => {
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_RDMA_READ => {
                 let rdma = Request::Rdma {
-                    write: w.opcode == IBV_WR_RDMA_WRITE,
+                    write: w.opcode != IBV_WR_RDMA_READ,
+                    imm: (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM).then_some(w.imm_data),
                     id: token,
                     wr_id: w.wr_id,
                     signaled,
@@ -549,7 +552,7 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
             }
             IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD => libc::EINVAL,
             _ => {
-                unsupported("ibv_post_send with a WRITE_WITH_IMM or another opcode");
+                unsupported("ibv_post_send with this opcode");
                 libc::ENOSYS
             }
         };

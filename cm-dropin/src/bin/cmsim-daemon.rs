@@ -536,8 +536,8 @@ fn wire_wc(
 /// A one-sided operation a connected QP carries out at its peer's memory, the NIC's work.
 #[derive(Clone, Copy)]
 enum OneSided {
-    /// `IBV_WR_RDMA_WRITE`.
-    Write,
+    /// `IBV_WR_RDMA_WRITE`, or `IBV_WR_RDMA_WRITE_WITH_IMM` with its immediate.
+    Write { imm: Option<u32> },
     /// `IBV_WR_RDMA_READ`.
     Read,
     /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
@@ -550,7 +550,7 @@ impl OneSided {
     /// The simulator's operation at `remote`.
     fn op(self, remote: RemoteAddr) -> SendOp {
         match self {
-            OneSided::Write => SendOp::Write { remote, imm: None },
+            OneSided::Write { imm } => SendOp::Write { remote, imm },
             OneSided::Read => SendOp::Read { remote },
             OneSided::CompareSwap { compare, swap } => SendOp::CompareSwap {
                 remote,
@@ -719,6 +719,7 @@ impl Daemon {
             } => self.post_send_ud(proc, id, wr_id, signaled, &dest, imm, &data),
             Request::Rdma {
                 write,
+                imm,
                 id,
                 wr_id,
                 signaled,
@@ -730,7 +731,11 @@ impl Daemon {
                 id,
                 wr_id,
                 signaled,
-                if write { OneSided::Write } else { OneSided::Read },
+                if write {
+                    OneSided::Write { imm }
+                } else {
+                    OneSided::Read
+                },
                 RemoteAddr {
                     addr: remote_addr,
                     rkey,
