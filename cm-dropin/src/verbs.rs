@@ -871,7 +871,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
 }
 
 /// `ibv_get_cq_event`: the next completion event of the channel (blocking unless the fd is
-/// `O_NONBLOCK`), with the application's CQ pointer and `cq_context`.
+/// `O_NONBLOCK`; a caught signal ends the wait with `EINTR`), with the application's CQ
+/// pointer and `cq_context`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut IbvCompChannel,
@@ -894,7 +895,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         } else {
             0
         };
-        match sock::recv_fd(fd, &mut buf, flags) {
+        // A signal handler without SA_RESTART ends the wait with EINTR, as libibverbs' read
+        // of the channel's fd ends.
+        match sock::recv_fd_interruptible(fd, &mut buf, flags) {
             Ok(true) => {}
             Ok(false) => {
                 eprintln!("cmsim: the fabric daemon went away");
