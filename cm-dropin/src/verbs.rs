@@ -147,7 +147,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
 }
 
 /// `ibv_modify_qp` of a QP `ibv_create_qp` made, by the kernel's rules for each transition.
-/// A QP `rdma_create_qp` made is librdmacm's to move: refused (`ENOSYS`).
+/// A QP `rdma_create_qp` made is librdmacm's to move: a modify that keeps its state (RTS →
+/// RTS with `IBV_QP_MIN_RNR_TIMER`, say) is checked by the same rules and taken; one that
+/// would move it is refused (`ENOSYS`, a line on stderr).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
     if qp.is_null() || attr.is_null() {
@@ -155,10 +157,6 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
     }
     // SAFETY: qp came from this library, so is QpPriv; attr is the caller's.
     let (q, a) = unsafe { (&mut *(qp as *mut QpPriv), *attr) };
-    if !q.verbs {
-        crate::ffi::refuse("ibv_modify_qp on a QP rdma_create_qp made", libc::ENOSYS);
-        return libc::ENOSYS;
-    }
     let Some(v) = a.to_verbs() else {
         return libc::EINVAL;
     };
@@ -174,7 +172,16 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
             }
             0
         }
-        Err(errno) => errno,
+        Err(libc::ENOSYS) if !q.verbs => crate::ffi::refuse(
+            "ibv_modify_qp moving a QP rdma_create_qp made to another state",
+            libc::ENOSYS,
+        ),
+        Err(errno) => {
+            // libibverbs returns the errno its write(2) to the kernel set, and leaves it
+            // set: programs print it (qperf's "failed to modify QP to RTR: Invalid argument").
+            crate::ffi::set_errno(errno);
+            errno
+        }
     }
 }
 
