@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpAttr, QpAttrMask,
-    QpCaps, QpHandle, QpState, QpType, RemoteAddr, SendOp, SendWr, Sge, VerbsLimits, VerbsQp, VerbsQpAttr,
-    VerbsQpState, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+    QpCaps, QpHandle, QpType, RemoteAddr, SendOp, SendWr, Sge, VerbsQpAttr, WcOpcode, WcStatus,
+    WorkCompletion, GRH_LEN,
 };
 use cm_core::{Invocation, Outcome};
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
@@ -1169,45 +1169,19 @@ impl Daemon {
         Ok(())
     }
 
-    /// `ibv_modify_qp` of the QP `rdma_create_qp` gave id `t`, which librdmacm's CM moves:
-    /// checked by the kernel's rules from the state the id's machine has it in. A modify
-    /// that keeps that state (RTS → RTS with `IBV_QP_MIN_RNR_TIMER`, as qperf's server makes
-    /// once connected) is taken; one that moves it is the CM's to make, refused with
-    /// `ENOSYS` and a line on stderr.
+    /// `ibv_modify_qp` of the QP `rdma_create_qp` gave id `t`, which librdmacm's CM moves
+    /// ([`SimHost::modify_id_qp`]): a modify that keeps its state (RTS → RTS with
+    /// `IBV_QP_MIN_RNR_TIMER`, as qperf's server makes once connected) is made, one that
+    /// would move it is refused with `ENOSYS` (the library says so on stderr).
     fn id_modify_qp(&mut self, proc: u64, t: u64, mask: u32, attr: &VerbsQpAttr) -> Result<(), i32> {
-        let (id, host) = self.id_of(proc, t)?;
-        let ty = match self.ids.get(&t) {
-            Some(e) if e.has_qp && e.ud => QpType::Ud,
-            Some(e) if e.has_qp => QpType::Rc,
-            _ => return Err(libc::EINVAL),
-        };
-        let state = match host.id_machine(id).map_err(|e| errno_of(&e))?.qp() {
-            Some(QpState::Reset) => VerbsQpState::Reset,
-            Some(QpState::Init) => VerbsQpState::Init,
-            Some(QpState::Rtr) => VerbsQpState::Rtr,
-            Some(QpState::Rts) => VerbsQpState::Rts,
-            Some(QpState::Err) => VerbsQpState::Err,
-            None => return Err(libc::EINVAL),
-        };
+        let (id, mut host) = self.id_of(proc, t)?;
         let mask = QpAttrMask::from_bits(mask);
-        let next = VerbsQp::in_state(ty, state)
-            .modify(attr, mask, &VerbsLimits::RXE)
-            .map_err(|e| {
-                if self.debug {
-                    eprintln!("cmsim-daemon: ibv_modify_qp of id {t:#x}'s QP (mask {mask}): {e}");
-                }
-                errno_of(&e)
-            })?;
-        if next.state() != state {
+        host.modify_id_qp(id, attr, mask).map_err(|e| {
             if self.debug {
-                eprintln!(
-                    "cmsim-daemon: ibv_modify_qp of id {t:#x}'s QP from {state} to {}: the CM's to make (ENOSYS)",
-                    next.state()
-                );
+                eprintln!("cmsim-daemon: ibv_modify_qp of id {t:#x}'s QP (mask {mask}): {e}");
             }
-            return Err(libc::ENOSYS);
-        }
-        Ok(())
+            errno_of(&e)
+        })
     }
 
     fn verbs_post_send(
