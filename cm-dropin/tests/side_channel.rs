@@ -314,10 +314,13 @@ fn a_partition_of_the_simulated_fabric_does_not_cut_the_programs_own_sockets() {
     assert_eq!(after(&c.stdout, "got "), "pong");
 }
 
+/// One test's results as qperf prints them: (name, value, unit) per line.
+type Rows = Vec<(String, f64, String)>;
+
 /// The `name = value unit` lines of each test's section of qperf's output (`name:` on a line
 /// of its own, its results indented below), values without their thousands' commas.
-fn qperf_sections(out: &str) -> Vec<(String, Vec<(String, f64, String)>)> {
-    let mut sections: Vec<(String, Vec<(String, f64, String)>)> = Vec::new();
+fn qperf_sections(out: &str) -> Vec<(String, Rows)> {
+    let mut sections: Vec<(String, Rows)> = Vec::new();
     for line in out.lines() {
         if let Some(name) = line.strip_suffix(':').filter(|n| !n.starts_with(' ')) {
             sections.push((name.to_string(), Vec::new()));
