@@ -621,10 +621,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=45 {
+        for v in 1..=46 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(46), None);
+        assert_eq!(Op::from_u32(47), None);
     }
 }
