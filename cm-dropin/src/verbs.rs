@@ -1021,7 +1021,9 @@ fn new_ah(pd: *mut IbvPd, attr: cm_core::AhAttr) -> *mut IbvAh {
 }
 
 /// `ibv_create_ah`: the simulator checks and routes by the attributes when a datagram is sent
-/// with the handle, as rxe does.
+/// with the handle, as rxe does. A handle of a port the device lacks, or without a global
+/// route, is `EINVAL`: Linux's ib core refuses both on a RoCE port (`rdma_check_ah_attr`)
+/// before rxe sees them.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut c_void) -> *mut IbvAh {
     if attr.is_null() {
@@ -1031,7 +1033,12 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut c_void) -> *mu
     let mut bytes = [0u8; 32];
     // SAFETY: attr is the caller's struct ibv_ah_attr, 32 bytes.
     unsafe { ptr::copy_nonoverlapping(attr as *const u8, bytes.as_mut_ptr(), 32) };
-    new_ah(pd, IbvAhAttr::from_bytes(&bytes).into())
+    let attr: cm_core::AhAttr = IbvAhAttr::from_bytes(&bytes).into();
+    if attr.port_num != 1 || !attr.is_global {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    new_ah(pd, attr)
 }
 
 /// `ibv_create_ah_from_wc`: an address handle back to a datagram's sender, read from the 40

@@ -452,17 +452,19 @@ fn qperf_runs_its_rc_tests_over_rdma_cm_between_two_simulated_hosts() {
 }
 
 #[test]
-fn qperfs_rc_tests_without_rdma_cm_give_an_address_vector_without_a_grh_which_roce_refuses() {
-    // Without -cm1 qperf moves its own QPs to RTR with an address vector of a LID and no GRH,
-    // which Linux's ib core refuses on a RoCE port (rdma_check_ah_attr: EINVAL), on rxe too.
-    let Some((c, s)) = qperf_pair("side-qperf-ib", &[A, "rc_lat"]) else {
-        return;
-    };
-    assert!(!c.status.success(), "{}\n{}", c.stdout, c.stderr);
-    let said = format!("{}{}{}", c.stdout, c.stderr, s.stdout);
-    assert!(
-        said.contains("failed to modify QP to RTR: Invalid argument"),
-        "{said}\nserver: {}",
-        s.stderr
-    );
+fn qperfs_tests_without_rdma_cm_give_address_vectors_without_a_grh_which_roce_refuses() {
+    // Without -cm1 qperf addresses its peer by a LID, without a GRH: its RC QP's move to RTR
+    // and its UD address handle, which Linux's ib core refuses on a RoCE port
+    // (rdma_check_ah_attr: EINVAL), on rxe too.
+    for (test, said_then) in [
+        ("rc_lat", "failed to modify QP to RTR: Invalid argument"),
+        ("ud_lat", "failed to create address handle: Invalid argument"),
+    ] {
+        let Some((c, s)) = qperf_pair(&format!("side-qperf-{test}"), &[A, test]) else {
+            return;
+        };
+        assert!(!c.status.success(), "{}\n{}", c.stdout, c.stderr);
+        let said = format!("{}{}{}", c.stdout, c.stderr, s.stdout);
+        assert!(said.contains(said_then), "{said}\nserver: {}", s.stderr);
+    }
 }
