@@ -130,8 +130,14 @@ impl QpCaps {
                 reason,
             })
         };
-        if !(1..=max_qp_wr).contains(&self.max_send_wr) || !(1..=max_qp_wr).contains(&self.max_recv_wr) {
-            return invalid("max_send_wr and max_recv_wr must be 1..=max_qp_wr");
+        // rxe takes an empty queue either way (a QP that only sends, or only receives, as
+        // qperf's bandwidth tests make); a QP with neither could post nothing at all, and
+        // its one CQ, sized by the two, would have no entry.
+        if self.max_send_wr > max_qp_wr || self.max_recv_wr > max_qp_wr {
+            return invalid("max_send_wr and max_recv_wr must be at most max_qp_wr");
+        }
+        if self.max_send_wr == 0 && self.max_recv_wr == 0 {
+            return invalid("max_send_wr and max_recv_wr are both 0");
         }
         if self.max_send_sge == 0 || self.max_recv_sge == 0 {
             return invalid("max_send_sge and max_recv_sge must be at least 1");
@@ -438,9 +444,19 @@ mod tests {
     fn caps_and_lengths_are_checked_alike_for_every_backend() {
         let caps = QpCaps::new();
         assert_eq!(caps.check(16384, 1 << 20), Ok(()));
-        let none = QpCaps {
+        let send_only = QpCaps {
             max_recv_wr: 0,
             ..caps
+        };
+        assert_eq!(send_only.check(16384, 1 << 20), Ok(()));
+        let recv_only = QpCaps {
+            max_send_wr: 0,
+            ..caps
+        };
+        assert_eq!(recv_only.check(16384, 1 << 20), Ok(()));
+        let none = QpCaps {
+            max_send_wr: 0,
+            ..send_only
         };
         assert!(matches!(
             none.check(16384, 1 << 20),

@@ -323,6 +323,22 @@ impl VerbsQp {
         }
     }
 
+    /// A QP of type `ty` that something else moved to `state`, nothing set: what
+    /// [`modify`](Self::modify) checks an `ibv_modify_qp` of a QP `rdma_create_qp` made
+    /// against (librdmacm's CM moves that one, to the state its id's machine says).
+    pub const fn in_state(ty: QpType, state: VerbsQpState) -> VerbsQp {
+        let new = VerbsQp::new(ty);
+        VerbsQp {
+            state,
+            attr: VerbsQpAttr {
+                qp_state: state,
+                cur_qp_state: state,
+                ..new.attr
+            },
+            ..new
+        }
+    }
+
     /// The QP's type.
     pub const fn qp_type(&self) -> QpType {
         self.ty
@@ -515,6 +531,27 @@ mod tests {
     use crate::external::GlobalRoute;
     use QpAttrMask as M;
     use VerbsQpState::*;
+
+    #[test]
+    fn a_qp_moved_by_the_cm_takes_the_attributes_its_state_allows() {
+        let rts = VerbsQp::in_state(QpType::Rc, Rts);
+        assert_eq!(rts.state(), Rts);
+        let rnr = VerbsQpAttr {
+            min_rnr_timer: 12,
+            ..VerbsQpAttr::default()
+        };
+        // qperf's server after ESTABLISHED: the RNR timer alone, no state (RTS -> RTS).
+        let after = rts.modify(&rnr, M::MIN_RNR_TIMER, &VerbsLimits::RXE).unwrap();
+        assert_eq!((after.state(), after.attr().min_rnr_timer), (Rts, 12));
+        // INIT -> INIT takes no RNR timer.
+        let init = VerbsQp::in_state(QpType::Rc, Init);
+        assert_eq!(
+            init.modify(&rnr, M::MIN_RNR_TIMER, &VerbsLimits::RXE)
+                .unwrap_err()
+                .errno(),
+            22
+        );
+    }
 
     /// Every transition `ib_modify_qp_is_ok` has for RC and UD, written out as verbs.c's
     /// table has them (rows: from; columns: to).

@@ -93,6 +93,9 @@ pub enum Request {
     Rdma {
         /// WRITE, else READ.
         write: bool,
+        /// A WRITE's immediate (`IBV_WR_RDMA_WRITE_WITH_IMM`), network order as the work
+        /// request holds it: the write then takes the peer's next receive. A READ has none.
+        imm: Option<u32>,
         /// The QP's token, as [`PostSend`](Request::PostSend)'s.
         id: u64,
         /// `wr_id`.
@@ -447,6 +450,11 @@ impl Request {
             Request::CreateQp { .. } => Op::CreateQp,
             Request::PostSend { .. } => Op::PostSend,
             Request::PostSendUd { .. } => Op::PostSendUd,
+            Request::Rdma {
+                write: true,
+                imm: Some(_),
+                ..
+            } => Op::RdmaWriteImm,
             Request::Rdma { write: true, .. } => Op::RdmaWrite,
             Request::Rdma { write: false, .. } => Op::RdmaRead,
             Request::PostSendImm { .. } => Op::PostSendImm,
@@ -602,20 +610,24 @@ impl Request {
                 }
             }
             Request::Rdma {
+                write,
+                imm,
                 id,
                 wr_id,
                 signaled,
                 remote_addr,
                 rkey,
                 sges,
-                ..
             } => {
                 e.u64(*id)
                     .u64(*wr_id)
                     .u8(*signaled as u8)
                     .u64(*remote_addr)
-                    .u32(*rkey)
-                    .u32(sges.len() as u32);
+                    .u32(*rkey);
+                if let (true, Some(imm)) = (write, imm) {
+                    e.u32(*imm);
+                }
+                e.u32(sges.len() as u32);
                 for &(addr, len, lkey) in sges {
                     e.u64(addr).u32(len).u32(lkey);
                 }
@@ -835,12 +847,17 @@ impl Request {
                     sges,
                 })
             }
-            Op::RdmaWrite | Op::RdmaRead => {
+            Op::RdmaWrite | Op::RdmaRead | Op::RdmaWriteImm => {
                 let id = d.u64().map_err(bad)?;
                 let wr_id = d.u64().map_err(bad)?;
                 let signaled = d.u8().map_err(bad)? != 0;
                 let remote_addr = d.u64().map_err(bad)?;
                 let rkey = d.u32().map_err(bad)?;
+                let imm = if op == Op::RdmaWriteImm {
+                    Some(d.u32().map_err(bad)?)
+                } else {
+                    None
+                };
                 let n = d.u32().map_err(bad)? as usize;
                 // More entries than any QP takes is refused, not an allocation.
                 if n > MAX_SGE {
@@ -855,7 +872,8 @@ impl Request {
                     ));
                 }
                 Ok(Request::Rdma {
-                    write: op == Op::RdmaWrite,
+                    write: op != Op::RdmaRead,
+                    imm,
                     id,
                     wr_id,
                     signaled,
@@ -1250,12 +1268,23 @@ mod tests {
             },
             Request::Rdma {
                 write: false,
+                imm: None,
                 id: 2,
                 wr_id: 3,
                 signaled: true,
                 remote_addr: 0x1000,
                 rkey: 77,
                 sges: vec![(0x2000, 16, 5), (0x3000, 8, 6)],
+            },
+            Request::Rdma {
+                write: true,
+                imm: Some(0x0102_0304),
+                id: 2,
+                wr_id: 6,
+                signaled: false,
+                remote_addr: 0x1000,
+                rkey: 77,
+                sges: vec![(0x2000, 16, 5)],
             },
             Request::Atomic {
                 cmp_swap: true,
@@ -1343,7 +1372,7 @@ mod tests {
         ops.sort_unstable();
         ops.dedup();
         // RdmaWrite shares its variant with RdmaRead; the first messages are not requests.
-        assert_eq!(ops.len(), 45 - 5 - 1, "{ops:?}");
+        assert_eq!(ops.len(), 46 - 5 - 1, "{ops:?}");
     }
 
     #[test]

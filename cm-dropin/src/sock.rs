@@ -191,6 +191,17 @@ impl AsRawFd for SeqConn {
 /// as): recv(2) answers it with 0 as it answers the end, so the end is told by the peer having
 /// hung up. Fails with `WouldBlock` on a non-blocking fd with nothing queued.
 pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<bool> {
+    recv_fd_with(fd, buf, flags, true)
+}
+
+/// [`recv_fd`], except that a signal caught while it waits ends it with `Interrupted`
+/// (`EINTR`), as a `read` of a verbs completion channel ends: programs that stop a blocking
+/// `ibv_get_cq_event` with an alarm (qperf's timed tests) see the call return.
+pub fn recv_fd_interruptible(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<bool> {
+    recv_fd_with(fd, buf, flags, false)
+}
+
+fn recv_fd_with(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int, restart: bool) -> io::Result<bool> {
     // Reused buffers keep their capacity: no zeroing and no allocation per message.
     buf.clear();
     buf.reserve(MAX_DATAGRAM);
@@ -199,7 +210,7 @@ pub fn recv_fd(fd: RawFd, buf: &mut Vec<u8>, flags: libc::c_int) -> io::Result<b
         // SAFETY: spare is writable memory of spare.len() bytes for the duration of the call.
         let r = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), flags) };
         match cvt_size(r) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if restart && e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
             Ok(0) => return Ok(!hung_up(fd)),
             Ok(n) => {

@@ -27,6 +27,7 @@ use cm_core::Invocation;
 /// `IBV_WC_GRH`: the receive buffer starts with the 40-byte GRH.
 const IBV_WC_GRH: u32 = 1;
 const IBV_WR_RDMA_WRITE: u32 = 0;
+const IBV_WR_RDMA_WRITE_WITH_IMM: u32 = 1;
 const IBV_QPT_UD: u32 = 4;
 const IBV_WR_SEND: u32 = 2;
 const IBV_WR_RDMA_READ: u32 = 4;
@@ -146,7 +147,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
 }
 
 /// `ibv_modify_qp` of a QP `ibv_create_qp` made, by the kernel's rules for each transition.
-/// A QP `rdma_create_qp` made is librdmacm's to move: refused (`ENOSYS`).
+/// A QP `rdma_create_qp` made is librdmacm's to move: a modify that keeps its state (RTS →
+/// RTS with `IBV_QP_MIN_RNR_TIMER`, say) is checked by the same rules and taken; one that
+/// would move it is refused (`ENOSYS`, a line on stderr).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, attr_mask: c_int) -> c_int {
     if qp.is_null() || attr.is_null() {
@@ -154,10 +157,6 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
     }
     // SAFETY: qp came from this library, so is QpPriv; attr is the caller's.
     let (q, a) = unsafe { (&mut *(qp as *mut QpPriv), *attr) };
-    if !q.verbs {
-        crate::ffi::refuse("ibv_modify_qp on a QP rdma_create_qp made", libc::ENOSYS);
-        return libc::ENOSYS;
-    }
     let Some(v) = a.to_verbs() else {
         return libc::EINVAL;
     };
@@ -173,7 +172,16 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, att
             }
             0
         }
-        Err(errno) => errno,
+        Err(libc::ENOSYS) if !q.verbs => crate::ffi::refuse(
+            "ibv_modify_qp moving a QP rdma_create_qp made to another state",
+            libc::ENOSYS,
+        ),
+        Err(errno) => {
+            // libibverbs returns the errno its write(2) to the kernel set, and leaves it
+            // set: programs print it (qperf's "failed to modify QP to RTR: Invalid argument").
+            crate::ffi::set_errno(errno);
+            errno
+        }
     }
 }
 
@@ -424,7 +432,8 @@ unsafe fn sges(list: *const IbvSge, n: i32) -> Vec<IbvSge> {
     unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()
 }
 
-/// `ops.post_send`: SEND and SEND_WITH_IMM, RDMA READ and WRITE, the two atomics; a SEND's
+/// `ops.post_send`: SEND and SEND_WITH_IMM, RDMA READ, WRITE and WRITE_WITH_IMM, the two
+/// atomics; a SEND's
 /// bytes are gathered now, so the buffers are
 /// free again as soon as this returns (stronger than verbs promises).
 unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut *mut IbvSendWr) -> c_int {
@@ -508,9 +517,10 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
             }
             // The simulator carries these out over the registered regions the entries name,
             // reaching this process's memory as a NIC would, in the QP's order and virtual time.
-            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_READ => {
+            IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM | IBV_WR_RDMA_READ => {
                 let rdma = Request::Rdma {
-                    write: w.opcode == IBV_WR_RDMA_WRITE,
+                    write: w.opcode != IBV_WR_RDMA_READ,
+                    imm: (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM).then_some(w.imm_data),
                     id: token,
                     wr_id: w.wr_id,
                     signaled,
@@ -549,7 +559,7 @@ unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad_wr: *mut 
             }
             IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD => libc::EINVAL,
             _ => {
-                unsupported("ibv_post_send with a WRITE_WITH_IMM or another opcode");
+                unsupported("ibv_post_send with this opcode");
                 libc::ENOSYS
             }
         };
@@ -868,7 +878,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
 }
 
 /// `ibv_get_cq_event`: the next completion event of the channel (blocking unless the fd is
-/// `O_NONBLOCK`), with the application's CQ pointer and `cq_context`.
+/// `O_NONBLOCK`; a caught signal ends the wait with `EINTR`), with the application's CQ
+/// pointer and `cq_context`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut IbvCompChannel,
@@ -891,7 +902,9 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         } else {
             0
         };
-        match sock::recv_fd(fd, &mut buf, flags) {
+        // A signal handler without SA_RESTART ends the wait with EINTR, as libibverbs' read
+        // of the channel's fd ends.
+        match sock::recv_fd_interruptible(fd, &mut buf, flags) {
             Ok(true) => {}
             Ok(false) => {
                 eprintln!("cmsim: the fabric daemon went away");
@@ -1008,7 +1021,9 @@ fn new_ah(pd: *mut IbvPd, attr: cm_core::AhAttr) -> *mut IbvAh {
 }
 
 /// `ibv_create_ah`: the simulator checks and routes by the attributes when a datagram is sent
-/// with the handle, as rxe does.
+/// with the handle, as rxe does. A handle of a port the device lacks, or without a global
+/// route, is `EINVAL`: Linux's ib core refuses both on a RoCE port (`rdma_check_ah_attr`)
+/// before rxe sees them.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut c_void) -> *mut IbvAh {
     if attr.is_null() {
@@ -1018,7 +1033,12 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut c_void) -> *mu
     let mut bytes = [0u8; 32];
     // SAFETY: attr is the caller's struct ibv_ah_attr, 32 bytes.
     unsafe { ptr::copy_nonoverlapping(attr as *const u8, bytes.as_mut_ptr(), 32) };
-    new_ah(pd, IbvAhAttr::from_bytes(&bytes).into())
+    let attr: cm_core::AhAttr = IbvAhAttr::from_bytes(&bytes).into();
+    if attr.port_num != 1 || !attr.is_global {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    new_ah(pd, attr)
 }
 
 /// `ibv_create_ah_from_wc`: an address handle back to a datagram's sender, read from the 40

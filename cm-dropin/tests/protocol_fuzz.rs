@@ -65,8 +65,8 @@
 //! region a hostile client registers lies inside a scratch buffer of its own, above 2^63
 //! (never user memory), in the null page, or is empty; every RDMA WRITE aims there, and every
 //! READ's entries (where its bytes land) too; only what is read (a WRITE's entries, a READ's
-//! remote address) may be anywhere. Random bytes are never sent as a `RegMr`, `RdmaWrite` or
-//! `RdmaRead` request, and such a request is never corrupted.
+//! remote address) may be anywhere. Random bytes are never sent as a `RegMr`, `RdmaWrite`,
+//! `RdmaWriteImm` or `RdmaRead` request, and such a request is never corrupted.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::ErrorKind;
@@ -1500,7 +1500,7 @@ impl Gen<'_> {
             Op::DeregMr => {
                 e.u32(self.handle(c, Kind::Key, &mut refuse) as u32);
             }
-            Op::RdmaWrite | Op::RdmaRead => {
+            Op::RdmaWrite | Op::RdmaRead | Op::RdmaWriteImm => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
                 e.u64(self.rng.next_u64()).u8(self.rng.next_u32() as u8);
                 let entries = self.entries(c, op == Op::RdmaRead);
@@ -1510,13 +1510,16 @@ impl Gen<'_> {
                 let remote = if c.focus.is_some() && self.chance(60) {
                     let len = total.min(SCRATCH_LEN);
                     self.ctx.scratch + self.below(SCRATCH_LEN - len + 1)
-                } else if op == Op::RdmaWrite {
+                } else if op != Op::RdmaRead {
                     self.write_addr(total.min(SCRATCH_LEN))
                 } else {
                     self.read_addr()
                 };
                 let key = self.rkey(c);
                 e.u64(remote).u32(key);
+                if op == Op::RdmaWriteImm {
+                    e.u32(self.rng.next_u32());
+                }
                 let n = match self.below(30) {
                     // More entries than any QP takes, with as many as the datagram holds.
                     0 => 65 + self.below(200) as u32,
@@ -1802,7 +1805,10 @@ impl Gen<'_> {
 /// register, or RDMA (a WRITE's target, a READ's entries, both ends of an atomic). Such a request is only ever sent as
 /// drawn (perhaps cut short or extended), never made of random bytes.
 fn names_memory(op: Op) -> bool {
-    matches!(op, Op::RegMr | Op::RdmaWrite | Op::RdmaRead | Op::Atomic)
+    matches!(
+        op,
+        Op::RegMr | Op::RdmaWrite | Op::RdmaRead | Op::RdmaWriteImm | Op::Atomic
+    )
 }
 
 /// Whether the daemon answers a datagram: all but acks (whose op is all it needs to see)
@@ -2028,7 +2034,7 @@ fn send_request(ctx: &Ctx, c: &mut Client, req: &Req, st: &mut Stats) -> Result<
             d.addr().map_err(bad)?;
             d.addr().map_err(bad)?;
         }
-        Op::RdmaWrite | Op::RdmaRead | Op::Atomic => st.rdma_served += 1,
+        Op::RdmaWrite | Op::RdmaRead | Op::RdmaWriteImm | Op::Atomic => st.rdma_served += 1,
         Op::DestroyChannel => c.m.gone(Kind::Channel, named()),
         Op::DestroyCompChannel => c.m.gone(Kind::CompChannel, named()),
         Op::DestroyId => c.m.gone(Kind::Id, named()),
@@ -2121,7 +2127,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 45] = [
+const ALL_OPS: [(Op, u64); 46] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2167,10 +2173,11 @@ const ALL_OPS: [(Op, u64); 45] = [
     (Op::Establish, 1),
     (Op::PostSendImm, 2),
     (Op::Atomic, 2),
+    (Op::RdmaWriteImm, 2),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).
-const DATA_OPS: [(Op, u64); 13] = [
+const DATA_OPS: [(Op, u64); 14] = [
     (Op::PostSend, 5),
     (Op::PostSendImm, 2),
     (Op::Atomic, 3),
@@ -2180,6 +2187,7 @@ const DATA_OPS: [(Op, u64); 13] = [
     (Op::DeregMr, 2),
     (Op::RdmaWrite, 6),
     (Op::RdmaRead, 6),
+    (Op::RdmaWriteImm, 2),
     (Op::ReqNotifyCq, 2),
     (Op::AckEvent, 2),
     (Op::QueryAddrs, 1),

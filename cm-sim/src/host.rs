@@ -199,6 +199,24 @@ impl SimHost {
             .verbs_modify_qp(self.host, qp, attr, mask)
     }
 
+    /// `ibv_modify_qp` of the QP [`create_qp`](CmBackend::create_qp) gave `id`, which the
+    /// CM moves: checked by the kernel's rules ([`VerbsQp::modify`]) from the state the id's
+    /// machine has it in. A modify that keeps that state is made: RTS → RTS with
+    /// `IBV_QP_MIN_RNR_TIMER` sets the wait its peer's sends make before each
+    /// receiver-not-ready retry (qperf's server sets it so once connected).
+    ///
+    /// # Errors
+    /// What [`VerbsQp::modify`] refuses (`EINVAL`, `EOPNOTSUPP`); `EINVAL` for an id without a
+    /// QP; `ENOSYS` for a modify that would move the QP to another state, which is the CM's;
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for an id this host does not
+    /// know.
+    pub fn modify_id_qp(&mut self, id: IdHandle, attr: &VerbsQpAttr, mask: QpAttrMask) -> Result<()> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .modify_id_qp(self.host, id, attr, mask)
+    }
+
     /// `ibv_query_qp`: the QP's machine (its state, which follows the data path to ERR, and the
     /// attributes set).
     ///

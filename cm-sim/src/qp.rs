@@ -200,6 +200,10 @@ pub(crate) struct Qp {
     /// the QP was moved to RTR and RTS with them. In the padding after the flags: no larger QP.
     pub(crate) initiator_depth: u8,
     pub(crate) responder_resources: u8,
+    /// The minimum RNR timer (`IBV_QP_MIN_RNR_TIMER`, the IBA's 5-bit encoding) this QP
+    /// answers a send that finds no receive with: how long the sender waits before each
+    /// retry. 0, the IB CM's, is [`SimConfig::rnr_timer`](crate::SimConfig::rnr_timer).
+    pub(crate) min_rnr_timer: u8,
     /// Made by the first work request: most QPs of a connection-management workload never
     /// see one, and the QP lives inside its id, where empty queues would cost 96 bytes and more.
     queues: Option<Box<Queues>>,
@@ -248,6 +252,7 @@ impl Qp {
             retry_armed: false,
             initiator_depth: 0,
             responder_resources: 0,
+            min_rnr_timer: 0,
             queues: None,
         }
     }

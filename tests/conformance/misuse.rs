@@ -385,11 +385,12 @@ fn invalid_arguments_are_refused_with_einval() {
     let dst = bed.server_addr();
     let client = resolved_client(&mut bed, dst, false);
     let b = &mut bed.client;
-    let zero = QpCaps {
-        max_send_wr: 0,
+    // More send work requests than any device has.
+    let over = QpCaps {
+        max_send_wr: u32::MAX,
         ..QpCaps::new()
     };
-    let err = b.create_qp(client.id, zero).unwrap_err();
+    let err = b.create_qp(client.id, over).unwrap_err();
     assert!(
         matches!(
             err,

@@ -536,8 +536,8 @@ fn wire_wc(
 /// A one-sided operation a connected QP carries out at its peer's memory, the NIC's work.
 #[derive(Clone, Copy)]
 enum OneSided {
-    /// `IBV_WR_RDMA_WRITE`.
-    Write,
+    /// `IBV_WR_RDMA_WRITE`, or `IBV_WR_RDMA_WRITE_WITH_IMM` with its immediate.
+    Write { imm: Option<u32> },
     /// `IBV_WR_RDMA_READ`.
     Read,
     /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
@@ -550,7 +550,7 @@ impl OneSided {
     /// The simulator's operation at `remote`.
     fn op(self, remote: RemoteAddr) -> SendOp {
         match self {
-            OneSided::Write => SendOp::Write { remote, imm: None },
+            OneSided::Write { imm } => SendOp::Write { remote, imm },
             OneSided::Read => SendOp::Read { remote },
             OneSided::CompareSwap { compare, swap } => SendOp::CompareSwap {
                 remote,
@@ -660,6 +660,9 @@ impl Daemon {
                 sq_sig_all,
                 qp_type,
             } => self.verbs_create_qp(proc, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+            Request::ModifyQp { qp, mask, attr } if self.ids.contains_key(&qp) => {
+                self.id_modify_qp(proc, qp, mask, &attr)
+            }
             Request::ModifyQp { qp, mask, attr } => self.verbs_modify_qp(proc, qp, mask, attr),
             Request::QueryQp { qp } => {
                 let (handle, host) = self.vqp_of(proc, qp)?;
@@ -719,6 +722,7 @@ impl Daemon {
             } => self.post_send_ud(proc, id, wr_id, signaled, &dest, imm, &data),
             Request::Rdma {
                 write,
+                imm,
                 id,
                 wr_id,
                 signaled,
@@ -730,7 +734,11 @@ impl Daemon {
                 id,
                 wr_id,
                 signaled,
-                if write { OneSided::Write } else { OneSided::Read },
+                if write {
+                    OneSided::Write { imm }
+                } else {
+                    OneSided::Read
+                },
                 RemoteAddr {
                     addr: remote_addr,
                     rkey,
@@ -1159,6 +1167,21 @@ impl Daemon {
             e.dest = 0;
         }
         Ok(())
+    }
+
+    /// `ibv_modify_qp` of the QP `rdma_create_qp` gave id `t`, which librdmacm's CM moves
+    /// ([`SimHost::modify_id_qp`]): a modify that keeps its state (RTS → RTS with
+    /// `IBV_QP_MIN_RNR_TIMER`, as qperf's server makes once connected) is made, one that
+    /// would move it is refused with `ENOSYS` (the library says so on stderr).
+    fn id_modify_qp(&mut self, proc: u64, t: u64, mask: u32, attr: &VerbsQpAttr) -> Result<(), i32> {
+        let (id, mut host) = self.id_of(proc, t)?;
+        let mask = QpAttrMask::from_bits(mask);
+        host.modify_id_qp(id, attr, mask).map_err(|e| {
+            if self.debug {
+                eprintln!("cmsim-daemon: ibv_modify_qp of id {t:#x}'s QP (mask {mask}): {e}");
+            }
+            errno_of(&e)
+        })
     }
 
     fn verbs_post_send(

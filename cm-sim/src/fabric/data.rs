@@ -109,6 +109,13 @@ impl Fabric {
         }
     }
 
+    /// Sets the minimum RNR timer of `r`'s QP (`IBV_QP_MIN_RNR_TIMER`, its 5-bit encoding).
+    pub(super) fn set_min_rnr_timer(&mut self, r: SlotRef, timer: u8) {
+        if let Some(q) = self.slot(r).qp.as_mut() {
+            q.min_rnr_timer = timer & 0x1f;
+        }
+    }
+
     /// The send at the head of `sender`'s queue found no receive: under a receiver-not-ready
     /// retry limit (the connection's, or a [`Fault::RnrRetries`] on the host), it gives up once
     /// the retries have run out (if it is still waiting then). rxe NAKs each try and waits the
@@ -119,7 +126,14 @@ impl Fabric {
         let Some(retries) = self.hosts[host as usize].rnr_retries.or((own < 7).then_some(own)) else {
             return;
         };
-        let timer = nanos(self.cfg.rnr_timer);
+        // The receiver's minimum RNR timer, which its NAK carries, is what the sender waits.
+        let receiver = self.slot(sender).remote;
+        let timer = self
+            .ids
+            .get(receiver)
+            .and_then(|r| r.qp.as_ref())
+            .and_then(|q| rnr_timer_micros(q.min_rnr_timer))
+            .map_or(nanos(self.cfg.rnr_timer), |us| us * 1000);
         let Some(qp) = self.slot(sender).qp.as_mut() else {
             return;
         };
@@ -258,5 +272,20 @@ impl Fabric {
         self.stats.rnr_retries_exceeded += 1;
         let next = self.slot(id).m.qp_error();
         self.set_machine(id, next);
+    }
+}
+
+/// The wait, in µs, of the minimum RNR timer's encoding `timer` (IBA table 45, rxe's
+/// `rnrnak_usec`); `None` for 0, whose 655.36 ms is the configured
+/// [`rnr_timer`](crate::SimConfig::rnr_timer).
+pub(crate) const fn rnr_timer_micros(timer: u8) -> Option<u64> {
+    const MICROS: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120,
+        7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680,
+        491_520,
+    ];
+    match timer & 0x1f {
+        0 => None,
+        t => Some(MICROS[t as usize]),
     }
 }

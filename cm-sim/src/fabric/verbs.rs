@@ -168,6 +168,7 @@ impl Fabric {
         let q = slot.qp.as_mut().expect("a carrier has its QP");
         q.initiator_depth = a.max_rd_atomic;
         q.responder_resources = a.max_dest_rd_atomic;
+        q.min_rnr_timer = a.min_rnr_timer;
         if mask.contains(QpAttrMask::TIMEOUT) && a.timeout > 0 {
             // The transport's wait for an acknowledgement is the id option's (4.096 µs ·
             // 2^timeout); 0 (wait for ever) keeps the configured one.
@@ -193,6 +194,52 @@ impl Fabric {
             // A peer's sends that waited for this QP to be ready go now.
             let remote = self.slot(r).remote;
             self.deliver_sends(remote);
+        }
+        Ok(())
+    }
+
+    /// `ibv_modify_qp` of the QP `rdma_create_qp` gave `id`, which the CM moves: checked by
+    /// the kernel's rules from the state the id's machine has it in. One that keeps the state
+    /// is made (its minimum RNR timer is the one the simulator uses; the other attributes
+    /// it takes are the CM's to set, and checked only); one that would move the QP is the
+    /// CM's, refused with `ENOSYS`.
+    pub(crate) fn modify_id_qp(
+        &mut self,
+        host: u16,
+        id: IdHandle,
+        attr: &VerbsQpAttr,
+        mask: QpAttrMask,
+    ) -> R<()> {
+        let call = Call::ModifyQp;
+        let r = self.id_ref(host, id, call)?;
+        let m = self.slot(r).m;
+        let state = match m.qp() {
+            Some(QpState::Reset) => VerbsQpState::Reset,
+            Some(QpState::Init) => VerbsQpState::Init,
+            Some(QpState::Rtr) => VerbsQpState::Rtr,
+            Some(QpState::Rts) => VerbsQpState::Rts,
+            Some(QpState::Err) => VerbsQpState::Err,
+            None => {
+                return Err(CmError::InvalidArgument {
+                    call,
+                    reason: "the id has no QP",
+                })
+            }
+        };
+        let ty = if m.port_space().is_connected() {
+            QpType::Rc
+        } else {
+            QpType::Ud
+        };
+        let next = VerbsQp::in_state(ty, state).modify(attr, mask, &self.verbs_limits())?;
+        if next.state() != state {
+            return Err(CmError::Os {
+                call,
+                errno: cm_core::errno::ENOSYS,
+            });
+        }
+        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
+            self.set_min_rnr_timer(r, next.attr().min_rnr_timer);
         }
         Ok(())
     }

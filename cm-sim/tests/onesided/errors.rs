@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use cm_core::{
-    Access, Call, CmBackend, CmError, ConnParam, HandleKind, QpState, RemoteAddr, SendOp, SendWr, Sge,
-    WcOpcode, WcStatus,
+    Access, Call, CmBackend, CmError, ConnParam, HandleKind, QpAttrMask, QpState, RemoteAddr, SendOp, SendWr,
+    Sge, VerbsQpAttr, VerbsQpState, WcOpcode, WcStatus,
 };
 use cm_sim::Fault;
 
@@ -513,4 +513,73 @@ fn a_disconnect_flushes_requests_in_flight_in_order_and_ignores_their_answers() 
     );
     let completed = p.rdma_steps().iter().filter(|s| s.1 == "completed").count();
     assert_eq!(completed, 0, "flushes are not traced");
+}
+
+#[test]
+fn the_receivers_minimum_rnr_timer_is_what_a_send_without_a_receive_waits_before_each_retry() {
+    let wr = SendWr::new(
+        1,
+        SendOp::Write {
+            remote: RemoteAddr { addr: 0, rkey: 0 },
+            imm: Some(5),
+        },
+        &[],
+    );
+    // How long the write waits before giving up after 2 retries, with the responder's
+    // QP moved RTS -> RTS with `timer` as its minimum RNR timer (or left at the CM's 0).
+    let gives_up_after = |timer: Option<u8>| {
+        let mut p = connect(32);
+        if let Some(timer) = timer {
+            let attr = VerbsQpAttr {
+                min_rnr_timer: timer,
+                ..VerbsQpAttr::default()
+            };
+            p.b.modify_id_qp(p.b_id, &attr, QpAttrMask::MIN_RNR_TIMER)
+                .unwrap();
+        }
+        p.fabric.inject(Fault::RnrRetries { host: 1, retries: 2 });
+        let start = p.fabric.now();
+        p.post_a(&wr);
+        let a = p.poll_a(1);
+        assert_eq!(
+            summary(&a),
+            [(1, WcOpcode::RdmaWrite, WcStatus::RnrRetryExcErr, 0)]
+        );
+        Duration::from_nanos(p.fabric.now().as_nanos() - start.as_nanos())
+    };
+    // 0 is 655.36 ms a retry; 1 is 10 us, 14 is 1.28 ms (IBA table 45, rxe's rnrnak_usec).
+    let waited = gives_up_after(None);
+    assert!(waited >= Duration::from_micros(2 * 655_360), "{waited:?}");
+    let waited = gives_up_after(Some(1));
+    assert!(
+        waited >= Duration::from_micros(20) && waited < Duration::from_millis(1),
+        "{waited:?}"
+    );
+    let waited = gives_up_after(Some(14));
+    assert!(
+        waited >= Duration::from_micros(2 * 1280) && waited < Duration::from_millis(10),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn a_modify_of_an_ids_qp_takes_what_its_state_allows_and_leaves_moving_it_to_the_cm() {
+    let mut p = connect(33);
+    let attr = VerbsQpAttr {
+        qp_state: VerbsQpState::Err,
+        qkey: 7,
+        ..VerbsQpAttr::default()
+    };
+    // RTS -> ERR is the CM's to make (rdma_disconnect), not this call's.
+    let err = p.a.modify_id_qp(p.a_id, &attr, QpAttrMask::STATE).unwrap_err();
+    assert_eq!(err.errno(), cm_core::errno::ENOSYS, "{err}");
+    // RTS -> RTS of an RC QP takes no Q_Key: EINVAL, as the kernel's table says.
+    let err = p.a.modify_id_qp(p.a_id, &attr, QpAttrMask::QKEY).unwrap_err();
+    assert_eq!(err.errno(), 22, "{err}");
+    assert_eq!(p.qp_a(), Some(QpState::Rts));
+    // A listener has no QP.
+    let err =
+        p.b.modify_id_qp(p.listener, &attr, QpAttrMask::MIN_RNR_TIMER)
+            .unwrap_err();
+    assert_eq!(err.errno(), 22, "{err}");
 }
