@@ -1893,9 +1893,6 @@ unsupported_errno!(ENOSYS:
     ibv_attach_mcast,
     ibv_detach_mcast,
     ibv_resize_cq,
-    ibv_modify_srq,
-    ibv_query_srq,
-    ibv_destroy_srq,
 );
 
 // ECE: EOPNOTSUPP is these verbs' documented answer for "not supported", and librdmacm itself
@@ -1905,7 +1902,6 @@ unsupported_errno!(EOPNOTSUPP: ibv_query_ece, ibv_set_ece);
 unsupported_ptr!(
     ibv_qp_to_qp_ex,
     ibv_reg_dmabuf_mr,
-    ibv_create_srq,
     ibv_import_device,
     ibv_import_pd,
     ibv_import_mr,
