@@ -1079,12 +1079,10 @@ fn refused_calls_answer_the_error_of_their_c_return_type_and_name_themselves_on_
         "riowrite",
         "ibv_attach_mcast",
         "ibv_resize_cq",
-        "ibv_query_srq",
     ];
     let enosys_after = [
         "ibv_resolve_eth_l2_from_gid",
         "ibv_rereg_mr",
-        "ibv_create_srq",
         "ibv_import_pd",
         "ibv_get_sysfs_path",
         "ibv_query_qp_data_in_order",

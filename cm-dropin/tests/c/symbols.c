@@ -80,7 +80,6 @@ static int refused(void)
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	struct sockaddr_in sin = { .sin_family = AF_INET };
 	socklen_t len = sizeof(sin);
-	struct ibv_srq_attr sattr;
 	struct ibv_srq_init_attr sinit;
 	struct ibv_async_event aev;
 	struct ibv_ece ece = { 0 };
@@ -122,7 +121,6 @@ static int refused(void)
 	/* int: the errno value itself */
 	WANT(ibv_attach_mcast(NULL, &gid, 0), ENOSYS, ENOSYS);
 	WANT(ibv_resize_cq(NULL, 16), ENOSYS, ENOSYS);
-	WANT(ibv_query_srq(NULL, &sattr), ENOSYS, ENOSYS);
 	WANT(ibv_query_ece(NULL, &ece), EOPNOTSUPP, EOPNOTSUPP);
 
 	/* a negative errno, and ibv_rereg_mr's error code */
@@ -130,7 +128,6 @@ static int refused(void)
 	WANT(ibv_rereg_mr(NULL, 0, NULL, NULL, 0, 0), IBV_REREG_MR_ERR_CMD, ENOSYS);
 
 	/* pointers: NULL and errno */
-	WANT(ibv_create_srq(NULL, &sinit) == NULL, 1, ENOSYS);
 	WANT(ibv_import_pd(NULL, 1) == NULL, 1, ENOSYS);
 	WANT(ibv_get_sysfs_path() == NULL, 1, ENOSYS);
 
