@@ -58,6 +58,9 @@ pub enum Request {
         sq_sig_all: bool,
         /// `enum ibv_qp_type`.
         qp_type: u32,
+        /// `ibv_qp_init_attr.srq` (or the id's, `rdma_create_srq`'s): the SRQ token the QP
+        /// takes its receives from; 0: none.
+        srq: u64,
     },
     /// `ibv_post_send` of a SEND.
     PostSend {
@@ -579,13 +582,15 @@ impl Request {
                 recv_cq,
                 sq_sig_all,
                 qp_type,
+                srq,
             } => {
                 e.u64(*id)
                     .caps(caps)
                     .u64(*send_cq)
                     .u64(*recv_cq)
                     .u8(*sq_sig_all as u8)
-                    .u32(*qp_type);
+                    .u32(*qp_type)
+                    .u64(*srq);
             }
             Request::PostSend {
                 id,
@@ -840,6 +845,7 @@ impl Request {
                 recv_cq: d.u64().map_err(bad)?,
                 sq_sig_all: d.u8().map_err(bad)? != 0,
                 qp_type: d.u32().map_err(bad)?,
+                srq: d.u64().map_err(bad)?,
             }),
             Op::PostSend => Ok(Request::PostSend {
                 id: d.u64().map_err(bad)?,
@@ -1325,6 +1331,7 @@ mod tests {
                 recv_cq: 5,
                 sq_sig_all: true,
                 qp_type: 4,
+                srq: 0x45,
             },
             Request::PostSend {
                 id: 2,

@@ -121,9 +121,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         reg.recvs.insert(token, Default::default());
         reg.qp_nums.insert(token, qp_num);
     }
-    if srq != 0 {
-        lock(&SRQ_QPS).get_or_insert_with(HashMap::new).insert(token, srq);
-    }
+    note_srq_qp(token, srq);
     let qp = Box::new(QpPriv {
         public: IbvQp {
             context,
@@ -584,9 +582,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
             reg.recvs.remove(&token);
             reg.qp_nums.remove(&token);
         }
-        if let Some(m) = lock(&SRQ_QPS).as_mut() {
-            m.remove(&token);
-        }
+        forget_srq_qp(token);
         // SAFETY: qp is this library's QpPriv, given back once.
         drop(unsafe { Box::from_raw(qp as *mut QpPriv) });
         return 0;
@@ -679,8 +675,23 @@ static NEXT_SRQ_KEY: AtomicU64 = AtomicU64::new(1);
 /// QP token → the token of the SRQ it takes its receives from, for the QPs that do.
 static SRQ_QPS: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
 
+/// QP `token` takes its receives from SRQ `srq` (a token): its receive completions name
+/// theirs by the key they were posted under.
+pub(crate) fn note_srq_qp(token: u64, srq: u64) {
+    if srq != 0 {
+        lock(&SRQ_QPS).get_or_insert_with(HashMap::new).insert(token, srq);
+    }
+}
+
+/// QP `token` is gone.
+pub(crate) fn forget_srq_qp(token: u64) {
+    if let Some(m) = lock(&SRQ_QPS).as_mut() {
+        m.remove(&token);
+    }
+}
+
 /// The daemon's token of an SRQ of this library (0 for NULL).
-unsafe fn srq_token(srq: *mut c_void) -> u64 {
+pub(crate) unsafe fn srq_token(srq: *mut c_void) -> u64 {
     if srq.is_null() {
         0
     } else {

@@ -1429,6 +1429,12 @@ impl Gen<'_> {
                 let wild = self.rng.next_u32();
                 let t = self.pick(&[2, 2, 4, 3, wild]);
                 e.u32(t);
+                let srq = if self.chance(70) {
+                    0
+                } else {
+                    self.handle(c, Kind::Srq, &mut refuse)
+                };
+                e.u64(srq);
             }
             Op::Listen => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));

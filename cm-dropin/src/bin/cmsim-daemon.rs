@@ -654,7 +654,23 @@ impl Daemon {
                 recv_cq,
                 sq_sig_all,
                 qp_type,
-            } => self.create_qp(proc, id, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+                srq,
+            } => {
+                let srq = match srq {
+                    0 => None,
+                    t => Some(self.srq_of(proc, t)?.0),
+                };
+                self.create_qp(
+                    proc,
+                    id,
+                    caps,
+                    (send_cq, recv_cq),
+                    sq_sig_all,
+                    qp_type,
+                    srq,
+                    reply,
+                )
+            }
             Request::PostSend {
                 id,
                 wr_id,
@@ -1065,7 +1081,8 @@ impl Daemon {
         }
     }
 
-    /// `rdma_create_qp`, with the CQs it reports into.
+    /// `rdma_create_qp`, with the CQs it reports into, taking its receives from `srq` if it
+    /// names one.
     #[allow(clippy::too_many_arguments)]
     fn create_qp(
         &mut self,
@@ -1075,6 +1092,7 @@ impl Daemon {
         (send_cq, recv_cq): (u64, u64),
         sq_sig_all: bool,
         qp_type: u32,
+        srq: Option<SrqHandle>,
         reply: &mut Enc,
     ) -> Result<(), i32> {
         caps.max_message_size = proto::MAX_MESSAGE;
@@ -1091,7 +1109,11 @@ impl Daemon {
         if ud != datagram {
             return Err(libc::EINVAL);
         }
-        let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
+        let got = match srq {
+            Some(srq) => host.create_qp_on_srq(id, caps, srq),
+            None => host.create_qp(id, caps),
+        }
+        .map_err(|e| errno_of(&e))?;
         // Datagrams are addressed by the simulator's numbers; a connected QP is named
         // by its id token, unique fabric-wide, which the peers' events carry.
         let qp_num = match host.qp_num(id) {

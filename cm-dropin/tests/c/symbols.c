@@ -80,7 +80,6 @@ static int refused(void)
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	struct sockaddr_in sin = { .sin_family = AF_INET };
 	socklen_t len = sizeof(sin);
-	struct ibv_srq_init_attr sinit;
 	struct ibv_async_event aev;
 	struct ibv_ece ece = { 0 };
 	struct ibv_ah_attr ah = { 0 };
@@ -88,15 +87,12 @@ static int refused(void)
 	uint8_t mac[6];
 	uint16_t vid;
 
-	memset(&sinit, 0, sizeof(sinit));
-
 	/* int: -1 and errno */
 	WANT(rbind(3, (struct sockaddr *)&sin, sizeof(sin)), -1, ENOSYS);
 	WANT(rgetpeername(3, (struct sockaddr *)&sin, &len), -1, ENOSYS);
 	WANT(rselect(0, NULL, NULL, NULL, NULL), -1, ENOSYS);
 	WANT(riounmap(3, buf, sizeof(buf)), -1, ENOSYS);
 	WANT(rdma_notify(NULL, IBV_EVENT_COMM_EST), -1, ENOSYS);
-	WANT(rdma_create_srq(NULL, NULL, &sinit), -1, ENOSYS);
 	WANT(rdma_reject_ece(NULL, NULL, 0), -1, ENOSYS);
 	WANT(rdma_set_local_ece(NULL, &ece), -1, ENOSYS);
 	WANT(ibv_get_async_event(NULL, &aev), -1, ENOSYS);
@@ -137,7 +133,6 @@ static int refused(void)
 	/* void: only the line on stderr */
 	ibv_ack_async_event(&aev);
 	ibv_unimport_pd(NULL);
-	rdma_destroy_srq(NULL);
 
 	printf("refused: %s\n", bad ? "FAILED" : "ok");
 	return bad;
