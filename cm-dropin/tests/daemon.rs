@@ -724,6 +724,7 @@ fn ud_id(conn: &cm_dropin::sock::SeqConn, ch: u64, ip: &str, recvs: u64) -> (u64
         recv_cq: cq,
         sq_sig_all: true,
         qp_type: 4, // IBV_QPT_UD
+        srq: 0,
     };
     assert_eq!(ask(conn, &qp.encode()).0, 0);
     for wr_id in 0..recvs {
@@ -970,7 +971,8 @@ fn a_ud_qp_takes_no_more_receives_than_its_queue_holds() {
         .u64(cq)
         .u64(cq)
         .u8(1)
-        .u32(4); // IBV_QPT_UD
+        .u32(4) // IBV_QPT_UD
+        .u64(0); // no SRQ
     let caps = one(&qp);
     let max_recv_wr = u32::from_le_bytes(caps[4..8].try_into().expect("max_recv_wr"));
     assert!(max_recv_wr >= 4, "{max_recv_wr}");
@@ -1088,7 +1090,8 @@ fn connected_pair(
             .u64(cq)
             .u64(cq)
             .u8(1)
-            .u32(2);
+            .u32(2)
+            .u64(0);
         one(conn, &e);
     };
     // One READ in flight each way, as rping asks.

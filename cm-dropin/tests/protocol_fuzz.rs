@@ -533,7 +533,8 @@ fn create_qp(id: u64, cq: u64) -> Enc {
         .u64(cq)
         .u64(cq)
         .u8(1)
-        .u32(2);
+        .u32(2)
+        .u64(0);
     e
 }
 
