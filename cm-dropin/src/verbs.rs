@@ -656,6 +656,8 @@ unsafe extern "C" fn post_recv(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad_wr: *mut 
 struct SrqPriv {
     public: IbvSrq,
     token: u64,
+    /// The entries a receive may have (`max_sge` granted).
+    max_sge: u32,
 }
 
 /// A receive posted on an SRQ: the SRQ's token, the application's `wr_id` and where its
@@ -753,6 +755,7 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut IbvPd, init_attr: *mut IbvSrqIn
             events_completed: 0,
         },
         token,
+        max_sge,
     });
     Box::into_raw(srq) as *mut IbvSrq
 }
@@ -839,10 +842,20 @@ unsafe extern "C" fn post_srq_recv(srq: *mut c_void, wr: *mut c_void, bad_wr: *m
     if token == 0 {
         return libc::EINVAL;
     }
+    // SAFETY: as above: a non-NULL SRQ is an SrqPriv.
+    let max_sge = unsafe { (*(srq as *mut SrqPriv)).max_sge };
     let mut cur = wr as *mut IbvRecvWr;
     while !cur.is_null() {
         // SAFETY: cur is the caller's work request list.
         let w = unsafe { &*cur };
+        // rxe's post_one_recv: more entries than the SRQ takes is EINVAL.
+        if w.num_sge < 0 || w.num_sge as u32 > max_sge {
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out pointer.
+                unsafe { *bad_wr = cur as *mut c_void };
+            }
+            return libc::EINVAL;
+        }
         // SAFETY: as above.
         let list: Vec<(u64, u32)> = unsafe { sges(w.sg_list, w.num_sge) }
             .iter()

@@ -1,7 +1,8 @@
 /* Shared receive queues of verbs QPs on one simulated host: rxe's refusals of ibv_create_srq
  * and ibv_modify_srq, receives drained from one SRQ by two QPs (each completion naming its
- * QP, the wr_id posted and the bytes in the buffer posted with it), ibv_post_recv refused on
- * a QP with an SRQ, and ibv_destroy_srq refused (EBUSY) while a QP uses it.
+ * QP, the wr_id posted and the bytes in the buffer posted with it), ibv_post_srq_recv's
+ * refusals (EINVAL past max_sge, ENOMEM past max_wr), ibv_post_recv refused on a QP with an
+ * SRQ, and ibv_destroy_srq refused (EBUSY) while a QP uses it.
  *
  * Prints "vsrq: ok" at the end, or what failed. */
 #include <errno.h>
@@ -165,6 +166,22 @@ int main(void)
 	if (ibv_modify_srq(srq, &m, IBV_SRQ_LIMIT))
 		fail("disarming the limit", EINVAL);
 
+	/* A full SRQ: rxe's ENOMEM, naming the request that did not fit. */
+	sa = (struct ibv_srq_init_attr){ .attr = { .max_wr = 2, .max_sge = 1 } };
+	struct ibv_srq *small = ibv_create_srq(pd, &sa);
+	if (!small)
+		fail("ibv_create_srq", errno);
+	struct ibv_sge one = { .addr = (uintptr_t)buf[4], .length = MSG, .lkey = mr->lkey };
+	struct ibv_recv_wr fill[3];
+	for (int i = 0; i < 3; i++)
+		fill[i] = (struct ibv_recv_wr){ .wr_id = i, .sg_list = &one, .num_sge = 1,
+						.next = i < 2 ? &fill[i + 1] : NULL };
+	struct ibv_recv_wr *bad_fill = NULL;
+	if (ibv_post_srq_recv(small, fill, &bad_fill) != ENOMEM || bad_fill != &fill[2])
+		fail("refusing a receive past max_wr", EINVAL);
+	if (ibv_destroy_srq(small))
+		fail("ibv_destroy_srq of an SRQ with receives posted", EINVAL);
+
 	union ibv_gid gid;
 	if (ibv_query_gid(ctx, PORT, GID_INDEX, &gid))
 		fail("ibv_query_gid", errno);
@@ -194,7 +211,7 @@ int main(void)
 
 	/* rxe's post_recv on a QP with an SRQ: EINVAL. */
 	struct ibv_sge sge = { .addr = (uintptr_t)buf[4], .length = MSG, .lkey = mr->lkey };
-	struct ibv_recv_wr own_wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1 }, *bad;
+	struct ibv_recv_wr own_wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
 	if (ibv_post_recv(rx[0], &own_wr, &bad) != EINVAL)
 		fail("refusing ibv_post_recv on a QP with an SRQ", EINVAL);
 
@@ -208,6 +225,12 @@ int main(void)
 	}
 	if (ibv_post_srq_recv(srq, wrs, &bad))
 		fail("ibv_post_srq_recv", EINVAL);
+	/* rxe's post_one_recv: more entries than max_sge is EINVAL, naming the request. */
+	struct ibv_sge two[2] = { sges[0], sges[1] };
+	struct ibv_recv_wr wide = { .wr_id = 7, .sg_list = two, .num_sge = 2 };
+	bad = NULL;
+	if (ibv_post_srq_recv(srq, &wide, &bad) != EINVAL || bad != &wide)
+		fail("refusing a receive of more entries than max_sge", EINVAL);
 	/* Whichever QP a message comes to takes the SRQ's oldest receive. */
 	send_text(tx[1], "to the second");
 	expect_recv(rx[1], 100, 1, "to the second");
