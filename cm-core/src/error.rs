@@ -98,6 +98,7 @@ pub enum Call {
     ModifyQp,
     QueryQp,
     VerbsDestroyQp,
+    QuerySrq,
 }
 
 impl Call {
@@ -148,6 +149,7 @@ impl Call {
             Call::ModifyQp => "ibv_modify_qp",
             Call::QueryQp => "ibv_query_qp",
             Call::VerbsDestroyQp => "ibv_destroy_qp",
+            Call::QuerySrq => "ibv_query_srq",
         }
     }
 }

@@ -268,6 +268,16 @@ impl IdMachine {
         }
     }
 
+    /// [`for_verbs_qp`](Self::for_verbs_qp) of a verbs QP made with `ibv_qp_init_attr.srq`:
+    /// it takes its receives from the shared receive queue, so posting on the QP itself is
+    /// refused (rxe's `post_recv`: `EINVAL`).
+    pub const fn for_verbs_qp_on_srq(ps: PortSpace, qp: QpState) -> Self {
+        IdMachine {
+            srq: true,
+            ..IdMachine::for_verbs_qp(ps, qp)
+        }
+    }
+
     /// The kernel state.
     pub const fn state(&self) -> IdState {
         self.state

@@ -516,6 +516,55 @@ pub struct IbvPd {
     pub handle: u32,
 }
 
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct IbvSrqAttr {
+    /// `max_wr`.
+    pub max_wr: u32,
+    /// `max_sge`.
+    pub max_sge: u32,
+    /// `srq_limit`.
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvSrqInitAttr {
+    /// `srq_context`.
+    pub srq_context: *mut c_void,
+    /// `attr`.
+    pub attr: IbvSrqAttr,
+}
+
+/// `struct ibv_srq`: `ibv_post_srq_recv` (an inline function in the headers) reads `context`
+/// to reach `ops.post_srq_recv`.
+#[repr(C)]
+pub struct IbvSrq {
+    /// `context`.
+    pub context: *mut c_void,
+    /// `srq_context`.
+    pub srq_context: *mut c_void,
+    /// `pd`.
+    pub pd: *mut IbvPd,
+    /// `handle`.
+    pub handle: u32,
+    /// `mutex` (`pthread_mutex_t`, 40 bytes) and `cond` (`pthread_cond_t`, 48 bytes), which
+    /// only libibverbs' async-event bookkeeping uses.
+    pub sync: [u64; 11],
+    /// `events_completed`.
+    pub events_completed: u32,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<IbvSrqAttr>() == 12);
+    assert!(std::mem::size_of::<IbvSrqInitAttr>() == 24);
+    assert!(std::mem::offset_of!(IbvSrq, sync) == 32);
+    assert!(std::mem::offset_of!(IbvSrq, events_completed) == 120);
+    assert!(std::mem::size_of::<IbvSrq>() == 128);
+};
+
 /// `struct ibv_mr`.
 #[repr(C)]
 pub struct IbvMr {

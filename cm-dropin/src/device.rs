@@ -31,7 +31,7 @@ const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
 /// rxe's `RXE_DEVICE_CAP_FLAGS` (0x01223c76) less what the drop-in does not serve: SRQ resize
-/// (no SRQs), memory windows and fast registration (`MEM_MGT_EXTENSIONS`).
+/// (`ibv_modify_srq` of `max_wr`), memory windows and fast registration (`MEM_MGT_EXTENSIONS`).
 const DEVICE_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
     | (1 << 2) // BAD_QKEY_CNTR
     | (1 << 4) // AUTO_PATH_MIG
@@ -231,7 +231,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut c_void) -> c_int {
 
 /// The device's attributes: rxe's (`rxe_init_device_param`), with the simulator's limits
 /// where it enforces less (`max_qp_wr`, `max_mr_size`) and nothing promised the drop-in does
-/// not serve (SRQs, memory windows, atomics).
+/// not serve (memory windows, atomics).
 fn device_attr(addr: IpAddr) -> IbvDeviceAttr {
     let sim = cm_sim::SimConfig::default();
     let mut fw_ver = [0u8; 64];
@@ -272,9 +272,10 @@ fn device_attr(addr: IpAddr) -> IbvDeviceAttr {
         max_ah: (1 << 15) - 1,
         max_fmr: 0,
         max_map_per_fmr: 0,
-        max_srq: 0,
-        max_srq_wr: 0,
-        max_srq_sge: 0,
+        // rxe's RXE_MAX_SRQ (its SRQ indices run from 0x20001 up to 2^20).
+        max_srq: (1 << 20) - 0x0002_0001,
+        max_srq_wr: sim.max_srq_wr as i32,
+        max_srq_sge: sim.max_srq_sge as i32,
         max_pkeys: 64,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,

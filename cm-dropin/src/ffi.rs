@@ -953,6 +953,15 @@ pub unsafe extern "C" fn rdma_create_qp(
             (*attr).recv_cq = cq;
         }
     }
+    // librdmacm gives the QP the id's SRQ (rdma_create_srq's) when the caller names none.
+    // SAFETY: id is a live IdPriv and attr the caller's ibv_qp_init_attr.
+    unsafe {
+        if (*attr).srq.is_null() && !(*id).srq.is_null() {
+            (*attr).srq = (*id).srq;
+        }
+    }
+    // SAFETY: attr's SRQ is NULL or one of this library's.
+    let srq = unsafe { crate::verbs::srq_token((*attr).srq) };
     // librdmacm uses the device's default PD for a NULL one and records it in id->pd.
     let pd = if !pd.is_null() {
         pd
@@ -988,6 +997,7 @@ pub unsafe extern "C" fn rdma_create_qp(
         recv_cq,
         sq_sig_all: sig_all,
         qp_type,
+        srq,
     };
     let buf = match rpc(&create) {
         Ok(b) => b,
@@ -997,6 +1007,7 @@ pub unsafe extern "C" fn rdma_create_qp(
             return fail(errno);
         }
     };
+    crate::verbs::note_srq_qp(token, srq);
     let mut d = Dec::new(&buf);
     let Ok((got, qp_num)) = d.caps().and_then(|caps| Ok((caps, d.u32()?))) else {
         return fail(libc::EPROTO);
@@ -1061,6 +1072,63 @@ unsafe fn destroy_default_cqs(id: *mut RdmaCmId) {
     }
 }
 
+/// `rdma_create_srq`: an SRQ on the id's device, on `pd` (NULL: the id's, else the device's
+/// default), recorded in `id->srq`, which `rdma_create_qp` then gives the id's QP and
+/// `rdma_post_recv` posts on. What `ibv_create_srq` refuses, this refuses.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_srq(
+    id: *mut RdmaCmId,
+    pd: *mut IbvPd,
+    attr: *mut crate::abi::IbvSrqInitAttr,
+) -> c_int {
+    // SAFETY: id came from this library.
+    if unsafe { token_of(id) }.is_none() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: id is a live IdPriv.
+    let pd = unsafe {
+        if (*id).verbs.is_null() {
+            attach_device(id);
+        }
+        match (pd.is_null(), (*id).pd.is_null()) {
+            (false, _) => pd,
+            (true, false) => (*id).pd as *mut IbvPd,
+            (true, true) => crate::verbs::default_pd() as *mut IbvPd,
+        }
+    };
+    // SAFETY: pd is a PD of this library's and attr the caller's ibv_srq_init_attr.
+    let srq = unsafe { crate::verbs::ibv_create_srq(pd, attr) };
+    if srq.is_null() {
+        return -1;
+    }
+    // SAFETY: id is a live IdPriv.
+    unsafe {
+        if (*id).pd.is_null() {
+            (*id).pd = pd as *mut c_void;
+        }
+        (*id).srq = srq as *mut c_void;
+    }
+    0
+}
+
+/// `rdma_destroy_srq`: destroys `id->srq` (librdmacm ignores a refusal: the SRQ stays if a
+/// QP still uses it) and forgets it, and the id's CQs go with it, as in librdmacm.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_srq(id: *mut RdmaCmId) {
+    // SAFETY: id came from this library.
+    if unsafe { token_of(id) }.is_none() {
+        return;
+    }
+    // SAFETY: id is a live IdPriv; its SRQ is NULL or this library's.
+    unsafe {
+        let srq = std::mem::replace(&mut (*id).srq, ptr::null_mut());
+        if !srq.is_null() {
+            crate::verbs::ibv_destroy_srq(srq as *mut crate::abi::IbvSrq);
+        }
+        destroy_default_cqs(id);
+    }
+}
+
 /// `rdma_destroy_qp`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
@@ -1089,6 +1157,7 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut RdmaCmId) {
 
 /// Unhooks a QP `ibv_destroy_qp` destroyed from its id, so the id is not left pointing at it.
 pub(crate) fn forget_qp(token: u64, qp: *mut IbvQp) {
+    crate::verbs::forget_srq_qp(token);
     let mut reg = lock(&registry().0);
     reg.recvs.remove(&token);
     reg.qp_nums.remove(&token);
@@ -1864,7 +1933,6 @@ unsupported_int!(
     rdma_set_local_ece,
     rdma_reject_ece,
     rdma_notify,
-    rdma_create_srq,
     rdma_create_srq_ex,
     raccept,
     rbind,
@@ -1893,9 +1961,6 @@ unsupported_errno!(ENOSYS:
     ibv_attach_mcast,
     ibv_detach_mcast,
     ibv_resize_cq,
-    ibv_modify_srq,
-    ibv_query_srq,
-    ibv_destroy_srq,
 );
 
 // ECE: EOPNOTSUPP is these verbs' documented answer for "not supported", and librdmacm itself
@@ -1905,7 +1970,6 @@ unsupported_errno!(EOPNOTSUPP: ibv_query_ece, ibv_set_ece);
 unsupported_ptr!(
     ibv_qp_to_qp_ex,
     ibv_reg_dmabuf_mr,
-    ibv_create_srq,
     ibv_import_device,
     ibv_import_pd,
     ibv_import_mr,
@@ -1917,7 +1981,6 @@ unsupported_ptr!(
 );
 
 unsupported_void!(
-    rdma_destroy_srq,
     ibv_ack_async_event,
     ibv_unimport_pd,
     ibv_unimport_mr,

@@ -15,7 +15,7 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -135,6 +135,16 @@ pub enum Op {
     /// `ibv_post_send` of an `IBV_WR_RDMA_WRITE_WITH_IMM`: an [`RdmaWrite`](Op::RdmaWrite)
     /// with the immediate after the remote key.
     RdmaWriteImm,
+    /// `ibv_create_srq`.
+    CreateSrq,
+    /// `ibv_modify_srq`.
+    ModifySrq,
+    /// `ibv_query_srq`.
+    QuerySrq,
+    /// `ibv_destroy_srq`.
+    DestroySrq,
+    /// `ibv_post_srq_recv`.
+    PostSrqRecv,
 }
 
 /// The QP number that addresses a multicast group.
@@ -205,7 +215,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 46] = [
+        const ALL: [Op; 51] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -252,6 +262,11 @@ impl Op {
             PostSendImm,
             Atomic,
             RdmaWriteImm,
+            CreateSrq,
+            ModifySrq,
+            QuerySrq,
+            DestroySrq,
+            PostSrqRecv,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -621,10 +636,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=46 {
+        for v in 1..=51 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(47), None);
+        assert_eq!(Op::from_u32(52), None);
     }
 }

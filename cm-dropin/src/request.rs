@@ -58,6 +58,9 @@ pub enum Request {
         sq_sig_all: bool,
         /// `enum ibv_qp_type`.
         qp_type: u32,
+        /// `ibv_qp_init_attr.srq` (or the id's, `rdma_create_srq`'s): the SRQ token the QP
+        /// takes its receives from; 0: none.
+        srq: u64,
     },
     /// `ibv_post_send` of a SEND.
     PostSend {
@@ -220,6 +223,9 @@ pub enum Request {
         sq_sig_all: bool,
         /// `enum ibv_qp_type`.
         qp_type: u32,
+        /// `ibv_qp_init_attr.srq`: the SRQ ([`CreateSrq`](Request::CreateSrq)'s token) the QP
+        /// takes its receives from; 0: none (the QP has its own receive queue).
+        srq: u64,
     },
     /// `ibv_modify_qp`. `dest_qp_num` is a QP's number as the library shows it.
     ModifyQp {
@@ -244,6 +250,47 @@ pub enum Request {
     QpPostRecv {
         /// The QP's token.
         qp: u64,
+        /// `wr_id`.
+        wr_id: u64,
+        /// The receive buffer's length.
+        len: u32,
+    },
+    /// `ibv_create_srq` on the caller's device → `srq: u64, max_wr: u32, max_sge: u32` (the
+    /// token and what was granted).
+    CreateSrq {
+        /// `attr.max_wr`.
+        max_wr: u32,
+        /// `attr.max_sge`.
+        max_sge: u32,
+        /// `attr.srq_limit`.
+        srq_limit: u32,
+    },
+    /// `ibv_modify_srq`.
+    ModifySrq {
+        /// The SRQ's token.
+        srq: u64,
+        /// `enum ibv_srq_attr_mask` (`IBV_SRQ_MAX_WR` 1, `IBV_SRQ_LIMIT` 2).
+        mask: u32,
+        /// `attr.max_wr`.
+        max_wr: u32,
+        /// `attr.srq_limit`.
+        srq_limit: u32,
+    },
+    /// `ibv_query_srq` → `max_wr: u32, max_sge: u32, srq_limit: u32`.
+    QuerySrq {
+        /// The SRQ's token.
+        srq: u64,
+    },
+    /// `ibv_destroy_srq`: `EBUSY` while a QP takes its receives from it.
+    DestroySrq {
+        /// The SRQ's token.
+        srq: u64,
+    },
+    /// `ibv_post_srq_recv`: one receive on the SRQ; its completion comes on the receive CQ of
+    /// whichever QP a message lands on, carrying `wr_id`.
+    PostSrqRecv {
+        /// The SRQ's token.
+        srq: u64,
         /// `wr_id`.
         wr_id: u64,
         /// The receive buffer's length.
@@ -474,6 +521,11 @@ impl Request {
             Request::QueryQp { .. } => Op::QueryQp,
             Request::VerbsDestroyQp { .. } => Op::VerbsDestroyQp,
             Request::QpPostRecv { .. } => Op::QpPostRecv,
+            Request::CreateSrq { .. } => Op::CreateSrq,
+            Request::ModifySrq { .. } => Op::ModifySrq,
+            Request::QuerySrq { .. } => Op::QuerySrq,
+            Request::DestroySrq { .. } => Op::DestroySrq,
+            Request::PostSrqRecv { .. } => Op::PostSrqRecv,
         })
     }
 
@@ -538,13 +590,15 @@ impl Request {
                 recv_cq,
                 sq_sig_all,
                 qp_type,
+                srq,
             } => {
                 e.u64(*id)
                     .caps(caps)
                     .u64(*send_cq)
                     .u64(*recv_cq)
                     .u8(*sq_sig_all as u8)
-                    .u32(*qp_type);
+                    .u32(*qp_type)
+                    .u64(*srq);
             }
             Request::PostSend {
                 id,
@@ -663,12 +717,14 @@ impl Request {
                 recv_cq,
                 sq_sig_all,
                 qp_type,
+                srq,
             } => {
                 e.caps(caps)
                     .u64(*send_cq)
                     .u64(*recv_cq)
                     .u8(*sq_sig_all as u8)
-                    .u32(*qp_type);
+                    .u32(*qp_type)
+                    .u64(*srq);
             }
             Request::ModifyQp { qp, mask, attr } => {
                 e.u64(*qp).u32(*mask).verbs_attr(attr);
@@ -676,8 +732,26 @@ impl Request {
             Request::QueryQp { qp } | Request::VerbsDestroyQp { qp } => {
                 e.u64(*qp);
             }
-            Request::QpPostRecv { qp, wr_id, len } => {
+            Request::QpPostRecv { qp, wr_id, len } | Request::PostSrqRecv { srq: qp, wr_id, len } => {
                 e.u64(*qp).u64(*wr_id).u32(*len);
+            }
+            Request::CreateSrq {
+                max_wr,
+                max_sge,
+                srq_limit,
+            } => {
+                e.u32(*max_wr).u32(*max_sge).u32(*srq_limit);
+            }
+            Request::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            } => {
+                e.u64(*srq).u32(*mask).u32(*max_wr).u32(*srq_limit);
+            }
+            Request::QuerySrq { srq } | Request::DestroySrq { srq } => {
+                e.u64(*srq);
             }
         }
         e
@@ -783,6 +857,7 @@ impl Request {
                 recv_cq: d.u64().map_err(bad)?,
                 sq_sig_all: d.u8().map_err(bad)? != 0,
                 qp_type: d.u32().map_err(bad)?,
+                srq: d.u64().map_err(bad)?,
             }),
             Op::PostSend => Ok(Request::PostSend {
                 id: d.u64().map_err(bad)?,
@@ -920,6 +995,7 @@ impl Request {
                 recv_cq: d.u64().map_err(bad)?,
                 sq_sig_all: d.u8().map_err(bad)? != 0,
                 qp_type: d.u32().map_err(bad)?,
+                srq: d.u64().map_err(bad)?,
             }),
             Op::ModifyQp => {
                 let qp = d.u64().map_err(bad)?;
@@ -936,6 +1012,28 @@ impl Request {
             }),
             Op::QpPostRecv => Ok(Request::QpPostRecv {
                 qp: d.u64().map_err(bad)?,
+                wr_id: d.u64().map_err(bad)?,
+                len: d.u32().map_err(bad)?,
+            }),
+            Op::CreateSrq => Ok(Request::CreateSrq {
+                max_wr: d.u32().map_err(bad)?,
+                max_sge: d.u32().map_err(bad)?,
+                srq_limit: d.u32().map_err(bad)?,
+            }),
+            Op::ModifySrq => Ok(Request::ModifySrq {
+                srq: d.u64().map_err(bad)?,
+                mask: d.u32().map_err(bad)?,
+                max_wr: d.u32().map_err(bad)?,
+                srq_limit: d.u32().map_err(bad)?,
+            }),
+            Op::QuerySrq => Ok(Request::QuerySrq {
+                srq: d.u64().map_err(bad)?,
+            }),
+            Op::DestroySrq => Ok(Request::DestroySrq {
+                srq: d.u64().map_err(bad)?,
+            }),
+            Op::PostSrqRecv => Ok(Request::PostSrqRecv {
+                srq: d.u64().map_err(bad)?,
                 wr_id: d.u64().map_err(bad)?,
                 len: d.u32().map_err(bad)?,
             }),
@@ -1251,6 +1349,7 @@ mod tests {
                 recv_cq: 5,
                 sq_sig_all: true,
                 qp_type: 4,
+                srq: 0x45,
             },
             Request::PostSend {
                 id: 2,
@@ -1324,6 +1423,7 @@ mod tests {
                 recv_cq: 4,
                 sq_sig_all: false,
                 qp_type: 2,
+                srq: 0x44,
             },
             Request::ModifyQp {
                 qp: 0x12,
@@ -1358,6 +1458,24 @@ mod tests {
                 wr_id: 3,
                 len: 64,
             },
+            Request::CreateSrq {
+                max_wr: 500,
+                max_sge: 1,
+                srq_limit: 7,
+            },
+            Request::ModifySrq {
+                srq: 0x44,
+                mask: 3,
+                max_wr: 600,
+                srq_limit: 9,
+            },
+            Request::QuerySrq { srq: 0x44 },
+            Request::DestroySrq { srq: 0x44 },
+            Request::PostSrqRecv {
+                srq: 0x44,
+                wr_id: 4,
+                len: 32,
+            },
         ]);
         all
     }
@@ -1372,7 +1490,7 @@ mod tests {
         ops.sort_unstable();
         ops.dedup();
         // RdmaWrite shares its variant with RdmaRead; the first messages are not requests.
-        assert_eq!(ops.len(), 46 - 5 - 1, "{ops:?}");
+        assert_eq!(ops.len(), 51 - 5 - 1, "{ops:?}");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -72,10 +72,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         let a = *attr;
         (a, (*pd).context, cq_token(a.send_cq), cq_token(a.recv_cq))
     };
-    if !a.srq.is_null() {
-        unsupported("ibv_create_qp with a shared receive queue");
-        return ptr::null_mut();
-    }
+    // SAFETY: a non-NULL SRQ handed to this library came from ibv_create_srq.
+    let srq = unsafe { srq_token(a.srq) };
     if a.qp_type != IBV_QPT_RC && a.qp_type != IBV_QPT_UD {
         crate::ffi::refuse(
             "ibv_create_qp of a QP type other than IBV_QPT_RC and IBV_QPT_UD",
@@ -95,6 +93,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         recv_cq,
         sq_sig_all: a.sq_sig_all != 0,
         qp_type: a.qp_type,
+        srq,
     };
     let buf = match rpc(&create) {
         Ok(b) => b,
@@ -123,6 +122,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
         reg.recvs.insert(token, Default::default());
         reg.qp_nums.insert(token, qp_num);
     }
+    note_srq_qp(token, srq);
     let qp = Box::new(QpPriv {
         public: IbvQp {
             context,
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             pd: pd as *mut c_void,
             send_cq: a.send_cq,
             recv_cq: a.recv_cq,
-            srq: ptr::null_mut(),
+            srq: a.srq,
             handle: qp_num,
             qp_num,
             state: 0,
@@ -592,6 +592,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
             reg.recvs.remove(&token);
             reg.qp_nums.remove(&token);
         }
+        forget_srq_qp(token);
         // SAFETY: qp is this library's QpPriv, given back once.
         drop(unsafe { Box::from_raw(qp as *mut QpPriv) });
         return 0;
@@ -660,13 +661,244 @@ unsafe extern "C" fn post_recv(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad_wr: *mut 
     0
 }
 
-unsafe extern "C" fn post_srq_recv(_srq: *mut c_void, wr: *mut c_void, bad_wr: *mut *mut c_void) -> c_int {
-    if !bad_wr.is_null() {
-        // SAFETY: bad_wr is the caller's out pointer.
-        unsafe { *bad_wr = wr };
+/// The library's part of a shared receive queue.
+#[repr(C)]
+struct SrqPriv {
+    public: IbvSrq,
+    token: u64,
+    /// The entries a receive may have (`max_sge` granted).
+    max_sge: u32,
+}
+
+/// A receive posted on an SRQ: the SRQ's token, the application's `wr_id` and where its
+/// bytes go.
+struct SrqRecv {
+    srq: u64,
+    wr_id: u64,
+    sges: Vec<(u64, u32)>,
+}
+
+/// The receives posted on SRQs and not completed yet, by the key the daemon knows each by
+/// (its `wr_id` there): a message takes whichever is oldest on whichever QP it lands, so the
+/// completion names its receive by the key, never by the QP.
+static SRQ_RECVS: Mutex<Option<HashMap<u64, SrqRecv>>> = Mutex::new(None);
+/// The keys of [`SRQ_RECVS`].
+static NEXT_SRQ_KEY: AtomicU64 = AtomicU64::new(1);
+/// QP token → the token of the SRQ it takes its receives from, for the QPs that do.
+static SRQ_QPS: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+
+/// QP `token` takes its receives from SRQ `srq` (a token): its receive completions name
+/// theirs by the key they were posted under.
+pub(crate) fn note_srq_qp(token: u64, srq: u64) {
+    if srq != 0 {
+        lock(&SRQ_QPS).get_or_insert_with(HashMap::new).insert(token, srq);
     }
-    unsupported("ibv_post_srq_recv");
-    libc::ENOSYS
+}
+
+/// QP `token` is gone.
+pub(crate) fn forget_srq_qp(token: u64) {
+    if let Some(m) = lock(&SRQ_QPS).as_mut() {
+        m.remove(&token);
+    }
+}
+
+/// The daemon's token of an SRQ of this library (0 for NULL).
+pub(crate) unsafe fn srq_token(srq: *mut c_void) -> u64 {
+    if srq.is_null() {
+        0
+    } else {
+        // SAFETY: non-NULL SRQs handed to this library came from ibv_create_srq, so are SrqPriv.
+        unsafe { (*(srq as *mut SrqPriv)).token }
+    }
+}
+
+/// Says on stderr why an SRQ call answers `EOPNOTSUPP`, when it does.
+fn say_srq_refusal(call: &str, errno: c_int, what: &str) -> c_int {
+    if errno == libc::EOPNOTSUPP {
+        eprintln!("cmsim: {call}: {what} is not supported on the simulator (EOPNOTSUPP)");
+    }
+    errno
+}
+
+/// `ibv_create_srq`: a shared receive queue on `pd`'s device, checked by rxe's rules
+/// (`max_wr` 1 up to `max_srq_wr`, `max_sge` up to `max_srq_sge`: `EINVAL`); the granted
+/// sizes are written back. A nonzero `srq_limit` is refused (`EOPNOTSUPP`): its event would
+/// come by `ibv_get_async_event`, which this library does not serve.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut IbvPd, init_attr: *mut IbvSrqInitAttr) -> *mut IbvSrq {
+    if pd.is_null() || init_attr.is_null() {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: init_attr is the caller's struct ibv_srq_init_attr; pd came from ibv_alloc_pd.
+    let (a, context) = unsafe { (*init_attr, (*pd).context) };
+    let create = Request::CreateSrq {
+        max_wr: a.attr.max_wr,
+        max_sge: a.attr.max_sge,
+        srq_limit: a.attr.srq_limit,
+    };
+    let buf = match rpc(&create) {
+        Ok(b) => b,
+        Err(errno) => {
+            say_srq_refusal("ibv_create_srq", errno, "an srq_limit (asynchronous events)");
+            fail(errno);
+            return ptr::null_mut();
+        }
+    };
+    let mut d = Dec::new(&buf);
+    let Ok((token, max_wr, max_sge)) = d.u64().and_then(|t| Ok((t, d.u32()?, d.u32()?))) else {
+        fail(libc::EPROTO);
+        return ptr::null_mut();
+    };
+    // SAFETY: as above: libibverbs writes the granted sizes back.
+    unsafe {
+        (*init_attr).attr.max_wr = max_wr;
+        (*init_attr).attr.max_sge = max_sge;
+    }
+    let srq = Box::new(SrqPriv {
+        public: IbvSrq {
+            context,
+            srq_context: a.srq_context,
+            pd,
+            handle: token as u32,
+            sync: [0; 11],
+            events_completed: 0,
+        },
+        token,
+        max_sge,
+    });
+    Box::into_raw(srq) as *mut IbvSrq
+}
+
+/// `ibv_modify_srq`, checked as rxe checks it (`EINVAL`). Disarming the limit (`IBV_SRQ_LIMIT`
+/// with 0) is served; resizing (`IBV_SRQ_MAX_WR`; the device does not claim
+/// `IBV_DEVICE_SRQ_RESIZE`) and arming a limit are refused with `EOPNOTSUPP` and a line on
+/// stderr.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: srq came from ibv_create_srq; attr is the caller's.
+    let (token, a) = unsafe { (srq_token(srq as *mut c_void), *attr) };
+    let modify = Request::ModifySrq {
+        srq: token,
+        mask: mask as u32,
+        max_wr: a.max_wr,
+        srq_limit: a.srq_limit,
+    };
+    match rpc(&modify) {
+        Ok(_) => 0,
+        Err(errno) => say_srq_refusal(
+            "ibv_modify_srq",
+            errno,
+            "resizing an SRQ or arming its limit (asynchronous events)",
+        ),
+    }
+}
+
+/// `ibv_query_srq`: the sizes granted and the limit armed (0).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: srq came from ibv_create_srq.
+    let token = unsafe { srq_token(srq as *mut c_void) };
+    let buf = match rpc(&Request::QuerySrq { srq: token }) {
+        Ok(b) => b,
+        Err(errno) => return errno,
+    };
+    let mut d = Dec::new(&buf);
+    let Ok(got) = d.u32().and_then(|max_wr| {
+        Ok(IbvSrqAttr {
+            max_wr,
+            max_sge: d.u32()?,
+            srq_limit: d.u32()?,
+        })
+    }) else {
+        return libc::EPROTO;
+    };
+    // SAFETY: attr is the caller's struct ibv_srq_attr.
+    unsafe { *attr = got };
+    0
+}
+
+/// `ibv_destroy_srq`: refused (`EBUSY`) while a QP takes its receives from it, as the kernel
+/// refuses; the receives still posted go with it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: srq came from ibv_create_srq.
+    let token = unsafe { srq_token(srq as *mut c_void) };
+    if let Err(errno) = rpc(&Request::DestroySrq { srq: token }) {
+        return errno;
+    }
+    if let Some(m) = lock(&SRQ_RECVS).as_mut() {
+        m.retain(|_, r| r.srq != token);
+    }
+    // SAFETY: srq is this library's SrqPriv, given back once.
+    drop(unsafe { Box::from_raw(srq as *mut SrqPriv) });
+    0
+}
+
+/// `ops.post_srq_recv`: each receive is known here under a key of its own before the daemon
+/// can complete it, so a concurrent poll always finds where its bytes go.
+unsafe extern "C" fn post_srq_recv(srq: *mut c_void, wr: *mut c_void, bad_wr: *mut *mut c_void) -> c_int {
+    // SAFETY: srq came from ibv_create_srq.
+    let token = unsafe { srq_token(srq) };
+    if token == 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: as above: a non-NULL SRQ is an SrqPriv.
+    let max_sge = unsafe { (*(srq as *mut SrqPriv)).max_sge };
+    let mut cur = wr as *mut IbvRecvWr;
+    while !cur.is_null() {
+        // SAFETY: cur is the caller's work request list.
+        let w = unsafe { &*cur };
+        // rxe's post_one_recv: more entries than the SRQ takes is EINVAL.
+        if w.num_sge < 0 || w.num_sge as u32 > max_sge {
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out pointer.
+                unsafe { *bad_wr = cur as *mut c_void };
+            }
+            return libc::EINVAL;
+        }
+        // SAFETY: as above.
+        let list: Vec<(u64, u32)> = unsafe { sges(w.sg_list, w.num_sge) }
+            .iter()
+            .map(|s| (s.addr, s.length))
+            .collect();
+        let len = list.iter().fold(0u32, |n, s| n.saturating_add(s.1));
+        let key = NEXT_SRQ_KEY.fetch_add(1, Ordering::Relaxed);
+        lock(&SRQ_RECVS).get_or_insert_with(HashMap::new).insert(
+            key,
+            SrqRecv {
+                srq: token,
+                wr_id: w.wr_id,
+                sges: list,
+            },
+        );
+        let post = Request::PostSrqRecv {
+            srq: token,
+            wr_id: key,
+            len,
+        };
+        if let Err(errno) = rpc(&post) {
+            if let Some(m) = lock(&SRQ_RECVS).as_mut() {
+                m.remove(&key);
+            }
+            if !bad_wr.is_null() {
+                // SAFETY: bad_wr is the caller's out pointer.
+                unsafe { *bad_wr = cur as *mut c_void };
+            }
+            return errno;
+        }
+        cur = w.next;
+    }
+    0
 }
 
 thread_local! {
@@ -731,7 +963,24 @@ unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bo
             .get(&w.id)
             .copied()
             .unwrap_or(w.id as u32);
-        if w.opcode == IBV_WC_RECV {
+        let on_srq =
+            w.opcode == IBV_WC_RECV && lock(&SRQ_QPS).as_ref().is_some_and(|m| m.contains_key(&w.id));
+        let mut wr_id = w.wr_id;
+        if on_srq {
+            // The receive is the SRQ's, named by the key it was posted under.
+            let posted = lock(&SRQ_RECVS).as_mut().and_then(|m| m.remove(&w.wr_id));
+            match posted {
+                Some(p) => {
+                    wr_id = p.wr_id;
+                    if status == IBV_WC_SUCCESS {
+                        // SAFETY: the buffers were posted for this receive and stay valid
+                        // until its completion is polled (the verbs contract).
+                        unsafe { scatter(&p.sges, &w.data) };
+                    }
+                }
+                None => status = IBV_WC_LOC_LEN_ERR,
+            }
+        } else if w.opcode == IBV_WC_RECV {
             let posted = lock(&registry().0)
                 .recvs
                 .get_mut(&w.id)
@@ -748,7 +997,7 @@ unsafe fn poll_some(token: u64, max: usize, wc: *mut IbvWc) -> Result<(usize, bo
         // SAFETY: wc has room for max entries and i < n <= max.
         unsafe {
             *wc.add(i) = IbvWc {
-                wr_id: w.wr_id,
+                wr_id,
                 status,
                 opcode: w.opcode,
                 byte_len: w.byte_len,

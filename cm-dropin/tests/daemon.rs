@@ -724,6 +724,7 @@ fn ud_id(conn: &cm_dropin::sock::SeqConn, ch: u64, ip: &str, recvs: u64) -> (u64
         recv_cq: cq,
         sq_sig_all: true,
         qp_type: 4, // IBV_QPT_UD
+        srq: 0,
     };
     assert_eq!(ask(conn, &qp.encode()).0, 0);
     for wr_id in 0..recvs {
@@ -970,7 +971,8 @@ fn a_ud_qp_takes_no_more_receives_than_its_queue_holds() {
         .u64(cq)
         .u64(cq)
         .u8(1)
-        .u32(4); // IBV_QPT_UD
+        .u32(4) // IBV_QPT_UD
+        .u64(0); // no SRQ
     let caps = one(&qp);
     let max_recv_wr = u32::from_le_bytes(caps[4..8].try_into().expect("max_recv_wr"));
     assert!(max_recv_wr >= 4, "{max_recv_wr}");
@@ -1088,7 +1090,8 @@ fn connected_pair(
             .u64(cq)
             .u64(cq)
             .u8(1)
-            .u32(2);
+            .u32(2)
+            .u64(0);
         one(conn, &e);
     };
     // One READ in flight each way, as rping asks.
@@ -1286,6 +1289,7 @@ fn a_verbs_qp_is_its_processes_alone_and_every_request_on_it_from_another_is_ref
         recv_cq: cq,
         sq_sig_all: true,
         qp_type: 2,
+        srq: 0,
     };
     // Another process's CQ is no CQ of the caller's.
     assert_eq!(ask(&mine, &create(their_cq).encode()).0, libc::EINVAL);
@@ -1335,6 +1339,90 @@ fn a_verbs_qp_is_its_processes_alone_and_every_request_on_it_from_another_is_ref
     assert_eq!(ask(&mine, &Request::VerbsDestroyQp { qp }.encode()).0, 0);
     assert_eq!(ask(&mine, &Request::QueryQp { qp }.encode()).0, libc::EINVAL);
     assert_eq!(ask(&mine, &Request::DestroyCq { cq }.encode()).0, 0);
+    drop((mine, theirs));
+    let _ = stop(daemon, libc::SIGTERM);
+}
+
+#[test]
+fn an_srq_is_its_processes_alone_and_every_request_on_it_from_another_is_refused() {
+    use cm_core::QpCaps;
+    use cm_dropin::request::Request;
+    let (daemon, path) = one_host("srq-owner", "120");
+    let mine = attach(&path, "10.0.0.1");
+    let theirs = attach(&path, "10.0.0.1");
+    let create = Request::CreateSrq {
+        max_wr: 8,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let (status, rest) = ask(&mine, &create.encode());
+    assert_eq!(status, 0);
+    let srq = u64::from_le_bytes(rest[..8].try_into().expect("token"));
+    let granted = (
+        u32::from_le_bytes(rest[8..12].try_into().expect("max_wr")),
+        u32::from_le_bytes(rest[12..16].try_into().expect("max_sge")),
+    );
+    assert_eq!(granted, (8, 1));
+    let their_cq = token_of(&theirs, &Request::CreateCq { cqe: 8, channel: 0 }.encode());
+    let requests = [
+        Request::QuerySrq { srq },
+        Request::ModifySrq {
+            srq,
+            mask: 2,
+            max_wr: 0,
+            srq_limit: 0,
+        },
+        Request::PostSrqRecv {
+            srq,
+            wr_id: 1,
+            len: 8,
+        },
+        Request::DestroySrq { srq },
+        // A QP of theirs on my SRQ.
+        Request::VerbsCreateQp {
+            caps: QpCaps::new(),
+            send_cq: their_cq,
+            recv_cq: their_cq,
+            sq_sig_all: false,
+            qp_type: 2,
+            srq,
+        },
+    ];
+    for req in &requests {
+        assert_eq!(
+            ask(&theirs, &req.encode()).0,
+            libc::EINVAL,
+            "{req:?} from another process"
+        );
+    }
+    // The owner's are served; a QP on the SRQ makes it busy.
+    let recv = Request::PostSrqRecv {
+        srq,
+        wr_id: 1,
+        len: u32::MAX,
+    };
+    assert_eq!(
+        ask(&mine, &recv.encode()).0,
+        0,
+        "a long buffer is one of max_msg_sz"
+    );
+    let cq = token_of(&mine, &Request::CreateCq { cqe: 8, channel: 0 }.encode());
+    let on_srq = Request::VerbsCreateQp {
+        caps: QpCaps::new(),
+        send_cq: cq,
+        recv_cq: cq,
+        sq_sig_all: false,
+        qp_type: 2,
+        srq,
+    };
+    let (status, rest) = ask(&mine, &on_srq.encode());
+    assert_eq!(status, 0);
+    let qp = u64::from(u32::from_le_bytes(rest[20..24].try_into().expect("qp_num")));
+    assert_eq!(u32::from_le_bytes(rest[4..8].try_into().expect("max_recv_wr")), 0);
+    assert_eq!(ask(&mine, &Request::DestroySrq { srq }.encode()).0, libc::EBUSY);
+    assert_eq!(ask(&mine, &Request::VerbsDestroyQp { qp }.encode()).0, 0);
+    assert_eq!(ask(&mine, &Request::DestroySrq { srq }.encode()).0, 0);
+    assert_eq!(ask(&mine, &Request::QuerySrq { srq }.encode()).0, libc::EINVAL);
     drop((mine, theirs));
     let _ = stop(daemon, libc::SIGTERM);
 }

@@ -533,7 +533,8 @@ fn create_qp(id: u64, cq: u64) -> Enc {
         .u64(cq)
         .u64(cq)
         .u8(1)
-        .u32(2);
+        .u32(2)
+        .u64(0);
     e
 }
 
@@ -660,6 +661,8 @@ enum Kind {
     Key,
     /// A verbs QP (`ibv_create_qp`).
     Qp,
+    /// A shared receive queue (`ibv_create_srq`).
+    Srq,
 }
 
 struct Ctx {
@@ -1427,6 +1430,12 @@ impl Gen<'_> {
                 let wild = self.rng.next_u32();
                 let t = self.pick(&[2, 2, 4, 3, wild]);
                 e.u32(t);
+                let srq = if self.chance(70) {
+                    0
+                } else {
+                    self.handle(c, Kind::Srq, &mut refuse)
+                };
+                e.u64(srq);
             }
             Op::Listen => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
@@ -1653,6 +1662,38 @@ impl Gen<'_> {
                 let wild = self.rng.next_u32();
                 let t = self.pick(&[2, 2, 2, 4, 3, wild]);
                 e.u32(t);
+                let srq = if self.chance(60) {
+                    0
+                } else {
+                    self.handle(c, Kind::Srq, &mut refuse)
+                };
+                e.u64(srq);
+            }
+            Op::CreateSrq => {
+                for _ in 0..3 {
+                    let v = if self.chance(50) {
+                        self.pick(&[0, 1, 8, 500])
+                    } else {
+                        self.u32_edge()
+                    };
+                    e.u32(v);
+                }
+            }
+            Op::ModifySrq => {
+                e.u64(self.handle(c, Kind::Srq, &mut refuse));
+                let wild = self.rng.next_u32();
+                let mask = self.pick(&[0, 1, 2, 3, wild]);
+                e.u32(mask);
+                e.u32(self.u32_edge()).u32(self.u32_edge());
+            }
+            Op::QuerySrq | Op::DestroySrq => {
+                e.u64(self.handle(c, Kind::Srq, &mut refuse));
+            }
+            Op::PostSrqRecv => {
+                e.u64(self.handle(c, Kind::Srq, &mut refuse));
+                e.u64(self.rng.next_u64());
+                let len = self.pick(&[0, 1, 4096, MAX_MESSAGE, MAX_MESSAGE + 1, u32::MAX]);
+                e.u32(len);
             }
             Op::ModifyQp => {
                 e.u64(self.handle(c, Kind::Qp, &mut refuse));
@@ -2025,6 +2066,17 @@ fn send_request(ctx: &Ctx, c: &mut Client, req: &Req, st: &mut Stats) -> Result<
             d.verbs_attr().map_err(bad)?;
         }
         Op::VerbsDestroyQp => c.m.gone(Kind::Qp, named()),
+        Op::CreateSrq => {
+            c.add(ctx, Kind::Srq, d.u64().map_err(bad)?);
+            d.u32().map_err(bad)?;
+            d.u32().map_err(bad)?;
+        }
+        Op::QuerySrq => {
+            for _ in 0..3 {
+                d.u32().map_err(bad)?;
+            }
+        }
+        Op::DestroySrq => c.m.gone(Kind::Srq, named()),
         Op::PollCq => {
             for _ in 0..d.u32().map_err(bad)? {
                 d.wc().map_err(bad)?;
@@ -2127,7 +2179,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 46] = [
+const ALL_OPS: [(Op, u64); 51] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2174,6 +2226,11 @@ const ALL_OPS: [(Op, u64); 46] = [
     (Op::PostSendImm, 2),
     (Op::Atomic, 2),
     (Op::RdmaWriteImm, 2),
+    (Op::CreateSrq, 2),
+    (Op::ModifySrq, 1),
+    (Op::QuerySrq, 1),
+    (Op::DestroySrq, 1),
+    (Op::PostSrqRecv, 2),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).

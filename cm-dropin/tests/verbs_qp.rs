@@ -157,6 +157,28 @@ fn a_peer_that_never_connects_its_qp_makes_the_send_end_retry_exceeded() {
 }
 
 #[test]
+fn two_verbs_qps_drain_one_srq_and_its_refusals_are_rxes() {
+    let Some(program) = compile_c("vsrq", &["ibverbs"]) else {
+        return;
+    };
+    let (socket, daemon) = start_daemon("vsrq", &[SERVER], 1, 120, &[]);
+    let child = spawn(&socket, SERVER, None, &[&program.path()]);
+    let o = wait(child, LIMIT, "vsrq");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    assert_eq!(o.stdout.trim_end(), "vsrq: ok", "stderr: {}", o.stderr);
+    assert!(o.status.success());
+    // Each EOPNOTSUPP says why on stderr.
+    for refused in [
+        "ibv_create_srq: an srq_limit (asynchronous events) is not supported on the simulator (EOPNOTSUPP)",
+        "ibv_modify_srq: resizing an SRQ or arming its limit (asynchronous events) is not supported",
+    ] {
+        assert!(o.stderr.contains(refused), "{refused} in: {}", o.stderr);
+    }
+    assert!(d.status.success(), "daemon: {}", d.stderr);
+}
+
+#[test]
 fn an_rdma_cm_pair_connects_its_own_qps_with_init_qp_attr_and_establish() {
     let Some(program) = compile_c("extqp", &["rdmacm", "ibverbs"]) else {
         return;
@@ -322,4 +344,73 @@ fn debians_ibv_rc_pingpong_waits_on_completion_events_with_100_kb_messages() {
         assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
         assert!(o.stdout.contains("40000000 bytes in"), "{who}: {}", o.stdout);
     }
+}
+
+/// N and S of the line of `out` (an `ibv_*_pingpong`'s) that reads `"N bytes in S seconds
+/// = ..."` (`unit` "bytes") or `"N iters in S seconds = ..."` (`unit` "iters").
+fn summary(out: &str, unit: &str) -> Option<(u64, f64)> {
+    out.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        let n = w.next()?.parse().ok()?;
+        (w.next()? == unit && w.next()? == "in").then_some(())?;
+        let secs = w.next()?.parse().ok()?;
+        (w.next()? == "seconds").then_some((n, secs))
+    })
+}
+
+/// The QP numbers `out` lists after `which` (`"local"` or `"remote"`) address lines.
+fn qpns<'a>(out: &'a str, which: &str) -> Vec<&'a str> {
+    let head = format!("{which} address:");
+    out.lines()
+        .filter_map(|l| l.trim_start().strip_prefix(&head))
+        .filter_map(|l| l.split("QPN ").nth(1)?.split(',').next())
+        .collect()
+}
+
+/// Runs Debian's `ibv_srq_pingpong` with `extra` on the simulator and checks what both sides
+/// print: `qps` QPs each side, the peer's numbers as it made them, and the summary of 200
+/// iterations of `size`-byte messages both ways.
+fn srq_pingpong(n: u16, extra: &[&str], qps: usize, size: u64) {
+    let Some((s, c)) = debian_pingpong("ibv_srq_pingpong", port(n), extra) else {
+        return;
+    };
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
+        let (local, remote) = (qpns(&o.stdout, "local"), qpns(&o.stdout, "remote"));
+        assert_eq!((local.len(), remote.len()), (qps, qps), "{who}: {}", o.stdout);
+        let (bytes, secs) = summary(&o.stdout, "bytes").unwrap_or_else(|| panic!("{who}: {}", o.stdout));
+        assert_eq!(bytes, 2 * 200 * size, "{who}: {}", o.stdout);
+        assert!(secs >= 0.0, "{who}: {}", o.stdout);
+        let (iters, _) = summary(&o.stdout, "iters").unwrap_or_else(|| panic!("{who}: {}", o.stdout));
+        assert_eq!(iters, 200, "{who}: {}", o.stdout);
+        // What it says when a completion names a QP it lacks or carries other bytes.
+        for bad in ["Couldn't", "invalid data", "Failed status", "unknown"] {
+            assert!(
+                !o.stdout.contains(bad) && !o.stderr.contains(bad),
+                "{who}: {}{}",
+                o.stdout,
+                o.stderr
+            );
+        }
+    }
+    // Each side's QPs are the ones the other connected to.
+    assert_eq!(qpns(&s.stdout, "local"), qpns(&c.stdout, "remote"));
+    assert_eq!(qpns(&c.stdout, "local"), qpns(&s.stdout, "remote"));
+    assert!(s.stdout.contains("GID ::ffff:10.0.0.1"), "{}", s.stdout);
+    assert!(c.stdout.contains("GID ::ffff:10.0.0.2"), "{}", c.stdout);
+}
+
+#[test]
+fn debians_ibv_srq_pingpong_runs_16_qps_on_one_shared_receive_queue_for_200_iterations() {
+    // Its default: 16 RC QPs each side, all taking their receives from one SRQ of 500, whose
+    // completions it sorts back to their QPs by qp_num (an unknown one ends the run).
+    srq_pingpong(3, &[], 16, 4096);
+}
+
+#[test]
+fn debians_ibv_srq_pingpong_runs_4_qps_on_a_shallow_srq_with_completion_events() {
+    // -r 8: the SRQ runs nearly dry and is refilled as its receives complete; -e: it sleeps
+    // on completion events; -c: its own check of the buffer (too weak to see bytes landing in
+    // the wrong buffer: two_verbs_qps_drain_one_srq_and_its_refusals_are_rxes checks those).
+    srq_pingpong(4, &["-q", "4", "-r", "8", "-s", "1000", "-c", "-e"], 4, 1000);
 }

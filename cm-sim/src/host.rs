@@ -174,7 +174,53 @@ impl SimHost {
         self.fabric
             .inner()
             .borrow_mut()
-            .verbs_create_qp(self.host, ty, caps)
+            .verbs_create_qp(self.host, ty, caps, None)
+    }
+
+    /// `ibv_create_qp` with `ibv_qp_init_attr.srq`: an RC QP that takes its receives from
+    /// `srq` (one of [`verbs_create_srq`](Self::verbs_create_srq)'s or
+    /// [`create_srq`](CmBackend::create_srq)'s on this host). Its receives complete on its own
+    /// completion queue ([`verbs_poll_cq`](Self::verbs_poll_cq)); posting on the QP itself is
+    /// refused (`EINVAL`, as rxe); its receive capabilities are granted as 0. When it goes to
+    /// ERR only its own queues are flushed: the SRQ's receives stay for the other QPs, as on
+    /// rxe. While it lives, [`destroy_srq`](CmBackend::destroy_srq) is refused (`EBUSY`).
+    ///
+    /// # Errors
+    /// As [`verbs_create_qp`](Self::verbs_create_qp)'s;
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for an SRQ this host does
+    /// not have; [`CmError::InvalidArgument`](cm_core::CmError::InvalidArgument) for a UD QP.
+    pub fn verbs_create_qp_on_srq(
+        &mut self,
+        ty: QpType,
+        caps: QpCaps,
+        srq: SrqHandle,
+    ) -> Result<(QpHandle, QpCaps)> {
+        self.fabric
+            .inner()
+            .borrow_mut()
+            .verbs_create_qp(self.host, ty, caps, Some(srq))
+    }
+
+    /// `ibv_create_srq` on the host's device, owned by no id: receives posted on it with
+    /// [`post_srq_recv`](CmBackend::post_srq_recv) go to whichever of its QPs a message lands
+    /// on first. Its limit and the rest of the SRQ calls are [`CmBackend`]'s.
+    ///
+    /// # Errors
+    /// [`CmError::NoDevice`](cm_core::CmError::NoDevice) while the device is removed;
+    /// [`CmError::InvalidArgument`](cm_core::CmError::InvalidArgument) for capabilities past
+    /// the device's ([`SrqCaps::check`]).
+    pub fn verbs_create_srq(&mut self, caps: SrqCaps) -> Result<SrqHandle> {
+        self.fabric.inner().borrow_mut().verbs_create_srq(self.host, caps)
+    }
+
+    /// `ibv_query_srq`: the SRQ's capabilities, its `srq_limit` the limit armed now (0 once
+    /// it fired).
+    ///
+    /// # Errors
+    /// [`CmError::UnknownHandle`](cm_core::CmError::UnknownHandle) for an SRQ this host does
+    /// not have.
+    pub fn query_srq(&self, srq: SrqHandle) -> Result<SrqCaps> {
+        self.fabric.inner().borrow().query_srq(self.host, srq)
     }
 
     /// The QP's number (`ibv_qp.qp_num`), what a peer's RTR names as `dest_qp_num`.

@@ -538,3 +538,199 @@ fn ids_connected_with_standalone_qps_move_them_by_init_qp_attr_and_exchange_mess
     assert_eq!(poll_one(&mut client, cq).data, b"world");
     assert_eq!(poll_one(&mut server, sq).wr_id, 4);
 }
+
+/// Host A's QPs `qa1`, `qa2`, each connected to one of host B's, `qb1` and `qb2`, which take
+/// their receives from B's SRQ `srq`.
+struct SrqPair {
+    _f: SimFabric,
+    a: SimHost,
+    b: SimHost,
+    qa: [QpHandle; 2],
+    qb: [QpHandle; 2],
+    srq: cm_core::SrqHandle,
+}
+
+fn srq_pair() -> SrqPair {
+    let (f, mut a, mut b) = fabric();
+    let srq = b.verbs_create_srq(cm_core::SrqCaps::new()).unwrap();
+    let mut qa = Vec::new();
+    let mut qb = Vec::new();
+    for _ in 0..2 {
+        let (x, _) = a.verbs_create_qp(QpType::Rc, QpCaps::new()).unwrap();
+        let (y, granted) = b.verbs_create_qp_on_srq(QpType::Rc, QpCaps::new(), srq).unwrap();
+        assert_eq!(
+            (granted.max_recv_wr, granted.max_recv_sge),
+            (0, 0),
+            "no receive queue of its own"
+        );
+        let (nx, ny) = (a.verbs_qp_num(x).unwrap(), b.verbs_qp_num(y).unwrap());
+        connect(&mut a, x, ny, B);
+        connect(&mut b, y, nx, A);
+        qa.push(x);
+        qb.push(y);
+    }
+    SrqPair {
+        _f: f,
+        a,
+        b,
+        qa: [qa[0], qa[1]],
+        qb: [qb[0], qb[1]],
+        srq,
+    }
+}
+
+#[test]
+fn verbs_qps_on_one_srq_take_its_receives_in_posting_order_and_complete_on_their_own_cq() {
+    use cm_core::CmBackend;
+    let SrqPair {
+        mut a,
+        mut b,
+        qa,
+        qb,
+        srq,
+        ..
+    } = srq_pair();
+    for wr_id in 1..=4 {
+        b.post_srq_recv(srq, wr_id, 64).unwrap();
+    }
+    // Whichever QP a message lands on takes the SRQ's oldest receive.
+    let order = [
+        (0usize, b"one".as_slice()),
+        (1, b"two"),
+        (0, b"three"),
+        (1, b"four"),
+    ];
+    let mut mine = Vec::new();
+    for (i, (side, msg)) in order.into_iter().enumerate() {
+        a.verbs_post_send(qa[side], 10 + i as u64, msg).unwrap();
+        let wc = poll_one(&mut b, qb[side]);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.data.as_slice()),
+            (i as u64 + 1, WcStatus::Success, WcOpcode::Recv, msg),
+            "message {i} on QP {side}"
+        );
+        assert_eq!(poll_one(&mut a, qa[side]).status, WcStatus::Success);
+        mine.push(side);
+    }
+    // Nothing shows on the other QP's queue.
+    let mut out = Vec::new();
+    for q in qb {
+        assert_eq!(b.verbs_poll_cq(q, &mut out, 4, Duration::ZERO).unwrap(), 0);
+    }
+    // The SRQ is empty now: a fifth message waits (receiver not ready) until one is posted.
+    a.verbs_post_send(qa[1], 20, b"five").unwrap();
+    assert_eq!(b.verbs_poll_cq(qb[1], &mut out, 1, SECOND).unwrap(), 0);
+    b.post_srq_recv(srq, 5, 64).unwrap();
+    assert_eq!(poll_one(&mut b, qb[1]).wr_id, 5);
+}
+
+#[test]
+fn a_verbs_qp_on_an_srq_refuses_receives_of_its_own() {
+    let SrqPair { mut b, qb, .. } = srq_pair();
+    let e = b.verbs_post_recv(qb[0], 1, 64).unwrap_err();
+    assert_eq!(e.errno(), 22, "rxe's post_recv on a QP with an SRQ: EINVAL ({e})");
+}
+
+#[test]
+fn an_srq_is_busy_while_a_verbs_qp_uses_it() {
+    use cm_core::CmBackend;
+    let SrqPair { mut b, qb, srq, .. } = srq_pair();
+    let busy = b.destroy_srq(srq).unwrap_err();
+    assert!(matches!(busy, CmError::SrqBusy { qps: 2 }), "{busy:?}");
+    assert_eq!(busy.errno(), 16, "EBUSY");
+    b.verbs_destroy_qp(qb[0]).unwrap();
+    assert!(matches!(b.destroy_srq(srq), Err(CmError::SrqBusy { qps: 1 })));
+    b.verbs_destroy_qp(qb[1]).unwrap();
+    b.destroy_srq(srq).unwrap();
+    assert!(matches!(b.query_srq(srq), Err(CmError::UnknownHandle { .. })));
+    let late = b.verbs_create_qp_on_srq(QpType::Rc, QpCaps::new(), srq);
+    assert!(matches!(late, Err(CmError::UnknownHandle { .. })), "{late:?}");
+}
+
+#[test]
+fn a_verbs_qp_on_an_srq_going_to_err_flushes_its_own_queues_not_the_srqs_receives() {
+    use cm_core::CmBackend;
+    let SrqPair {
+        mut a,
+        mut b,
+        qa,
+        qb,
+        srq,
+        ..
+    } = srq_pair();
+    for wr_id in 1..=2 {
+        b.post_srq_recv(srq, wr_id, 64).unwrap();
+    }
+    // A send of qb[0]'s own, waiting for a receive A never posts, is flushed with it.
+    b.verbs_post_send(qb[0], 9, b"unanswered").unwrap();
+    let err = VerbsQpAttr {
+        qp_state: VerbsQpState::Err,
+        ..VerbsQpAttr::default()
+    };
+    b.verbs_modify_qp(qb[0], &err, M::STATE).unwrap();
+    let mut out = Vec::new();
+    b.verbs_poll_cq(qb[0], &mut out, 8, SECOND).unwrap();
+    let got: Vec<_> = out.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect();
+    assert_eq!(
+        got,
+        [(9, WcOpcode::Send, WcStatus::WrFlushErr)],
+        "rxe flushes only its own queue"
+    );
+    // Both receives are still the SRQ's, for the QP that lives on.
+    for (i, msg) in [b"still".as_slice(), b"there"].into_iter().enumerate() {
+        a.verbs_post_send(qa[1], 30 + i as u64, msg).unwrap();
+        let wc = poll_one(&mut b, qb[1]);
+        assert_eq!((wc.wr_id, wc.data.as_slice()), (i as u64 + 1, msg));
+    }
+}
+
+#[test]
+fn a_verbs_srq_is_checked_against_the_device_and_queried_with_its_limit() {
+    use cm_core::{CmBackend, SrqCaps};
+    let (_f, mut a, _b) = fabric();
+    let max = cm_sim::SimConfig::default().max_srq_wr;
+    let too_many = SrqCaps {
+        max_wr: max + 1,
+        ..SrqCaps::new()
+    };
+    assert_eq!(a.verbs_create_srq(too_many).unwrap_err().errno(), 22);
+    let no_room = SrqCaps {
+        max_wr: 0,
+        ..SrqCaps::new()
+    };
+    assert_eq!(a.verbs_create_srq(no_room).unwrap_err().errno(), 22);
+    let srq = a.verbs_create_srq(SrqCaps::new().with_limit(2)).unwrap();
+    assert_eq!(a.query_srq(srq).unwrap(), SrqCaps::new().with_limit(2));
+    // A UD QP on it is refused: its receives would need room for the GRH.
+    let ud = a.verbs_create_qp_on_srq(QpType::Ud, QpCaps::new(), srq);
+    assert_eq!(ud.unwrap_err().errno(), 22);
+    // The limit fires once when a receive taken leaves fewer than it posted, and disarms.
+    a.arm_srq_limit(srq, 64).unwrap();
+    assert_eq!(a.query_srq(srq).unwrap().srq_limit, 64);
+    assert_eq!(a.arm_srq_limit(srq, 65).unwrap_err().errno(), 22, "above max_wr");
+    a.destroy_srq(srq).unwrap();
+}
+
+#[test]
+fn the_srq_limit_of_a_verbs_srq_raises_its_event_when_a_verbs_qp_takes_a_receive() {
+    use cm_core::{AsyncEvent, CmBackend};
+    let SrqPair {
+        mut a,
+        mut b,
+        qa,
+        qb,
+        srq,
+        ..
+    } = srq_pair();
+    for wr_id in 1..=3 {
+        b.post_srq_recv(srq, wr_id, 64).unwrap();
+    }
+    b.arm_srq_limit(srq, 3).unwrap();
+    a.verbs_post_send(qa[0], 1, b"x").unwrap();
+    assert_eq!(poll_one(&mut b, qb[0]).wr_id, 1);
+    assert_eq!(
+        b.get_async_event(Duration::ZERO).unwrap(),
+        Some(AsyncEvent::SrqLimitReached { srq })
+    );
+    assert_eq!(b.query_srq(srq).unwrap().srq_limit, 0, "disarmed");
+}

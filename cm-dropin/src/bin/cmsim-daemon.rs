@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use cm_core::{
     Access, ChannelHandle, CmBackend, CmError, CmEvent, ConnParam, IdHandle, MrHandle, QpAttr, QpAttrMask,
-    QpCaps, QpHandle, QpType, RemoteAddr, SendOp, SendWr, Sge, VerbsQpAttr, WcOpcode, WcStatus,
-    WorkCompletion, GRH_LEN,
+    QpCaps, QpHandle, QpType, RemoteAddr, SendOp, SendWr, Sge, SrqCaps, SrqHandle, VerbsQpAttr, WcOpcode,
+    WcStatus, WorkCompletion, GRH_LEN,
 };
 use cm_core::{Invocation, Outcome};
 use cm_dropin::proto::{self, Dec, Enc, Op, WireEvent, WireWc};
@@ -289,6 +289,18 @@ struct VerbsQpEntry {
 /// Verbs QPs one process may have at once: each holds the daemon's and the simulator's memory.
 const MAX_VERBS_QPS: usize = 4096;
 
+/// A shared receive queue (`ibv_create_srq`) of a process's, named by its token.
+struct SrqEntry {
+    proc: u64,
+    handle: SrqHandle,
+}
+
+/// SRQs one process may have at once.
+const MAX_SRQS: usize = 1024;
+/// `IBV_SRQ_MAX_WR` and `IBV_SRQ_LIMIT` of `enum ibv_srq_attr_mask`.
+const IBV_SRQ_MAX_WR: u32 = 1;
+const IBV_SRQ_LIMIT: u32 = 2;
+
 /// A completion queue: the QPs that report into it and the completions not polled yet.
 struct CqEntry {
     proc: u64,
@@ -395,6 +407,8 @@ struct Daemon {
     vqps: HashMap<u64, VerbsQpEntry>,
     /// The simulator's numbers of verbs QPs → their tokens, for the senders of datagrams.
     vqp_by_sim: HashMap<u32, u64>,
+    /// Shared receive queues, by token.
+    srqs: HashMap<u64, SrqEntry>,
     id_tokens: HashMap<(usize, IdHandle), u64>,
     channels: HashMap<u64, ChanEntry>,
     cqs: HashMap<u64, CqEntry>,
@@ -640,7 +654,23 @@ impl Daemon {
                 recv_cq,
                 sq_sig_all,
                 qp_type,
-            } => self.create_qp(proc, id, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+                srq,
+            } => {
+                let srq = match srq {
+                    0 => None,
+                    t => Some(self.srq_of(proc, t)?.0),
+                };
+                self.create_qp(
+                    proc,
+                    id,
+                    caps,
+                    (send_cq, recv_cq),
+                    sq_sig_all,
+                    qp_type,
+                    srq,
+                    reply,
+                )
+            }
             Request::PostSend {
                 id,
                 wr_id,
@@ -659,7 +689,44 @@ impl Daemon {
                 recv_cq,
                 sq_sig_all,
                 qp_type,
-            } => self.verbs_create_qp(proc, caps, (send_cq, recv_cq), sq_sig_all, qp_type, reply),
+                srq,
+            } => {
+                let srq = match srq {
+                    0 => None,
+                    t => Some(self.srq_of(proc, t)?.0),
+                };
+                self.verbs_create_qp(proc, caps, (send_cq, recv_cq), sq_sig_all, qp_type, srq, reply)
+            }
+            Request::CreateSrq {
+                max_wr,
+                max_sge,
+                srq_limit,
+            } => self.create_srq(proc, max_wr, max_sge, srq_limit, reply),
+            Request::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            } => self.modify_srq(proc, srq, mask, max_wr, srq_limit),
+            Request::QuerySrq { srq } => {
+                let (handle, host) = self.srq_of(proc, srq)?;
+                let caps = host.query_srq(handle).map_err(|e| errno_of(&e))?;
+                reply.u32(caps.max_wr).u32(caps.max_sge).u32(caps.srq_limit);
+                Ok(())
+            }
+            Request::DestroySrq { srq } => {
+                let (handle, mut host) = self.srq_of(proc, srq)?;
+                host.destroy_srq(handle).map_err(|e| errno_of(&e))?;
+                self.srqs.remove(&srq);
+                Ok(())
+            }
+            Request::PostSrqRecv { srq, wr_id, len } => {
+                let (handle, mut host) = self.srq_of(proc, srq)?;
+                // No message is longer than the simulated port's max_msg_sz: a longer buffer
+                // is as good as one of that size.
+                host.post_srq_recv(handle, wr_id, len.min(proto::MAX_MESSAGE))
+                    .map_err(|e| errno_of(&e))
+            }
             Request::ModifyQp { qp, mask, attr } if self.ids.contains_key(&qp) => {
                 self.id_modify_qp(proc, qp, mask, &attr)
             }
@@ -1022,7 +1089,8 @@ impl Daemon {
         }
     }
 
-    /// `rdma_create_qp`, with the CQs it reports into.
+    /// `rdma_create_qp`, with the CQs it reports into, taking its receives from `srq` if it
+    /// names one.
     #[allow(clippy::too_many_arguments)]
     fn create_qp(
         &mut self,
@@ -1032,6 +1100,7 @@ impl Daemon {
         (send_cq, recv_cq): (u64, u64),
         sq_sig_all: bool,
         qp_type: u32,
+        srq: Option<SrqHandle>,
         reply: &mut Enc,
     ) -> Result<(), i32> {
         caps.max_message_size = proto::MAX_MESSAGE;
@@ -1048,7 +1117,11 @@ impl Daemon {
         if ud != datagram {
             return Err(libc::EINVAL);
         }
-        let got = host.create_qp(id, caps).map_err(|e| errno_of(&e))?;
+        let got = match srq {
+            Some(srq) => host.create_qp_on_srq(id, caps, srq),
+            None => host.create_qp(id, caps),
+        }
+        .map_err(|e| errno_of(&e))?;
         // Datagrams are addressed by the simulator's numbers; a connected QP is named
         // by its id token, unique fabric-wide, which the peers' events carry.
         let qp_num = match host.qp_num(id) {
@@ -1090,7 +1163,76 @@ impl Daemon {
         Ok(())
     }
 
-    /// `ibv_create_qp`: a verbs QP on the caller's host, reporting into its CQs.
+    /// The caller's SRQ `t`.
+    fn srq_of(&self, proc: u64, t: u64) -> Result<(SrqHandle, SimHost), i32> {
+        match self.srqs.get(&t) {
+            Some(e) if e.proc == proc => Ok((e.handle, self.procs[&proc].host.clone())),
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// `ibv_create_srq`, by rxe's rules (`rxe_srq_chk_init`): `max_wr` 1 up to the device's
+    /// `max_srq_wr`, `max_sge` up to its `max_srq_sge` (0 is raised to 1). A limit armed at
+    /// creation is refused with `EOPNOTSUPP` once the rest passes: its event would come by
+    /// `ibv_get_async_event`, which the drop-in does not serve.
+    fn create_srq(
+        &mut self,
+        proc: u64,
+        max_wr: u32,
+        max_sge: u32,
+        srq_limit: u32,
+        reply: &mut Enc,
+    ) -> Result<(), i32> {
+        let p = self.procs.get(&proc).ok_or(libc::EINVAL)?;
+        if self.srqs.values().filter(|e| e.proc == proc).count() >= MAX_SRQS {
+            return Err(libc::ENOMEM);
+        }
+        let mut host = p.host.clone();
+        let caps = SrqCaps {
+            max_wr,
+            max_sge: max_sge.max(1),
+            srq_limit,
+            max_message_size: proto::MAX_MESSAGE,
+        };
+        let handle = host.verbs_create_srq(caps).map_err(|e| errno_of(&e))?;
+        if srq_limit != 0 {
+            let _ = host.destroy_srq(handle);
+            return Err(libc::EOPNOTSUPP);
+        }
+        let t = self.token();
+        self.srqs.insert(t, SrqEntry { proc, handle });
+        reply.u64(t).u32(caps.max_wr).u32(caps.max_sge);
+        Ok(())
+    }
+
+    /// `ibv_modify_srq`, checked as rxe checks it (`rxe_srq_chk_attr`: `EINVAL`). What passes
+    /// is refused with `EOPNOTSUPP` unless it only disarms the limit: the simulator does not
+    /// resize an SRQ (the device does not claim `IBV_DEVICE_SRQ_RESIZE`), and an armed limit's
+    /// event would come by `ibv_get_async_event`, which the drop-in does not serve.
+    fn modify_srq(&mut self, proc: u64, t: u64, mask: u32, max_wr: u32, srq_limit: u32) -> Result<(), i32> {
+        let (handle, mut host) = self.srq_of(proc, t)?;
+        let now = host.query_srq(handle).map_err(|e| errno_of(&e))?;
+        let max_srq_wr = cm_sim::SimConfig::default().max_srq_wr;
+        if mask & IBV_SRQ_MAX_WR != 0
+            && (max_wr > max_srq_wr || max_wr == 0 || (now.srq_limit != 0 && max_wr < now.srq_limit))
+        {
+            return Err(libc::EINVAL);
+        }
+        if mask & IBV_SRQ_LIMIT != 0 && (srq_limit > max_srq_wr || srq_limit > now.max_wr) {
+            return Err(libc::EINVAL);
+        }
+        if mask & IBV_SRQ_MAX_WR != 0 || (mask & IBV_SRQ_LIMIT != 0 && srq_limit != 0) {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if mask & IBV_SRQ_LIMIT != 0 {
+            host.arm_srq_limit(handle, 0).map_err(|e| errno_of(&e))?;
+        }
+        Ok(())
+    }
+
+    /// `ibv_create_qp`: a verbs QP on the caller's host, reporting into its CQs, taking its
+    /// receives from `srq` if it names one.
+    #[allow(clippy::too_many_arguments)]
     fn verbs_create_qp(
         &mut self,
         proc: u64,
@@ -1098,6 +1240,7 @@ impl Daemon {
         (send_cq, recv_cq): (u64, u64),
         sq_sig_all: bool,
         qp_type: u32,
+        srq: Option<SrqHandle>,
         reply: &mut Enc,
     ) -> Result<(), i32> {
         caps.max_message_size = proto::MAX_MESSAGE;
@@ -1113,7 +1256,11 @@ impl Daemon {
             return Err(libc::ENOMEM);
         }
         let mut host = p.host.clone();
-        let (handle, got) = host.verbs_create_qp(ty, caps).map_err(|e| errno_of(&e))?;
+        let (handle, got) = match srq {
+            Some(srq) => host.verbs_create_qp_on_srq(ty, caps, srq),
+            None => host.verbs_create_qp(ty, caps),
+        }
+        .map_err(|e| errno_of(&e))?;
         let sim_qpn = host.verbs_qp_num(handle).map_err(|e| errno_of(&e))?;
         let t = self.id_token();
         self.vqps.insert(
@@ -1798,6 +1945,19 @@ impl Daemon {
             }
             self.vqp_gone(t);
         }
+        // Its QPs are gone: nothing holds its SRQs now.
+        let mut srqs: Vec<u64> = self
+            .srqs
+            .iter()
+            .filter(|(_, e)| e.proc == proc)
+            .map(|(t, _)| *t)
+            .collect();
+        srqs.sort_unstable();
+        for t in srqs {
+            if let Some(e) = self.srqs.remove(&t) {
+                let _ = host.destroy_srq(e.handle);
+            }
+        }
         self.cqs.retain(|_, c| c.proc != proc);
         let mut keys: Vec<u32> = self
             .mrs
@@ -2396,6 +2556,7 @@ fn main() {
         ids: HashMap::new(),
         vqps: HashMap::new(),
         vqp_by_sim: HashMap::new(),
+        srqs: HashMap::new(),
         id_tokens: HashMap::new(),
         channels: HashMap::new(),
         cqs: HashMap::new(),

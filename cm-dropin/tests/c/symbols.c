@@ -80,8 +80,6 @@ static int refused(void)
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 	struct sockaddr_in sin = { .sin_family = AF_INET };
 	socklen_t len = sizeof(sin);
-	struct ibv_srq_attr sattr;
-	struct ibv_srq_init_attr sinit;
 	struct ibv_async_event aev;
 	struct ibv_ece ece = { 0 };
 	struct ibv_ah_attr ah = { 0 };
@@ -89,15 +87,12 @@ static int refused(void)
 	uint8_t mac[6];
 	uint16_t vid;
 
-	memset(&sinit, 0, sizeof(sinit));
-
 	/* int: -1 and errno */
 	WANT(rbind(3, (struct sockaddr *)&sin, sizeof(sin)), -1, ENOSYS);
 	WANT(rgetpeername(3, (struct sockaddr *)&sin, &len), -1, ENOSYS);
 	WANT(rselect(0, NULL, NULL, NULL, NULL), -1, ENOSYS);
 	WANT(riounmap(3, buf, sizeof(buf)), -1, ENOSYS);
 	WANT(rdma_notify(NULL, IBV_EVENT_COMM_EST), -1, ENOSYS);
-	WANT(rdma_create_srq(NULL, NULL, &sinit), -1, ENOSYS);
 	WANT(rdma_reject_ece(NULL, NULL, 0), -1, ENOSYS);
 	WANT(rdma_set_local_ece(NULL, &ece), -1, ENOSYS);
 	WANT(ibv_get_async_event(NULL, &aev), -1, ENOSYS);
@@ -122,7 +117,6 @@ static int refused(void)
 	/* int: the errno value itself */
 	WANT(ibv_attach_mcast(NULL, &gid, 0), ENOSYS, ENOSYS);
 	WANT(ibv_resize_cq(NULL, 16), ENOSYS, ENOSYS);
-	WANT(ibv_query_srq(NULL, &sattr), ENOSYS, ENOSYS);
 	WANT(ibv_query_ece(NULL, &ece), EOPNOTSUPP, EOPNOTSUPP);
 
 	/* a negative errno, and ibv_rereg_mr's error code */
@@ -130,7 +124,6 @@ static int refused(void)
 	WANT(ibv_rereg_mr(NULL, 0, NULL, NULL, 0, 0), IBV_REREG_MR_ERR_CMD, ENOSYS);
 
 	/* pointers: NULL and errno */
-	WANT(ibv_create_srq(NULL, &sinit) == NULL, 1, ENOSYS);
 	WANT(ibv_import_pd(NULL, 1) == NULL, 1, ENOSYS);
 	WANT(ibv_get_sysfs_path() == NULL, 1, ENOSYS);
 
@@ -140,7 +133,6 @@ static int refused(void)
 	/* void: only the line on stderr */
 	ibv_ack_async_event(&aev);
 	ibv_unimport_pd(NULL);
-	rdma_destroy_srq(NULL);
 
 	printf("refused: %s\n", bad ? "FAILED" : "ok");
 	return bad;

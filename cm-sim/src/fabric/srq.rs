@@ -99,6 +99,31 @@ impl Fabric {
     pub(crate) fn create_srq(&mut self, host: u16, id: IdHandle, caps: SrqCaps) -> R<SrqHandle> {
         let r = self.id_ref(host, id, Call::CreateSrq)?;
         self.ids.get(r).expect("checked").m.create_srq()?;
+        self.make_srq(host, caps)
+    }
+
+    /// `ibv_create_srq` on the host's device, with no id: the SRQ verbs QPs
+    /// (`verbs_create_qp_on_srq`) take their receives from.
+    pub(crate) fn verbs_create_srq(&mut self, host: u16, caps: SrqCaps) -> R<SrqHandle> {
+        let call = Call::CreateSrq;
+        self.host_up(host, call)?;
+        if !self.hosts[host as usize].device {
+            return Err(CmError::NoDevice { call });
+        }
+        self.make_srq(host, caps)
+    }
+
+    /// `ibv_query_srq`: the SRQ's capabilities, with its limit as armed now (0: disarmed).
+    pub(crate) fn query_srq(&self, host: u16, srq: SrqHandle) -> R<SrqCaps> {
+        let r = self.srq_ref(host, srq, Call::QuerySrq)?;
+        let s = self.srqs.as_deref().expect("checked").hosts[host as usize]
+            .slab
+            .get(r)
+            .expect("checked");
+        Ok(s.caps.with_limit(s.limit))
+    }
+
+    fn make_srq(&mut self, host: u16, caps: SrqCaps) -> R<SrqHandle> {
         let cfg = &self.cfg;
         caps.check(cfg.max_srq_wr, cfg.max_srq_sge, cfg.max_message_size)?;
         let (tag, epoch) = (self.tag(host), self.hosts[host as usize].device_epoch);

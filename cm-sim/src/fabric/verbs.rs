@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use cm_core::{
-    QpAttrMask, QpHandle, QpType, SendWr, UdParam, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState,
+    QpAttrMask, QpHandle, QpType, SendWr, SrqHandle, UdParam, VerbsLimits, VerbsQp, VerbsQpAttr, VerbsQpState,
 };
 
 use super::*;
@@ -77,15 +77,58 @@ impl Fabric {
             .expect("cm-sim: a carrier has a verbs machine")
     }
 
-    pub(crate) fn verbs_create_qp(&mut self, host: u16, ty: QpType, caps: QpCaps) -> R<(QpHandle, QpCaps)> {
+    /// `ibv_create_qp`, with `ibv_qp_init_attr.srq` when `srq` names one of the host's SRQs:
+    /// the QP then takes its receives from it, and its own receive queue has no room
+    /// (`max_recv_wr` and `max_recv_sge` are ignored and granted as 0, as rxe does).
+    pub(crate) fn verbs_create_qp(
+        &mut self,
+        host: u16,
+        ty: QpType,
+        mut caps: QpCaps,
+        srq: Option<SrqHandle>,
+    ) -> R<(QpHandle, QpCaps)> {
         let call = Call::VerbsCreateQp;
         self.host_up(host, call)?;
         if !self.hosts[host as usize].device {
             return Err(CmError::NoDevice { call });
         }
-        caps.check(self.cfg.max_qp_wr, self.cfg.max_message_size)?;
+        let srq = match srq {
+            Some(s) => {
+                let sr = self.srq_for_qp(host, s).map_err(|e| match e {
+                    CmError::UnknownHandle { kind, .. } => CmError::UnknownHandle { call, kind },
+                    CmError::InvalidArgument { reason, .. } => CmError::InvalidArgument { call, reason },
+                    e => e,
+                })?;
+                if ty != QpType::Rc {
+                    // As rdma_create_qp's: a UD receive puts the GRH ahead of the payload,
+                    // which the SRQ's buffers, shared with RC QPs, have no room for here.
+                    return Err(CmError::InvalidArgument {
+                        call,
+                        reason: "a shared receive queue serves RC QPs only here",
+                    });
+                }
+                Some(sr)
+            }
+            None => None,
+        };
+        // rxe_qp_chk_cap checks the receive queue's capabilities only for a QP without an
+        // SRQ, which has none of its own (granted as 0).
+        let checked = if srq.is_some() {
+            QpCaps {
+                max_recv_wr: 1,
+                max_recv_sge: 1,
+                ..caps
+            }
+        } else {
+            caps
+        };
+        checked.check(self.cfg.max_qp_wr, self.cfg.max_message_size)?;
+        if srq.is_some() {
+            caps.max_recv_wr = 0;
+            caps.max_recv_sge = 0;
+        }
         if caps.max_send_sge > self.cfg.max_sge
-            || caps.max_recv_sge > self.cfg.max_sge
+            || checked.max_recv_sge > self.cfg.max_sge
             || caps.max_inline_data > self.cfg.max_inline_data
         {
             return Err(CmError::InvalidArgument {
@@ -99,10 +142,15 @@ impl Fabric {
         };
         let qpn = self.next_qpn;
         self.next_qpn = (self.next_qpn + 1) & 0x00FF_FFFF;
+        let m = if srq.is_some() {
+            IdMachine::for_verbs_qp_on_srq(ps, QpState::Reset)
+        } else {
+            IdMachine::for_verbs_qp(ps, QpState::Reset)
+        };
         let r = self.ids.insert_with(|| IdSlot {
             host,
             channel: SlotRef::NONE,
-            m: IdMachine::for_verbs_qp(ps, QpState::Reset),
+            m,
             local: Addr::None,
             peer: Addr::None,
             port_bound: false,
@@ -117,10 +165,16 @@ impl Fabric {
             retries: Retries::NEW,
             peer_lost: false,
             visible: false,
-            qp: Some(Qp::new(qpn, caps)),
+            qp: Some(match srq {
+                Some(s) => Qp::on_srq(qpn, caps, s),
+                None => Qp::new(qpn, caps),
+            }),
             listener: None,
         });
         self.ids_changed();
+        if let Some(s) = srq {
+            self.join_srq(host, s, r);
+        }
         let v = self.verbs.get_or_insert_with(Box::default);
         v.machines.insert(r, VerbsQp::new(ty));
         v.by_qpn.insert((host, qpn), r);
@@ -177,8 +231,14 @@ impl Fabric {
             self.id_options.insert(r, opts);
         }
         self.link_verbs(r);
-        let ps = self.slot(r).m.port_space();
-        self.set_machine(r, IdMachine::for_verbs_qp(ps, next.state().data_path()));
+        let (ps, on_srq) = (self.slot(r).m.port_space(), self.slot(r).m.uses_srq());
+        let data_path = next.state().data_path();
+        let m = if on_srq {
+            IdMachine::for_verbs_qp_on_srq(ps, data_path)
+        } else {
+            IdMachine::for_verbs_qp(ps, data_path)
+        };
+        self.set_machine(r, m);
         if next.state() == VerbsQpState::Reset && before.state() != VerbsQpState::Reset {
             // What was posted completes flushed (rxe discards it; its completions are the
             // only way the simulator's queues give slots back), and the QP is unlinked.
@@ -246,6 +306,13 @@ impl Fabric {
 
     pub(crate) fn verbs_destroy_qp(&mut self, host: u16, qp: QpHandle) -> R<()> {
         let r = self.carrier_ref(host, qp, Call::VerbsDestroyQp)?;
+        if let Some(q) = self.slot(r).qp.as_ref() {
+            if let Some(srq) = q.srq() {
+                // The receives it took and nobody polled give their slots back to the SRQ.
+                let unpolled = q.srq_slots_unpolled();
+                self.leave_srq(host, srq, r, &unpolled);
+            }
+        }
         self.unlink_verbs(r);
         self.forget_carrier(r);
         self.ids.discard(r);
