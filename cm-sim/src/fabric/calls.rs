@@ -88,13 +88,6 @@ impl Fabric {
     pub(super) fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {
         let ip = addr.ip();
         let wildcard = ip.is_unspecified();
-        if ip.is_loopback() {
-            // Local to every host (the kernel finds `lo`), but no RDMA device carries it.
-            return Err(CmError::Os {
-                call,
-                errno: errno::ENODEV,
-            });
-        }
         if !wildcard && !self.hosts[host as usize].addrs.contains(&ip) {
             return Err(CmError::AddrNotAvailable { call });
         }
