@@ -15,7 +15,7 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -132,6 +132,8 @@ pub enum Op {
     PostSendImm,
     /// `ibv_post_send` of an `IBV_WR_ATOMIC_CMP_AND_SWP` or `IBV_WR_ATOMIC_FETCH_AND_ADD`.
     Atomic,
+    /// `rdma_migrate_id`: `id: u64, channel: u64`; the id's events not yet retrieved follow it.
+    MigrateId,
 }
 
 /// The QP number that addresses a multicast group.
@@ -202,7 +204,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 45] = [
+        const ALL: [Op; 46] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -248,6 +250,7 @@ impl Op {
             Establish,
             PostSendImm,
             Atomic,
+            MigrateId,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -617,10 +620,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=45 {
+        for v in 1..=46 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(46), None);
+        assert_eq!(Op::from_u32(47), None);
     }
 }
