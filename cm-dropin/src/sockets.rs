@@ -1175,13 +1175,7 @@ mod tests {
     #[test]
     fn addresses_that_are_not_simulated_pass_through() {
         let m = fabric(0);
-        for a in [
-            "127.0.0.1:80",
-            "192.168.1.5:22",
-            "10.0.0.9:1",
-            "[::1]:80",
-            "[fd00::9]:1",
-        ] {
+        for a in ["127.0.0.2:80", "192.168.1.5:22", "10.0.0.9:1", "[fd00::9]:1"] {
             assert_eq!(m.to_real(sa(a), Use::Reach), Mapped::Pass, "{a}");
             assert_eq!(m.to_sim(sa(a)), None, "{a}");
         }
@@ -1189,6 +1183,48 @@ mod tests {
         for a in ["127.5.7.1:80", "127.5.6.4:80", "127.5.6.0:80", "127.5.6.255:80"] {
             assert_eq!(m.to_sim(sa(a)), None, "{a}");
         }
+    }
+
+    #[test]
+    fn localhost_is_this_hosts_own_loopback_address() {
+        let m = fabric(1);
+        for (a, what) in [("127.0.0.1:80", Use::Reach), ("127.0.0.1:80", Use::Bind)] {
+            assert_eq!(m.to_real(sa(a), what), Mapped::To(sa("127.5.6.2:80")), "{a}");
+        }
+        assert_eq!(
+            m.to_real(sa("[::1]:80"), Use::Reach),
+            Mapped::To(sa("[::ffff:127.5.6.2]:80"))
+        );
+        assert_eq!(
+            m.to_real(sa("[::ffff:127.0.0.1]:80"), Use::Bind),
+            Mapped::To(sa("[::ffff:127.5.6.2]:80"))
+        );
+    }
+
+    #[test]
+    fn the_interfaces_are_lo_and_the_hosts_own_in_glibcs_order() {
+        let names = |host: &str| -> Vec<(&str, IpAddr)> {
+            interfaces(host.parse().unwrap())
+                .iter()
+                .map(|i| (i.name, i.addr))
+                .collect()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            names("10.0.0.2"),
+            [
+                ("lo", ip("127.0.0.1")),
+                (IFACE, ip("10.0.0.2")),
+                ("lo", ip("::1"))
+            ]
+        );
+        assert_eq!(
+            names("fd00::3"),
+            [("lo", ip("127.0.0.1")), ("lo", ip("::1")), (IFACE, ip("fd00::3"))]
+        );
+        let own = interfaces(ip("10.0.0.2"))[1].clone();
+        assert_eq!(own.broadcast, Some(ip("10.0.0.255")));
+        assert_eq!(own.flags & libc::IFF_LOOPBACK as c_uint, 0);
     }
 
     #[test]
