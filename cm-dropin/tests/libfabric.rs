@@ -10,6 +10,9 @@
 //! libfabric's name server, which listens on the wildcard address and is woken at the end by
 //! a connection to `localhost`.
 //!
+//! `fi_pingpong -e msg` goes over rdma_cm: a passive endpoint, `rdma_migrate_id` to the
+//! endpoint's event queue, `rdma_getaddrinfo` of hints alone, RC QPs.
+//!
 //! Each test skips with a message when libfabric's programs are not installed (`apt-get
 //! install libfabric-bin`; `scripts/test-all` installs it).
 
@@ -61,8 +64,9 @@ fn fi_info_p_verbs_lists_the_simulated_device_for_msg_and_dgram_endpoints() {
     let Some(fi_info) = installed("fi_info") else {
         return;
     };
-    let fabric = Fabric::start("libfabric-info", &[A], 1);
+    let fabric = Fabric::start("libfabric-info", &[A], 2);
     let o = fabric.run(A, &[&fi_info, "-p", "verbs"]);
+    let verbose = fabric.run(A, &[&fi_info, "-p", "verbs", "-v"]);
     fabric.stop();
     assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
     let all = entries(&o.stdout);
@@ -91,11 +95,31 @@ fn fi_info_p_verbs_lists_the_simulated_device_for_msg_and_dgram_endpoints() {
         o.stdout,
         o.stderr
     );
+    // Its MSG domain binds localhost when asked for no address, which succeeds with no device
+    // (a loopback bind is a wildcard bind to the kernel), so the RDM layering over it works.
+    assert!(
+        all.iter().any(|e| field(e, "provider") == Some("verbs;ofi_rxm")
+            && field(e, "domain") == Some("cmsim0")
+            && field(e, "type") == Some("FI_EP_RDM")),
+        "{}",
+        o.stdout
+    );
     assert!(
         all.iter()
             .all(|e| field(e, "domain").is_none_or(|d| d.starts_with("cmsim0"))),
         "only the simulated device: {}",
         o.stdout
+    );
+    // Then the MSG entries take their source address from the host's interface, as
+    // getifaddrs lists it.
+    assert!(verbose.status.success(), "{}", verbose.stderr);
+    assert!(
+        verbose
+            .stdout
+            .lines()
+            .any(|l| l.trim() == "src_addr: fi_sockaddr_in://10.0.0.1:0"),
+        "{}",
+        verbose.stdout
     );
 }
 
@@ -215,20 +239,22 @@ fn finish(child: std::process::Child, what: &str) -> Output {
     wait(child, Duration::from_secs(60), what)
 }
 
-#[test]
-fn fi_pingpong_p_verbs_runs_its_dgram_endpoints_between_two_simulated_hosts() {
-    let Some(pingpong) = installed("fi_pingpong") else {
-        return;
-    };
+/// `fi_pingpong` with `args` (and `-I 20`), the server on `A` and the client on `B` told
+/// `A`'s address: what each printed.
+fn pingpong(name: &str, args: &[&str]) -> Option<(Output, Output)> {
+    let pingpong = installed("fi_pingpong")?;
     // Clients refused while the server starts come and go too: the daemon is stopped below.
-    let fabric = Fabric::start("libfabric-pingpong", &[A, B], 64);
-    let server = fabric.spawn(A, &[&pingpong, "-p", "verbs", "-I", "20"]);
+    let fabric = Fabric::start(name, &[A, B], 64);
+    let mut cmd = vec![pingpong.as_str()];
+    cmd.extend_from_slice(args);
+    cmd.extend_from_slice(&["-I", "20"]);
+    let server = fabric.spawn(A, &cmd);
+    cmd.push(A);
     // The client connects its control socket (TCP, port 47592) once, refused until the
     // server listens: it is started again until it gets through, for at most 30 s.
     let start = Instant::now();
     let c = loop {
-        let client = fabric.spawn(B, &[&pingpong, "-p", "verbs", "-I", "20", A]);
-        let c = finish(client, "fi_pingpong client");
+        let c = finish(fabric.spawn(B, &cmd), "fi_pingpong client");
         let refused = !c.status.success() && c.stderr.contains("failed to connect");
         if !refused || start.elapsed() > Duration::from_secs(30) {
             break c;
@@ -237,15 +263,51 @@ fn fi_pingpong_p_verbs_runs_its_dgram_endpoints_between_two_simulated_hosts() {
     };
     let s = finish(server, "fi_pingpong server");
     fabric.stop();
-    for (o, who) in [(&s, "server"), (&c, "client")] {
+    Some((s, c))
+}
+
+/// Both sides printed a table of 20 round trips for each of `sizes`.
+fn assert_table(s: &Output, c: &Output, sizes: &[u64]) {
+    for (o, who) in [(s, "server"), (c, "client")] {
         assert!(o.status.success(), "{who}: {}\n{}", o.stdout, o.stderr);
         let rows = table(&o.stdout);
-        // Its default sizes up to the port's 1024-byte MTU (a datagram is one packet).
-        let sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
-        assert_eq!(sizes, [64, 256, 1024], "{who}: {}", o.stdout);
+        let got: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+        assert_eq!(got, sizes, "{who}: {}", o.stdout);
         for r in &rows {
             assert_eq!((r.sent, r.acked), (20, 20), "{who}: {r:?}");
             assert!(r.usec_per_xfer > 0.0, "{who}: {r:?}");
         }
     }
+}
+
+#[test]
+fn fi_pingpong_p_verbs_runs_its_dgram_endpoints_between_two_simulated_hosts() {
+    let Some((s, c)) = pingpong("libfabric-pingpong", &["-p", "verbs"]) else {
+        return;
+    };
+    // Its default sizes up to the port's 1024-byte MTU (a datagram is one packet).
+    assert_table(&s, &c, &[64, 256, 1024]);
+}
+
+#[test]
+fn fi_pingpong_p_verbs_e_msg_connects_over_rdma_cm_and_runs_between_two_simulated_hosts() {
+    // FI_EP_MSG: a passive endpoint (rdma_cm listener) migrated to its event queue, the
+    // client's rdma_getaddrinfo of the server's name, RC QPs of rdma_create_qp.
+    let Some((s, c)) = pingpong("libfabric-pingpong-msg", &["-p", "verbs", "-e", "msg"]) else {
+        return;
+    };
+    assert_table(&s, &c, &[64, 256, 1024, 4096, 65536]);
+}
+
+#[test]
+fn rdma_migrate_id_moves_an_ids_events_to_another_channel_or_one_of_its_own() {
+    // What libfabric's verbs provider calls when it binds an id to an event queue.
+    let Some(prog) = fabric::compile_c("migrate", &["rdmacm"]) else {
+        return;
+    };
+    let fabric = Fabric::start("libfabric-migrate", &[A], 1);
+    let o = fabric.run(A, &[&prog.path(), A]);
+    fabric.stop();
+    assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
+    assert!(o.status.success(), "{}", o.stderr);
 }
