@@ -11,7 +11,8 @@
 //! a connection to `localhost`.
 //!
 //! `fi_pingpong -e msg` goes over rdma_cm: a passive endpoint, `rdma_migrate_id` to the
-//! endpoint's event queue, `rdma_getaddrinfo` of hints alone, RC QPs.
+//! endpoint's event queue, `rdma_getaddrinfo` of hints alone, RC QPs; `-e rdm` is libfabric's
+//! rxm layer over those.
 //!
 //! Each test skips with a message when libfabric's programs are not installed (`apt-get
 //! install libfabric-bin`; `scripts/test-all` installs it).
@@ -310,4 +311,13 @@ fn rdma_migrate_id_moves_an_ids_events_to_another_channel_or_one_of_its_own() {
     fabric.stop();
     assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
     assert!(o.status.success(), "{}", o.stderr);
+}
+
+#[test]
+fn fi_pingpong_p_verbs_e_rdm_runs_ofi_rxm_over_the_verbs_msg_endpoints() {
+    // FI_EP_RDM: libfabric's rxm layer over verbs;ofi_rxm, connecting on the first send.
+    let Some((s, c)) = pingpong("libfabric-pingpong-rdm", &["-p", "verbs", "-e", "rdm"]) else {
+        return;
+    };
+    assert_table(&s, &c, &[64, 256, 1024, 4096, 65536]);
 }
