@@ -29,6 +29,43 @@ pub const GRH_LEN: usize = 40;
 /// IPv4 address, after the port's IPv6 link-local GID at 0 (see [`AhAttr::for_ip`]).
 const SGID_INDEX_IPV4: u8 = 1;
 
+/// The interface identifier of a simulated host's port, the EUI-64 rxe derives from the
+/// interface's MAC (`addrconf_addr_eui48`: the universal/local bit flipped, `ff:fe` in the
+/// middle): the simulator gives the host at `ip` the MAC `02:00:b0:b1:b2:b3` of its address'
+/// last four bytes. It is also the port's node and system image GUID.
+///
+/// ```
+/// assert_eq!(cm_core::port_eui64("10.0.0.1".parse().unwrap()), [0, 0, 10, 0xff, 0xfe, 0, 0, 1]);
+/// ```
+pub fn port_eui64(ip: IpAddr) -> [u8; 8] {
+    let b = match ip {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    const MAC0: u8 = 0x02;
+    [MAC0 ^ 0x02, 0x00, b[0], 0xff, 0xfe, b[1], b[2], b[3]]
+}
+
+/// The IPv6 link-local GID (`fe80::` and [`port_eui64`]) at index 0 of the GID table of the
+/// simulated host at `ip`, as rxe puts its interface's link-local address first. Address
+/// handles naming it (libfabric's verbs provider takes GID 0 by default) reach that host.
+///
+/// ```
+/// use std::net::Ipv6Addr;
+/// let gid = cm_core::link_local_gid("10.0.0.1".parse().unwrap());
+/// assert_eq!(Ipv6Addr::from(gid), "fe80::aff:fe00:1".parse::<Ipv6Addr>().unwrap());
+/// ```
+pub fn link_local_gid(ip: IpAddr) -> [u8; 16] {
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[1] = 0x80;
+    gid[8..].copy_from_slice(&port_eui64(ip));
+    gid
+}
+
 /// The attributes of an address handle (`struct ibv_ah_attr`), as the SIDR reply gives them
 /// (`rdma_ud_param.ah_attr`) or a received datagram implies them. Plain owned data: a backend
 /// creates the device's address handle from it when a datagram is sent.

@@ -60,7 +60,9 @@ mod wr_pool;
 
 pub use async_event::AsyncEvent;
 pub use backend::{CmBackend, Result};
-pub use datagram::{gid_ip, grh, grh_source, AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY};
+pub use datagram::{
+    gid_ip, grh, grh_source, link_local_gid, port_eui64, AhAttr, UdParam, UdSender, GRH_LEN, UDP_QKEY,
+};
 pub use error::{errno, errno_text, Call, CmError, ReturnedEvent};
 pub use event::{CmEvent, CmEventType, ConnParam, PrivateData, MAX_PRIVATE_DATA};
 pub use external::{

@@ -91,28 +91,16 @@ pub(crate) fn device_context() -> *mut c_void {
 /// Contexts `ibv_open_device` handed out and `ibv_close_device` has not taken back.
 static OPENED: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
-/// The EUI-64 rxe derives from the host's MAC (`addrconf_addr_eui48`): node and system image
-/// GUID, and the interface half of the link-local GID.
+/// The EUI-64 rxe derives from the host's MAC: node and system image GUID, and the interface
+/// half of the link-local GID.
 fn eui64(addr: IpAddr) -> [u8; 8] {
-    let b = match addr {
-        IpAddr::V4(a) => a.octets(),
-        IpAddr::V6(a) => {
-            let o = a.octets();
-            [o[12], o[13], o[14], o[15]]
-        }
-    };
-    // MAC 02:00:b0:b1:b2:b3, universal/local bit flipped, ff:fe in the middle.
-    const MAC0: u8 = 0x02;
-    [MAC0 ^ 0x02, 0x00, b[0], 0xff, 0xfe, b[1], b[2], b[3]]
+    cm_core::port_eui64(addr)
 }
 
 /// The port's non-empty GIDs, as rxe lays the table out and the simulator checks source GIDs:
 /// the IPv6 link-local GID at 0, then the host's address (IPv4 mapped into IPv6).
 fn gids(addr: IpAddr) -> [[u8; 16]; 2] {
-    let mut ll = [0u8; 16];
-    ll[0] = 0xfe;
-    ll[1] = 0x80;
-    ll[8..].copy_from_slice(&eui64(addr));
+    let ll = cm_core::link_local_gid(addr);
     let own = match addr {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
         IpAddr::V6(a) => a.octets(),

@@ -563,6 +563,66 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     0
 }
 
+/// `rdma_migrate_id`: the id's events go to `channel` from now on; a NULL channel gives the
+/// id a channel of its own and makes it synchronous (`EINVAL` for an id that is synchronous
+/// already), as librdmacm does. The simulator moves the events it still holds for the id;
+/// those the library read from the old channel's socket and kept for it move with them. The
+/// ones the daemon had already written into the old channel's socket stay there, where the
+/// kernel would move them too: migrate an id before its events come (libfabric migrates its
+/// ids as it binds them to an event queue).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_migrate_id(id: *mut RdmaCmId, channel: *mut RdmaEventChannel) -> c_int {
+    // SAFETY: id came from this library.
+    let Some(token) = (unsafe { token_of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let idp = id as *mut IdPriv;
+    // SAFETY: id is a live IdPriv.
+    if channel.is_null() && unsafe { (*idp).sync } {
+        return fail(libc::EINVAL);
+    }
+    let sync = channel.is_null();
+    let new = if sync {
+        rdma_create_event_channel()
+    } else {
+        channel
+    };
+    if new.is_null() {
+        return -1;
+    }
+    // SAFETY: new came from rdma_create_event_channel (the caller's, or made above).
+    let ch_token = unsafe { (*(new as *mut ChannelPriv)).token };
+    if let Err(errno) = call(Invocation::MigrateId {
+        id: token,
+        channel: ch_token,
+    }) {
+        if sync {
+            // SAFETY: the channel was made above for this id only.
+            unsafe { rdma_destroy_event_channel(new) };
+        }
+        return fail(errno);
+    }
+    // SAFETY: id is a live IdPriv; its channel and new are live ChannelPrivs.
+    unsafe {
+        let old = (*id).channel as *mut ChannelPriv;
+        if old != new as *mut ChannelPriv {
+            let mut kept = lock(&(*old).stash);
+            let (moved, stay): (VecDeque<WireEvent>, VecDeque<WireEvent>) =
+                kept.drain(..).partition(|w| w.id == token);
+            *kept = stay;
+            drop(kept);
+            lock(&(*(new as *mut ChannelPriv)).stash).extend(moved);
+        }
+        if (*idp).owns_channel {
+            rdma_destroy_event_channel(old as *mut RdmaEventChannel);
+        }
+        (*idp).owns_channel = sync;
+        (*idp).sync = sync;
+        (*id).channel = new;
+    }
+    0
+}
+
 /// `rdma_bind_addr`.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> c_int {
@@ -576,7 +636,8 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::sock
     // SAFETY: id is a live IdPriv.
     unsafe {
         refresh_addrs(id, token);
-        if !sa.ip().is_unspecified() {
+        // A loopback address binds as a wildcard does (the kernel's cma_any_addr): no device.
+        if !sa.ip().is_unspecified() && !sa.ip().is_loopback() {
             attach_device(id);
         }
     }
@@ -1636,8 +1697,12 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     hints: *const RdmaAddrinfo,
     res: *mut *mut RdmaAddrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return fail(libc::EINVAL);
+    }
+    if node.is_null() && service.is_null() {
+        // SAFETY: hints is the caller's, non-NULL (checked); res is its out pointer.
+        return unsafe { addrinfo_of_hints(&*hints, res) };
     }
     // SAFETY: node and service are NULL or C strings; hints is NULL or the caller's.
     let (node, service, hints) = unsafe {
@@ -1714,6 +1779,72 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         if let Some(src) = unsafe { read_sockaddr(src_hint) } {
             ai.public.ai_src_len = write_sockaddr(src, &mut ai.src.0);
         }
+    }
+    let raw = Box::into_raw(ai);
+    // SAFETY: raw is the allocation just made; the address fields point into it.
+    unsafe {
+        if (*raw).public.ai_src_len != 0 {
+            (*raw).public.ai_src_addr = (*raw).src.0.as_mut_ptr() as *mut c_void;
+        }
+        if (*raw).public.ai_dst_len != 0 {
+            (*raw).public.ai_dst_addr = (*raw).dst.0.as_mut_ptr() as *mut c_void;
+        }
+        *res = raw as *mut RdmaAddrinfo;
+    }
+    0
+}
+
+/// `rdma_getaddrinfo` with neither node nor service: librdmacm's answer is the hints' own
+/// flags, family, QP type, port space and addresses (what libfabric's verbs provider asks for
+/// an address it has already). An address of another family than `AF_INET`/`AF_INET6`
+/// (`AF_IB`) is `EAFNOSUPPORT`, with a line on stderr.
+///
+/// # Safety
+/// `hints`' addresses are NULL or valid for their lengths; `res` is valid for writing.
+unsafe fn addrinfo_of_hints(hints: &RdmaAddrinfo, res: *mut *mut RdmaAddrinfo) -> c_int {
+    let read = |len: u32, addr: *mut c_void| -> Result<Option<SocketAddr>, ()> {
+        if len == 0 || addr.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: the caller's address of len bytes (its family says how many are read).
+        match unsafe { read_sockaddr(addr as *const libc::sockaddr) } {
+            Some(a) => Ok(Some(a)),
+            None => Err(()),
+        }
+    };
+    let (Ok(dst), Ok(src)) = (
+        read(hints.ai_dst_len, hints.ai_dst_addr),
+        read(hints.ai_src_len, hints.ai_src_addr),
+    ) else {
+        eprintln!("cmsim: rdma_getaddrinfo: hints with an address of a family other than AF_INET and AF_INET6 (EAFNOSUPPORT)");
+        return fail(libc::EAFNOSUPPORT);
+    };
+    let mut ai = Box::new(AddrinfoPriv {
+        public: RdmaAddrinfo {
+            ai_flags: hints.ai_flags,
+            ai_family: hints.ai_family,
+            ai_qp_type: hints.ai_qp_type,
+            ai_port_space: hints.ai_port_space,
+            ai_src_len: 0,
+            ai_dst_len: 0,
+            ai_src_addr: ptr::null_mut(),
+            ai_dst_addr: ptr::null_mut(),
+            ai_src_canonname: ptr::null_mut(),
+            ai_dst_canonname: ptr::null_mut(),
+            ai_route_len: 0,
+            ai_route: ptr::null_mut(),
+            ai_connect_len: 0,
+            ai_connect: ptr::null_mut(),
+            ai_next: ptr::null_mut(),
+        },
+        src: SockaddrStorage([0; 128]),
+        dst: SockaddrStorage([0; 128]),
+    });
+    if let Some(d) = dst {
+        ai.public.ai_dst_len = write_sockaddr(d, &mut ai.dst.0);
+    }
+    if let Some(s) = src {
+        ai.public.ai_src_len = write_sockaddr(s, &mut ai.src.0);
     }
     let raw = Box::into_raw(ai);
     // SAFETY: raw is the allocation just made; the address fields point into it.
@@ -1928,7 +2059,6 @@ macro_rules! unsupported_void {
 // start (BIND_NOW), so each must exist; calling one is an error, never a crash.
 unsupported_int!(
     rdma_create_qp_ex,
-    rdma_migrate_id,
     rdma_get_remote_ece,
     rdma_set_local_ece,
     rdma_reject_ece,

@@ -15,7 +15,7 @@ use cm_core::{AhAttr, ConnParam, PrivateData, UdParam};
 /// The version of this protocol, said in every hello: a library and a daemon of different
 /// builds refuse each other with a message instead of misreading each other's messages.
 /// Raised whenever a message's layout changes.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Environment variable: the daemon's socket path.
 pub const SOCKET_ENV: &str = "CMSIM_SOCKET";
@@ -145,6 +145,8 @@ pub enum Op {
     DestroySrq,
     /// `ibv_post_srq_recv`.
     PostSrqRecv,
+    /// `rdma_migrate_id`: `id: u64, channel: u64`; the id's events not yet retrieved follow it.
+    MigrateId,
 }
 
 /// The QP number that addresses a multicast group.
@@ -215,7 +217,7 @@ impl Op {
     /// The op for a wire value.
     pub fn from_u32(v: u32) -> Option<Op> {
         use Op::*;
-        const ALL: [Op; 51] = [
+        const ALL: [Op; 52] = [
             Hello,
             CreateChannel,
             DestroyChannel,
@@ -267,6 +269,7 @@ impl Op {
             QuerySrq,
             DestroySrq,
             PostSrqRecv,
+            MigrateId,
         ];
         ALL.into_iter().find(|op| *op as u32 == v)
     }
@@ -636,10 +639,10 @@ mod tests {
 
     #[test]
     fn every_op_maps_back_from_its_wire_value() {
-        for v in 1..=51 {
+        for v in 1..=52 {
             assert_eq!(Op::from_u32(v).map(|op| op as u32), Some(v));
         }
         assert_eq!(Op::from_u32(0), None);
-        assert_eq!(Op::from_u32(52), None);
+        assert_eq!(Op::from_u32(53), None);
     }
 }

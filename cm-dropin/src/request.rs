@@ -40,7 +40,8 @@ pub enum Request {
     /// `JoinMulticast` (`MULTICAST_JOIN` or `MULTICAST_ERROR` follows on the id's channel),
     /// `LeaveMulticast`, `InitQpAttr` (→ `mask: u32`, then the attributes as
     /// [`Enc::verbs_attr`] writes them; the state asked for is an `ibv_qp_state`, SQD and SQE
-    /// `EINVAL`) and `Establish`. Other calls are refused as malformed.
+    /// `EINVAL`), `Establish` and `MigrateId` (the id and the channel both the caller's).
+    /// Other calls are refused as malformed.
     Cm(Invocation<u64, u64>),
     /// `rdma_create_qp` with the verbs side of it → `caps: 5 x u32, qp_num: u32`. A datagram
     /// id's QP is `IBV_QPT_UD`, a connected id's `IBV_QPT_RC` (else `EINVAL`); a UD QP's number
@@ -379,10 +380,10 @@ fn cm_op(call: &Invocation<u64, u64>) -> Option<Op> {
         I::LeaveMulticast { .. } => Op::LeaveMcast,
         I::InitQpAttr { .. } => Op::InitQpAttr,
         I::Establish { .. } => Op::Establish,
+        I::MigrateId { .. } => Op::MigrateId,
         // Carried with the verbs side of them (CreateQp, PostSend, PostSendUd) or not at all.
         I::CreateQp { .. }
         | I::SetOption { .. }
-        | I::MigrateId { .. }
         | I::GetLocalAddr { .. }
         | I::GetPeerAddr { .. }
         | I::PostSend { .. }
@@ -545,6 +546,9 @@ impl Request {
                 }
                 I::CreateId { channel, ps } => {
                     e.u64(*channel).u32(ps.raw());
+                }
+                I::MigrateId { id, channel } => {
+                    e.u64(*id).u64(*channel);
                 }
                 I::DestroyId { id } | I::DestroyQp { id } | I::Disconnect { id } | I::Establish { id } => {
                     e.u64(*id);
@@ -783,6 +787,11 @@ impl Request {
             Op::DestroyId => cm(I::DestroyId {
                 id: d.u64().map_err(bad)?,
             }),
+            Op::MigrateId => {
+                let id = d.u64().map_err(bad)?;
+                let channel = d.u64().map_err(bad)?;
+                cm(I::MigrateId { id, channel })
+            }
             Op::BindAddr => {
                 let id = d.u64().map_err(bad)?;
                 let addr = d.addr().map_err(bad)?.ok_or(libc::EINVAL)?;
@@ -1339,6 +1348,7 @@ mod tests {
                 qp_state: QpState::Rtr,
             },
             I::Establish { id: 2 },
+            I::MigrateId { id: 2, channel: 3 },
         ];
         let mut all: Vec<Request> = cm.into_iter().map(Request::Cm).collect();
         all.extend([
@@ -1490,7 +1500,7 @@ mod tests {
         ops.sort_unstable();
         ops.dedup();
         // RdmaWrite shares its variant with RdmaRead; the first messages are not requests.
-        assert_eq!(ops.len(), 51 - 5 - 1, "{ops:?}");
+        assert_eq!(ops.len(), 52 - 5 - 1, "{ops:?}");
     }
 
     #[test]
@@ -1555,8 +1565,8 @@ mod tests {
 
     #[test]
     fn calls_the_protocol_does_not_carry_have_no_op() {
-        let migrate = Request::Cm(Invocation::MigrateId { id: 1, channel: 2 });
-        assert_eq!(migrate.op(), None);
+        let local = Request::Cm(Invocation::GetLocalAddr { id: 1 });
+        assert_eq!(local.op(), None);
     }
 
     fn every_opening() -> Vec<Opening> {

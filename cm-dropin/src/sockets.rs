@@ -27,8 +27,22 @@
 //!   map there, so a dual-stack socket reaches every host. An `IPV6_V6ONLY` socket cannot; a
 //!   bind or connect of one to a simulated host fails with `EADDRNOTAVAIL` and a line on
 //!   stderr. Hosts past the 254th have no loopback address (the same answer and line);
-//! * every other address (the machine's `127.0.0.1`, real interfaces, unix sockets such as
-//!   this library's own to the daemon) passes through untouched.
+//! * `localhost` (`127.0.0.1`, `::1`) is this simulated host's own loopback address too: a
+//!   server bound to `INADDR_ANY` is reached there by the programs of its own host, as on a
+//!   real host (libfabric's name server connects to `localhost` to wake its own `accept`), and
+//!   the hosts' `localhost` are apart. The addresses such sockets read back are the host's
+//!   simulated ones, not `127.0.0.1`, and a server bound to `localhost` is reachable from the
+//!   other hosts at its host's address;
+//! * every other address (the machine's other loopback addresses such as `127.0.0.2`, real
+//!   interfaces, unix sockets such as this library's own to the daemon) passes through
+//!   untouched;
+//! * `getifaddrs` answers with the simulated host's interfaces: `lo` (`127.0.0.1`, `::1`) and
+//!   `cmsim0`, the netdev under the simulated RDMA device, with the host's address (a /24
+//!   for IPv4, a /64 for IPv6), up and running; the machine's own interfaces are not seen.
+//!   Programs that look for their RDMA-capable addresses there (libfabric's verbs provider
+//!   binds an `rdma_cm_id` to each) find the host's. There are no `AF_PACKET` entries and no
+//!   IPv6 link-local address; `freeifaddrs` (libc's) frees the list, one allocation as
+//!   glibc's.
 //!
 //! What the kernel answers stays its answer: a connect to a host where nothing listens is
 //! refused (`ECONNREFUSED`) as on a real network. These sockets are outside the simulated
@@ -161,7 +175,9 @@ impl HostMap {
 
     /// The address to use in place of `a`, an address the program gave for `what`.
     pub fn to_real(&self, a: SocketAddr, what: Use) -> Mapped {
-        let host = if is_unspecified(a.ip()) {
+        // localhost is this host's own, as a real host's wildcard listener is reached there
+        // by its own programs (libfabric's name server wakes its accept so).
+        let host = if is_unspecified(a.ip()) || is_localhost(a.ip()) {
             self.own
         } else {
             match self.host_of_sim(a.ip()) {
@@ -387,6 +403,14 @@ fn remember_any_bound(fd: c_int) {
     }
 }
 
+/// `127.0.0.1` or `::1` (also v4-mapped): what `localhost` resolves to.
+fn is_localhost(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
+        IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST || v6.to_ipv4_mapped() == Some(Ipv4Addr::LOCALHOST),
+    }
+}
+
 fn is_unspecified(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_unspecified(),
@@ -408,6 +432,7 @@ type RecvmsgFn = unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t;
 type SendmmsgFn = unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int) -> c_int;
 type RecvmmsgFn =
     unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int, *mut libc::timespec) -> c_int;
+type GetifaddrsFn = unsafe extern "C" fn(*mut *mut libc::ifaddrs) -> c_int;
 
 struct Real {
     bind: BindFn,
@@ -422,6 +447,7 @@ struct Real {
     recvmsg: RecvmsgFn,
     sendmmsg: SendmmsgFn,
     recvmmsg: RecvmmsgFn,
+    getifaddrs: GetifaddrsFn,
 }
 
 fn real() -> &'static Real {
@@ -460,6 +486,7 @@ fn real() -> &'static Real {
                 recvmsg: std::mem::transmute::<*mut c_void, RecvmsgFn>(find(c"recvmsg")),
                 sendmmsg: std::mem::transmute::<*mut c_void, SendmmsgFn>(find(c"sendmmsg")),
                 recvmmsg: std::mem::transmute::<*mut c_void, RecvmmsgFn>(find(c"recvmmsg")),
+                getifaddrs: std::mem::transmute::<*mut c_void, GetifaddrsFn>(find(c"getifaddrs")),
             }
         }
     })
@@ -932,6 +959,139 @@ pub unsafe extern "C" fn recvmmsg(
     r
 }
 
+// ---- the host's interfaces -------------------------------------------------------------
+
+/// The name of the simulated host's interface, the netdev under its RDMA device.
+pub const IFACE: &str = "cmsim0";
+
+/// One entry of the list `getifaddrs` gives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Iface {
+    /// The interface's name.
+    pub name: &'static str,
+    /// `IFF_*` flags.
+    pub flags: c_uint,
+    /// Its address.
+    pub addr: IpAddr,
+    /// The netmask.
+    pub netmask: IpAddr,
+    /// The broadcast address (IPv4 on a broadcast interface).
+    pub broadcast: Option<IpAddr>,
+}
+
+/// The interfaces of the simulated host at `host`, in glibc's order (every IPv4 entry, then
+/// every IPv6 one, `lo` first in each): `lo` with `127.0.0.1/8` and `::1/128`, and
+/// [`IFACE`] with the host's address.
+pub fn interfaces(host: IpAddr) -> Vec<Iface> {
+    let lo_flags = (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as c_uint;
+    let flags = (libc::IFF_UP | libc::IFF_BROADCAST | libc::IFF_RUNNING | libc::IFF_MULTICAST) as c_uint;
+    let mut list = vec![Iface {
+        name: "lo",
+        flags: lo_flags,
+        addr: Ipv4Addr::LOCALHOST.into(),
+        netmask: Ipv4Addr::new(255, 0, 0, 0).into(),
+        broadcast: None,
+    }];
+    if let IpAddr::V4(v4) = host {
+        let o = v4.octets();
+        list.push(Iface {
+            name: IFACE,
+            flags,
+            addr: host,
+            netmask: Ipv4Addr::new(255, 255, 255, 0).into(),
+            broadcast: Some(Ipv4Addr::new(o[0], o[1], o[2], 255).into()),
+        });
+    }
+    list.push(Iface {
+        name: "lo",
+        flags: lo_flags,
+        addr: Ipv6Addr::LOCALHOST.into(),
+        netmask: Ipv6Addr::from(u128::MAX).into(),
+        broadcast: None,
+    });
+    if host.is_ipv6() {
+        list.push(Iface {
+            name: IFACE,
+            flags,
+            addr: host,
+            netmask: Ipv6Addr::from(u128::MAX << 64).into(),
+            broadcast: None,
+        });
+    }
+    list
+}
+
+/// Room for one entry's name (`IFNAMSIZ`).
+const IFA_NAME: usize = libc::IFNAMSIZ;
+/// Room for each of an entry's three addresses: a `sockaddr_in6` (28 bytes), rounded up to 8.
+const IFA_ADDR: usize = std::mem::size_of::<libc::sockaddr_in6>().next_multiple_of(8);
+
+/// `getifaddrs(3)`: on a simulated host, that host's [`interfaces`], in one `malloc`ed block
+/// (the entries, then each one's name and addresses) that libc's `freeifaddrs` frees as it
+/// frees its own; elsewhere libc's answer.
+///
+/// # Safety
+/// As `getifaddrs(3)`: `out` is valid for writing a pointer.
+#[no_mangle]
+pub unsafe extern "C" fn getifaddrs(out: *mut *mut libc::ifaddrs) -> c_int {
+    let Some(m) = map() else {
+        // SAFETY: the caller's argument, as given.
+        return unsafe { (real().getifaddrs)(out) };
+    };
+    if out.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    let list = interfaces(m.hosts[m.own]);
+    let entry = std::mem::size_of::<libc::ifaddrs>();
+    let per = IFA_NAME + 3 * IFA_ADDR;
+    let size = list.len() * (entry + per);
+    // SAFETY: malloc of a non-zero size; checked for NULL below.
+    let block = unsafe { libc::malloc(size) } as *mut u8;
+    if block.is_null() {
+        set_errno(libc::ENOMEM);
+        return -1;
+    }
+    // SAFETY: block holds size bytes, all of them written here before use.
+    unsafe { std::ptr::write_bytes(block, 0, size) };
+    let entries = block as *mut libc::ifaddrs;
+    // SAFETY: every pointer below stays inside block: the entries first (list.len() of them,
+    // malloc's alignment suiting ifaddrs), then per bytes for each entry at 8-byte multiples
+    // (entry and per both are), each address of IFA_ADDR bytes written unaligned.
+    unsafe {
+        let tail = block.add(list.len() * entry);
+        for (i, f) in list.iter().enumerate() {
+            let room = tail.add(i * per);
+            let name = room;
+            std::ptr::copy_nonoverlapping(f.name.as_ptr(), name, f.name.len().min(IFA_NAME - 1));
+            let put = |k: usize, ip: IpAddr| -> *mut sockaddr {
+                let at = room.add(IFA_NAME + k * IFA_ADDR);
+                let (st, len) = write_addr(SocketAddr::new(ip, 0));
+                std::ptr::copy_nonoverlapping(
+                    (&st as *const sockaddr_storage).cast::<u8>(),
+                    at,
+                    len as usize,
+                );
+                at as *mut sockaddr
+            };
+            let e = entries.add(i);
+            (*e).ifa_next = if i + 1 < list.len() {
+                entries.add(i + 1)
+            } else {
+                std::ptr::null_mut()
+            };
+            (*e).ifa_name = name as *mut libc::c_char;
+            (*e).ifa_flags = f.flags;
+            (*e).ifa_addr = put(0, f.addr);
+            (*e).ifa_netmask = put(1, f.netmask);
+            (*e).ifa_ifu = f.broadcast.map_or(std::ptr::null_mut(), |b| put(2, b));
+            (*e).ifa_data = std::ptr::null_mut();
+        }
+        *out = entries;
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1015,13 +1175,7 @@ mod tests {
     #[test]
     fn addresses_that_are_not_simulated_pass_through() {
         let m = fabric(0);
-        for a in [
-            "127.0.0.1:80",
-            "192.168.1.5:22",
-            "10.0.0.9:1",
-            "[::1]:80",
-            "[fd00::9]:1",
-        ] {
+        for a in ["127.0.0.2:80", "192.168.1.5:22", "10.0.0.9:1", "[fd00::9]:1"] {
             assert_eq!(m.to_real(sa(a), Use::Reach), Mapped::Pass, "{a}");
             assert_eq!(m.to_sim(sa(a)), None, "{a}");
         }
@@ -1029,6 +1183,48 @@ mod tests {
         for a in ["127.5.7.1:80", "127.5.6.4:80", "127.5.6.0:80", "127.5.6.255:80"] {
             assert_eq!(m.to_sim(sa(a)), None, "{a}");
         }
+    }
+
+    #[test]
+    fn localhost_is_this_hosts_own_loopback_address() {
+        let m = fabric(1);
+        for (a, what) in [("127.0.0.1:80", Use::Reach), ("127.0.0.1:80", Use::Bind)] {
+            assert_eq!(m.to_real(sa(a), what), Mapped::To(sa("127.5.6.2:80")), "{a}");
+        }
+        assert_eq!(
+            m.to_real(sa("[::1]:80"), Use::Reach),
+            Mapped::To(sa("[::ffff:127.5.6.2]:80"))
+        );
+        assert_eq!(
+            m.to_real(sa("[::ffff:127.0.0.1]:80"), Use::Bind),
+            Mapped::To(sa("[::ffff:127.5.6.2]:80"))
+        );
+    }
+
+    #[test]
+    fn the_interfaces_are_lo_and_the_hosts_own_in_glibcs_order() {
+        let names = |host: &str| -> Vec<(&str, IpAddr)> {
+            interfaces(host.parse().unwrap())
+                .iter()
+                .map(|i| (i.name, i.addr))
+                .collect()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            names("10.0.0.2"),
+            [
+                ("lo", ip("127.0.0.1")),
+                (IFACE, ip("10.0.0.2")),
+                ("lo", ip("::1"))
+            ]
+        );
+        assert_eq!(
+            names("fd00::3"),
+            [("lo", ip("127.0.0.1")), ("lo", ip("::1")), (IFACE, ip("fd00::3"))]
+        );
+        let own = interfaces(ip("10.0.0.2"))[1].clone();
+        assert_eq!(own.broadcast, Some(ip("10.0.0.255")));
+        assert_eq!(own.flags & libc::IFF_LOOPBACK as c_uint, 0);
     }
 
     #[test]

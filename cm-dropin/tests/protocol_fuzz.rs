@@ -1746,6 +1746,10 @@ impl Gen<'_> {
             Op::Establish => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
             }
+            Op::MigrateId => {
+                e.u64(self.handle(c, Kind::Id, &mut refuse));
+                e.u64(self.handle(c, Kind::Channel, &mut refuse));
+            }
             Op::JoinMcast | Op::LeaveMcast => {
                 e.u64(self.handle(c, Kind::Id, &mut refuse));
                 if self.chance(50) {
@@ -2179,7 +2183,7 @@ fn hostile_hello(g: &mut Gen, host: &str, pid: u32) -> Result<Option<Client>, St
 }
 
 /// Ops an attached client draws, weighted; the handle-making ones come more often.
-const ALL_OPS: [(Op, u64); 51] = [
+const ALL_OPS: [(Op, u64); 52] = [
     (Op::Hello, 1),
     (Op::CreateChannel, 4),
     (Op::DestroyChannel, 1),
@@ -2231,6 +2235,7 @@ const ALL_OPS: [(Op, u64); 51] = [
     (Op::QuerySrq, 1),
     (Op::DestroySrq, 1),
     (Op::PostSrqRecv, 2),
+    (Op::MigrateId, 1),
 ];
 
 /// The data path, for connected pairs (which disconnect, or not, at the end).

@@ -211,20 +211,54 @@ fn addresses_that_are_not_simulated_pass_through_untouched() {
     let Some(prog) = compile_c("side", &[]) else {
         return;
     };
-    // The machine's own 127.0.0.1 is one for all hosts: the pair meets there as without the
-    // drop-in, and sees it.
-    let (s, c) = tcp_pair(&prog.path(), "side-lo", A, "127.0.0.1", B, "127.0.0.1", 17107);
-    assert_eq!(after(&s.stdout, "listening "), "127.0.0.1:17107");
+    // The machine's other loopback addresses are one for all hosts: the pair meets there as
+    // without the drop-in, and sees them.
+    let (s, c) = tcp_pair(&prog.path(), "side-lo", A, "127.0.0.2", B, "127.0.0.2", 17107);
+    assert_eq!(after(&s.stdout, "listening "), "127.0.0.2:17107");
+    // The kernel's own source for an unbound socket (127.0.0.1), not a host's.
     assert!(
         after(&s.stdout, "accepted ").starts_with("127.0.0.1:"),
         "{}",
         s.stdout
     );
     assert!(
-        after(&c.stdout, "client local ").ends_with(" peer 127.0.0.1:17107"),
+        after(&c.stdout, "client local ").ends_with(" peer 127.0.0.2:17107"),
         "{}",
         c.stdout
     );
+}
+
+#[test]
+fn localhost_is_each_hosts_own_and_reaches_its_wildcard_listener() {
+    // libfabric's name server listens on INADDR_ANY and is woken by a connection to
+    // localhost from its own process, as on a real host.
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let prog = prog.path();
+    let (s, c) = tcp_pair(&prog, "side-localhost", A, "any", A, "127.0.0.1", 17109);
+    assert_eq!(after(&s.stdout, "listening "), "0.0.0.0:17109");
+    assert_eq!(after(&c.stdout, "got "), "pong");
+    let (s6, c6) = tcp_pair(&prog, "side-localhost6", A, "any6", A, "::1", 17110);
+    assert_eq!(after(&s6.stdout, "listening "), "[::]:17110");
+    assert_eq!(after(&c6.stdout, "got "), "pong");
+    // Another host's localhost is its own, where nothing listens.
+    let fabric = Fabric::start("side-localhost-apart", &[A, B, C6], 2);
+    let mut server = fabric.spawn(A, &[&prog, "tcp-server", "any", "17111"]);
+    // Its first line says it listens (side.c exits within 20 s whatever happens, so the read
+    // ends).
+    let mut listening = String::new();
+    let mut out = std::io::BufReader::new(server.stdout.take().expect("piped"));
+    std::io::BufRead::read_line(&mut out, &mut listening).expect("read the server's stdout");
+    assert_eq!(listening, "listening 0.0.0.0:17111\n");
+    let refused = fabric.run(B, &[&prog, "refused", "127.0.0.1", "17111"]);
+    // The server is then reached at its host's address, and ends.
+    let client = fabric.run(B, &[&prog, "tcp-client", A, "17111"]);
+    let s = finish(server, "server");
+    fabric.stop();
+    assert_eq!(refused.stdout, "connect: ECONNREFUSED\n", "{}", refused.stderr);
+    assert_eq!(after(&client.stdout, "got "), "pong", "{}", client.stderr);
+    assert!(s.status.success(), "{}", s.stderr);
 }
 
 #[test]
@@ -467,4 +501,38 @@ fn qperfs_tests_without_rdma_cm_give_address_vectors_without_a_grh_which_roce_re
         let said = format!("{}{}{}", c.stdout, c.stderr, s.stdout);
         assert!(said.contains(said_then), "{said}\nserver: {}", s.stderr);
     }
+}
+
+#[test]
+fn getifaddrs_lists_the_simulated_hosts_interface_and_not_the_machines() {
+    let Some(prog) = compile_c("side", &[]) else {
+        return;
+    };
+    let fabric = Fabric::start("side-ifaddrs", &[A, B, C6], 2);
+    let b = fabric.run(B, &[&prog.path(), "ifaddrs", "any", "0"]);
+    let c6 = fabric.run(C6, &[&prog.path(), "ifaddrs", "any", "0"]);
+    fabric.stop();
+    // IFF_UP | IFF_LOOPBACK | IFF_RUNNING, and IFF_UP | IFF_BROADCAST | IFF_RUNNING |
+    // IFF_MULTICAST; IPv4 entries first, then IPv6, as glibc orders them.
+    let lo6 = "ifaddr lo 49 [::1]:0 [ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:0 -";
+    assert_eq!(
+        b.stdout.lines().collect::<Vec<_>>(),
+        [
+            "ifaddr lo 49 127.0.0.1:0 255.0.0.0:0 -",
+            "ifaddr cmsim0 1043 10.0.0.2:0 255.255.255.0:0 10.0.0.255:0",
+            lo6,
+        ],
+        "{}",
+        b.stderr
+    );
+    assert_eq!(
+        c6.stdout.lines().collect::<Vec<_>>(),
+        [
+            "ifaddr lo 49 127.0.0.1:0 255.0.0.0:0 -",
+            lo6,
+            &format!("ifaddr cmsim0 1043 [{C6}]:0 [ffff:ffff:ffff:ffff::]:0 -"),
+        ],
+        "{}",
+        c6.stderr
+    );
 }

@@ -734,3 +734,29 @@ fn the_srq_limit_of_a_verbs_srq_raises_its_event_when_a_verbs_qp_takes_a_receive
     );
     assert_eq!(b.query_srq(srq).unwrap().srq_limit, 0, "disarmed");
 }
+
+#[test]
+fn a_ud_datagram_to_the_peers_link_local_gid_reaches_it() {
+    // libfabric's verbs provider addresses its datagrams to the peer's GID 0, the port's IPv6
+    // link-local GID, with source GID 0.
+    use cm_core::{link_local_gid, AhAttr, UdParam};
+    let (_f, mut a, mut b) = fabric();
+    let qa = ud_qp(&mut a, 0x1111);
+    let qb = ud_qp(&mut b, 0x1111);
+    let to = |ip: &str| UdParam {
+        qp_num: b.verbs_qp_num(qb).unwrap(),
+        qkey: 0x1111,
+        ah_attr: AhAttr::for_ip(std::net::IpAddr::V6(link_local_gid(ip.parse().unwrap()).into())),
+    };
+    let (to_b, to_nobody) = (to(B), to("10.0.0.9"));
+    assert_eq!(to_b.ah_attr.sgid_index, 0);
+    b.verbs_post_recv(qb, 1, 64).unwrap();
+    // A link-local GID of no host's goes nowhere (the send completes).
+    a.verbs_post_send_to(qa, 2, &to_nobody, b"lost", None).unwrap();
+    a.verbs_post_send_to(qa, 3, &to_b, b"link-local", None).unwrap();
+    let got = poll_one(&mut b, qb);
+    assert_eq!((got.wr_id, got.data.as_slice()), (1, &b"link-local"[..]));
+    for wr_id in [2, 3] {
+        assert_eq!(poll_one(&mut a, qa).status, WcStatus::Success, "{wr_id}");
+    }
+}

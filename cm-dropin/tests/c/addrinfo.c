@@ -65,6 +65,38 @@ int main(void)
 		     "a service that is not a port number is EINVAL");
 	bad |= check(lookup("localhost", "1", RAI_NUMERICHOST, 0, &res) != 0 && errno == EINVAL,
 		     "RAI_NUMERICHOST refuses a name");
+	{
+		/* Neither node nor service: the hints' own addresses and fields (libfabric's
+		 * verbs provider asks so for an address it has). */
+		struct rdma_addrinfo hints;
+		struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(7471) };
+		struct sockaddr_in src = { .sin_family = AF_INET };
+
+		inet_pton(AF_INET, "10.0.0.2", &dst.sin_addr);
+		inet_pton(AF_INET, "10.0.0.1", &src.sin_addr);
+		memset(&hints, 0, sizeof hints);
+		hints.ai_flags = RAI_FAMILY;
+		hints.ai_family = AF_INET;
+		hints.ai_qp_type = IBV_QPT_RC;
+		hints.ai_port_space = RDMA_PS_TCP;
+		hints.ai_dst_addr = (struct sockaddr *)&dst;
+		hints.ai_dst_len = sizeof dst;
+		hints.ai_src_addr = (struct sockaddr *)&src;
+		hints.ai_src_len = sizeof src;
+		errno = 0;
+		bad |= check(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0 &&
+			     res->ai_flags == RAI_FAMILY && res->ai_family == AF_INET &&
+			     res->ai_port_space == RDMA_PS_TCP && res->ai_dst_len == sizeof dst &&
+			     !strcmp(ip_of(res->ai_dst_addr, ip, sizeof ip), "10.0.0.2") &&
+			     ntohs(((struct sockaddr_in *)res->ai_dst_addr)->sin_port) == 7471 &&
+			     res->ai_src_len == sizeof src &&
+			     !strcmp(ip_of(res->ai_src_addr, ip, sizeof ip), "10.0.0.1"),
+			     "without node and service the hints' addresses come back");
+		if (!bad)
+			rdma_freeaddrinfo(res);
+		bad |= check(rdma_getaddrinfo(NULL, NULL, NULL, &res) != 0 && errno == EINVAL,
+			     "without node, service and hints: EINVAL");
+	}
 	printf("%s\n", bad ? "FAILED" : "ok");
 	return bad;
 }

@@ -11,6 +11,8 @@
  *   side refused ADDR PORT      one connect, which must be refused
  *   side bind ADDR PORT         one bind, printing its errno
  *   side bind-v6only ADDR PORT  the same on an AF_INET6 socket with IPV6_V6ONLY set
+ *   side ifaddrs any 0          getifaddrs' list, one "ifaddr NAME FLAGS ADDR MASK BCAST" line
+ *                               an entry (flags in hex, "-" for no broadcast address)
  *
  * Each prints the addresses it sees (getsockname, getpeername, accept's, recvfrom's) as
  * "what ADDR:PORT" lines; every wait is bounded (alarm).
@@ -18,6 +20,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,10 +31,10 @@
 
 static const char *show(const struct sockaddr_storage *ss)
 {
-	static char out[2][80];
+	static char out[4][80];
 	static int which;
 	char ip[INET6_ADDRSTRLEN];
-	char *o = out[which++ & 1];
+	char *o = out[which++ & 3];
 
 	if (ss->ss_family == AF_INET) {
 		const struct sockaddr_in *s = (const void *)ss;
@@ -223,6 +226,23 @@ int main(int argc, char **argv)
 		len = sizeof(ss);
 		getsockname(fd, (void *)&ss, &len);
 		printf("client local %s\n", show(&ss));
+		return 0;
+	}
+	if (!strcmp(argv[1], "ifaddrs")) {
+		struct ifaddrs *list, *i;
+
+		if (getifaddrs(&list)) {
+			perror("getifaddrs");
+			return 1;
+		}
+		for (i = list; i; i = i->ifa_next) {
+			if (!i->ifa_addr)
+				continue;
+			printf("ifaddr %s %x %s %s %s\n", i->ifa_name, i->ifa_flags,
+			       show((void *)i->ifa_addr), show((void *)i->ifa_netmask),
+			       i->ifa_broadaddr ? show((void *)i->ifa_broadaddr) : "-");
+		}
+		freeifaddrs(list);
 		return 0;
 	}
 	if (!strcmp(argv[1], "refused")) {

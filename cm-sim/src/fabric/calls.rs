@@ -87,7 +87,7 @@ impl Fabric {
 
     pub(super) fn bind_port(&mut self, host: u16, r: SlotRef, addr: SocketAddr, call: Call) -> R<()> {
         let ip = addr.ip();
-        let wildcard = ip.is_unspecified();
+        let wildcard = binds_as_wildcard(ip);
         if !wildcard && !self.hosts[host as usize].addrs.contains(&ip) {
             return Err(CmError::AddrNotAvailable { call });
         }
@@ -115,7 +115,7 @@ impl Fabric {
 
     pub(crate) fn bind_addr(&mut self, host: u16, id: IdHandle, addr: SocketAddr) -> R<()> {
         let r = self.id_ref(host, id, Call::BindAddr)?;
-        let next = self.slot(r).m.bind_addr(addr.ip().is_unspecified())?;
+        let next = self.slot(r).m.bind_addr(binds_as_wildcard(addr.ip()))?;
         self.bind_port(host, r, addr, Call::BindAddr)?;
         self.slot(r).m = next;
         Ok(())
@@ -808,4 +808,11 @@ impl Fabric {
         }
         total
     }
+}
+
+/// Whether a bind to `ip` is a wildcard bind: the unspecified address, and a loopback one,
+/// which Linux 6.1's cma takes as "any" too (`cma_any_addr`): such an id gets no device and
+/// its port is the host's on every address, whatever address it keeps as its own.
+fn binds_as_wildcard(ip: std::net::IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback()
 }

@@ -171,12 +171,36 @@ impl Fabric {
             }
             return Ok(());
         }
-        let Some(to_host) = dest.ah_attr.dest_ip().and_then(|ip| self.host_of_ip(ip)) else {
+        let Some(to_host) = dest.ah_attr.dest_ip().and_then(|ip| self.host_of_gid_ip(ip)) else {
             return Ok(());
         };
         let to = (dest.qp_num & 0x00FF_FFFF, None, dest.qkey);
         self.send_datagram(host, to_host, to, from, data, imm);
         Ok(())
+    }
+
+    /// The host a datagram's destination GID names: the host with that address, or the host
+    /// whose port's IPv6 link-local GID (index 0 of its table, [`cm_core::link_local_gid`] of
+    /// its first address) it is, which reaches it on the one link every host shares.
+    fn host_of_gid_ip(&self, ip: IpAddr) -> Option<u16> {
+        if let Some(h) = self.host_of_ip(ip) {
+            return Some(h);
+        }
+        let IpAddr::V6(v6) = ip else {
+            return None;
+        };
+        let gid = v6.octets();
+        if gid[..8] != [0xfe, 0x80, 0, 0, 0, 0, 0, 0] {
+            return None;
+        }
+        self.hosts
+            .iter()
+            .position(|h| {
+                h.addrs
+                    .first()
+                    .is_some_and(|a| cm_core::link_local_gid(*a) == gid)
+            })
+            .map(|i| i as u16)
     }
 
     /// The number of the QP `id` holds, if it holds one.
