@@ -33,6 +33,12 @@ impl Fabric {
         }
     }
 
+    /// The daemon's socket, for [`spawn_on`] with a listener to wait for.
+    #[allow(dead_code)]
+    pub(crate) fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Starts `program` on the simulated host `host`.
     pub(crate) fn spawn(&self, host: &str, program: &[&str]) -> Child {
         spawn_on(&self.socket, host, None, program)
