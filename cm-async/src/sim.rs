@@ -919,7 +919,7 @@ impl<T: 'static> Sim<T> {
     /// served). A server whose closure returns is `Finished` with what it returned.
     ///
     /// ```
-    /// use cm_async::sim::{HostOutcome, Sim};
+    /// use cm_async::sim::{HostCtx, HostOutcome, Sim};
     /// use cm_async::{ConnOptions, Runtime};
     /// use cm_sim::SimFabric;
     ///
@@ -927,7 +927,7 @@ impl<T: 'static> Sim<T> {
     /// let at = "10.0.0.1:7471".parse().unwrap();
     /// let mut sim: Sim<cm_async::Result<()>> = Sim::new(fabric);
     /// // Counts the connections it served; its errors are its own too.
-    /// let served = sim.server_with(0, move |ctx| async move {
+    /// let served = sim.server_with(0, move |ctx: HostCtx<cm_async::Result<usize>>| async move {
     ///     let cm = ctx.cm()?;
     ///     let listener = cm.listen(at, ConnOptions::default())?;
     ///     let mut n = 0usize;

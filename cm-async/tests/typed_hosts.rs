@@ -170,8 +170,8 @@ fn a_restarted_typed_server_runs_again_and_reports_from_its_new_incarnation() {
 #[test]
 fn a_typed_definition_replaced_for_the_same_host_is_idle_and_never_runs() {
     let mut sim: Sim<u32> = Sim::new(fabric(25, FaultSchedule::new()));
-    let replaced = sim.client_with(0, |_ctx| async { panic!("a replaced definition ran") });
-    assert!(matches!(replaced.outcome(), None::<HostOutcome<()>>));
+    let replaced: HostResult<()> = sim.client_with(0, |_ctx| async { panic!("a replaced definition ran") });
+    assert!(replaced.outcome().is_none());
     sim.client(0, |_ctx| async { 5 });
     assert!(
         matches!(replaced.outcome(), Some(HostOutcome::Idle)),
