@@ -27,6 +27,7 @@ fn args(seed: u64) -> echo::Args {
         trace: None,
         backend: "sim".into(),
         server: None,
+        handoff: false,
     }
 }
 

@@ -47,6 +47,7 @@ fn echo_hash(seed: u64, clients: u32, messages: u32, loss: u16, crash_server: Op
         trace: None,
         backend: "sim".into(),
         server: None,
+        handoff: false,
     };
     let fabric = echo::fabric(&args);
     echo::run_sim(&fabric, &args).unwrap_or_else(|f| panic!("{args:?}: {f}"));
