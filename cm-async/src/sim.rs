@@ -819,6 +819,10 @@ impl<U> HostCtx<U> {
 /// device that is gone); when it restarts, its closure runs again. The run ends when every
 /// client has finished, then drops what is left and runs the fabric until it is idle.
 ///
+/// Every host's closure returns a `T`, and [`run`](Sim::run) gives each host's
+/// [`HostOutcome<T>`]; [`server_with`](Sim::server_with) and [`client_with`](Sim::client_with)
+/// define hosts whose closures return types of their own, read from their [`HostResult`]s.
+///
 /// ```
 /// use std::time::Duration;
 /// use cm_async::sim::{HostOutcome, Sim};
