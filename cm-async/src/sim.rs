@@ -26,10 +26,19 @@ use crate::error::Result;
 use crate::runtime::{joinable, Delivering, JoinHandle, Runtime, Sink};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T>>>;
-/// A host's closure: given its context and where its output lands, the task to run.
-type HostFn<T> = Rc<dyn Fn(HostCtx, Output<T>) -> BoxFuture<()>>;
-/// Where a host closure's output lands.
-type Output<T> = Rc<RefCell<Option<T>>>;
+/// A host's closure: given its runtime, its backend and where its output lands, the task to
+/// run (the closure makes the host's [`HostCtx`], of the type its host was defined with).
+type HostFn<T> = Rc<dyn Fn(SimRuntime, SimHost, Output<T>) -> BoxFuture<()>>;
+/// Where a host closure's output lands, once it returns.
+type Output<T> = Rc<RefCell<Option<Landed<T>>>>;
+
+/// What a host's closure left when it returned.
+enum Landed<T> {
+    /// The value, of the run's output type.
+    Value(T),
+    /// A host of its own type: the value went to its [`HostResult`].
+    Elsewhere,
+}
 
 /// Why a simulated run failed. `Display` ends with the seed to reproduce it and the trace file.
 #[derive(Debug)]
@@ -125,6 +134,167 @@ pub enum HostOutcome<T> {
     Crashed,
     /// Nothing ran on the host.
     Idle,
+    /// The host was defined with [`Sim::server_with`] or [`Sim::client_with`]: its outcome,
+    /// of its own type, is read from the [`HostResult`] those returned. (A [`HostResult`]'s
+    /// outcome is never this.)
+    Typed,
+}
+
+/// The output type of the [`HostCtx`] of a host defined with [`Sim::server`] or
+/// [`Sim::client`]: no value of it exists, so such a host has nothing to
+/// [`report`](HostCtx::report) (its outcome is one of the run's, of the run's type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Untyped {}
+
+/// How a host of its own type ended, once the run did.
+#[derive(Clone, Copy)]
+enum End {
+    Finished,
+    Running,
+    Crashed,
+    Idle,
+}
+
+/// What a host of its own type shares with its [`HostResult`] and its contexts.
+struct TypedState<U> {
+    /// What its closure returned, in the last incarnation that returned.
+    finished: RefCell<Option<U>>,
+    /// The last value [`HostCtx::report`] was given, in any incarnation.
+    reported: RefCell<Option<U>>,
+    /// Set when the run ends without failing (or at once, to `Idle`, when a later definition
+    /// for the same host replaced this one).
+    end: Cell<Option<End>>,
+}
+
+/// The outcome of a host defined with its own output type `U` ([`Sim::server_with`],
+/// [`Sim::client_with`]), read after [`Sim::run`] returned `Ok`; and the last value the host
+/// [reported](HostCtx::report), read at any time.
+///
+/// The outcome means what the run's [`HostOutcome`]s mean: `Finished(v)` when its closure
+/// returned `v` (in the last incarnation that returned), `Running` when it was still running
+/// when every client had finished, `Crashed` when its host was down when the run ended, and
+/// `Idle` when nothing of it ran (a later definition for the same host replaced it). A server
+/// that loops for ever ends `Running`: what it did is what it last reported.
+///
+/// ```
+/// use cm_async::sim::{HostOutcome, Sim};
+/// use cm_sim::SimFabric;
+///
+/// let fabric = SimFabric::builder().seed(1).host("10.0.0.1").host("10.0.0.2").build();
+/// // The run's type is the client's: the server's is its own.
+/// let mut sim: Sim<&str> = Sim::new(fabric);
+/// let server = sim.server_with(0, |ctx| async move {
+///     let mut rounds = 0u32;
+///     loop {
+///         cm_async::Runtime::sleep(ctx.runtime(), std::time::Duration::from_millis(1)).await;
+///         rounds += 1;
+///         ctx.report(rounds);
+///     }
+/// });
+/// sim.client(1, |ctx| async move {
+///     cm_async::Runtime::sleep(ctx.runtime(), std::time::Duration::from_micros(3500)).await;
+///     "done"
+/// });
+/// let outcomes = sim.run().expect("the run succeeds");
+/// assert_eq!(outcomes[0], HostOutcome::Typed);
+/// assert_eq!(outcomes[1], HostOutcome::Finished("done"));
+/// assert_eq!(server.reported(), Some(3));
+/// assert_eq!(server.into_outcome(), Some(HostOutcome::Running));
+/// ```
+pub struct HostResult<U> {
+    state: Rc<TypedState<U>>,
+}
+
+impl<U: fmt::Debug> fmt::Debug for HostResult<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostResult")
+            .field("finished", &self.state.finished.borrow())
+            .field("reported", &self.state.reported.borrow())
+            .field("ended", &self.state.end.get().is_some())
+            .finish()
+    }
+}
+
+impl<U> HostResult<U> {
+    /// The host's outcome: `None` until a run that defined it returned `Ok` (before the run,
+    /// or when the run failed), except for a definition replaced by a later one for the same
+    /// host, which is `Idle` at once. Never [`HostOutcome::Typed`].
+    pub fn into_outcome(self) -> Option<HostOutcome<U>> {
+        Some(match self.state.end.get()? {
+            End::Finished => HostOutcome::Finished(self.state.finished.borrow_mut().take()?),
+            End::Running => HostOutcome::Running,
+            End::Crashed => HostOutcome::Crashed,
+            End::Idle => HostOutcome::Idle,
+        })
+    }
+
+    /// [`into_outcome`](Self::into_outcome), keeping the handle.
+    pub fn outcome(&self) -> Option<HostOutcome<U>>
+    where
+        U: Clone,
+    {
+        Some(match self.state.end.get()? {
+            End::Finished => HostOutcome::Finished(self.state.finished.borrow().clone()?),
+            End::Running => HostOutcome::Running,
+            End::Crashed => HostOutcome::Crashed,
+            End::Idle => HostOutcome::Idle,
+        })
+    }
+
+    /// The last value the host gave [`HostCtx::report`], in whichever incarnation (a restarted
+    /// host's earlier reports stay until it reports again); `None` when it gave none. Readable
+    /// during the run too, and after a failed one.
+    pub fn reported(&self) -> Option<U>
+    where
+        U: Clone,
+    {
+        self.state.reported.borrow().clone()
+    }
+
+    /// [`reported`](Self::reported), taken out of the handle: for values that are not `Clone`.
+    pub fn take_reported(&self) -> Option<U> {
+        self.state.reported.borrow_mut().take()
+    }
+}
+
+/// Ends a host of its own type when the run does: object-safe, so that the executor, which
+/// knows only the run's type, keeps one per typed host.
+trait TypedEnd {
+    /// Records how the run ended for the host: `up` says whether its host was up.
+    fn end(&self, up: bool);
+    /// Records that nothing of the host will run.
+    fn idle(&self);
+}
+
+impl<U> TypedEnd for TypedState<U> {
+    fn end(&self, up: bool) {
+        let how = if self.finished.borrow().is_some() {
+            End::Finished
+        } else if !up {
+            End::Crashed
+        } else {
+            End::Running
+        };
+        self.end.set(Some(how));
+    }
+
+    fn idle(&self) {
+        self.end.set(Some(End::Idle));
+    }
+}
+
+/// A typed host's output: its value to its state, and a mark to the executor's cell that it
+/// returned.
+struct TypedSink<T, U> {
+    out: Output<T>,
+    state: Rc<TypedState<U>>,
+}
+
+impl<T, U> Sink<U> for TypedSink<T, U> {
+    fn put(&mut self, value: U) {
+        *self.state.finished.borrow_mut() = Some(value);
+        *self.out.borrow_mut() = Some(Landed::Elsewhere);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -136,6 +306,8 @@ enum Kind {
 struct HostDef<T> {
     kind: Kind,
     run: HostFn<T>,
+    /// A host of its own type: its state, ended with the run.
+    typed: Option<Rc<dyn TypedEnd>>,
 }
 
 /// A task's name, made into text only for reports: `<host address>#main` or `#task<n>`.
@@ -388,7 +560,7 @@ impl Timers {
 
 impl<T> Sink<T> for Output<T> {
     fn put(&mut self, value: T) {
-        *self.borrow_mut() = Some(value);
+        *self.borrow_mut() = Some(Landed::Value(value));
     }
 }
 
@@ -577,12 +749,48 @@ impl Drop for Sleep {
 }
 
 /// What a host's closure gets: its backend, its runtime, and a way to open event channels.
-pub struct HostCtx {
+///
+/// `U` is the output type of a host defined with [`Sim::server_with`] or [`Sim::client_with`],
+/// which may [`report`](Self::report) values of it; a host of [`Sim::server`] or
+/// [`Sim::client`] gets a `HostCtx<Untyped>` (plain `HostCtx`), which has none to report.
+pub struct HostCtx<U = Untyped> {
     rt: SimRuntime,
     host: SimHost,
+    /// A host of its own type: where its reports go.
+    state: Option<Rc<TypedState<U>>>,
 }
 
-impl HostCtx {
+impl<U> HostCtx<U> {
+    /// Records `value` as the host's result so far, replacing the one reported before: after
+    /// the run, [`HostResult::reported`] gives the last one. For a server that serves until
+    /// the run ends (its outcome is then `Running`, without a value): report what it did, as
+    /// it does it. The value is kept as given; reporting costs a store, and dropping the value
+    /// it replaces.
+    ///
+    /// ```
+    /// use cm_async::sim::Sim;
+    /// use cm_async::Runtime;
+    /// use std::time::Duration;
+    ///
+    /// let fabric = cm_sim::SimFabric::builder().seed(2).host("10.0.0.1").build();
+    /// let mut sim: Sim<()> = Sim::new(fabric);
+    /// let client = sim.client_with(0, |ctx| async move {
+    ///     ctx.report(String::from("halfway"));
+    ///     ctx.runtime().sleep(Duration::from_millis(1)).await;
+    ///     String::from("done")
+    /// });
+    /// sim.run().expect("the run succeeds");
+    /// assert_eq!(client.reported().as_deref(), Some("halfway"));
+    /// assert_eq!(client.into_outcome(), Some(cm_async::sim::HostOutcome::Finished("done".into())));
+    /// ```
+    pub fn report(&self, value: U) {
+        if let Some(state) = &self.state {
+            let old = state.reported.replace(Some(value));
+            // Outside the borrow: dropping the value may run arbitrary code.
+            drop(old);
+        }
+    }
+
     /// The host's runtime.
     pub fn runtime(&self) -> &SimRuntime {
         &self.rt
@@ -610,6 +818,10 @@ impl HostCtx {
 /// what the run waits for. A host that crashes loses its tasks (their objects drop against a
 /// device that is gone); when it restarts, its closure runs again. The run ends when every
 /// client has finished, then drops what is left and runs the fabric until it is idle.
+///
+/// Every host's closure returns a `T`, and [`run`](Sim::run) gives each host's
+/// [`HostOutcome<T>`]; [`server_with`](Sim::server_with) and [`client_with`](Sim::client_with)
+/// define hosts whose closures return types of their own, read from their [`HostResult`]s.
 ///
 /// ```
 /// use std::time::Duration;
@@ -704,19 +916,153 @@ impl<T: 'static> Sim<T> {
         self.define(index, Kind::Client, f);
     }
 
+    /// [`server`](Self::server) with an output type of its own, `U`: the run's outcome for
+    /// the host is [`HostOutcome::Typed`], and its own is read from the returned
+    /// [`HostResult`] after the run, with the last value it [reported](HostCtx::report)
+    /// (what a server that runs until the run ends did, such as how many connections it
+    /// served). A server whose closure returns is `Finished` with what it returned.
+    ///
+    /// ```
+    /// use cm_async::sim::{HostCtx, HostOutcome, Sim};
+    /// use cm_async::{ConnOptions, Runtime};
+    /// use cm_sim::SimFabric;
+    ///
+    /// let fabric = SimFabric::builder().seed(5).host("10.0.0.1").host("10.0.0.2").build();
+    /// let at = "10.0.0.1:7471".parse().unwrap();
+    /// let mut sim: Sim<cm_async::Result<()>> = Sim::new(fabric);
+    /// // Counts the connections it served; its errors are its own too.
+    /// let served = sim.server_with(0, move |ctx: HostCtx<cm_async::Result<usize>>| async move {
+    ///     let cm = ctx.cm()?;
+    ///     let listener = cm.listen(at, ConnOptions::default())?;
+    ///     let mut n = 0usize;
+    ///     loop {
+    ///         let (conn, _) = listener.accept().await?;
+    ///         conn.disconnect().await?;
+    ///         n += 1;
+    ///         ctx.report(Ok(n));
+    ///     }
+    /// });
+    /// sim.client(1, move |ctx| async move {
+    ///     let cm = ctx.cm()?;
+    ///     cm.runtime().sleep(std::time::Duration::from_millis(1)).await;
+    ///     for _ in 0..2 {
+    ///         let conn = cm.connect(at, &ConnOptions::default()).await?;
+    ///         conn.disconnect().await?;
+    ///     }
+    ///     Ok(())
+    /// });
+    /// let outcomes = sim.run().expect("the run succeeds");
+    /// assert_eq!(outcomes[0], HostOutcome::Typed);
+    /// assert!(matches!(outcomes[1], HostOutcome::Finished(Ok(()))));
+    /// assert!(matches!(served.reported(), Some(Ok(2))));
+    /// assert!(matches!(served.into_outcome(), Some(HostOutcome::Running)));
+    /// ```
+    pub fn server_with<U, F, Fut>(&mut self, index: usize, f: F) -> HostResult<U>
+    where
+        U: 'static,
+        F: Fn(HostCtx<U>) -> Fut + 'static,
+        Fut: Future<Output = U> + 'static,
+    {
+        self.define_typed(index, Kind::Server, f)
+    }
+
+    /// [`client`](Self::client) with an output type of its own, `U`: the run waits for it as
+    /// for every client; the run's outcome for the host is [`HostOutcome::Typed`], and what it
+    /// returned is read from the returned [`HostResult`] after the run.
+    ///
+    /// ```
+    /// use cm_async::sim::{HostOutcome, Sim};
+    /// use cm_sim::SimFabric;
+    ///
+    /// let fabric = SimFabric::builder().seed(4).host("10.0.0.1").host("10.0.0.2").build();
+    /// let mut sim: Sim<u32> = Sim::new(fabric);
+    /// let bytes = sim.client_with(0, |_ctx| async { b"ping".to_vec() });
+    /// sim.client(1, |_ctx| async { 7 });
+    /// let outcomes = sim.run().expect("the run succeeds");
+    /// assert_eq!(outcomes, vec![HostOutcome::Typed, HostOutcome::Finished(7)]);
+    /// assert_eq!(bytes.into_outcome(), Some(HostOutcome::Finished(b"ping".to_vec())));
+    /// ```
+    pub fn client_with<U, F, Fut>(&mut self, index: usize, f: F) -> HostResult<U>
+    where
+        U: 'static,
+        F: Fn(HostCtx<U>) -> Fut + 'static,
+        Fut: Future<Output = U> + 'static,
+    {
+        self.define_typed(index, Kind::Client, f)
+    }
+
     fn define<F, Fut>(&mut self, index: usize, kind: Kind, f: F)
     where
         F: Fn(HostCtx) -> Fut + 'static,
         Fut: Future<Output = T> + 'static,
     {
+        // The closure's future inline in the task's one box: boxed on its own, each poll of a
+        // host's task went through two boxes and two calls through a vtable.
+        let run: HostFn<T> = Rc::new(move |rt, host, out| {
+            let ctx = HostCtx {
+                rt,
+                host,
+                state: None,
+            };
+            Box::pin(Delivering::new(f(ctx), out))
+        });
+        self.put_def(
+            index,
+            HostDef {
+                kind,
+                run,
+                typed: None,
+            },
+        );
+    }
+
+    fn define_typed<U, F, Fut>(&mut self, index: usize, kind: Kind, f: F) -> HostResult<U>
+    where
+        U: 'static,
+        F: Fn(HostCtx<U>) -> Fut + 'static,
+        Fut: Future<Output = U> + 'static,
+    {
+        let state = Rc::new(TypedState {
+            finished: RefCell::new(None),
+            reported: RefCell::new(None),
+            end: Cell::new(None),
+        });
+        let st = state.clone();
+        // As in `define`: one box per incarnation, the sink beside the future.
+        let run: HostFn<T> = Rc::new(move |rt, host, out| {
+            let ctx = HostCtx {
+                rt,
+                host,
+                state: Some(st.clone()),
+            };
+            let sink = TypedSink {
+                out,
+                state: st.clone(),
+            };
+            Box::pin(Delivering::new(f(ctx), sink))
+        });
+        let typed: Rc<dyn TypedEnd> = state.clone();
+        self.put_def(
+            index,
+            HostDef {
+                kind,
+                run,
+                typed: Some(typed),
+            },
+        );
+        HostResult { state }
+    }
+
+    /// Makes `def` host `index`'s, in place of any definition before it (a typed one is then
+    /// `Idle`: nothing of it will run).
+    fn put_def(&mut self, index: usize, def: HostDef<T>) {
         let _ = self.fabric.host(index);
         if self.hosts.len() <= index {
             self.hosts.resize_with(index + 1, || None);
         }
-        // The closure's future inline in the task's one box: boxed on its own, each poll of a
-        // host's task went through two boxes and two calls through a vtable.
-        let run: HostFn<T> = Rc::new(move |ctx, out| Box::pin(Delivering::new(f(ctx), out)));
-        self.hosts[index] = Some(HostDef { kind, run });
+        if let Some(typed) = self.hosts[index].replace(def).and_then(|d| d.typed) {
+            typed.idle();
+        }
     }
 
     /// Runs until every client has finished; each host's outcome, by host number.
@@ -742,7 +1088,7 @@ struct Executor<T> {
     rng: ChaCha8Rng,
     /// Per host: the incarnation its closure runs in, and where its output lands.
     running: Vec<Option<(u32, Output<T>)>>,
-    outcomes: Vec<Option<T>>,
+    outcomes: Vec<Option<Landed<T>>>,
     /// The fabric's crash and restart counts when hosts were last reaped and started.
     crashes_seen: (u64, u64),
     /// [`SimFabric::events_queued`] at the last pass over the drivers.
@@ -832,14 +1178,11 @@ impl<T: 'static> Executor<T> {
             }
             let out = Rc::new(RefCell::new(None));
             self.running[i] = Some((inc, out.clone()));
-            let ctx = HostCtx {
-                rt: SimRuntime {
-                    core: self.core.clone(),
-                    host: i,
-                },
-                host: fabric.host(i),
+            let rt = SimRuntime {
+                core: self.core.clone(),
+                host: i,
             };
-            let task = (def.run)(ctx, out);
+            let task = (def.run)(rt, fabric.host(i), out);
             self.core.spawn(i, TaskName::Main, task);
         }
     }
@@ -1240,12 +1583,20 @@ impl<T: 'static> Executor<T> {
         self.core.pumps.borrow_mut().clear();
         self.core.fabric.run_until_idle();
         let fabric = self.core.fabric.clone();
+        for (i, def) in self.defs.iter().enumerate() {
+            if let Some(typed) = def.as_ref().and_then(|d| d.typed.as_ref()) {
+                typed.end(fabric.host_is_up(i));
+            }
+        }
         Ok(self
             .outcomes
             .into_iter()
             .enumerate()
             .map(|(i, out)| match out {
-                Some(v) => HostOutcome::Finished(v),
+                _ if self.defs[i].as_ref().is_some_and(|d| d.typed.is_some()) => HostOutcome::Typed,
+                Some(Landed::Value(v)) => HostOutcome::Finished(v),
+                // Only a typed host's closure leaves no value, and those are answered above.
+                Some(Landed::Elsewhere) => HostOutcome::Typed,
                 None if self.defs[i].is_none() => HostOutcome::Idle,
                 None if !fabric.host_is_up(i) => HostOutcome::Crashed,
                 None => HostOutcome::Running,
