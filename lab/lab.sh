@@ -97,7 +97,7 @@ PAIR_SUITES=(
 # counts come from the runner's own `hw: N passed, M failed, K skipped` line (hwrunner).
 PROJECT_BINS=(
   "hw-test|hwrunner|900|test --release --features hw --test hw --no-run|test:hw|--test-threads=1 --nocapture"
-  # The same runner on the device's IPv6 address (issue 12, item 5); bound as hw-test's. The
+  # The same runner on the device's IPv6 address; bound as hw-test's. The
   # unreachable address is one of veth0's /64 that nobody answers neighbour discovery for.
   # The multicast tests are left out on IPv6: RoCEv2 carries IPv4 groups only (the kernel's
   # cma_iboe_join_multicast answers an IPv6 group with ENOTSUPP, 524, measured on rxe), and an
@@ -115,12 +115,12 @@ PROJECT_BINS=(
   # by a `tokio::spawn`ed worker of the multi-threaded runtime; 20 clients x 50 messages, a
   # fifth of the run above, bound 120 s.
   "echo-handoff|echo|120|build --release --features hw,tokio --example echo|example:echo|--backend hw --server @ADDR --clients 20 --messages 50 --handoff"
-  # The remote counter (issue 24): 4 clients x 100 RDMA fetch-and-adds on one server's 8 bytes,
+  # The remote counter: 4 clients x 100 RDMA fetch-and-adds on one server's 8 bytes,
   # on tokio over rxe; its last line reads as echo's. Each add is a round trip through rxe
   # (about a millisecond under TCG): a few seconds, bound 120 s.
   "counter|echo|120|build --release --features hw,tokio --example counter|example:counter|--backend hw --server @ADDR --clients 4 --adds 100"
   # Every trait call in every id state on the raw librdmacm, against the machine and the
-  # simulator (issue 15). Its own bound is 4 minutes (the UNREACHABLE probes wait for the IB
+  # simulator. Its own bound is 4 minutes (the UNREACHABLE probes wait for the IB
   # CM's retries); debug build: the time goes to the kernel, and it spares a release build.
   # It deletes rxe0 for its device-removal probes, last, and adds it back on veth0 (guest/init).
   # UNREACHABLE's requests go to 10.0.0.253, given a permanent neighbour entry to nobody's MAC
@@ -133,7 +133,7 @@ PROJECT_BINS=(
   # virtual time: well under a second); the binary also serves the mckey-sender/-receiver
   # suites. Debug build: the work is the kernel's, and it spares a release build.
   "mckey|plain|60|build --features hw --example mckey|example:mckey|--backend sim -c 2 -C 20"
-  # The fault-differential suite (issue 23): every pattern of examples/faultdiff/patterns.rs at
+  # The fault-differential suite: every pattern of examples/faultdiff/patterns.rs at
   # once, pattern K on pair K of the pair topology, its losses as nft rules in ip cm_fault,
   # against the same pattern on the simulator. The longest pattern runs 150 s (the MRA's
   # stretched retries); the bound leaves TCG room for setup and teardown of 23 connections.

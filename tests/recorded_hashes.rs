@@ -2,10 +2,9 @@
 //! simulator delivers (instant, host, id, event, status), so these pin its model: a refactor or
 //! a speed-up that changes any event, its time or the order of events due at one instant moves
 //! one of them. A deliberate model change updates the hashes here together with BENCHMARKS.md,
-//! which names the old and the new ones (issue 14 allows one such change for speed; none has
-//! been spent). Issue 23 changed the model under faults (the IB CM's retries, duplicates, MRA
-//! and late REJ as Linux 6.1's): the five fault runs below were recorded again once, the
-//! fault-free ones kept their hashes.
+//! which names the old and the new ones, and the CHANGELOG says why. The model under faults
+//! changed once (the IB CM's retries, duplicates, MRA and late REJ made Linux 6.1's): the five
+//! fault runs below were recorded again then; the fault-free ones kept their hashes.
 //!
 //! The runs are the ones the docs quote: `cmtime` (examples/cmtime.rs, on the raw trait) and the
 //! `echo` application (examples/echo.rs, on the async layer), each included here as its

@@ -18,7 +18,7 @@ usage: cm-fuzz [options]
   --seed-start S          first seed (decimal or 0x hex)
   --shard K/N             run only seeds S+K, S+K+N, S+K+2N, ... (K from 0 to N-1)
   --json                  print one JSON line with the summary instead of text
-  --allow-known LIST      leave out input families that reach a known defect (issue #9):
+  --allow-known LIST      leave out input families that reach a known defect:
                           all, or a comma list of config, duration-max, clock-overflow,
                           device-removal, wrong-host-ack, forged-ack, host-addr
   --wall-limit SECS       wall-clock seconds one sequence may take before it counts as a hang
