@@ -197,7 +197,7 @@ impl Boxes {
         (p != 0 && self.dense[p - 1].0 == id).then(|| p - 1)
     }
 
-    #[inline(always)]
+    #[inline]
     fn get_mut(&mut self, id: &IdHandle) -> Option<&mut Mailbox> {
         match self.position(*id) {
             Some(p) => Some(&mut self.dense[p].1),

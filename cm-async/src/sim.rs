@@ -453,7 +453,7 @@ impl Timers {
     }
 
     /// Whether `key`'s timer is the front one (nearly always, when asked).
-    #[inline(always)]
+    #[inline]
     fn is_front(&self, key: TimerKey) -> bool {
         self.queue
             .get(self.head)

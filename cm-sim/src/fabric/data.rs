@@ -9,7 +9,7 @@ impl Fabric {
     /// the peer has no receive posted or its QP is not ready to receive.
     // The test that most calls stop at (every QP reaching RTS finds nothing to send) inline,
     // the delivery out of line.
-    #[inline(always)]
+    #[inline]
     pub(super) fn deliver_sends(&mut self, sender: SlotRef) {
         let pending = self.ids.get(sender).is_some_and(|s| {
             s.m.qp() == Some(QpState::Rts) && s.qp.as_ref().is_some_and(|q| q.has_pending_send())

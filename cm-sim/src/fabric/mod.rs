@@ -72,7 +72,7 @@ use self::wire::*;
 /// Parameters of events that carry none: `ConnParam::ZERO`, built field by field. Written as
 /// the constant, the whole 280 bytes were cleared by a `memset` for every such event (a
 /// constant's bytes are zeros or undefined), where the fields are a few stores.
-#[inline(always)]
+#[inline]
 fn no_param() -> ConnParam {
     ConnParam {
         private_data: PrivateData::default(),
