@@ -207,7 +207,9 @@ pub fn likely_known(failure: &Failure) -> Option<&'static str> {
         return Some("duration-max or config: division by zero (a Duration::MAX range, or cm_retries)");
     }
     if d.contains("overflow") {
-        return Some("clock-overflow or config: arithmetic overflow (the virtual clock, or the configuration)");
+        return Some(
+            "clock-overflow or config: arithmetic overflow (the virtual clock, or the configuration)",
+        );
     }
     if failure.check == Check::ForgedAckAccepted {
         return Some("forged-ack: a forged event ack accepted");
