@@ -1215,8 +1215,11 @@ print_perftest_comparisons() {
 # receive posted completes with status 13 (RNR retry counter exceeded; fio's rdma engine
 # connects with rnr_retry_count 0 and its server posts one receive at a time), after which both
 # sides wait in get_events until they are killed (seen with server iodepth 1 and 16).
-# qperf's rc_lat runs for a time (-t 1), not a count: with -n it never ends on the simulator
-# (rc_bw with -n does), so only its section is compared.
+# qperf's rc_lat runs for a time (-t 1), not a count: with -n it never ends, on rxe as on the
+# simulator (rc_bw with -n does), so only its section is compared.
+# fi_pingpong -e rdm runs in a universe of 32 (FI_UNIVERSE_SIZE): ofi_rxm's MSG CQ has
+# (tx + rx size) x the universe's entries, past max_cqe (32767) with the default 256, and its
+# fi_enable fails with EINVAL (ibv_create_cq), on rxe as on the simulator.
 PROGRAM_RUNS=(
   "prog-qperf-rc-bw|60|tcp:19765|0|2|qperf|qperf --wait_server 10 -cm1 -vvs -n 1000 @S rc_bw"
   "prog-qperf-rc-lat|60|tcp:19765|0|2|qperf|qperf --wait_server 10 -cm1 -vvs -t 1 @S rc_lat"
@@ -1225,7 +1228,9 @@ PROGRAM_RUNS=(
   "prog-srq-pingpong|60|tcp:18532|1|2|ibv_srq_pingpong -g @G -n 200 -p 18532|ibv_srq_pingpong -g @G -n 200 -p 18532 @S"
   "prog-rping-q|60|cm:7472|1|2|rping -s -q -a @S -p 7472 -C 20 -S 1000 -v|rping -c -V -q -a @S -p 7472 -C 20 -S 1000 -v"
   "prog-fi-info|30|-|1|1|-|fi_info -p verbs"
+  "prog-fi-pingpong-dgram|60|tcp:47592|1|2|fi_pingpong -p verbs -I 20|fi_pingpong -p verbs -I 20 @S"
   "prog-fi-pingpong-msg|60|tcp:47592|1|2|fi_pingpong -p verbs -e msg -I 20|fi_pingpong -p verbs -e msg -I 20 @S"
+  "prog-fi-pingpong-rdm|60|tcp:47592|1|2|env FI_UNIVERSE_SIZE=32 fi_pingpong -p verbs -e rdm -I 20|env FI_UNIVERSE_SIZE=32 fi_pingpong -p verbs -e rdm -I 20 @S"
   "prog-fio-write|60|cm:24100|1|2|fio --name=server --ioengine=rdma --port=24100 --bs=4k --size=1m --rw=read --iodepth=1|fio --name=client --ioengine=rdma --port=24100 --bs=4k --size=1m --hostname=@S --verb=write --rw=write --iodepth=16"
   "prog-fio-read|60|cm:24101|1|2|fio --name=server --ioengine=rdma --port=24101 --bs=64k --size=4m --rw=read --iodepth=1|fio --name=client --ioengine=rdma --port=24101 --bs=64k --size=4m --hostname=@S --verb=read --rw=write --iodepth=8"
 )
@@ -1240,12 +1245,18 @@ program_selected() {
   return 1
 }
 
-# The host programs of a row (the first word of its commands).
+# The program a command runs: its first word, past `env` and its K=V words.
+program_of() {
+  local w
+  for w in $1; do [[ $w == env || $w == *=* ]] || { echo "$w"; return; }; done
+}
+
+# The host programs of a row.
 program_bins() {
   local s c
   IFS='|' read -r _ _ _ _ _ s c <<<"$1"
-  [[ $s == - ]] || echo "${s%% *}"
-  echo "${c%% *}"
+  [[ $s == - ]] || program_of "$s"
+  program_of "$c"
 }
 
 # The guest side: the programs and their ldd closures go into the image (only those of selected
@@ -1473,7 +1484,7 @@ print_program_comparisons() {
   log "other programs, rxe (guest) vs simulator (host, cm-dropin): exit codes and the programs' counts compared; figures recorded (sim/rxe), not compared"
   for row in "${shown[@]}"; do
     IFS='|' read -r suite tmo wait ends procs scmd ccmd <<<"$row"
-    prog=${ccmd%% *}
+    prog=$(program_of "$ccmd")
     rxe="no record"; sim="no record"
     [[ -f $OUT/$suite.log ]] && rxe=$(prog_facts "$OUT/$suite.log" "$prog")
     [[ -f $OUT/$suite.sim ]] && sim=$(prog_facts "$OUT/$suite.sim" "$prog")
