@@ -562,7 +562,7 @@ build_project() {
     log "  $suite: ${exe#"$CARGO_DIR"/}"
     PROJECT_EXE[$suite]=$exe
   done
-  if dropin_selected || perftest_selected; then build_dropin "$deadline"; fi
+  if dropin_selected || perftest_selected || program_selected; then build_dropin "$deadline"; fi
 }
 
 # Copy the built project binaries into the image and register their suites.
@@ -1197,6 +1197,318 @@ print_perftest_comparisons() {
   done
 }
 
+# ---------------------------------------------------------------- programs --
+# The other unmodified programs the drop-in runs on the simulator (their host tests:
+# cm-dropin/tests/side_channel.rs for qperf, verbs_qp.rs for the ibv_*_pingpongs and rping -q,
+# libfabric.rs for fi_info and fi_pingpong, fio.rs for fio's rdma engine), run on rxe in the
+# guest and on the simulator on the host before the VM boots, as perftest's are. The summary
+# compares what both sides should agree on (exit codes and the programs' own counts: what
+# prog_facts says for each program) and records the figures with the simulator's over rxe's.
+# Each row: suite | bound (s) | how the client waits for the server (tcp:PORT: a TCP listener,
+# cm:PORT: an rdma_cm listener, -: no server) | server ends by itself (1) or is stopped after
+# the client (0: qperf's server is a daemon) | the programs the simulator's daemon waits for |
+# server command (- for none) | client command. @S is the server's address (rxe: the guest's,
+# simulator: 10.0.0.1, the client on 10.0.0.2), @G the GID index of the server's IPv4 address
+# (rxe: found in the GID table, simulator: 1, as the host tests).
+# Bounds: each run takes a few seconds on rxe under TCG (qperf's rc_lat one second by -t 1).
+# fio's send verb is not a row: on rxe as on the simulator the client's first SEND that finds no
+# receive posted completes with status 13 (RNR retry counter exceeded; fio's rdma engine
+# connects with rnr_retry_count 0 and its server posts one receive at a time), after which both
+# sides wait in get_events until they are killed (seen with server iodepth 1 and 16).
+# qperf's rc_lat runs for a time (-t 1), not a count: with -n it never ends, on rxe as on the
+# simulator (rc_bw with -n does), so only its section is compared.
+# fi_pingpong -e rdm runs in a universe of 32 (FI_UNIVERSE_SIZE): ofi_rxm's MSG CQ has
+# (tx + rx size) x the universe's entries, past max_cqe (32767) with the default 256, and its
+# fi_enable fails with EINVAL (ibv_create_cq), on rxe as on the simulator.
+PROGRAM_RUNS=(
+  "prog-qperf-rc-bw|60|tcp:19765|0|2|qperf|qperf --wait_server 10 -cm1 -vvs -n 1000 @S rc_bw"
+  "prog-qperf-rc-lat|60|tcp:19765|0|2|qperf|qperf --wait_server 10 -cm1 -vvs -t 1 @S rc_lat"
+  "prog-rc-pingpong|60|tcp:18530|1|2|ibv_rc_pingpong -g @G -n 200 -p 18530|ibv_rc_pingpong -g @G -n 200 -p 18530 @S"
+  "prog-ud-pingpong|60|tcp:18531|1|2|ibv_ud_pingpong -g @G -n 200 -p 18531|ibv_ud_pingpong -g @G -n 200 -p 18531 @S"
+  "prog-srq-pingpong|60|tcp:18532|1|2|ibv_srq_pingpong -g @G -n 200 -p 18532|ibv_srq_pingpong -g @G -n 200 -p 18532 @S"
+  "prog-rping-q|60|cm:7472|1|2|rping -s -q -a @S -p 7472 -C 20 -S 1000 -v|rping -c -V -q -a @S -p 7472 -C 20 -S 1000 -v"
+  "prog-fi-info|30|-|1|1|-|fi_info -p verbs"
+  "prog-fi-pingpong-dgram|60|tcp:47592|1|2|fi_pingpong -p verbs -I 20|fi_pingpong -p verbs -I 20 @S"
+  "prog-fi-pingpong-msg|60|tcp:47592|1|2|fi_pingpong -p verbs -e msg -I 20|fi_pingpong -p verbs -e msg -I 20 @S"
+  "prog-fi-pingpong-rdm|60|tcp:47592|1|2|env FI_UNIVERSE_SIZE=32 fi_pingpong -p verbs -e rdm -I 20|env FI_UNIVERSE_SIZE=32 fi_pingpong -p verbs -e rdm -I 20 @S"
+  "prog-fio-write|60|cm:24100|1|2|fio --name=server --ioengine=rdma --port=24100 --bs=4k --size=1m --rw=read --iodepth=1|fio --name=client --ioengine=rdma --port=24100 --bs=4k --size=1m --hostname=@S --verb=write --rw=write --iodepth=16"
+  "prog-fio-read|60|cm:24101|1|2|fio --name=server --ioengine=rdma --port=24101 --bs=64k --size=4m --rw=read --iodepth=1|fio --name=client --ioengine=rdma --port=24101 --bs=64k --size=4m --hostname=@S --verb=read --rw=write --iodepth=8"
+)
+
+# Whether a run is selected: all of them without --only, each needs its programs on the host.
+program_selected() {
+  local row name
+  for row in "${PROGRAM_RUNS[@]}"; do
+    name=${row%%|*}
+    if [[ -z $ONLY || ",$ONLY," == *",$name,"* ]]; then return 0; fi
+  done
+  return 1
+}
+
+# The program a command runs: its first word, past `env` and its K=V words.
+program_of() {
+  local w
+  for w in $1; do [[ $w == env || $w == *=* ]] || { echo "$w"; return; }; done
+}
+
+# The host programs of a row.
+program_bins() {
+  local s c
+  IFS='|' read -r _ _ _ _ _ s c <<<"$1"
+  [[ $s == - ]] || program_of "$s"
+  program_of "$c"
+}
+
+# The guest side: the programs and their ldd closures go into the image (only those of selected
+# runs: fio's closure is 80 MB); libfabric 1.17's providers are built into libfabric.so.1 and
+# fio's rdma engine into fio, so nothing they dlopen is missing but the rxe provider, which is
+# always there. The record is perftest's shape.
+add_program_suites() {
+  local row suite tmo wait ends procs scmd ccmd b missing kind port has_srv
+  for row in "${PROGRAM_RUNS[@]}"; do
+    IFS='|' read -r suite tmo wait ends procs scmd ccmd <<<"$row"
+    [[ -z $ONLY || ",$ONLY," == *",$suite,"* ]] || continue
+    missing=""
+    for b in $(program_bins "$row"); do command -v "$b" >/dev/null || missing+=" $b"; done
+    if [[ -n $missing ]]; then
+      log "suite $suite skipped: not installed on the host:$missing (qperf, ibverbs-utils, rdmacm-utils, libfabric-bin, fio)"
+      continue
+    fi
+    for b in $(program_bins "$row"); do [[ -e $ROOT$(command -v "$b") ]] || put_elf "$(command -v "$b")"; done
+    kind=${wait%%:*}; port=${wait#*:}
+    # The guest finds @G itself: \$gid in its script.
+    scmd=${scmd//@S/$ADDR}; scmd=${scmd//@G/\$gid}; ccmd=${ccmd//@S/$ADDR}; ccmd=${ccmd//@G/\$gid}
+    has_srv=1; [[ $scmd == - ]] && has_srv=0
+    add_suite "$suite" program "$tmo" <<EOF
+# $suite on rxe
+. /lab/config
+# The GID index of the guest's IPv4 address (RoCE v2; 1 on Linux 6.1's rxe, checked here).
+gid=
+for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+  n=\${f##*/}
+  if grep -q "ffff:\$ADDR_GID\$" \$f && grep -q 'RoCE v2' /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/\$n 2>/dev/null; then gid=\$n; break; fi
+done
+echo "lab: GID index of \$ADDR: \${gid:-none}"
+tcp_listening() {
+  awk -v p=":\$(printf %04X $port)" 'NR > 1 && \$4 == "0A" && substr(\$2, length(\$2) - 4) == p { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6
+}
+: > /tmp/server.out; : > /tmp/server.err
+src=none
+if [ $has_srv = 1 ]; then
+  $scmd > /tmp/server.out 2> /tmp/server.err &
+  srv=\$!
+  i=0
+  if [ $kind = cm ]; then
+    wait_listen $port >/dev/null || { cat /tmp/server.out /tmp/server.err; exit 1; }
+  else
+    while ! tcp_listening && [ \$i -lt 100 ]; do usleep 100000; i=\$((i + 1)); done
+  fi
+fi
+timeout -k 5 $((tmo - 25)) $ccmd > /tmp/client.out 2> /tmp/client.err
+crc=\$?
+if [ $has_srv = 1 ]; then
+  if [ $ends = 1 ]; then
+    src=
+    wait_pid \$srv 10 || src=hung
+    [ -z "\$src" ] && { wait \$srv; src=\$?; }
+  else
+    kill \$srv; wait_pid \$srv 5 >/dev/null; src=stopped
+  fi
+fi
+echo "server-rc: \$src"; echo "client-rc: \$crc"
+for f in server.out server.err client.out client.err; do
+  sed "s/^/\${f%.*}-\${f#*.}: /" /tmp/\$f
+done
+[ \$crc = 0 ] && { [ \$src = 0 ] || [ \$src = stopped ] || [ \$src = none ]; }
+EOF
+  done
+}
+
+# The host side: one run on a fresh fabric daemon (seed 7, two hosts, CMSIM_DEBUG=1 for its
+# log), the server on 10.0.0.1, the client on 10.0.0.2. The programs' TCP sockets on a simulated
+# host are the drop-in's side channel, on a loopback address of the host's own: the listener is
+# waited for in /proc/net/tcp, whatever its address. The record to $OUT/<suite>.sim.
+program_run_sim() {
+  local suite=$1 tmo=$2 wait=$3 ends=$4 procs=$5 scmd=$6 ccmd=$7
+  local dir=$WORK/programs sock=$WORK/programs/$suite.sock srv="" dmn src=none crc=0 i=0 hex kind port f DROPIN_RC
+  local -a wait_for=()
+  mkdir -p "$dir"; rm -f "$sock"
+  kind=${wait%%:*}; port=${wait#*:}
+  scmd=${scmd//@S/$DROPIN_SIM_SERVER}; scmd=${scmd//@G/1}
+  ccmd=${ccmd//@S/$DROPIN_SIM_SERVER}; ccmd=${ccmd//@G/1}
+  CMSIM_DEBUG=1 timeout -k 5 "$((tmo + 15))" "${DROPIN_EXE[cmsim-daemon]}" --socket "$sock" \
+    --host "$DROPIN_SIM_SERVER" --host "$DROPIN_SIM_CLIENT" --seed 7 --processes "$procs" \
+    --max-seconds "$((tmo + 10))" > "$OUT/$suite.daemon" 2>&1 &
+  dmn=$!
+  while [[ ! -S $sock ]] && kill -0 "$dmn" 2>/dev/null && ((i < 100)); do sleep 0.1; i=$((i + 1)); done
+  : > "$dir/server.out"; : > "$dir/server.err"
+  if [[ $scmd != - ]]; then
+    # shellcheck disable=SC2086  # the command is a word list by design
+    timeout -k 5 "$tmo" "${DROPIN_EXE[cmsim-run]}" --socket "$sock" --host "$DROPIN_SIM_SERVER" -- \
+      $scmd > "$dir/server.out" 2> "$dir/server.err" &
+    srv=$!
+    if [[ $kind == cm ]]; then
+      wait_for=(--wait-for-listener "$DROPIN_SIM_SERVER:$port")
+    else
+      hex=$(printf ':%04X' "$port"); i=0
+      while ! awk -v p="$hex" 'NR > 1 && $4 == "0A" && $2 ~ p"$" { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 \
+          && kill -0 "$srv" 2>/dev/null && ((i < 200)); do sleep 0.1; i=$((i + 1)); done
+    fi
+  fi
+  # shellcheck disable=SC2086
+  timeout -k 5 "$((tmo - 20))" "${DROPIN_EXE[cmsim-run]}" --socket "$sock" --host "$DROPIN_SIM_CLIENT" \
+    "${wait_for[@]}" -- $ccmd > "$dir/client.out" 2> "$dir/client.err" || crc=$?
+  if [[ -n $srv ]]; then
+    if ((ends)); then
+      dropin_wait "$srv" 15; src=$DROPIN_RC
+    else
+      kill -TERM "$srv" 2>/dev/null || true; dropin_wait "$srv" 5; src=stopped
+    fi
+  fi
+  dropin_wait "$dmn" 20
+  {
+    echo "fabric-rc: $DROPIN_RC"
+    echo "server-rc: $src"; echo "client-rc: $crc"
+    for f in server.out server.err client.out client.err; do sed "s/^/${f%.*}-${f#*.}: /" "$dir/$f"; done
+  } > "$OUT/$suite.sim"
+  rm -f "$sock"
+}
+
+run_program_sims() {
+  local row suite tmo wait ends procs scmd ccmd t0
+  for row in "${PROGRAM_RUNS[@]}"; do
+    IFS='|' read -r suite tmo wait ends procs scmd ccmd <<<"$row"
+    [[ -n ${SUITE_KIND[$suite]:-} ]] || continue
+    log "simulator: $suite (on the host, cmsim-daemon)"
+    t0=$EPOCHREALTIME
+    program_run_sim "$suite" "$tmo" "$wait" "$ends" "$procs" "$scmd" "$ccmd"
+    log "simulator: $suite finished after $(elapsed "$t0")s"
+  done
+}
+
+# What is compared of one record, and its figures: line 1 "rc SERVER CLIENT", line 2 the
+# counts (compared), line 3 the figures (recorded: "VALUE UNIT", the first the one whose ratio is
+# shown). Per program, what both sides must agree on:
+#   qperf: the test sections in order; for rc_bw (-n) the messages and bytes sent and received
+#     (the receiver's counts come back to the client); rc_lat runs for a time, so its counts
+#     are not compared. Figures: bw in MB/sec, or latency in us.
+#   ibv_*_pingpong: both sides' "N bytes" and "N iters" lines (sizes x iterations, and for
+#     ibv_srq_pingpong the QPs each side lists). Figures: the client's usec/iter and Mbit/sec.
+#   rping: the client's validated pings ("ping data:" lines) and no "mismatch". No figures
+#     (rping prints none).
+#   fi_info: the endpoint types listed (distinct "provider type protocol"; the fabric and
+#     domain names are the device's: rxe0's, cmsim0's). No figures.
+#   fi_pingpong: both sides' table rows (size, #sent, #ack). Figures: the client's usec/xfer of
+#     the smallest size and MB/sec of the largest.
+#   fio: the client's err, issued I/Os and io=, the server's err. Figures: the client's bw.
+prog_facts() {
+  local rec=$1 prog=$2
+  awk -v prog="$prog" '
+    function tail(s) { sub(/^[a-z]+-[a-z]+: /, "", s); return s }
+    /^server-rc: / { src = $2; next } /^client-rc: / { crc = $2; next }
+    { line = tail($0) }
+    prog == "qperf" && /^client-out: / {
+      if (line ~ /^[a-z_]+:$/) { sec = sec (sec == "" ? "" : ",") substr(line, 1, length(line) - 1); next }
+      n = split(line, w, " ")
+      if (w[2] != "=") next
+      v = w[3]; gsub(/,/, "", v); uu = (n > 3 ? w[4] : ""); u = (n > 3 ? " " uu : "")
+      if (sec ~ /_bw$/ && w[1] ~ /^(send|recv)_(msgs|bytes)$/) cnt = cnt " " w[1] "=" v u
+      # qperf picks the unit by the size of the figure: MB/sec and us here, for the ratio.
+      if (w[1] == "bw") { f = v * (uu == "GB/sec" ? 1000 : uu == "KB/sec" ? 0.001 : uu == "bytes/sec" ? 1e-6 : 1); fig = fig (fig == "" ? "" : ", ") f " MB/sec" }
+      if (w[1] == "latency") { f = v * (uu == "ms" ? 1000 : uu == "ns" ? 0.001 : uu == "sec" ? 1e6 : 1); fig = fig (fig == "" ? "" : ", ") f " us" }
+    }
+    prog ~ /^ibv_/ && /^(server|client)-out: / {
+      who = substr($0, 1, 6)
+      if (line ~ / bytes in .* seconds/) { cnt = cnt " " who " " $2 " bytes"; if (who == "client") { split(line, w, " "); mb = w[7] " " w[8] } }
+      if (line ~ / iters in .* seconds/) { cnt = cnt " " who " " $2 " iters"; if (who == "client") { split(line, w, " "); us = w[7] " " w[8] } }
+      if (line ~ /local address:/) lq[who]++
+      if (line ~ /Couldn.t|Failed status|invalid data|unknown/) bad[who]++
+    }
+    prog == "rping" && /^client-out: ping data: rdma-ping-/ { pings++ }
+    prog == "rping" && /mismatch/ { mism++ }
+    prog == "fi_info" && /^client-out: / {
+      k = line; sub(/^ +/, "", k)
+      if (k ~ /^provider: /) { p = substr(k, 11); t = ""; pr = "" }
+      if (k ~ /^type: /) t = substr(k, 7)
+      if (k ~ /^protocol: /) { pr = substr(k, 11); key = p " " t " " pr; if (!(key in ep)) { ep[key] = 1; eps = eps (eps == "" ? "" : "; ") key } }
+    }
+    prog == "fi_pingpong" && /^(server|client)-out: / {
+      who = substr($0, 1, 6)
+      if (line ~ /^bytes +#sent/) { on[who] = 1; next }
+      if (on[who] && split(line, w, " ") == 8) {
+        b = w[1]; sub(/k$/, "000", b); sub(/m$/, "000000", b)
+        if (b + 0 > 131072) { beyond[who] = beyond[who] " " w[1] "x" w[2] w[3]; next }
+        rows[who] = rows[who] " " w[1] "x" w[2] w[3]
+        if (who == "client") { if (first == "") first = w[7] " usec/xfer"; last = w[6] " MB/sec" }
+      }
+    }
+    prog == "fio" && /^(server|client)-out: / {
+      who = substr($0, 1, 6)
+      if (line ~ /: \(groupid=0, jobs=1\): err=/) { e = line; sub(/.*err= */, "", e); sub(/:.*/, "", e); err[who] = e }
+      if (line ~ /issued rwts: total=/) { s = line; sub(/.*total=/, "", s); sub(/ .*/, "", s); iss[who] = s }
+      if (line ~ / io=/ && line ~ /bw=/) {
+        s = line; sub(/.* io=/, "", s); sub(/ .*/, "", s); io[who] = s
+        if (who == "client") { b = line; sub(/.*bw=/, "", b); sub(/ .*/, "", b); fbw = b }
+      }
+    }
+    END {
+      printf "rc %s %s\n", src, crc
+      if (prog == "qperf") { printf "%s%s\n%s\n", (sec == "" ? "no sections" : sec), cnt, fig }
+      else if (prog ~ /^ibv_/) {
+        printf "%s", (cnt == "" ? "no summary" : substr(cnt, 2))
+        if (prog == "ibv_srq_pingpong") printf ", qps server %d client %d", lq["server"], lq["client"]
+        if (bad["server"] + bad["client"]) printf ", errors said"
+        printf "\n%s, %s\n", us, mb
+      }
+      else if (prog == "rping") printf "%d pings%s\n\n", pings, (mism ? ", mismatch" : "")
+      else if (prog == "fi_info") printf "%s\n\n", (eps == "" ? "no entries" : eps)
+      else if (prog == "fi_pingpong") {
+        printf "server%s; client%s\n%s, %s\n", rows["server"], rows["client"], first, last
+        if (beyond["server"] beyond["client"] != "") printf "past the simulator'"'"'s 128 KiB max_msg_sz: server%s; client%s\n", beyond["server"], beyond["client"]
+      }
+      else if (prog == "fio") printf "client err=%s issued=%s io=%s; server err=%s\n%s\n", err["client"], iss["client"], io["client"], err["server"], fbw
+    }' "$rec"
+}
+
+# One line per run: same (both sides exited as they should and the counts match) or DIFFERENT,
+# then both sides' figures and the ratio of the first. Adds to summarize's counters.
+print_program_comparisons() {
+  local row suite tmo wait ends procs scmd ccmd prog rxe sim verdict ratio rr sr rc_ok
+  local -a shown=()
+  for row in "${PROGRAM_RUNS[@]}"; do
+    IFS='|' read -r suite tmo wait ends procs scmd ccmd <<<"$row"
+    [[ -n ${SUITE_KIND[$suite]:-} ]] && shown+=("$row")
+  done
+  ((${#shown[@]})) || return 0
+  echo
+  log "other programs, rxe (guest) vs simulator (host, cm-dropin): exit codes and the programs' counts compared; figures recorded (sim/rxe), not compared"
+  for row in "${shown[@]}"; do
+    IFS='|' read -r suite tmo wait ends procs scmd ccmd <<<"$row"
+    prog=$(program_of "$ccmd")
+    rxe="no record"; sim="no record"
+    [[ -f $OUT/$suite.log ]] && rxe=$(prog_facts "$OUT/$suite.log" "$prog")
+    [[ -f $OUT/$suite.sim ]] && sim=$(prog_facts "$OUT/$suite.sim" "$prog")
+    rr=$(head -1 <<<"$rxe"); sr=$(head -1 <<<"$sim")
+    # The server exits 0 by itself, or is stopped (qperf), or there is none (fi_info).
+    rc_ok='^rc (0|stopped|none) 0$'
+    if [[ $rr =~ $rc_ok && $sr == "$rr" && $(sed -n 2p <<<"$rxe") == "$(sed -n 2p <<<"$sim")" ]] \
+        && [[ -n $(sed -n 2p <<<"$rxe") ]] && grep -qx 'fabric-rc: 0' "$OUT/$suite.sim"; then
+      verdict=same; passed=$((passed + 1))
+    else
+      verdict=DIFFERENT; failed=$((failed + 1))
+    fi
+    ratio=$(awk -v s="$(sed -n 3p <<<"$sim")" -v r="$(sed -n 3p <<<"$rxe")" \
+      'BEGIN { split(s, a, " "); split(r, b, " "); if (b[1] + 0 > 0 && a[1] != "" && a[2] == b[2]) printf "%.2f", a[1] / b[1]; else print "-" }')
+    log "$(printf '%-18s %-9s %s | counts: %s' "${suite#prog-}" "$verdict" "$rr" "$(sed -n 2p <<<"$rxe")")"
+    log "$(printf '%-18s %-9s rxe: %s | sim: %s | sim/rxe %s' "" "" "$(sed -n 3p <<<"$rxe")" "$(sed -n 3p <<<"$sim")" "$ratio")"
+    [[ -n $(sed -n 4p <<<"$rxe$(echo; sed -n 4p <<<"$sim")") ]] && log "$(printf '%-28s shown only: rxe: %s | sim: %s' "" "$(sed -n 4p <<<"$rxe")" "$(sed -n 4p <<<"$sim")")"
+    if [[ $verdict != same ]]; then
+      log "  rxe: $(tr '\n' ';' <<<"$rxe") sim: $(tr '\n' ';' <<<"$sim")"
+      log "  records: ${OUT#"$REPO"/}/$suite.log (rxe), $suite.sim and $suite.daemon (simulator)"
+    fi
+  done
+}
+
 build_initramfs() {
   log "building initramfs"
   rm -rf "$ROOT" "$OUT"; mkdir -p "$ROOT" "$OUT"
@@ -1224,13 +1536,18 @@ build_initramfs() {
   [[ -n $gcc_s ]] || die "libgcc_s.so.1 not found"
   put "$gcc_s"
 
+  # glibc resolves "localhost" through /etc/hosts (without it, through DNS, which the guest has
+  # not: EAI_AGAIN); libfabric's verbs provider asks rdma_getaddrinfo for it when no address is
+  # given (fi_info's RDM entries, fi_pingpong's server).
+  printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n' > "$ROOT/etc/hosts"
+
   local m
   for m in $(<"$KDIR/modules.load"); do cp "$KDIR/modules/$m.ko" "$ROOT/lab/modules/"; done
   cp "$KDIR/modules.load" "$ROOT/lab/modules.load"
 
   add_rdmacore_suites
   ((PROJECT)) && add_project_suites && add_interop_suites && add_udaddy_suites && add_mckey_suites
-  if ((PROJECT)); then add_dropin_suites; add_perftest_suites; fi
+  if ((PROJECT)); then add_dropin_suites; add_perftest_suites; add_program_suites; fi
   add_extra_suites
   # The pair topology's files (its modules, nft and the libraries no other binary brought, its
   # suites) come last and go only into its own image: what they add to the tree is listed and
@@ -1561,6 +1878,7 @@ summarize() {
   print_cmtime_tables
   print_dropin_comparisons
   print_perftest_comparisons
+  print_program_comparisons
   echo
   log "$passed passed, $failed failed"
   ((failed == 0 && timed_out == 0))
@@ -1618,6 +1936,7 @@ main() {
   fi
   run_dropin_sims
   run_perftest_sims
+  run_program_sims
   boot_all
   summarize
 }

@@ -240,7 +240,7 @@ fn device_attr(addr: IpAddr) -> IbvDeviceAttr {
         max_sge: sim.max_sge as i32,
         max_sge_rd: 32,
         max_cq: 1 << 20,
-        max_cqe: (1 << 15) - 1,
+        max_cqe: proto::MAX_CQE as i32,
         max_mr: (1 << 19) - 1,
         max_pd: 1 << 20,
         max_qp_rd_atom: i32::from(sim.max_rd_atomic),

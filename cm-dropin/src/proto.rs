@@ -158,6 +158,10 @@ pub const CHAN_COMP: u8 = 3;
 /// The largest message a QP may carry: a completion with its bytes must fit in one datagram.
 pub const MAX_MESSAGE: u32 = 128 * 1024;
 
+/// The most entries a CQ may have: rxe's `max_cqe` (`RXE_MAX_LOG_CQE` 15), which its
+/// `rxe_cq_chk_attr` holds `ibv_create_cq` to (`EINVAL` past it, and for none).
+pub const MAX_CQE: u32 = (1 << 15) - 1;
+
 /// One work completion as the daemon reports it to `ibv_poll_cq`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WireWc {

@@ -352,7 +352,8 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     rpc(&Request::DeregMr { key: mr.lkey }).err().unwrap_or(0)
 }
 
-/// `ibv_create_cq`.
+/// `ibv_create_cq`: `EINVAL` for no entries or more than the device's `max_cqe`, as rxe's
+/// `rxe_cq_chk_attr` answers.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_cq(
     context: *mut c_void,
@@ -361,6 +362,10 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut IbvCompChannel,
     _comp_vector: c_int,
 ) -> *mut IbvCq {
+    if cqe <= 0 || cqe as u32 > proto::MAX_CQE {
+        fail(libc::EINVAL);
+        return ptr::null_mut();
+    }
     let channel_token = if channel.is_null() {
         0
     } else {
@@ -368,7 +373,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         unsafe { (*(channel as *mut CompChannelPriv)).token }
     };
     let create = Request::CreateCq {
-        cqe: cqe.max(1) as u32,
+        cqe: cqe as u32,
         channel: channel_token,
     };
     let token = match rpc(&create).and_then(|b| Dec::new(&b).u64().map_err(|_| libc::EPROTO)) {

@@ -240,13 +240,15 @@ fn finish(child: std::process::Child, what: &str) -> Output {
     wait(child, Duration::from_secs(60), what)
 }
 
-/// `fi_pingpong` with `args` (and `-I 20`), the server on `A` and the client on `B` told
-/// `A`'s address: what each printed.
-fn pingpong(name: &str, args: &[&str]) -> Option<(Output, Output)> {
+/// `fi_pingpong` with `args` (and `-I 20`) in the environment `env` (`K=V` words), the server
+/// on `A` and the client on `B` told `A`'s address: what each printed.
+fn pingpong(name: &str, env: &[&str], args: &[&str]) -> Option<(Output, Output)> {
     let pingpong = installed("fi_pingpong")?;
     // Clients refused while the server starts come and go too: the daemon is stopped below.
     let fabric = Fabric::start(name, &[A, B], 64);
-    let mut cmd = vec![pingpong.as_str()];
+    let mut cmd = if env.is_empty() { vec![] } else { vec!["env"] };
+    cmd.extend_from_slice(env);
+    cmd.push(pingpong.as_str());
     cmd.extend_from_slice(args);
     cmd.extend_from_slice(&["-I", "20"]);
     let server = fabric.spawn(A, &cmd);
@@ -283,7 +285,7 @@ fn assert_table(s: &Output, c: &Output, sizes: &[u64]) {
 
 #[test]
 fn fi_pingpong_p_verbs_runs_its_dgram_endpoints_between_two_simulated_hosts() {
-    let Some((s, c)) = pingpong("libfabric-pingpong", &["-p", "verbs"]) else {
+    let Some((s, c)) = pingpong("libfabric-pingpong", &[], &["-p", "verbs"]) else {
         return;
     };
     // Its default sizes up to the port's 1024-byte MTU (a datagram is one packet).
@@ -294,7 +296,7 @@ fn fi_pingpong_p_verbs_runs_its_dgram_endpoints_between_two_simulated_hosts() {
 fn fi_pingpong_p_verbs_e_msg_connects_over_rdma_cm_and_runs_between_two_simulated_hosts() {
     // FI_EP_MSG: a passive endpoint (rdma_cm listener) migrated to its event queue, the
     // client's rdma_getaddrinfo of the server's name, RC QPs of rdma_create_qp.
-    let Some((s, c)) = pingpong("libfabric-pingpong-msg", &["-p", "verbs", "-e", "msg"]) else {
+    let Some((s, c)) = pingpong("libfabric-pingpong-msg", &[], &["-p", "verbs", "-e", "msg"]) else {
         return;
     };
     assert_table(&s, &c, &[64, 256, 1024, 4096, 65536]);
@@ -314,10 +316,42 @@ fn rdma_migrate_id_moves_an_ids_events_to_another_channel_or_one_of_its_own() {
 }
 
 #[test]
-fn fi_pingpong_p_verbs_e_rdm_runs_ofi_rxm_over_the_verbs_msg_endpoints() {
-    // FI_EP_RDM: libfabric's rxm layer over verbs;ofi_rxm, connecting on the first send.
-    let Some((s, c)) = pingpong("libfabric-pingpong-rdm", &["-p", "verbs", "-e", "rdm"]) else {
+fn fi_pingpong_p_verbs_e_rdm_fails_at_fi_enable_past_max_cqe_as_on_rxe_and_runs_in_a_universe_of_32() {
+    // FI_EP_RDM: libfabric's rxm layer over verbs;ofi_rxm, connecting on the first send. Its
+    // MSG CQ has (tx + rx size) x FI_UNIVERSE_SIZE entries, which with the default universe
+    // of 256 is past max_cqe: fi_enable fails (EINVAL from ibv_create_cq), as on rxe (the
+    // lab); a universe of 32 fits.
+    let Some((s, c)) = pingpong("libfabric-pingpong-rdm", &[], &["-p", "verbs", "-e", "rdm"]) else {
+        return;
+    };
+    assert!(!s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    assert!(
+        s.stderr
+            .contains("fi_enable(): util/pingpong.c:1551, ret=-22 (Invalid argument)"),
+        "server: {}",
+        s.stderr
+    );
+    assert!(!c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    let Some((s, c)) = pingpong(
+        "libfabric-pingpong-rdm32",
+        &["FI_UNIVERSE_SIZE=32"],
+        &["-p", "verbs", "-e", "rdm"],
+    ) else {
         return;
     };
     assert_table(&s, &c, &[64, 256, 1024, 4096, 65536]);
+}
+
+#[test]
+fn ibv_create_cq_refuses_no_entries_and_more_than_max_cqe_as_rxe_does() {
+    // rxe_cq_chk_attr: EINVAL for cqe <= 0 or cqe > max_cqe (32767); what ofi_rxm's default CQ
+    // size runs into (the test below).
+    let Some(prog) = fabric::compile_c("cqlimits", &["ibverbs"]) else {
+        return;
+    };
+    let fabric = Fabric::start("libfabric-cqlimits", &[A], 1);
+    let o = fabric.run(A, &[&prog.path()]);
+    fabric.stop();
+    assert_eq!(o.stdout, "ok\n", "{}", o.stderr);
+    assert!(o.status.success(), "{}", o.stderr);
 }

@@ -853,7 +853,11 @@ impl Daemon {
             }
             // Served without a reply, in `serve_process`.
             Request::AckEvent { .. } => Err(libc::EPROTO),
-            Request::CreateCq { channel, .. } => {
+            Request::CreateCq { cqe, channel } => {
+                // The library refuses these first; a client that sends them anyway is told so.
+                if cqe == 0 || cqe > proto::MAX_CQE {
+                    return Err(libc::EINVAL);
+                }
                 if channel != 0 && self.comp_channels.get(&channel).is_none_or(|c| c.proc != proc) {
                     return Err(libc::EINVAL);
                 }
