@@ -247,3 +247,65 @@ fn ucx_perftest_ucp_put_bw_runs_100_ucp_puts_over_rc_verbs_between_two_hosts() {
     };
     check_bw(&c);
 }
+
+/// `io_demo` (ucx-utils): a UCP client and server that connect by socket address, which UCP
+/// does through a connection manager; pinned to UCX's `rdmacm` one
+/// (`UCX_SOCKADDR_TLS_PRIORITY=rdmacm`), it goes over the drop-in's rdma_cm. That CM makes a
+/// UD QP of its own on `id->pd` for the QP number it hands the peer (rc_verbs then carries
+/// the data): 100 writes, their data checked (`-q`).
+#[test]
+fn io_demo_connects_over_ucxs_rdmacm_connection_manager_and_checks_100_writes() {
+    let Some(prog) = installed("io_demo") else {
+        return;
+    };
+    let port = port(5);
+    let port_s = port.to_string();
+    let (socket, daemon) = start_daemon(&format!("ucx-io-{port}"), &[SERVER, CLIENT], 2, 120, &[]);
+    let mut cmd: Vec<&str> = vec![
+        "env",
+        "UCX_SOCKADDR_TLS_PRIORITY=rdmacm",
+        "UCX_TLS=rc_v",
+        NO_DGID_CHECK,
+        &prog,
+        "-p",
+        &port_s,
+        "-i",
+        "100",
+        "-o",
+        "write",
+        "-q",
+    ];
+    let server = spawn_on(&socket, SERVER, None, &cmd);
+    cmd.push(SERVER);
+    // The server listens with an rdma_cm id on its port: the client waits for that listener.
+    let listener = format!("{SERVER}:{port}");
+    let client = spawn_on(&socket, CLIENT, Some(&listener), &cmd);
+    let c = within(client, LIMIT).unwrap_or_else(|o| panic!("io_demo's client did not finish: {}\n{}", o.stdout, o.stderr));
+    // The server serves until it is stopped.
+    let mut server = server;
+    let _ = server.kill();
+    let s = wait(server, Duration::from_secs(10), "io_demo's server");
+    let d = wait(daemon, Duration::from_secs(30), "cmsim-daemon");
+    let _ = std::fs::remove_file(&socket);
+    let all = format!(
+        "client ({}): {}\n{}\nserver: {}\n{}\ndaemon: {}",
+        c.status, c.stdout, c.stderr, s.stdout, s.stderr, d.stderr
+    );
+    assert!(c.status.success(), "{all}");
+    // io_demo logs to stdout; UCX's own messages go to stderr.
+    let log = format!("{}{}", c.stdout, c.stderr);
+    assert!(log.contains("Connected to server [0] 10.0.0.1"), "{all}");
+    assert!(
+        log.lines().any(|l| l.contains("[DEMO] total min:100 max:100 total:100")
+            && l.contains("write")
+            && l.contains("min:100(10.0.0.1)")),
+        "{all}"
+    );
+    assert!(log.contains("Client exit with status 'OK'"), "{all}");
+    assert!(!log.contains("UCX  ERROR"), "{all}");
+    let server_log = format!("{}{}", s.stdout, s.stderr);
+    assert!(
+        server_log.contains(&format!("local address {SERVER}:{port} remote address {CLIENT}:")),
+        "the server sees the client's simulated address: {all}"
+    );
+}
