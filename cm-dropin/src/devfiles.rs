@@ -231,7 +231,12 @@ pub unsafe extern "C" fn lstat64(path: *const c_char, st: *mut libc::stat) -> c_
 /// # Safety
 /// As `fstatat(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int {
+pub unsafe extern "C" fn fstatat(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
     // SAFETY: the caller's arguments, as fstatat(2) takes them.
     unsafe {
         match simulated_node(path) {
@@ -246,7 +251,12 @@ pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, st: *mut lib
 /// # Safety
 /// As `fstatat(2)`.
 #[no_mangle]
-pub unsafe extern "C" fn fstatat64(dirfd: c_int, path: *const c_char, st: *mut libc::stat, flags: c_int) -> c_int {
+pub unsafe extern "C" fn fstatat64(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
     // SAFETY: as fstatat.
     unsafe { fstatat(dirfd, path, st, flags) }
 }
@@ -299,6 +309,7 @@ mod tests {
 
     #[test]
     fn the_node_is_a_character_device_everyone_may_read_and_write() {
+        // SAFETY: libc::stat is plain old data, for which all zeroes is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         fill_stat(Node::Uverbs, &mut st);
         assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFCHR);

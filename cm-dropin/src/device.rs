@@ -59,13 +59,13 @@ fn device() -> *mut IbvDevice {
         let mut dev = Box::new(VerbsDeviceShell {
             tail: [0; 8],
             device: IbvDevice {
-            ops: [ptr::null_mut(); 2],
-            node_type: 1,      // IBV_NODE_CA
-            transport_type: 0, // IBV_TRANSPORT_IB, as rxe (RoCE is IB transport)
-            name: [0; 64],
-            dev_name: [0; 64],
-            dev_path: [0; 256],
-            ibdev_path: [0; 256],
+                ops: [ptr::null_mut(); 2],
+                node_type: 1,      // IBV_NODE_CA
+                transport_type: 0, // IBV_TRANSPORT_IB, as rxe (RoCE is IB transport)
+                name: [0; 64],
+                dev_name: [0; 64],
+                dev_path: [0; 256],
+                ibdev_path: [0; 256],
             },
         });
         let d = &mut dev.device;

@@ -115,7 +115,11 @@ fn perftest(n: u16, env: &[&str], args: &[&str]) -> Option<Output> {
     assert!(
         !late && c.status.success() && s.status.success(),
         "ucx_perftest {args:?}: {}\nclient ({}): {}\n{}\nserver ({}): {}\n{}\ndaemon: {}",
-        if late { "a side did not finish within its bound" } else { "a side failed" },
+        if late {
+            "a side did not finish within its bound"
+        } else {
+            "a side failed"
+        },
         c.status,
         c.stdout,
         c.stderr,
@@ -156,7 +160,11 @@ fn check_lat(o: &Output) {
     assert_eq!(r[0], 100.0, "{}", o.stdout);
     assert!(r[1] > 0.0 && r[2] > 0.0 && r[3] > 0.0, "{}", o.stdout);
     let product = r[2] * r[6] / 1e6;
-    assert!((0.9..1.1).contains(&product), "latency × rate {product}: {}", o.stdout);
+    assert!(
+        (0.9..1.1).contains(&product),
+        "latency × rate {product}: {}",
+        o.stdout
+    );
 }
 
 /// A bandwidth test's row: all iterations, a positive bandwidth and message rate.
@@ -176,7 +184,12 @@ fn ucx_info_d_lists_the_simulated_device_cmsim0_1_with_rc_verbs_and_ud_verbs() {
     fabric.stop();
     assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
     let lines: Vec<&str> = o.stdout.lines().map(str::trim).collect();
-    assert!(lines.contains(&"# Memory domain: cmsim0"), "{}\n{}", o.stdout, o.stderr);
+    assert!(
+        lines.contains(&"# Memory domain: cmsim0"),
+        "{}\n{}",
+        o.stdout,
+        o.stderr
+    );
     assert!(
         !o.stdout.contains("failed to open memory domain cmsim0"),
         "{}",
@@ -187,7 +200,12 @@ fn ucx_info_d_lists_the_simulated_device_cmsim0_1_with_rc_verbs_and_ud_verbs() {
             .iter()
             .position(|l| *l == format!("#      Transport: {tl}").trim())
             .unwrap_or_else(|| panic!("no {tl}: {}\n{}", o.stdout, o.stderr));
-        assert_eq!(lines.get(at + 1), Some(&"#         Device: cmsim0:1"), "{}", o.stdout);
+        assert_eq!(
+            lines.get(at + 1),
+            Some(&"#         Device: cmsim0:1"),
+            "{}",
+            o.stdout
+        );
     }
     // librdmacm's connection manager is there too, over the drop-in's rdma_cm.
     assert!(lines.contains(&"# Connection manager: rdmacm"), "{}", o.stdout);
@@ -280,7 +298,8 @@ fn io_demo_connects_over_ucxs_rdmacm_connection_manager_and_checks_100_writes() 
     // The server listens with an rdma_cm id on its port: the client waits for that listener.
     let listener = format!("{SERVER}:{port}");
     let client = spawn_on(&socket, CLIENT, Some(&listener), &cmd);
-    let c = within(client, LIMIT).unwrap_or_else(|o| panic!("io_demo's client did not finish: {}\n{}", o.stdout, o.stderr));
+    let c = within(client, LIMIT)
+        .unwrap_or_else(|o| panic!("io_demo's client did not finish: {}\n{}", o.stdout, o.stderr));
     // The server serves until it is stopped.
     let mut server = server;
     let _ = server.kill();
