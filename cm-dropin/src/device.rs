@@ -41,25 +41,50 @@ const DEVICE_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
     | (1 << 11) // SYS_IMAGE_GUID
     | (1 << 12); // RC_RNR_NAK_GEN
 
+/// rdma-core's `struct verbs_device` around the device: libibverbs' own devices are one, and
+/// provider calls given a device (`mlx5dv_is_supported`) read its `ops` right after the
+/// `struct ibv_device` to see whether it is theirs. Here that is NULL and the rest zeroes:
+/// no provider's device.
+#[repr(C)]
+struct VerbsDeviceShell {
+    device: IbvDevice,
+    /// `ops`, `refcount`, `entry`, `sysfs`, `core_support`, with room to spare.
+    tail: [usize; 8],
+}
+
 /// The device every context points at (leaked: it lives as long as the process).
 fn device() -> *mut IbvDevice {
     static DEV: OnceLock<usize> = OnceLock::new();
     *DEV.get_or_init(|| {
-        let mut dev = Box::new(IbvDevice {
-            ops: [ptr::null_mut(); 2],
-            node_type: 1,      // IBV_NODE_CA
-            transport_type: 0, // IBV_TRANSPORT_IB, as rxe (RoCE is IB transport)
-            name: [0; 64],
-            dev_name: [0; 64],
-            dev_path: [0; 256],
-            ibdev_path: [0; 256],
+        let mut dev = Box::new(VerbsDeviceShell {
+            tail: [0; 8],
+            device: IbvDevice {
+                ops: [ptr::null_mut(); 2],
+                node_type: 1,      // IBV_NODE_CA
+                transport_type: 0, // IBV_TRANSPORT_IB, as rxe (RoCE is IB transport)
+                name: [0; 64],
+                dev_name: [0; 64],
+                dev_path: [0; 256],
+                ibdev_path: [0; 256],
+            },
         });
-        dev.name[..NAME.len()].copy_from_slice(NAME);
-        dev.dev_name[..7].copy_from_slice(b"uverbs0");
-        dev.dev_path[..DEV_PATH.len()].copy_from_slice(DEV_PATH);
-        dev.ibdev_path[..IBDEV_PATH.len()].copy_from_slice(IBDEV_PATH);
+        let d = &mut dev.device;
+        d.name[..NAME.len()].copy_from_slice(NAME);
+        d.dev_name[..7].copy_from_slice(b"uverbs0");
+        d.dev_path[..DEV_PATH.len()].copy_from_slice(DEV_PATH);
+        d.ibdev_path[..IBDEV_PATH.len()].copy_from_slice(IBDEV_PATH);
+        // The shell starts with the device (repr(C)): its address is the device's.
         Box::into_raw(dev) as usize
     }) as *mut IbvDevice
+}
+
+/// The context's `async_fd`: an eventfd nothing writes, since the simulator raises no
+/// asynchronous event to the program. Like the kernel's uverbs event file it is a real fd
+/// that programs poll or set `O_NONBLOCK` on (UCX does both), and it never becomes readable;
+/// -1 when the process is out of fds.
+fn async_event_fd() -> c_int {
+    // SAFETY: eventfd takes no pointers.
+    unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) }
 }
 
 /// A new context on the device, with the data path and `query_device_ex` filled in.
@@ -74,7 +99,7 @@ fn new_context() -> *mut VerbsContext {
         device: device(),
         ops,
         cmd_fd: -1,
-        async_fd: -1,
+        async_fd: async_event_fd(),
         num_comp_vectors: 1,
         mutex: [0; 5],
         abi_compat: usize::MAX as *mut c_void,
@@ -213,7 +238,12 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut c_void) -> c_int {
     }
     // SAFETY: context came from ibv_open_device (new_context's box, offset to its ibv_context)
     // and is given back once.
-    drop(unsafe { Box::from_raw((context as usize - IBV_CONTEXT_OFFSET) as *mut VerbsContext) });
+    let ctx = unsafe { Box::from_raw((context as usize - IBV_CONTEXT_OFFSET) as *mut VerbsContext) };
+    if ctx.async_fd >= 0 {
+        // SAFETY: the context's own eventfd, closed once with it.
+        unsafe { libc::close(ctx.async_fd) };
+    }
+    drop(ctx);
     0
 }
 

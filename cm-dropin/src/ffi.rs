@@ -463,12 +463,17 @@ unsafe fn token_of(id: *mut RdmaCmId) -> Option<u64> {
     Some(unsafe { (*(id as *mut IdPriv)).token })
 }
 
-/// Binds an id to the device (what librdmacm does once the id has a concrete address).
+/// Binds an id to the device (what librdmacm does once the id has a concrete address): its
+/// context, port and, as librdmacm's `ucma_get_device` sets it, the device's default PD
+/// (programs such as UCX's rdmacm connection manager make their QPs on `id->pd`).
 unsafe fn attach_device(id: *mut RdmaCmId) {
     // SAFETY: id is a live IdPriv of this library.
     unsafe {
         (*id).verbs = crate::device::device_context();
         (*id).port_num = 1;
+        if (*id).pd.is_null() {
+            (*id).pd = crate::verbs::default_pd();
+        }
     }
 }
 

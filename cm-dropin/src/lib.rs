@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod devfiles;
 pub mod device;
 pub mod ffi;
 pub mod proto;

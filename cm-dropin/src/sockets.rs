@@ -450,26 +450,33 @@ struct Real {
     getifaddrs: GetifaddrsFn,
 }
 
+/// libc's own definition of `name` (looked up in the libc already mapped, so that this
+/// library's definition of the same name is not found); aborts with a line when libc has none.
+pub(crate) fn libc_symbol(name: &std::ffi::CStr) -> *mut c_void {
+    static LIBC: OnceLock<usize> = OnceLock::new();
+    let handle = *LIBC.get_or_init(|| {
+        // SAFETY: a constant C string; RTLD_NOLOAD only finds the libc already mapped (every
+        // process has it), so nothing is loaded or run.
+        unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) as usize }
+    });
+    let handle = if handle == 0 {
+        libc::RTLD_NEXT
+    } else {
+        handle as *mut c_void
+    };
+    // SAFETY: a valid handle (or RTLD_NEXT) and a C string.
+    let f = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    if f.is_null() {
+        eprintln!("cmsim: libc has no {}: cannot forward it", name.to_string_lossy());
+        std::process::abort();
+    }
+    f
+}
+
 fn real() -> &'static Real {
     static REAL: OnceLock<Real> = OnceLock::new();
     REAL.get_or_init(|| {
-        // SAFETY: a constant C string; RTLD_NOLOAD only finds the libc already mapped (every
-        // process has it), so nothing is loaded or run.
-        let libc_handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        let find = |name: &std::ffi::CStr| -> *mut c_void {
-            let handle = if libc_handle.is_null() {
-                libc::RTLD_NEXT
-            } else {
-                libc_handle
-            };
-            // SAFETY: a valid handle (or RTLD_NEXT) and a C string.
-            let f = unsafe { libc::dlsym(handle, name.as_ptr()) };
-            if f.is_null() {
-                eprintln!("cmsim: libc has no {}: cannot forward it", name.to_string_lossy());
-                std::process::abort();
-            }
-            f
-        };
+        let find = libc_symbol;
         // SAFETY: each symbol is libc's function of that name, whose C type is the one given
         // (socket(2) family prototypes); a function pointer and a data pointer have one size.
         unsafe {
