@@ -121,6 +121,7 @@ impl Server {
     }
 
     /// Destroys the children [`Server::handle`] left disconnected (with `defer_teardown`).
+    #[cfg(feature = "hw")]
     fn teardown<B: CmBackend>(&mut self, b: &mut B) -> Result<(), CmError> {
         for id in std::mem::take(&mut self.disconnected) {
             b.destroy_qp(id)?;
