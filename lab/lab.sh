@@ -38,7 +38,7 @@ ADDR6_GID=fd00:0000:0000:0000:0000:0000:0000:0001   # how rxe's GID table shows 
 PAIRS=24                        # address pairs of the pair topology (10.0.K.1 <-> 10.0.K.2):
                                 # faultdiff runs pattern K on pair K (23 patterns)
 SHELL_TOPOLOGY=single           # which topology `shell` boots (--topology)
-VM_MEM=1024
+VM_MEM=2048
 VM_SMP=2
 BOOT_TIMEOUT=120                # qemu start -> @@LAB-RXE-READY, else the VM counts as dead
 VM_TIMEOUT=""                   # each VM boot; default: boot bound + sum of its suites' bounds (+slack)
@@ -188,7 +188,7 @@ options:
   --boot-timeout S     qemu start -> rxe ready bound (default 120)
   --timeout S          bound for each VM boot (default: boot bound + its suites' bounds, max 1500)
   --build-timeout S    bound for all cargo builds together (default 900)
-  --smp N, --mem MB    guest CPUs / memory (default 2 / 1024)
+  --smp N, --mem MB    guest CPUs / memory (default 2 / 2048)
   --kernel-pkg NAME    Debian kernel package (default: dependency of linux-image-amd64)
   --cargo-dir DIR      build the project binaries in DIR (default: the repo root)
   --topology T         shell only: boot the single (default) or the pair topology
